@@ -1,0 +1,1 @@
+"""Subcommands of the ``specproof`` command (see ``specproof.cli``)."""

@@ -1,0 +1,76 @@
+"""Helpers shared by subcommands: building targets and drafters, tokenising prompts."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from specproof.engine import Drafter, NgramDrafter, Target, load_target, resolve_plugin
+from specproof.engine.errors import PluginError
+
+__all__ = ["add_target_argument", "decode_tokens", "encode_prompt", "make_drafter", "make_target", "parse_ids"]
+
+DEFAULT_TARGET = "reference"
+
+
+def add_target_argument(parser: argparse.ArgumentParser, *, default: str = DEFAULT_TARGET) -> None:
+    parser.add_argument(
+        "--target",
+        default=default,
+        metavar="SPEC",
+        help=(
+            "target spec: reference, reference-moe, reference:FIELD=VALUE,..., mlx:..., hf:..., "
+            f"or MODULE:ATTR (default {default})"
+        ),
+    )
+
+
+def make_target(spec: str, *, seed: int | None = None) -> Target:
+    """Build a target; ``seed`` re-seeds the weights of the reference family."""
+    if seed is not None and spec.split(":", 1)[0] in ("reference", "reference-moe"):
+        head, _, rest = spec.partition(":")
+        spec = f"{head}:{rest + ',' if rest else ''}seed={seed}"
+    return load_target(spec)
+
+
+def make_drafter(spec: str) -> Drafter:
+    """``ngram`` / ``ngram:MIN,MAX[,earliest]`` or ``MODULE:ATTR``."""
+    head, _, rest = spec.partition(":")
+    if head == "ngram":
+        parts = [p for p in rest.split(",") if p] if rest else []
+        try:
+            nums = [int(p) for p in parts if p not in ("recent", "earliest")]
+        except ValueError:
+            raise PluginError(f"--drafter {spec!r}: expected ngram:MIN_N,MAX_N[,recent|earliest]") from None
+        prefer = "earliest" if "earliest" in parts else "recent"
+        min_n, max_n = (nums + [1, 3][len(nums) :])[:2] if nums else (1, 3)
+        return NgramDrafter(min_n=min_n, max_n=max_n, prefer=prefer)  # type: ignore[arg-type]
+    return resolve_plugin(spec, kind="drafter")  # type: ignore[return-value]
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(",", " ").split()]
+    except ValueError:
+        raise PluginError(f"--ids {text!r}: expected integers separated by commas or spaces") from None
+
+
+def encode_prompt(target: Target, text: str) -> list[int]:
+    """Tokenise with the target's own ``encode`` if it has one, else as UTF-8 bytes."""
+    encode = getattr(target, "encode", None)
+    if callable(encode):
+        return list(encode(text))
+    if target.vocab_size < 256:
+        raise PluginError(
+            f"target vocab_size={target.vocab_size} is not byte-level and has no encode(); pass token ids with --ids"
+        )
+    return list(text.encode("utf-8"))
+
+
+def decode_tokens(target: Target, tokens: Sequence[int]) -> str:
+    decode = getattr(target, "decode", None)
+    if callable(decode):
+        return str(decode(list(tokens)))
+    if target.vocab_size <= 256 or all(t < 256 for t in tokens):
+        return bytes(t for t in tokens if t < 256).decode("utf-8", errors="backslashreplace")
+    return " ".join(str(t) for t in tokens)

@@ -1,0 +1,135 @@
+"""``specproof generate``: speculative decoding on a target, with a summary and an optional greedy comparison."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from specproof._cli.common import (
+    add_target_argument,
+    decode_tokens,
+    encode_prompt,
+    make_drafter,
+    make_target,
+    parse_ids,
+)
+
+DEFAULT_PROMPT = (
+    "def area(width, height):\n    return width * height\n\n"
+    "def area(width, height):\n    return width * height\n\n"
+    "def area(width, height):\n"
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "generate",
+        help="decode a prompt speculatively and summarise the rounds",
+        description="Decode a prompt with SpecDecoder and print the continuation and a round summary.",
+    )
+    p.add_argument("prompt", nargs="?", default=None, help="prompt text (byte-level on the reference target)")
+    p.add_argument("--ids", default=None, help="the prompt as token ids, comma or space separated")
+    add_target_argument(p)
+    p.add_argument("--drafter", default="ngram", help="ngram, ngram:MIN_N,MAX_N[,earliest], or MODULE:ATTR")
+    p.add_argument("-k", type=int, default=4, help="draft length per round (default 4)")
+    p.add_argument("--rollback", choices=("checkpoint", "replay"), default="checkpoint")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--eos", type=int, default=None, metavar="ID", help="stop at this token id")
+    p.add_argument("--seed", type=int, default=None, help="seed of the reference target's weights")
+    p.add_argument("--compare-greedy", action="store_true", help="also run plain greedy: equality and both wall times")
+    p.add_argument("--trace", default=None, metavar="FILE", help="write a specproof-trace/1 JSON Lines trace")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specproof.cli import UsageError
+    from specproof.engine import SpecDecoder, greedy_decode
+
+    if args.prompt is not None and args.ids is not None:
+        raise UsageError("give a prompt text or --ids, not both")
+    target = make_target(args.target, seed=args.seed)
+    drafter = make_drafter(args.drafter)
+    if args.ids is not None:
+        prompt = parse_ids(args.ids)
+    else:
+        prompt = encode_prompt(target, DEFAULT_PROMPT if args.prompt is None else args.prompt)
+    decoder = SpecDecoder(target, drafter, k=args.k, rollback=args.rollback)
+    t0 = time.perf_counter()
+    gen = decoder.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
+    spec_seconds = time.perf_counter() - t0
+    if args.trace:
+        from specproof.conformance.traces import write_trace
+
+        write_trace(
+            args.trace,
+            gen,
+            prompt=prompt,
+            k=args.k,
+            max_new_tokens=args.max_new_tokens,
+            eos_token_id=args.eos,
+            vocab_size=target.vocab_size,
+            engine=decoder.name,
+            target=args.target,
+        )
+    assert gen.stats is not None
+    stats = gen.stats
+    summary: dict[str, object] = {
+        "target": args.target,
+        "drafter": getattr(drafter, "name", type(drafter).__name__),
+        "k": args.k,
+        "rollback": args.rollback,
+        "prompt_tokens": len(prompt),
+        "tokens": list(gen.tokens),
+        "stop_reason": gen.stop_reason,
+        "rounds": stats.rounds,
+        "tokens_per_round": round(stats.mean_tokens_per_round, 3),
+        "target_forwards": {
+            "prefill": stats.prefill_forwards,
+            "verify": stats.verify_forwards,
+            "replay": stats.replay_forwards,
+        },
+        "greedy_forwards": stats.prefill_forwards + len(gen.tokens),
+        "acceptance_by_position": [round(a, 3) for a in stats.acceptance_by_position],
+        "spec_seconds": spec_seconds,
+    }
+    equal = True
+    if args.compare_greedy:
+        t0 = time.perf_counter()
+        ref = greedy_decode(target, prompt, args.max_new_tokens, eos_token_id=args.eos)
+        summary["greedy_seconds"] = time.perf_counter() - t0
+        equal = ref.tokens == gen.tokens
+        summary["equal_to_greedy"] = equal
+        if not equal:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(ref.tokens, gen.tokens)) if a != b),
+                min(len(ref.tokens), len(gen.tokens)),
+            )
+            summary["first_divergence"] = first
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0 if equal else 1
+    console = Console()
+    console.print(decode_tokens(target, gen.tokens), markup=False, highlight=False, soft_wrap=True)
+    table = Table(title=f"specproof generate — {decoder.name} on {args.target}", show_header=False)
+    table.add_row("emitted tokens", f"{len(gen.tokens)} (stop: {gen.stop_reason})")
+    table.add_row("rounds", str(stats.rounds))
+    table.add_row("tokens per round", f"{stats.mean_tokens_per_round:.2f}")
+    table.add_row(
+        "target forwards",
+        f"{stats.target_forwards} (prefill {stats.prefill_forwards}, verify {stats.verify_forwards}, "
+        f"replay {stats.replay_forwards}); plain greedy needs {summary['greedy_forwards']}",
+    )
+    table.add_row("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-")
+    table.add_row("wall time (speculative)", f"{spec_seconds * 1e3:.1f} ms")
+    if args.compare_greedy:
+        table.add_row("wall time (greedy)", f"{summary['greedy_seconds'] * 1e3:.1f} ms")  # type: ignore[operator]
+        table.add_row(
+            "equal to greedy", "yes" if equal else f"NO — first divergence at token {summary['first_divergence']}"
+        )
+    console.print(table)
+    return 0 if equal else 1

@@ -1,0 +1,62 @@
+"""The ``specproof`` command.
+
+Each subcommand lives beside the part of the design it drives and registers
+itself here through ``COMMANDS`` (module paths, imported when the parser is
+built; those modules keep heavy imports inside their ``run`` functions).
+Exit codes: 0 success, 1 a failure the command found, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from specproof import __version__
+
+__all__ = ["COMMANDS", "UsageError", "main"]
+
+# Each module defines add_parser(subparsers) and sets a `func(args) -> int` default.
+COMMANDS: tuple[str, ...] = ("specproof._cli.generate",)
+
+
+class UsageError(Exception):
+    """A bad command line: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specproof",
+        description="Verify and certify lossless greedy speculative decoding on hybrid language models.",
+    )
+    parser.add_argument("--version", action="version", version=f"specproof {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for path in COMMANDS:
+        try:
+            module = importlib.import_module(path)
+        except ImportError:  # a command whose module is absent from this install
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from specproof.engine.errors import InvalidSettingError, PluginError, SpecproofError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except (UsageError, PluginError, InvalidSettingError) as exc:
+        print(f"specproof {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except SpecproofError as exc:
+        print(f"specproof {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

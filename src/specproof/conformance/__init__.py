@@ -1,0 +1,1 @@
+"""specproof.conformance: the invariants, certifying test modules, pytest plugin, reports and traces."""

@@ -1,0 +1,76 @@
+"""specproof.engine: protocols, records, the speculative decoder, the greedy oracle,
+drafters and targets.
+
+This module is the public facade; the implementation lives in private modules.
+"""
+
+from specproof.engine._decoder import (
+    ROLLBACK_STRATEGIES,
+    ContextView,
+    DecodeSession,
+    SpecDecoder,
+    longest_accepted_prefix,
+)
+from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
+from specproof.engine._plugins import resolve_plugin
+from specproof.engine._protocols import CheckpointingTarget, Drafter, Engine, Target, WhiteBoxTarget
+from specproof.engine._records import STOP_REASONS, Generation, Stats, Step, StopReason
+from specproof.engine.drafters import NgramDrafter
+from specproof.engine.errors import (
+    CapacityError,
+    ContractError,
+    DecodeError,
+    DrafterContractError,
+    EmptyPromptError,
+    InvalidSettingError,
+    MissingDependencyError,
+    PluginError,
+    PromptTooLongError,
+    SpecproofError,
+    StaleSnapshotError,
+    TargetContractError,
+    TokenRangeError,
+)
+from specproof.engine.targets import load_target, register_target_family
+from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid, ReferenceSnapshot
+
+__all__ = [
+    "ROLLBACK_STRATEGIES",
+    "STOP_REASONS",
+    "CapacityError",
+    "CheckpointingTarget",
+    "ContextView",
+    "ContractError",
+    "DecodeError",
+    "DecodeSession",
+    "Drafter",
+    "DrafterContractError",
+    "EmptyPromptError",
+    "Engine",
+    "Generation",
+    "InvalidSettingError",
+    "MissingDependencyError",
+    "NgramDrafter",
+    "PluginError",
+    "PromptTooLongError",
+    "ReferenceConfig",
+    "ReferenceHybrid",
+    "ReferenceSnapshot",
+    "SpecDecoder",
+    "SpecproofError",
+    "StaleSnapshotError",
+    "Stats",
+    "Step",
+    "StopReason",
+    "Target",
+    "TargetContractError",
+    "TokenRangeError",
+    "WhiteBoxTarget",
+    "greedy_decode",
+    "greedy_with_margins",
+    "load_target",
+    "longest_accepted_prefix",
+    "register_target_family",
+    "resolve_plugin",
+    "top2_margin",
+]

@@ -1,0 +1,306 @@
+"""The speculative decoder: draft, verify, accept, roll back (DESIGN.md, "One speculative round")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Literal, overload
+
+import numpy as np
+
+from specproof.engine._protocols import Drafter, Target
+from specproof.engine._records import Generation, Stats, Step, StopReason
+from specproof.engine._validate import (
+    check_draft,
+    check_logits,
+    check_prompt,
+    check_setting_int,
+    component_name,
+)
+from specproof.engine.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
+
+__all__ = ["ROLLBACK_STRATEGIES", "ContextView", "DecodeSession", "SpecDecoder", "longest_accepted_prefix"]
+
+Rollback = Literal["checkpoint", "replay"]
+ROLLBACK_STRATEGIES: tuple[str, ...] = ("checkpoint", "replay")
+
+
+def longest_accepted_prefix(draft: Sequence[int], argmax: Sequence[int]) -> int:
+    """``j``: the length of the longest prefix where ``draft[i] == argmax[i]``."""
+    j = 0
+    while j < len(draft) and draft[j] == argmax[j]:
+        j += 1
+    return j
+
+
+class ContextView(Sequence[int]):
+    """A read-only, zero-copy view of the decoder's context, handed to drafters.
+
+    Copying the context every round would make each round cost O(len(context));
+    the view keeps a proposal's cost independent of the context length and stops
+    a drafter from mutating the decoder's history.
+    """
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self, tokens: list[int]) -> None:
+        self._tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self._tokens[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._tokens)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ContextView):
+            return self._tokens == other._tokens
+        if isinstance(other, (list, tuple)):
+            return self._tokens == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ContextView(len={len(self._tokens)}, tail={self._tokens[-8:]})"
+
+
+class _StatsCounter:
+    """Mutable counters folded into an immutable ``Stats`` at the end of a call."""
+
+    def __init__(self, k: int) -> None:
+        self.rounds = 0
+        self.emitted = 0
+        self.prefill = 0
+        self.verify = 0
+        self.replay = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.attempts = [0] * k
+        self.accepts = [0] * k
+
+    def freeze(self) -> Stats:
+        return Stats(
+            rounds=self.rounds,
+            emitted=self.emitted,
+            prefill_forwards=self.prefill,
+            verify_forwards=self.verify,
+            replay_forwards=self.replay,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            position_attempts=tuple(self.attempts),
+            position_accepts=tuple(self.accepts),
+        )
+
+
+class SpecDecoder:
+    """Lossless greedy speculative decoding over any ``Target`` and ``Drafter``.
+
+    ``rollback="checkpoint"`` restores the state checkpoint the verify forward
+    returned for the last kept position (no extra forward); ``"replay"`` restores a
+    snapshot taken before verify and re-feeds the kept tokens (one extra forward,
+    only in rounds that reject a draft token).
+    """
+
+    def __init__(self, target: Target, drafter: Drafter, *, k: int = 4, rollback: Rollback = "checkpoint") -> None:
+        self.k = check_setting_int(k, name="SpecDecoder k", minimum=0)
+        if rollback not in ROLLBACK_STRATEGIES:
+            raise InvalidSettingError(f"SpecDecoder rollback={rollback!r} is not one of {ROLLBACK_STRATEGIES}")
+        if rollback == "checkpoint" and not callable(getattr(target, "forward_with_checkpoints", None)):
+            raise InvalidSettingError(
+                f"target {component_name(target)} has no forward_with_checkpoints; use rollback='replay'"
+            )
+        if not callable(getattr(drafter, "propose", None)):
+            raise InvalidSettingError(f"drafter {component_name(drafter)} has no propose(context, k) method")
+        self.target = target
+        self.drafter = drafter
+        self.rollback: Rollback = rollback
+        self.name = f"specproof.SpecDecoder(k={self.k}, rollback={rollback})"
+
+    def __repr__(self) -> str:
+        return (
+            f"SpecDecoder(target={component_name(self.target)}, drafter={component_name(self.drafter)}, "
+            f"k={self.k}, rollback={self.rollback!r})"
+        )
+
+    def start(self, prompt: Sequence[int]) -> DecodeSession:
+        """Reset the target and drafter and prefill ``prompt[:-1]``; returns a session to decode from."""
+        return DecodeSession(self, prompt)
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        return self.start(prompt).generate(max_new_tokens, eos_token_id=eos_token_id)
+
+
+class DecodeSession:
+    """One conversation: ``ctx`` and a target that has processed all of it but the last token.
+
+    ``generate`` may be called repeatedly, and ``extend`` appends user tokens between
+    turns (multi-turn); the decode convention holds between every call.
+    """
+
+    def __init__(self, decoder: SpecDecoder, prompt: Sequence[int]) -> None:
+        self.decoder = decoder
+        target = decoder.target
+        self._target_name = component_name(target)
+        self._drafter_name = component_name(decoder.drafter)
+        self._ctx = check_prompt(prompt, vocab_size=target.vocab_size, max_context=target.max_context)
+        self._view = ContextView(self._ctx)
+        self._rounds_done = 0
+        self._pending_prefill = 0
+        target.reset()
+        reset = getattr(decoder.drafter, "reset", None)
+        if callable(reset):
+            reset()
+        self._feed(self._ctx[:-1], what="prefill")
+
+    @property
+    def context(self) -> tuple[int, ...]:
+        return tuple(self._ctx)
+
+    def _feed(self, tokens: Sequence[int], *, what: str) -> None:
+        if not tokens:
+            return
+        target = self.decoder.target
+        logits = target.forward(list(tokens))
+        check_logits(logits, rows=len(tokens), vocab_size=target.vocab_size, target=self._target_name, round_index=None)
+        self._pending_prefill += 1
+        if target.processed != len(self._ctx) - 1:
+            raise SpecproofError(
+                f"target {self._target_name} reports processed={target.processed} after {what}, "
+                f"expected {len(self._ctx) - 1} (target.processed)"
+            )
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append tokens (a user turn) to the context and feed all but the new last one."""
+        target = self.decoder.target
+        new = list(tokens)
+        for i, tok in enumerate(new):
+            if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= int(tok) < target.vocab_size:
+                raise TokenRangeError(f"extend tokens[{i}]={tok!r} is not a token id in [0, {target.vocab_size})")
+        if not new:
+            return
+        if len(self._ctx) + len(new) > target.max_context:
+            raise InvalidSettingError(
+                f"extending a context of {len(self._ctx)} tokens by {len(new)} passes max_context={target.max_context}"
+            )
+        to_feed = [self._ctx[-1], *new[:-1]]
+        self._ctx.extend(int(t) for t in new)
+        self._feed(to_feed, what="extend")
+
+    def generate(self, max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        """Decode up to ``max_new_tokens`` more tokens; returns this call's tokens, steps and stats."""
+        decoder = self.decoder
+        target = decoder.target
+        max_new_tokens = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
+        if eos_token_id is not None and not (
+            isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < target.vocab_size
+        ):
+            raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {target.vocab_size})")
+        counter = _StatsCounter(decoder.k)
+        counter.prefill, self._pending_prefill = self._pending_prefill, 0
+        out: list[int] = []
+        steps: list[Step] = []
+        stop: StopReason = "max_new_tokens"
+        while len(out) < max_new_tokens:
+            room = target.max_context - target.processed
+            if room < 1:
+                stop = "context_full"
+                break
+            remaining = max_new_tokens - len(out)
+            k_eff = min(decoder.k, remaining - 1, room - 1)
+            try:
+                step, emitted = self._round(k_eff, remaining, eos_token_id, counter)
+            except DecodeError as err:
+                err.partial = self._partial(out, steps, counter)
+                raise
+            steps.append(step)
+            out.extend(emitted)
+            if eos_token_id is not None and emitted[-1] == eos_token_id:
+                stop = "eos"
+                break
+        else:
+            stop = "max_new_tokens"
+        counter.emitted = len(out)
+        return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=counter.freeze())
+
+    def _partial(self, out: list[int], steps: list[Step], counter: _StatsCounter) -> Generation:
+        counter.emitted = len(out)
+        return Generation(tokens=out, stop_reason="error", steps=tuple(steps), stats=counter.freeze())
+
+    def _round(self, k_eff: int, remaining: int, eos: int | None, counter: _StatsCounter) -> tuple[Step, list[int]]:
+        decoder = self.decoder
+        target = decoder.target
+        round_index = self._rounds_done
+        base = target.processed
+        before = target.snapshot()
+        try:
+            if k_eff > 0:
+                raw = decoder.drafter.propose(self._view, k_eff)
+                draft = check_draft(
+                    raw, k=k_eff, vocab_size=target.vocab_size, drafter=self._drafter_name, round_index=round_index
+                )
+            else:
+                draft = []
+            fed = [self._ctx[-1], *draft]
+            checkpoints: list[object] | None = None
+            if decoder.rollback == "checkpoint":
+                logits, checkpoints = target.forward_with_checkpoints(fed)  # type: ignore[attr-defined]
+                if len(checkpoints) != len(fed):
+                    raise SpecproofError(
+                        f"target {self._target_name} returned {len(checkpoints)} checkpoints for a forward of "
+                        f"{len(fed)} tokens in round {round_index} (target.checkpoints)"
+                    )
+            else:
+                logits = target.forward(fed)
+            logits = check_logits(
+                logits, rows=len(fed), vocab_size=target.vocab_size, target=self._target_name, round_index=round_index
+            )
+            counter.verify += 1
+            argmax = [int(i) for i in np.argmax(logits, axis=1)]  # first maximum: lowest index wins a tie
+            j = longest_accepted_prefix(draft, argmax)
+            accepted = [*draft[:j], argmax[j]]
+            emitted = accepted[:remaining]
+            if eos is not None and eos in emitted:
+                emitted = emitted[: emitted.index(eos) + 1]
+            keep = len(emitted)  # tokens of `fed` the target must have processed after the round
+            if keep < len(fed):
+                if checkpoints is not None:
+                    target.restore(checkpoints[keep - 1])
+                else:
+                    target.restore(before)
+                    target.forward(fed[:keep])
+                    counter.replay += 1
+            if target.processed != base + keep:
+                raise SpecproofError(
+                    f"target {self._target_name} reports processed={target.processed} after round {round_index}, "
+                    f"expected {base + keep} (target.processed)"
+                )
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            try:
+                target.restore(before)
+                restored = "the target was restored to its state before the round"
+            except Exception as restore_exc:  # the target is broken beyond repair: say so
+                restored = f"restoring the target failed too ({restore_exc!r}); its state is undefined"
+            raise DecodeError(
+                f"round {round_index} failed: {exc} ({type(exc).__name__}); {restored}",
+                partial=Generation(tokens=(), stop_reason="error"),
+                round_index=round_index,
+            ) from exc
+        counter.rounds += 1
+        counter.drafted += len(draft)
+        counter.accepted += j
+        for p in range(len(draft)):
+            counter.attempts[p] += 1
+            if p < j:
+                counter.accepts[p] += 1
+        self._ctx.extend(emitted)
+        self._rounds_done += 1
+        return Step(base=base, draft=draft, argmax=argmax, accepted=accepted, processed=target.processed), emitted

@@ -1,0 +1,92 @@
+"""Input checks shared by the decoder, the greedy oracle and the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from numbers import Integral
+
+import numpy as np
+
+from specproof.engine.errors import (
+    DrafterContractError,
+    EmptyPromptError,
+    InvalidSettingError,
+    PromptTooLongError,
+    TargetContractError,
+    TokenRangeError,
+)
+
+__all__ = ["component_name", "check_draft", "check_logits", "check_prompt", "check_setting_int"]
+
+
+def component_name(obj: object) -> str:
+    """A short, stable name for a plugged-in component, for error messages."""
+    name = getattr(obj, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def check_setting_int(value: object, *, name: str, minimum: int) -> int:
+    if not _is_int(value) or int(value) < minimum:  # type: ignore[call-overload]
+        raise InvalidSettingError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def check_prompt(prompt: Sequence[int], *, vocab_size: int, max_context: int) -> list[int]:
+    """Return the prompt as a list of ints, or raise naming the bad position."""
+    if isinstance(prompt, (str, bytes)):
+        raise TokenRangeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__}")
+    tokens = list(prompt)
+    if not tokens:
+        raise EmptyPromptError("prompt is empty: a generation needs at least one token (the pending one)")
+    for i, tok in enumerate(tokens):
+        if not _is_int(tok) or not 0 <= int(tok) < vocab_size:
+            raise TokenRangeError(f"prompt[{i}]={tok!r} is not a token id in [0, {vocab_size})")
+    if len(tokens) > max_context:
+        raise PromptTooLongError(f"prompt has {len(tokens)} tokens but the target's max_context is {max_context}")
+    return [int(t) for t in tokens]
+
+
+def check_draft(draft: object, *, k: int, vocab_size: int, drafter: str, round_index: int) -> list[int]:
+    """Return the draft as a list of ints, or raise a DrafterContractError naming the breach."""
+    where = f"drafter {drafter} in round {round_index}"
+    if isinstance(draft, (str, bytes)) or not hasattr(draft, "__len__") or not hasattr(draft, "__iter__"):
+        raise DrafterContractError(f"{where} returned {type(draft).__name__}, not a sequence of token ids")
+    if isinstance(draft, np.ndarray) and draft.ndim != 1:
+        raise DrafterContractError(f"{where} returned an array of shape {draft.shape}, expected 1-D")
+    tokens = list(draft)  # type: ignore[call-overload]
+    if len(tokens) > k:
+        raise DrafterContractError(
+            f"{where} proposed {len(tokens)} tokens but was asked for at most k={k} "
+            f"(drafter.max-length): {tokens[: k + 4]}"
+        )
+    for i, tok in enumerate(tokens):
+        if not _is_int(tok) or not 0 <= int(tok) < vocab_size:
+            raise DrafterContractError(
+                f"{where} proposed draft[{i}]={tok!r}, not a token id in [0, {vocab_size}) (drafter.token-range)"
+            )
+    return [int(t) for t in tokens]
+
+
+def check_logits(logits: object, *, rows: int, vocab_size: int, target: str, round_index: int | None) -> np.ndarray:
+    """Return the logits as an array, or raise a TargetContractError (target.shape)."""
+    where = f"target {target}" + (f" in round {round_index}" if round_index is not None else " in prefill")
+    arr = np.asarray(logits)
+    if arr.shape != (rows, vocab_size):
+        raise TargetContractError(
+            f"{where} returned logits of shape {arr.shape}, expected ({rows}, {vocab_size}) (target.shape)"
+        )
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise TargetContractError(f"{where} returned logits of dtype {arr.dtype}, expected a float dtype")
+    if rows and not np.isfinite(arr).all():
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise TargetContractError(
+            f"{where} returned a non-finite logit at row {bad[0]}, id {bad[1]}: {arr[bad[0], bad[1]]} (target.shape)"
+        )
+    return arr

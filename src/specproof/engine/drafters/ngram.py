@@ -1,0 +1,102 @@
+"""Prompt-lookup drafting: continue the longest suffix that occurred earlier in the context."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from specproof.engine.errors import InvalidSettingError
+
+__all__ = ["NgramDrafter", "naive_ngram_propose"]
+
+Prefer = Literal["recent", "earliest"]
+
+
+class NgramDrafter:
+    """Prompt lookup with an incremental n-gram index.
+
+    For n from ``max_n`` down to ``min_n``, find the last n context tokens earlier in
+    the context; propose up to ``k`` tokens that followed its most recent
+    (``prefer="recent"``) or first (``prefer="earliest"``) earlier occurrence.
+
+    The index maps each n-gram to where its continuation starts and is updated
+    with only the tokens added since the last call, so a proposal costs the same
+    at 64K tokens of context as at 1K. A context that does not extend the last one
+    seen (a new conversation without ``reset()``) is detected and the index rebuilt.
+    """
+
+    def __init__(self, min_n: int = 1, max_n: int = 3, prefer: Prefer = "recent") -> None:
+        for field, value in (("min_n", min_n), ("max_n", max_n)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidSettingError(f"NgramDrafter {field} must be an integer >= 1, got {value!r}")
+        if min_n > max_n:
+            raise InvalidSettingError(f"NgramDrafter min_n={min_n} must not exceed max_n={max_n}")
+        if prefer not in ("recent", "earliest"):
+            raise InvalidSettingError(f"NgramDrafter prefer={prefer!r} is not 'recent' or 'earliest'")
+        self.min_n = min_n
+        self.max_n = max_n
+        self.prefer: Prefer = prefer
+        self.name = f"specproof.NgramDrafter(min_n={min_n}, max_n={max_n}, prefer={prefer})"
+        self.reset()
+
+    def __repr__(self) -> str:
+        return f"NgramDrafter(min_n={self.min_n}, max_n={self.max_n}, prefer={self.prefer!r})"
+
+    def reset(self) -> None:
+        self._tokens: list[int] = []
+        # _index[n - min_n][ngram] = position where the token following that n-gram sits
+        self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(self.min_n, self.max_n + 1)]
+        self._source: object = None
+
+    def _sync(self, context: Sequence[int]) -> None:
+        seen = len(self._tokens)
+        if (
+            len(context) < seen
+            or (context is not self._source and list(context[:seen]) != self._tokens)
+            or (seen and context[seen - 1] != self._tokens[-1])
+        ):
+            self.reset()
+            seen = 0
+        self._source = context
+        if len(context) == seen:
+            return
+        tokens = self._tokens
+        recent = self.prefer == "recent"
+        for tok in context[seen:]:
+            pos = len(tokens)  # the new token's position: the continuation of n-grams ending just before it
+            for slot, n in enumerate(range(self.min_n, self.max_n + 1)):
+                if pos >= n:
+                    key = tuple(tokens[pos - n : pos])
+                    table = self._index[slot]
+                    if recent or key not in table:
+                        table[key] = pos
+            tokens.append(int(tok))
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        if k <= 0:
+            return []
+        self._sync(context)
+        tokens = self._tokens
+        size = len(tokens)
+        for n in range(min(self.max_n, size), self.min_n - 1, -1):
+            start = self._index[n - self.min_n].get(tuple(tokens[size - n :]))
+            if start is not None:
+                return tokens[start : start + k]
+        return []
+
+
+def naive_ngram_propose(
+    context: Sequence[int], k: int, *, min_n: int = 1, max_n: int = 3, prefer: Prefer = "recent"
+) -> list[int]:
+    """The same rule as ``NgramDrafter`` by a full rescan: the oracle its tests compare with."""
+    tokens = list(context)
+    size = len(tokens)
+    if k <= 0:
+        return []
+    for n in range(min(max_n, size), min_n - 1, -1):
+        suffix = tokens[size - n :]
+        starts = [s for s in range(0, size - n) if tokens[s : s + n] == suffix]
+        if starts:
+            s = starts[-1] if prefer == "recent" else starts[0]
+            return tokens[s + n : s + n + k]
+    return []

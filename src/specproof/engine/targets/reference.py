@@ -1,0 +1,932 @@
+"""The reference target: a small hybrid language model in numpy, exactly batch-invariant.
+
+``ReferenceHybrid`` mixes three block kinds, each a pre-norm residual block followed
+by a SwiGLU (or mixture-of-experts) feed-forward:
+
+- ``conv``: LFM2's gated short convolution (``B, C, x = in_proj(h)``; ``C * conv(B * x)``);
+- ``attn``: grouped-query attention with RoPE and per-head QK RMSNorm (as LFM2);
+- ``gdn``: a Gated DeltaNet block (as Qwen3-Next / Qwen3.5, same parameter names).
+
+It holds the four device states of an exported bundle, preallocated in float32:
+``key_cache``/``value_cache`` (append-only, ``max_context`` slots), ``conv_state``
+(the last ``conv_kernel - 1`` inputs of every short convolution) and ``rec_state``
+(the delta-rule matrices). Weight names follow Hugging Face ``Lfm2ForCausalLM``
+(and ``Qwen3_5GatedDeltaNet`` for the ``gdn`` blocks), so trained weights can be
+moved between this target, mlx-lm and transformers.
+
+**Exact batch invariance.** A ``[q, d] @ [d, v]`` BLAS product is not row-invariant,
+and neither is a sum whose length depends on ``q``. So every row goes through the
+same kernel whatever ``q`` is: projections are stacked ``[1, d] @ [d, v]`` products,
+reductions run along the contiguous last axis of per-row arrays, the conv taps are
+summed in a fixed order, and attention takes its softmax denominator and weighted
+values from sequential prefix sums (``np.add.accumulate``) read at each row's own
+position. Hence one forward of q tokens returns, bit for bit, the rows of q
+one-token forwards (and of any other chunking).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
+from specproof.engine.errors import (
+    CapacityError,
+    InvalidSettingError,
+    StaleSnapshotError,
+    TargetContractError,
+    TokenRangeError,
+)
+
+__all__ = [
+    "BLOCK_KINDS",
+    "ReferenceConfig",
+    "ReferenceHybrid",
+    "ReferenceSnapshot",
+    "default_config",
+    "moe_config",
+]
+
+FloatArray = npt.NDArray[np.float32]
+_Arr = npt.NDArray[Any]
+
+BLOCK_KINDS: Final[tuple[str, ...]] = ("conv", "attn", "gdn")
+_DEFAULT_LAYERS: Final[tuple[str, ...]] = ("conv", "attn", "conv", "gdn", "conv", "attn")
+_L2_EPS: Final = 1e-6  # Qwen3-Next's l2norm epsilon for the GDN q and k
+_F32 = np.float32
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _to_layers(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise InvalidSettingError(
+            f"ReferenceConfig.layers={value!r} must be a tuple of block kinds such as ('conv', 'attn'), not a string"
+        )
+    try:
+        return tuple(value)
+    except TypeError:
+        raise InvalidSettingError(f"ReferenceConfig.layers={value!r} must be a tuple of block kinds") from None
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise InvalidSettingError(f"ReferenceConfig.{name}={value!r} must be an integer >= {minimum}")
+
+
+def _check_positive_float(name: str, value: object) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.floating, np.integer))
+        or not math.isfinite(float(value))
+        or float(value) <= 0.0
+    ):
+        raise InvalidSettingError(f"ReferenceConfig.{name}={value!r} must be a finite number > 0")
+
+
+@attrs.frozen(kw_only=True)
+class ReferenceConfig:
+    """Sizes and seed of a ``ReferenceHybrid`` (validated on construction).
+
+    ``layers`` lists the block kinds in order (``"conv"``, ``"attn"``, ``"gdn"``).
+    ``conv_kernel`` is the short-conv length ``L_cache``, shared by the LFM2 conv
+    blocks and the GDN's own convolution. ``n_experts == 0`` gives a dense SwiGLU
+    feed-forward; ``n_experts > 0`` a top-``experts_per_token`` mixture of experts
+    in every block. ``init_scale`` scales the seeded random projections.
+    """
+
+    vocab_size: int = 256
+    d_model: int = 64
+    layers: tuple[str, ...] = attrs.field(default=_DEFAULT_LAYERS, converter=_to_layers)
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 16
+    ffn_dim: int = 128
+    conv_kernel: int = 3
+    gdn_heads: int = 2
+    gdn_key_dim: int = 16
+    gdn_value_dim: int = 16
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    max_context: int = 4096
+    n_experts: int = 0
+    experts_per_token: int = 2
+    expert_ffn_dim: int = 64
+    seed: int = 0
+    init_scale: float = 2.0
+    tie_embeddings: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "ffn_dim",
+            "conv_kernel",
+            "gdn_heads",
+            "gdn_key_dim",
+            "gdn_value_dim",
+            "max_context",
+            "experts_per_token",
+            "expert_ffn_dim",
+        ):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("n_experts", self.n_experts, 0)
+        _check_int("seed", self.seed, 0)
+        for name in ("rope_theta", "norm_eps", "init_scale"):
+            _check_positive_float(name, getattr(self, name))
+        if not isinstance(self.tie_embeddings, (bool, np.bool_)):
+            raise InvalidSettingError(f"ReferenceConfig.tie_embeddings={self.tie_embeddings!r} must be a bool")
+        if not self.layers:
+            raise InvalidSettingError("ReferenceConfig.layers=() must name at least one block")
+        for i, kind in enumerate(self.layers):
+            if kind not in BLOCK_KINDS:
+                raise InvalidSettingError(
+                    f"ReferenceConfig.layers[{i}]={kind!r} is not a block kind; known: {', '.join(BLOCK_KINDS)}"
+                )
+        if self.n_heads % self.n_kv_heads:
+            raise InvalidSettingError(
+                f"ReferenceConfig.n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}"
+            )
+        if self.head_dim % 2:
+            raise InvalidSettingError(f"ReferenceConfig.head_dim={self.head_dim} must be even (RoPE rotates halves)")
+        if self.n_experts and self.experts_per_token > self.n_experts:
+            raise InvalidSettingError(
+                f"ReferenceConfig.experts_per_token={self.experts_per_token} must be <= n_experts={self.n_experts}"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the feed-forwards are mixtures of experts."""
+        return self.n_experts > 0
+
+    @property
+    def n_attn_layers(self) -> int:
+        return sum(kind == "attn" for kind in self.layers)
+
+    @property
+    def n_gdn_layers(self) -> int:
+        return sum(kind == "gdn" for kind in self.layers)
+
+    @property
+    def n_conv_layers(self) -> int:
+        """Blocks with a short convolution (``conv`` and ``gdn``): the rows of ``conv_state``."""
+        return sum(kind != "attn" for kind in self.layers)
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of the GDN's short convolution: ``concat(q, k, v)``."""
+        return self.gdn_heads * (2 * self.gdn_key_dim + self.gdn_value_dim)
+
+    @property
+    def conv_channels(self) -> int:
+        """Width of ``conv_state``: the widest short convolution (narrower ones are zero-padded)."""
+        widths = [self.d_model if kind == "conv" else self.gdn_conv_dim for kind in self.layers if kind != "attn"]
+        return max(widths, default=0)
+
+
+def default_config() -> ReferenceConfig:
+    """The seeded default: 6 blocks (conv, attn, conv, gdn, conv, attn), d_model 64, byte vocabulary."""
+    return ReferenceConfig()
+
+
+def moe_config() -> ReferenceConfig:
+    """The default with a mixture-of-experts feed-forward (8 experts, top-2, 64 wide) in every block."""
+    return ReferenceConfig(n_experts=8, experts_per_token=2, expert_ffn_dim=64)
+
+
+# --------------------------------------------------------------------------- weights
+
+# init kinds: "embed" N(0, 1); "linear" N(0, (init_scale / sqrt(fan_in))^2); "conv" the same with
+# fan_in = kernel length; "ones"; "a_log" log U(1, 8); "dt_bias" U(-1, 1).
+_Spec = tuple[str, tuple[int, ...], str]
+
+
+def _weight_specs(cfg: ReferenceConfig) -> list[_Spec]:
+    """Every tensor of the model, in HF naming and creation (seeding) order."""
+    d, L = cfg.d_model, cfg.conv_kernel
+    specs: list[_Spec] = [("model.embed_tokens.weight", (cfg.vocab_size, d), "embed")]
+    for i, kind in enumerate(cfg.layers):
+        p = f"model.layers.{i}."
+        specs.append((p + "operator_norm.weight", (d,), "ones"))
+        if kind == "conv":
+            specs += [
+                (p + "conv.in_proj.weight", (3 * d, d), "linear"),
+                (p + "conv.conv.weight", (d, 1, L), "conv"),
+                (p + "conv.out_proj.weight", (d, d), "linear"),
+            ]
+        elif kind == "attn":
+            hd = cfg.head_dim
+            specs += [
+                (p + "self_attn.q_proj.weight", (cfg.n_heads * hd, d), "linear"),
+                (p + "self_attn.k_proj.weight", (cfg.n_kv_heads * hd, d), "linear"),
+                (p + "self_attn.v_proj.weight", (cfg.n_kv_heads * hd, d), "linear"),
+                (p + "self_attn.out_proj.weight", (d, cfg.n_heads * hd), "linear"),
+                (p + "self_attn.q_layernorm.weight", (hd,), "ones"),
+                (p + "self_attn.k_layernorm.weight", (hd,), "ones"),
+            ]
+        else:
+            hg, dv = cfg.gdn_heads, cfg.gdn_value_dim
+            specs += [
+                (p + "linear_attn.in_proj_qkv.weight", (cfg.gdn_conv_dim, d), "linear"),
+                (p + "linear_attn.in_proj_z.weight", (hg * dv, d), "linear"),
+                (p + "linear_attn.in_proj_b.weight", (hg, d), "linear"),
+                (p + "linear_attn.in_proj_a.weight", (hg, d), "linear"),
+                (p + "linear_attn.conv1d.weight", (cfg.gdn_conv_dim, 1, L), "conv"),
+                (p + "linear_attn.A_log", (hg,), "a_log"),
+                (p + "linear_attn.dt_bias", (hg,), "dt_bias"),
+                (p + "linear_attn.norm.weight", (dv,), "ones"),
+                (p + "linear_attn.out_proj.weight", (d, hg * dv), "linear"),
+            ]
+        specs.append((p + "ffn_norm.weight", (d,), "ones"))
+        if cfg.is_moe:
+            f = cfg.expert_ffn_dim
+            specs.append((p + "feed_forward.gate.weight", (cfg.n_experts, d), "linear"))
+            for e in range(cfg.n_experts):
+                q = f"{p}feed_forward.experts.{e}."
+                specs += [
+                    (q + "w1.weight", (f, d), "linear"),
+                    (q + "w3.weight", (f, d), "linear"),
+                    (q + "w2.weight", (d, f), "linear"),
+                ]
+        else:
+            f = cfg.ffn_dim
+            specs += [
+                (p + "feed_forward.w1.weight", (f, d), "linear"),
+                (p + "feed_forward.w3.weight", (f, d), "linear"),
+                (p + "feed_forward.w2.weight", (d, f), "linear"),
+            ]
+    specs.append(("model.embedding_norm.weight", (d,), "ones"))
+    if not cfg.tie_embeddings:
+        specs.append(("lm_head.weight", (cfg.vocab_size, d), "linear"))
+    return specs
+
+
+def _init_weights(cfg: ReferenceConfig) -> dict[str, FloatArray]:
+    rng = np.random.default_rng(cfg.seed)
+    out: dict[str, FloatArray] = {}
+    for name, shape, kind in _weight_specs(cfg):
+        if kind == "ones":
+            value = np.ones(shape)
+        elif kind == "embed":
+            value = rng.standard_normal(shape)
+        elif kind in ("linear", "conv"):
+            value = rng.standard_normal(shape) * (cfg.init_scale / math.sqrt(shape[-1]))
+        elif kind == "a_log":
+            value = np.log(rng.uniform(1.0, 8.0, shape))
+        else:  # dt_bias
+            value = rng.uniform(-1.0, 1.0, shape)
+        out[name] = value.astype(_F32)
+    return out
+
+
+def _load_weights(cfg: ReferenceConfig, given: Mapping[str, Any]) -> dict[str, FloatArray]:
+    if not isinstance(given, Mapping):
+        raise InvalidSettingError(f"ReferenceHybrid weights must be a mapping name -> array, got {type(given).__name__}")
+    specs = _weight_specs(cfg)
+    expected = {name: shape for name, shape, _ in specs}
+    missing = [name for name in expected if name not in given]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InvalidSettingError(
+            f"ReferenceHybrid weights: missing tensor {missing[0]!r} of shape {expected[missing[0]]}{more}"
+        )
+    extra = sorted(str(name) for name in given if name not in expected)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise InvalidSettingError(f"ReferenceHybrid weights: unexpected tensor {extra[0]!r}{more} for this config")
+    out: dict[str, FloatArray] = {}
+    for name, shape, _ in specs:
+        raw = np.asarray(given[name])
+        if raw.shape != shape:
+            raise InvalidSettingError(
+                f"ReferenceHybrid weights: tensor {name!r} has shape {raw.shape}, the config needs {shape}"
+            )
+        if raw.dtype.kind not in "fiu":
+            raise InvalidSettingError(f"ReferenceHybrid weights: tensor {name!r} has dtype {raw.dtype}, not a float")
+        value = np.array(raw, dtype=_F32, copy=True)
+        if not np.isfinite(value).all():
+            raise InvalidSettingError(f"ReferenceHybrid weights: tensor {name!r} has non-finite values")
+        out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- kernels
+# Every kernel maps rows independently and treats each row identically whatever the
+# number of rows, which is what makes the model exactly batch-invariant.
+
+
+def _linear(x: _Arr, w_t: _Arr) -> _Arr:
+    """``x @ w_t`` for ``x`` [q, n]: a stack of ``[1, n] @ [n, m]`` products, one BLAS call per row.
+
+    A plain ``[q, n] @ [n, m]`` is a gemm whose blocking (and rounding) depends on q.
+    """
+    return np.matmul(x[:, None, :], w_t)[:, 0, :]
+
+
+def _rms_norm(x: _Arr, weight: _Arr, eps: float) -> _Arr:
+    """LFM2 RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight``."""
+    ms = np.add.reduce(x * x, axis=-1, keepdims=True)
+    ms /= x.shape[-1]
+    ms += eps
+    return x / np.sqrt(ms) * weight
+
+
+def _silu(x: _Arr) -> _Arr:
+    # -x is a fresh contiguous array, so exp always takes the same (SIMD) path.
+    return x / (1.0 + np.exp(-x))
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+class _DenseFfn:
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (w1 and w3 fused into one projection)."""
+
+    __slots__ = ("f", "w2_t", "w13_t")
+
+    def __init__(self, w1: FloatArray, w3: FloatArray, w2: FloatArray) -> None:
+        self.f = w1.shape[0]
+        self.w13_t = np.ascontiguousarray(np.concatenate((w1, w3)).T)
+        self.w2_t = np.ascontiguousarray(w2.T)
+
+    def __call__(self, x: _Arr) -> _Arr:
+        gu = _linear(x, self.w13_t)
+        return _linear(_silu(gu[:, : self.f]) * gu[:, self.f :], self.w2_t)
+
+
+class _MoeFfn:
+    """Mixture of SwiGLU experts: softmax router, top-k (ties to the lower index), renormalised."""
+
+    __slots__ = ("experts", "gate_t", "k", "last")
+
+    def __init__(self, gate: FloatArray, experts: list[_DenseFfn], k: int) -> None:
+        self.gate_t = np.ascontiguousarray(gate.T)
+        self.experts = experts
+        self.k = k
+        self.last: npt.NDArray[np.int64] = np.zeros((0, k), np.int64)
+
+    def __call__(self, x: _Arr) -> _Arr:
+        logits = _linear(x, self.gate_t)
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs = e / np.add.reduce(e, axis=-1, keepdims=True)
+        # a stable sort of -p keeps the lower expert index first among equal probabilities
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.k]
+        w = np.take_along_axis(probs, chosen, axis=-1)
+        w = w / np.add.reduce(w, axis=-1, keepdims=True)
+        q = x.shape[0]
+        ys = np.empty((q, self.k, x.shape[1]), _F32)
+        for expert in np.unique(chosen).tolist():
+            rows, slots = np.nonzero(chosen == expert)
+            ys[rows, slots] = self.experts[expert](x[rows])
+        # combine in slot order: the same additions for a row whatever q is
+        out = ys[:, 0] * w[:, 0:1]
+        for s in range(1, self.k):
+            out += ys[:, s] * w[:, s : s + 1]
+        chosen = chosen.astype(np.int64)
+        chosen.flags.writeable = False
+        self.last = chosen
+        return out
+
+
+_Ffn = _DenseFfn | _MoeFfn
+
+
+class _ConvBlock:
+    """LFM2 gated short conv: ``B, C, x = split(in_proj(h))``; ``out_proj(C * causal_conv(B * x))``."""
+
+    __slots__ = ("d", "ffn", "ffn_norm", "in_t", "kernel", "op_norm", "out_t", "slot")
+
+    def __init__(self, w: Mapping[str, FloatArray], p: str, slot: int, ffn: _Ffn) -> None:
+        self.op_norm = w[p + "operator_norm.weight"]
+        self.ffn_norm = w[p + "ffn_norm.weight"]
+        self.in_t = np.ascontiguousarray(w[p + "conv.in_proj.weight"].T)
+        self.kernel = np.ascontiguousarray(w[p + "conv.conv.weight"][:, 0, :].T)  # [L, d]
+        self.out_t = np.ascontiguousarray(w[p + "conv.out_proj.weight"].T)
+        self.d = self.out_t.shape[1]
+        self.slot = slot
+        self.ffn = ffn
+
+
+class _AttnBlock:
+    """GQA with per-head QK RMSNorm and rotate-half RoPE, causal over the KV cache."""
+
+    __slots__ = ("ffn", "ffn_norm", "op_norm", "out_t", "qk_norm", "qkv_t", "slot")
+
+    def __init__(self, w: Mapping[str, FloatArray], p: str, slot: int, ffn: _Ffn, cfg: ReferenceConfig) -> None:
+        a = p + "self_attn."
+        self.op_norm = w[p + "operator_norm.weight"]
+        self.ffn_norm = w[p + "ffn_norm.weight"]
+        qkv = np.concatenate((w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]))
+        self.qkv_t = np.ascontiguousarray(qkv.T)
+        self.out_t = np.ascontiguousarray(w[a + "out_proj.weight"].T)
+        # one norm weight row per head of concat(q, k): q heads use q_layernorm, kv heads k_layernorm
+        self.qk_norm = np.concatenate(
+            (
+                np.broadcast_to(w[a + "q_layernorm.weight"], (cfg.n_heads, cfg.head_dim)),
+                np.broadcast_to(w[a + "k_layernorm.weight"], (cfg.n_kv_heads, cfg.head_dim)),
+            )
+        )
+        self.slot = slot
+        self.ffn = ffn
+
+
+class _GdnBlock:
+    """Gated DeltaNet (Qwen3-Next / Qwen3.5 recurrence, one q/k head per v head)."""
+
+    __slots__ = (
+        "conv_dim",
+        "dt_bias",
+        "ffn",
+        "ffn_norm",
+        "in_t",
+        "kernel",
+        "neg_a",
+        "norm_w",
+        "op_norm",
+        "out_t",
+        "rec_slot",
+        "slot",
+    )
+
+    def __init__(
+        self, w: Mapping[str, FloatArray], p: str, slot: int, rec_slot: int, ffn: _Ffn, cfg: ReferenceConfig
+    ) -> None:
+        g = p + "linear_attn."
+        self.op_norm = w[p + "operator_norm.weight"]
+        self.ffn_norm = w[p + "ffn_norm.weight"]
+        fused = np.concatenate(
+            (
+                w[g + "in_proj_qkv.weight"],
+                w[g + "in_proj_z.weight"],
+                w[g + "in_proj_b.weight"],
+                w[g + "in_proj_a.weight"],
+            )
+        )
+        self.in_t = np.ascontiguousarray(fused.T)
+        self.kernel = np.ascontiguousarray(w[g + "conv1d.weight"][:, 0, :].T)  # [L, conv_dim]
+        self.neg_a = (-np.exp(w[g + "A_log"])).astype(_F32)
+        self.dt_bias = w[g + "dt_bias"]
+        self.norm_w = w[g + "norm.weight"]
+        self.out_t = np.ascontiguousarray(w[g + "out_proj.weight"].T)
+        self.conv_dim = cfg.gdn_conv_dim
+        self.slot = slot
+        self.rec_slot = rec_slot
+        self.ffn = ffn
+
+
+_Block = _ConvBlock | _AttnBlock | _GdnBlock
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+def _bitwise_equal(a: _Arr, b: _Arr) -> bool:
+    return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+
+
+def _shape_repr(a: _Arr) -> str:
+    return f"<float32 {a.shape}>"
+
+
+@attrs.frozen
+class ReferenceSnapshot:
+    """The recurrent state and ``processed`` of a ``ReferenceHybrid`` (the KV cache is not copied).
+
+    Two snapshots are ``==`` when ``processed`` and both state arrays are bitwise equal
+    (whichever target took them). ``target_id`` and ``write_clock`` let ``restore``
+    refuse a snapshot of another target or one whose KV prefix was overwritten since.
+    The arrays are read-only.
+    """
+
+    processed: int
+    conv_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_bitwise_equal), hash=False, repr=_shape_repr)
+    rec_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_bitwise_equal), hash=False, repr=_shape_repr)
+    target_id: int = attrs.field(eq=False, repr=False)
+    write_clock: int = attrs.field(eq=False, repr=False)
+
+
+# --------------------------------------------------------------------------- the model
+
+_INSTANCE_IDS = itertools.count(1)
+
+
+class ReferenceHybrid:
+    """A seeded hybrid LM in numpy implementing ``Target``, ``CheckpointingTarget`` and ``WhiteBoxTarget``.
+
+    ``ReferenceHybrid(config=None, *, weights=None)``: ``config`` defaults to
+    ``default_config()``; ``weights`` (HF LFM2 names, see ``weights``) replaces the
+    seeded initialisation and is validated against the config.
+    """
+
+    def __init__(self, config: ReferenceConfig | None = None, *, weights: Mapping[str, Any] | None = None) -> None:
+        cfg = default_config() if config is None else config
+        if not isinstance(cfg, ReferenceConfig):
+            raise InvalidSettingError(f"ReferenceHybrid config must be a ReferenceConfig, got {type(cfg).__name__}")
+        self.config: ReferenceConfig = cfg
+        self.vocab_size: int = int(cfg.vocab_size)
+        self.max_context: int = int(cfg.max_context)
+        w = _init_weights(cfg) if weights is None else _load_weights(cfg, weights)
+        for value in w.values():
+            value.flags.writeable = False
+        self._weights: dict[str, FloatArray] = w
+        self._id = next(_INSTANCE_IDS)
+        self._eps = float(cfg.norm_eps)
+        self._build_blocks(cfg, w)
+        self._build_tables(cfg)
+        self._allocate_states(cfg)
+
+    # ----------------------------------------------------------------- setup
+
+    def _build_blocks(self, cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> None:
+        blocks: list[_Block] = []
+        moe: list[_MoeFfn] = []
+        n_attn = n_conv = n_rec = 0
+        for i, kind in enumerate(cfg.layers):
+            p = f"model.layers.{i}."
+            ffn: _Ffn
+            if cfg.is_moe:
+                experts = [
+                    _DenseFfn(
+                        w[f"{p}feed_forward.experts.{e}.w1.weight"],
+                        w[f"{p}feed_forward.experts.{e}.w3.weight"],
+                        w[f"{p}feed_forward.experts.{e}.w2.weight"],
+                    )
+                    for e in range(cfg.n_experts)
+                ]
+                ffn = _MoeFfn(w[p + "feed_forward.gate.weight"], experts, cfg.experts_per_token)
+                moe.append(ffn)
+            else:
+                ffn = _DenseFfn(
+                    w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"], w[p + "feed_forward.w2.weight"]
+                )
+            if kind == "conv":
+                blocks.append(_ConvBlock(w, p, n_conv, ffn))
+                n_conv += 1
+            elif kind == "attn":
+                blocks.append(_AttnBlock(w, p, n_attn, ffn, cfg))
+                n_attn += 1
+            else:
+                blocks.append(_GdnBlock(w, p, n_conv, n_rec, ffn, cfg))
+                n_conv += 1
+                n_rec += 1
+        self._blocks: tuple[_Block, ...] = tuple(blocks)
+        self._moe: tuple[_MoeFfn, ...] = tuple(moe)
+        self._embed = w["model.embed_tokens.weight"]
+        self._final_norm = w["model.embedding_norm.weight"]
+        head = self._embed if cfg.tie_embeddings else w["lm_head.weight"]
+        self._head_t = np.ascontiguousarray(head.T)
+        self._has_attn = n_attn > 0
+
+    def _build_tables(self, cfg: ReferenceConfig) -> None:
+        hd = cfg.head_dim
+        half = hd // 2
+        # RoPE tables for every position (computed in float64, stored in float32).
+        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+        angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
+        emb = np.concatenate((angles, angles), axis=-1)
+        self._cos = np.cos(emb).astype(_F32)
+        # rotate_half(x) * sin == x[..., perm] * signed_sin, bit for bit (negation is exact)
+        sin = np.sin(emb)
+        self._sin_signed = np.concatenate((-sin[:, :half], sin[:, half:]), axis=-1).astype(_F32)
+        self._perm = np.concatenate((np.arange(half, hd), np.arange(half)))
+        self._scale = _F32(1.0 / math.sqrt(hd))
+        self._q_scale = _F32(1.0 / math.sqrt(cfg.gdn_key_dim))
+        self._arange = np.arange(cfg.max_context)
+
+    def _allocate_states(self, cfg: ReferenceConfig) -> None:
+        self._key_cache = np.zeros((cfg.n_attn_layers, cfg.n_kv_heads, cfg.max_context, cfg.head_dim), _F32)
+        self._value_cache = np.zeros_like(self._key_cache)
+        self._conv_state = np.zeros((cfg.n_conv_layers, cfg.conv_channels, cfg.conv_kernel - 1), _F32)
+        self._rec_state = np.zeros((cfg.n_gdn_layers, cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim), _F32)
+        # stale-snapshot detection: the id of the forward that last wrote each KV slot
+        self._stamps = np.zeros(cfg.max_context, np.int64)
+        self._clock = 0
+        self._processed = 0
+
+    # ----------------------------------------------------------------- protocol
+
+    @property
+    def processed(self) -> int:
+        """Tokens fed so far: the valid length of the KV cache."""
+        return self._processed
+
+    @property
+    def weights(self) -> dict[str, FloatArray]:
+        """Every tensor by HF ``Lfm2ForCausalLM`` name (GDN blocks: ``linear_attn.*`` as Qwen3.5); read-only."""
+        return dict(self._weights)
+
+    @property
+    def last_routing(self) -> tuple[npt.NDArray[np.int64], ...]:
+        """Per MoE layer, the expert ids ``[q, experts_per_token]`` each position of the last forward chose."""
+        return tuple(ffn.last for ffn in self._moe)
+
+    @property
+    def last_experts_touched(self) -> tuple[frozenset[int], ...]:
+        """Per MoE layer, the set of experts the last forward read."""
+        return tuple(frozenset(np.unique(ffn.last).tolist()) for ffn in self._moe)
+
+    def forward(self, tokens: Sequence[int]) -> FloatArray:
+        """Feed ``tokens`` after the processed ones; return their logits ``[len(tokens), vocab_size]``.
+
+        Validates everything first: a bad token id raises ``TokenRangeError`` and a
+        forward past ``max_context`` raises ``CapacityError``, with nothing changed.
+        """
+        toks = self._check(tokens)
+        logits, _, _ = self._run(toks, record=False)
+        return logits
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        """``forward`` plus ``checkpoints[i]`` == ``snapshot()`` after ``tokens[: i + 1]``, in the same pass."""
+        toks = self._check(tokens)
+        base = self._processed
+        logits, conv_ck, rec_ck = self._run(toks, record=True)
+        clock = self._clock
+        checkpoints: list[object] = [
+            ReferenceSnapshot(
+                processed=base + i + 1,
+                conv_state=conv_ck[i],
+                rec_state=rec_ck[i],
+                target_id=self._id,
+                write_clock=clock,
+            )
+            for i in range(len(toks))
+        ]
+        return logits, checkpoints
+
+    def snapshot(self) -> ReferenceSnapshot:
+        """Copy the conv and recurrent states and ``processed`` (not the append-only KV cache)."""
+        conv = self._conv_state.copy()
+        rec = self._rec_state.copy()
+        conv.flags.writeable = False
+        rec.flags.writeable = False
+        return ReferenceSnapshot(
+            processed=self._processed, conv_state=conv, rec_state=rec, target_id=self._id, write_clock=self._clock
+        )
+
+    def restore(self, snapshot: object) -> None:
+        """Put back a snapshot or checkpoint of this target.
+
+        Raises ``TargetContractError`` for anything else and ``StaleSnapshotError``
+        when a KV slot below the snapshot's ``processed`` was rewritten after it was taken.
+        """
+        if not isinstance(snapshot, ReferenceSnapshot):
+            raise TargetContractError(
+                f"ReferenceHybrid.restore: expected a ReferenceSnapshot taken from this target, "
+                f"got {type(snapshot).__name__}"
+            )
+        if snapshot.target_id != self._id:
+            raise TargetContractError(
+                f"ReferenceHybrid.restore: the snapshot (processed={snapshot.processed}) was taken from a different "
+                f"ReferenceHybrid instance (#{snapshot.target_id}; this is #{self._id})"
+            )
+        n = snapshot.processed
+        if n:
+            newer = self._stamps[:n] > snapshot.write_clock
+            if newer.any():
+                slot = int(np.argmax(newer))
+                raise StaleSnapshotError(
+                    f"ReferenceHybrid.restore: the snapshot at processed={n} is stale: KV slot {slot} was "
+                    f"overwritten after it was taken (current processed={self._processed})"
+                )
+        np.copyto(self._conv_state, snapshot.conv_state)
+        np.copyto(self._rec_state, snapshot.rec_state)
+        self._processed = n
+
+    def reset(self) -> None:
+        """Back to the empty context: ``processed = 0``, zero states; every earlier snapshot becomes stale."""
+        self._conv_state.fill(0.0)
+        self._rec_state.fill(0.0)
+        self._clock += 1
+        self._stamps.fill(self._clock)
+        self._processed = 0
+        for ffn in self._moe:
+            ffn.last = np.zeros((0, ffn.k), np.int64)
+
+    def state_arrays(self) -> dict[str, FloatArray]:
+        """Copies of the four device states, KV caches cut to the valid prefix."""
+        n = self._processed
+        return {
+            "key_cache": self._key_cache[:, :, :n].copy(),
+            "value_cache": self._value_cache[:, :, :n].copy(),
+            "conv_state": self._conv_state.copy(),
+            "rec_state": self._rec_state.copy(),
+        }
+
+    # ----------------------------------------------------------------- info
+
+    def parameter_bytes(self) -> dict[str, int]:
+        """Weight bytes a forward reads, for bandwidth counts.
+
+        ``dense``: every non-expert tensor (embeddings, norms, mixers, routers, head);
+        ``per_expert``: one expert of one MoE layer (w1, w2, w3), 0 for a dense model.
+        A forward reads ``dense + per_expert * sum(len(s) for s in last_experts_touched)``.
+        """
+        dense = sum(v.nbytes for k, v in self._weights.items() if ".experts." not in k)
+        one = "model.layers.0.feed_forward.experts.0."
+        per_expert = sum(v.nbytes for k, v in self._weights.items() if k.startswith(one))
+        return {"dense": int(dense), "per_expert": int(per_expert)}
+
+    def describe(self) -> str:
+        """One line: layer pattern, sizes, parameter count, context and feed-forward kind."""
+        c = self.config
+        params = sum(v.size for v in self._weights.values())
+        ffn = (
+            f"moe({c.n_experts} experts, top-{c.experts_per_token}, {c.expert_ffn_dim} wide)"
+            if c.is_moe
+            else f"dense({c.ffn_dim})"
+        )
+        return (
+            f"ReferenceHybrid layers={'+'.join(c.layers)} d_model={c.d_model} vocab={c.vocab_size} "
+            f"attn={c.n_heads}q/{c.n_kv_heads}kv x{c.head_dim} gdn={c.gdn_heads}x{c.gdn_key_dim}x{c.gdn_value_dim} "
+            f"conv_kernel={c.conv_kernel} ffn={ffn} params={params:,} max_context={c.max_context} seed={c.seed}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()} processed={self._processed}>"
+
+    # ----------------------------------------------------------------- forward internals
+
+    def _check(self, tokens: Sequence[int]) -> npt.NDArray[np.intp]:
+        """Validate ``tokens`` (ids and capacity) without touching any state."""
+        v = self.vocab_size
+        if isinstance(tokens, np.ndarray):
+            if tokens.ndim != 1:
+                raise TokenRangeError(f"ReferenceHybrid.forward: tokens must be 1-D, got shape {tokens.shape}")
+            if tokens.size and tokens.dtype.kind not in "iu":
+                raise TokenRangeError(
+                    f"ReferenceHybrid.forward: tokens[0]={tokens[0]!r} is not an integer token id "
+                    f"(array dtype {tokens.dtype})"
+                )
+            bad = np.flatnonzero((tokens < 0) | (tokens >= v)) if tokens.size else np.zeros(0, np.intp)
+            if bad.size:
+                i = int(bad[0])
+                raise TokenRangeError(
+                    f"ReferenceHybrid.forward: tokens[{i}]={int(tokens[i])} is outside [0, {v})"
+                )
+            toks = tokens.astype(np.intp)
+        else:
+            if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+                raise TokenRangeError(
+                    f"ReferenceHybrid.forward: tokens must be a sequence of ints, got {type(tokens).__name__}"
+                )
+            seq = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+            for i, t in enumerate(seq):
+                if type(t) is not int and not isinstance(t, np.integer):  # bool is excluded on purpose
+                    raise TokenRangeError(
+                        f"ReferenceHybrid.forward: tokens[{i}]={t!r} ({type(t).__name__}) is not an integer token id"
+                    )
+                if not 0 <= t < v:
+                    raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(t)} is outside [0, {v})")
+            toks = np.array(seq, dtype=np.intp) if seq else np.zeros(0, np.intp)
+        n = toks.shape[0]
+        if self._processed + n > self.max_context:
+            raise CapacityError(
+                f"ReferenceHybrid.forward: processed={self._processed} + len(tokens)={n} exceeds "
+                f"max_context={self.max_context}; nothing was changed"
+            )
+        return toks
+
+    def _run(self, toks: npt.NDArray[np.intp], *, record: bool) -> tuple[FloatArray, _Arr, _Arr]:
+        """The forward pass over validated tokens; updates every state; optionally records checkpoints."""
+        q = toks.shape[0]
+        base = self._processed
+        conv_ck = rec_ck = np.zeros((0,), _F32)
+        if record:
+            conv_ck = np.zeros((q, *self._conv_state.shape), _F32)
+            rec_ck = np.zeros((q, *self._rec_state.shape), _F32)
+        if q == 0:
+            for ffn in self._moe:
+                ffn.last = np.zeros((0, ffn.k), np.int64)
+            conv_ck.flags.writeable = False
+            rec_ck.flags.writeable = False
+            return np.zeros((0, self.vocab_size), _F32), conv_ck, rec_ck
+        total = base + q
+        cos = sin = mask = None
+        if self._has_attn:
+            cos = self._cos[base:total, None, :]
+            sin = self._sin_signed[base:total, None, :]
+            # additive causal mask [q, 1, 1, total]: row i sees keys 0 .. base + i
+            pos = self._arange[base:total, None]
+            mask = np.where(self._arange[None, :total] > pos, -np.inf, 0.0).astype(_F32)[:, None, None, :]
+        eps = self._eps
+        conv_rec = conv_ck if record else None
+        rec_rec = rec_ck if record else None
+        with np.errstate(over="ignore"):  # silu/sigmoid of large negatives overflow exp harmlessly
+            h = self._embed[toks]
+            for blk in self._blocks:
+                x = _rms_norm(h, blk.op_norm, eps)
+                if isinstance(blk, _ConvBlock):
+                    h += self._conv_op(blk, x, conv_rec)
+                elif isinstance(blk, _AttnBlock):
+                    assert cos is not None and sin is not None and mask is not None
+                    h += self._attn_op(blk, x, base, cos, sin, mask)
+                else:
+                    h += self._gdn_op(blk, x, conv_rec, rec_rec)
+                h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
+            logits = _linear(_rms_norm(h, self._final_norm, eps), self._head_t)
+        self._clock += 1
+        self._stamps[base:total] = self._clock
+        self._processed = total
+        conv_ck.flags.writeable = False
+        rec_ck.flags.writeable = False
+        return np.ascontiguousarray(logits), conv_ck, rec_ck
+
+    def _short_conv(self, slot: int, channels: int, kernel: _Arr, xin: _Arr, record: _Arr | None) -> _Arr:
+        """Causal depthwise conv over time: ``out_t = sum_l kernel[l] * x_{t-L+1+l}``, history from ``conv_state``.
+
+        Updates ``conv_state[slot]`` to the last ``L - 1`` inputs; ``record[i, slot]``
+        gets the state after each position.
+        """
+        q = xin.shape[0]
+        width = kernel.shape[0] - 1
+        if width:
+            state = self._conv_state[slot, :channels]  # [C, L-1], oldest first
+            full = np.concatenate((state.T, xin))  # [L-1+q, C]
+            state[...] = full[q:].T
+            if record is not None:
+                # window s of L-1 rows starting at s is the state after s inputs of this forward
+                record[:, slot, :channels] = sliding_window_view(full, width, axis=0)[1:]
+        else:
+            full = np.ascontiguousarray(xin)
+        # taps summed in a fixed order, elementwise: exact and independent of q
+        acc = full[0:q] * kernel[0]
+        for tap in range(1, width + 1):
+            acc += full[tap : tap + q] * kernel[tap]
+        return acc
+
+    def _conv_op(self, blk: _ConvBlock, x: _Arr, record: _Arr | None) -> _Arr:
+        d = blk.d
+        bcx = _linear(x, blk.in_t)
+        bx = bcx[:, :d] * bcx[:, 2 * d :]
+        y = bcx[:, d : 2 * d] * self._short_conv(blk.slot, d, blk.kernel, bx, record)
+        return _linear(y, blk.out_t)
+
+    def _attn_op(self, blk: _AttnBlock, x: _Arr, base: int, cos: _Arr, sin: _Arr, mask: _Arr) -> _Arr:
+        cfg = self.config
+        q = x.shape[0]
+        n_h, n_kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        group = n_h // n_kv
+        total = base + q
+        qkv = _linear(x, blk.qkv_t)
+        nqk = (n_h + n_kv) * hd
+        qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), blk.qk_norm, self._eps)
+        qk = qk * cos + qk[..., self._perm] * sin  # RoPE, rotate-half convention
+        kc = self._key_cache[blk.slot]
+        vc = self._value_cache[blk.slot]
+        kc[:, base:total] = qk[:, n_h:].transpose(1, 0, 2)
+        vc[:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
+        qg = (qk[:, :n_h] * self._scale).reshape(q, n_kv, group, 1, hd)
+        # scores [q, kv, group, total]: products then a sum over the contiguous head_dim axis
+        s = np.add.reduce(qg * kc[None, :, None, :total], axis=-1)
+        s += mask
+        s -= s.max(axis=-1, keepdims=True)  # max is exact; masked keys stay -inf
+        e = np.exp(s)
+        # Sequential prefix sums, read at each row's own position: the value at key t does not
+        # depend on how many keys follow, so row i equals a one-token forward at base + i.
+        den = np.add.accumulate(e, axis=-1)
+        num = np.add.accumulate(e[..., None] * vc[None, :, None, :total], axis=-2)
+        rows = self._arange[:q]
+        cols = rows + base
+        o = num[rows, :, :, cols] / den[rows, :, :, cols][..., None]  # [q, kv, group, hd]
+        return _linear(o.reshape(q, n_h * hd), blk.out_t)
+
+    def _gdn_op(self, blk: _GdnBlock, x: _Arr, conv_rec: _Arr | None, rec_rec: _Arr | None) -> _Arr:
+        cfg = self.config
+        q = x.shape[0]
+        hg, dk, dv = cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
+        cd = blk.conv_dim
+        proj = _linear(x, blk.in_t)  # [q, conv_dim + hg*dv + 2*hg]: qkv, z, b, a
+        mixed = _silu(self._short_conv(blk.slot, cd, blk.kernel, proj[:, :cd], conv_rec))
+        z = proj[:, cd : cd + hg * dv]
+        b = proj[:, cd + hg * dv : cd + hg * dv + hg]
+        a = proj[:, cd + hg * dv + hg :]
+        qk = mixed[:, : 2 * hg * dk].reshape(q, 2 * hg, dk)
+        qk = qk / np.sqrt(np.add.reduce(qk * qk, axis=-1, keepdims=True) + _L2_EPS)  # L2 norm per head
+        qrow = (qk[:, :hg] * self._q_scale)[:, :, None, :]  # [q, hg, 1, dk]
+        krow = np.ascontiguousarray(qk[:, hg:])[:, :, None, :]  # [q, hg, 1, dk]
+        kcol = krow.transpose(0, 1, 3, 2)  # [q, hg, dk, 1]
+        vrow = mixed[:, 2 * hg * dk :].reshape(q, hg, 1, dv)
+        beta = (1.0 / (1.0 + np.exp(-b)))[:, :, None, None]
+        decay = np.exp(blk.neg_a * np.logaddexp(0.0, a + blk.dt_bias))[:, :, None, None]  # exp(g)
+        state = self._rec_state[blk.rec_slot]  # [hg, dk, dv], updated in place
+        o = np.empty((q, hg, 1, dv), _F32)
+        for t in range(q):  # the delta rule is sequential by nature
+            state *= decay[t]
+            delta = (vrow[t] - np.matmul(krow[t], state)) * beta[t]  # v - S^T k, scaled by beta
+            state += kcol[t] * delta  # S += k delta^T
+            np.matmul(qrow[t], state, out=o[t])  # o = S^T q
+            if rec_rec is not None:
+                rec_rec[t, blk.rec_slot] = state
+        o3 = o.reshape(q, hg, dv)
+        y = _rms_norm(o3, blk.norm_w, self._eps) * _silu(z.reshape(q, hg, dv))  # gated RMSNorm per head
+        return _linear(y.reshape(q, hg * dv), blk.out_t)

@@ -1,0 +1,65 @@
+"""NgramDrafter: the incremental index equals a naive rescan, and contract details."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specproof.engine import InvalidSettingError, NgramDrafter
+from specproof.engine.drafters import naive_ngram_propose
+
+small_tokens = st.lists(st.integers(0, 4), min_size=1, max_size=60)
+
+
+@given(
+    tokens=small_tokens,
+    k=st.integers(0, 8),
+    ns=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    prefer=st.sampled_from(["recent", "earliest"]),
+    cuts=st.lists(st.integers(1, 60), max_size=5),
+)
+def test_incremental_matches_naive_scan(tokens, k, ns, prefer, cuts):
+    min_n, extra = ns
+    max_n = min_n + extra
+    drafter = NgramDrafter(min_n=min_n, max_n=max_n, prefer=prefer)
+    # feed growing prefixes, as the decoder does, comparing at every stop
+    for cut in sorted({min(c, len(tokens)) for c in cuts} | {len(tokens)}):
+        ctx = tokens[:cut]
+        expected = naive_ngram_propose(ctx, k, min_n=min_n, max_n=max_n, prefer=prefer)
+        assert drafter.propose(ctx, k) == expected, (ctx, k)
+
+
+@given(a=small_tokens, b=small_tokens, k=st.integers(1, 6))
+def test_unrelated_context_rebuilds_index(a, b, k):
+    drafter = NgramDrafter()
+    drafter.propose(a, k)
+    assert drafter.propose(b, k) == naive_ngram_propose(b, k)
+
+
+def test_proposes_the_continuation_of_the_most_recent_occurrence():
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3]
+    assert NgramDrafter().propose(ctx, 3) == [7, 1, 2]
+    assert NgramDrafter(prefer="earliest").propose(ctx, 3) == [9, 1, 2]
+
+
+def test_k_zero_and_no_match_give_empty_drafts():
+    assert NgramDrafter().propose([1, 2, 3], 0) == []
+    assert NgramDrafter().propose([1, 2, 3], 4) == []
+
+
+def test_does_not_mutate_context():
+    ctx = [5, 6, 5, 6, 5]
+    NgramDrafter().propose(ctx, 4)
+    assert ctx == [5, 6, 5, 6, 5]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(min_n=0), "min_n must be an integer >= 1"),
+        (dict(min_n=3, max_n=2), "min_n=3 must not exceed max_n=2"),
+        (dict(prefer="latest"), "prefer='latest'"),
+    ],
+)
+def test_settings_are_validated(kwargs, message):
+    with pytest.raises(InvalidSettingError, match=message):
+        NgramDrafter(**kwargs)
