@@ -193,8 +193,15 @@ class DecodeSession:
         self._ctx.extend(int(t) for t in new)
         self._feed(to_feed, what="extend")
 
-    def generate(self, max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
-        """Decode up to ``max_new_tokens`` more tokens; returns this call's tokens, steps and stats."""
+    def generate(
+        self, max_new_tokens: int, *, eos_token_id: int | None = None, max_rounds: int | None = None
+    ) -> Generation:
+        """Decode up to ``max_new_tokens`` more tokens; returns this call's tokens, steps and stats.
+
+        ``max_rounds`` stops after that many rounds (``max_rounds=1`` runs exactly one
+        round, as fuzzers that drive rounds one at a time need); the stop reason is
+        then ``max_new_tokens``.
+        """
         decoder = self.decoder
         target = decoder.target
         max_new_tokens = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
@@ -207,7 +214,9 @@ class DecodeSession:
         out: list[int] = []
         steps: list[Step] = []
         stop: StopReason = "max_new_tokens"
-        while len(out) < max_new_tokens:
+        if max_rounds is not None:
+            max_rounds = check_setting_int(max_rounds, name="max_rounds", minimum=1)
+        while len(out) < max_new_tokens and (max_rounds is None or len(steps) < max_rounds):
             room = target.max_context - target.processed
             if room < 1:
                 stop = "context_full"
