@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 
 from specproof.engine.errors import PluginError
 
-__all__ = ["resolve_plugin"]
+__all__ = ["plugin_factory", "resolve_plugin"]
 
 # The method that marks an object as an instance of each kind, not a factory.
 _MARKERS = {"drafter": "propose", "target": "forward", "engine": "generate"}
 
 
-def resolve_plugin(spec: str, *, kind: str) -> object:
-    """Import ``module:attribute`` and return the instance it names.
+def plugin_factory(spec: str, *, kind: str) -> Callable[[], object]:
+    """Import ``module:attribute`` and return a zero-argument callable that gives the instance.
 
-    ``kind`` ("drafter", "target" or "engine") is used in messages and to tell an
-    instance (it has the kind's method) from a factory (called with no arguments).
+    A factory attribute is returned wrapped so each call makes a new instance and
+    errors name the plug-in; an instance attribute is returned by every call.
     """
     flag = f"--{kind}"
     module_name, sep, attr_path = spec.partition(":")
@@ -36,16 +37,35 @@ def resolve_plugin(spec: str, *, kind: str) -> object:
         except AttributeError:
             raise PluginError(f"{flag} {spec!r}: module {module_name!r} has no attribute {attr_path!r}") from None
     marker = _MARKERS.get(kind)
-    is_instance = marker is not None and not inspect.isclass(obj) and callable(getattr(obj, marker, None))
-    if not is_instance:
-        if not callable(obj):
-            raise PluginError(f"{flag} {spec!r}: {attr_path!r} is neither a {kind} nor a factory that makes one")
+
+    def checked(made: object) -> object:
+        if marker is not None and not callable(getattr(made, marker, None)):
+            raise PluginError(f"{flag} {spec!r}: the {kind} it made ({type(made).__name__}) has no {marker}() method")
+        return made
+
+    if marker is not None and not inspect.isclass(obj) and callable(getattr(obj, marker, None)):
+        instance = obj
+        return lambda: instance
+    if not callable(obj):
+        raise PluginError(f"{flag} {spec!r}: {attr_path!r} is neither a {kind} nor a factory that makes one")
+    factory = obj
+
+    def make() -> object:
         try:
-            obj = obj()
+            made = factory()
         except Exception as exc:
             raise PluginError(
                 f"{flag} {spec!r}: calling the factory {attr_path}() raised {type(exc).__name__}: {exc}"
             ) from exc
-    if marker is not None and not callable(getattr(obj, marker, None)):
-        raise PluginError(f"{flag} {spec!r}: the {kind} it made ({type(obj).__name__}) has no {marker}() method")
-    return obj
+        return checked(made)
+
+    return make
+
+
+def resolve_plugin(spec: str, *, kind: str) -> object:
+    """Import ``module:attribute`` and return the instance it names (calling a factory with no arguments).
+
+    ``kind`` ("drafter", "target" or "engine") is used in messages and to tell an
+    instance (it has the kind's method) from a factory.
+    """
+    return plugin_factory(spec, kind=kind)()

@@ -16,12 +16,13 @@ moved between this target, mlx-lm and transformers.
 
 **Exact batch invariance.** A ``[q, d] @ [d, v]`` BLAS product is not row-invariant,
 and neither is a sum whose length depends on ``q``. So every row goes through the
-same kernel whatever ``q`` is: projections are stacked ``[1, d] @ [d, v]`` products,
-reductions run along the contiguous last axis of per-row arrays, the conv taps are
-summed in a fixed order, and attention takes its softmax denominator and weighted
-values from sequential prefix sums (``np.add.accumulate``) read at each row's own
-position. Hence one forward of q tokens returns, bit for bit, the rows of q
-one-token forwards (and of any other chunking).
+same calls whatever ``q`` is: projections are stacked ``[1, d] @ [d, v]`` products
+(one identical BLAS call per row), reductions run along the contiguous last axis of
+per-row arrays, the conv taps are summed elementwise in a fixed order, transcendental
+functions only see fresh contiguous arrays, and attention row i runs exactly the calls
+of a one-token forward at position ``base + i`` (same shapes, same cache views). The
+delta-rule recurrence is a per-token loop anyway. Hence one forward of q tokens returns,
+bit for bit, the rows of q one-token forwards (and of any other chunking).
 """
 
 from __future__ import annotations
@@ -291,7 +292,9 @@ def _init_weights(cfg: ReferenceConfig) -> dict[str, FloatArray]:
 
 def _load_weights(cfg: ReferenceConfig, given: Mapping[str, Any]) -> dict[str, FloatArray]:
     if not isinstance(given, Mapping):
-        raise InvalidSettingError(f"ReferenceHybrid weights must be a mapping name -> array, got {type(given).__name__}")
+        raise InvalidSettingError(
+            f"ReferenceHybrid weights must be a mapping name -> array, got {type(given).__name__}"
+        )
     specs = _weight_specs(cfg)
     expected = {name: shape for name, shape, _ in specs}
     missing = [name for name in expected if name not in given]
@@ -585,7 +588,6 @@ class ReferenceHybrid:
         self._final_norm = w["model.embedding_norm.weight"]
         head = self._embed if cfg.tie_embeddings else w["lm_head.weight"]
         self._head_t = np.ascontiguousarray(head.T)
-        self._has_attn = n_attn > 0
 
     def _build_tables(self, cfg: ReferenceConfig) -> None:
         hd = cfg.head_dim
@@ -601,7 +603,6 @@ class ReferenceHybrid:
         self._perm = np.concatenate((np.arange(half, hd), np.arange(half)))
         self._scale = _F32(1.0 / math.sqrt(hd))
         self._q_scale = _F32(1.0 / math.sqrt(cfg.gdn_key_dim))
-        self._arange = np.arange(cfg.max_context)
 
     def _allocate_states(self, cfg: ReferenceConfig) -> None:
         self._key_cache = np.zeros((cfg.n_attn_layers, cfg.n_kv_heads, cfg.max_context, cfg.head_dim), _F32)
@@ -770,16 +771,14 @@ class ReferenceHybrid:
             bad = np.flatnonzero((tokens < 0) | (tokens >= v)) if tokens.size else np.zeros(0, np.intp)
             if bad.size:
                 i = int(bad[0])
-                raise TokenRangeError(
-                    f"ReferenceHybrid.forward: tokens[{i}]={int(tokens[i])} is outside [0, {v})"
-                )
+                raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(tokens[i])} is outside [0, {v})")
             toks = tokens.astype(np.intp)
         else:
-            if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Iterable):
+            if isinstance(tokens, str) or not isinstance(tokens, Iterable):
                 raise TokenRangeError(
                     f"ReferenceHybrid.forward: tokens must be a sequence of ints, got {type(tokens).__name__}"
                 )
-            seq = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+            seq = tokens if isinstance(tokens, (list, tuple)) else list(tokens)  # bytes give ints
             for i, t in enumerate(seq):
                 if type(t) is not int and not isinstance(t, np.integer):  # bool is excluded on purpose
                     raise TokenRangeError(
@@ -811,13 +810,8 @@ class ReferenceHybrid:
             rec_ck.flags.writeable = False
             return np.zeros((0, self.vocab_size), _F32), conv_ck, rec_ck
         total = base + q
-        cos = sin = mask = None
-        if self._has_attn:
-            cos = self._cos[base:total, None, :]
-            sin = self._sin_signed[base:total, None, :]
-            # additive causal mask [q, 1, 1, total]: row i sees keys 0 .. base + i
-            pos = self._arange[base:total, None]
-            mask = np.where(self._arange[None, :total] > pos, -np.inf, 0.0).astype(_F32)[:, None, None, :]
+        cos = self._cos[base:total, None, :]
+        sin = self._sin_signed[base:total, None, :]
         eps = self._eps
         conv_rec = conv_ck if record else None
         rec_rec = rec_ck if record else None
@@ -828,8 +822,7 @@ class ReferenceHybrid:
                 if isinstance(blk, _ConvBlock):
                     h += self._conv_op(blk, x, conv_rec)
                 elif isinstance(blk, _AttnBlock):
-                    assert cos is not None and sin is not None and mask is not None
-                    h += self._attn_op(blk, x, base, cos, sin, mask)
+                    h += self._attn_op(blk, x, base, cos, sin)
                 else:
                     h += self._gdn_op(blk, x, conv_rec, rec_rec)
                 h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
@@ -871,33 +864,31 @@ class ReferenceHybrid:
         y = bcx[:, d : 2 * d] * self._short_conv(blk.slot, d, blk.kernel, bx, record)
         return _linear(y, blk.out_t)
 
-    def _attn_op(self, blk: _AttnBlock, x: _Arr, base: int, cos: _Arr, sin: _Arr, mask: _Arr) -> _Arr:
+    def _attn_op(self, blk: _AttnBlock, x: _Arr, base: int, cos: _Arr, sin: _Arr) -> _Arr:
         cfg = self.config
         q = x.shape[0]
         n_h, n_kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        group = n_h // n_kv
         total = base + q
         qkv = _linear(x, blk.qkv_t)
         nqk = (n_h + n_kv) * hd
         qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), blk.qk_norm, self._eps)
         qk = qk * cos + qk[..., self._perm] * sin  # RoPE, rotate-half convention
-        kc = self._key_cache[blk.slot]
+        kc = self._key_cache[blk.slot]  # [kv, max_context, hd]
         vc = self._value_cache[blk.slot]
         kc[:, base:total] = qk[:, n_h:].transpose(1, 0, 2)
         vc[:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
-        qg = (qk[:, :n_h] * self._scale).reshape(q, n_kv, group, 1, hd)
-        # scores [q, kv, group, total]: products then a sum over the contiguous head_dim axis
-        s = np.add.reduce(qg * kc[None, :, None, :total], axis=-1)
-        s += mask
-        s -= s.max(axis=-1, keepdims=True)  # max is exact; masked keys stay -inf
-        e = np.exp(s)
-        # Sequential prefix sums, read at each row's own position: the value at key t does not
-        # depend on how many keys follow, so row i equals a one-token forward at base + i.
-        den = np.add.accumulate(e, axis=-1)
-        num = np.add.accumulate(e[..., None] * vc[None, :, None, :total], axis=-2)
-        rows = self._arange[:q]
-        cols = rows + base
-        o = num[rows, :, :, cols] / den[rows, :, :, cols][..., None]  # [q, kv, group, hd]
+        qg = (qk[:, :n_h] * self._scale).reshape(q, n_kv, n_h // n_kv, hd)
+        o = np.empty((q, n_kv, n_h // n_kv, hd), _F32)
+        # Row i attends to keys 0 .. base + i with exactly the calls (same shapes, same cache
+        # views) a one-token forward at that position makes, so it is bit-identical to it.
+        # A vectorised masked version would sum over base + q keys, and BLAS and pairwise
+        # sums group a longer reduction differently.
+        for i in range(q):
+            n = base + i + 1
+            s = np.matmul(qg[i], kc[:, :n].transpose(0, 2, 1))  # [kv, group, n]
+            s -= s.max(axis=-1, keepdims=True)
+            e = np.exp(s)
+            np.divide(np.matmul(e, vc[:, :n]), np.add.reduce(e, axis=-1, keepdims=True), out=o[i])
         return _linear(o.reshape(q, n_h * hd), blk.out_t)
 
     def _gdn_op(self, blk: _GdnBlock, x: _Arr, conv_rec: _Arr | None, rec_rec: _Arr | None) -> _Arr:
