@@ -18,7 +18,13 @@ from specproof import __version__
 __all__ = ["COMMANDS", "UsageError", "main"]
 
 # Each module defines add_parser(subparsers) and sets a `func(args) -> int` default.
-COMMANDS: tuple[str, ...] = ("specproof._cli.generate",)
+COMMANDS: tuple[str, ...] = (
+    "specproof._cli.generate",
+    "specproof._cli.certify",
+    "specproof._cli.check_trace",
+    "specproof._cli.bundle",
+    "specproof._cli.bench",
+)
 
 
 class UsageError(Exception):

@@ -38,7 +38,9 @@ CATALOGUE: dict[str, Invariant] = {
             "one forward of q tokens == q one-token forwards (exact, or within tolerance)",
         ),
         Invariant("target.causality", "target", "row i does not depend on tokens after i"),
-        Invariant("target.restore", "target", "after restore, the next forward equals a fresh target fed the same prefix"),
+        Invariant(
+            "target.restore", "target", "after restore, the next forward equals a fresh target fed the same prefix"
+        ),
         Invariant("target.checkpoints", "target", "checkpoint i == the snapshot after i+1 tokens"),
         Invariant("target.capacity", "target", "a forward past max_context raises a clear error and changes nothing"),
         Invariant("engine.lossless", "engine", "emitted tokens == plain greedy (tie-aware)"),
@@ -58,9 +60,12 @@ CATALOGUE: dict[str, Invariant] = {
         Invariant(
             "engine.cost",
             "engine",
-            "checkpoint: forwards == rounds (+ prefill); replay: <= one replay per rejected round; >= 1 token per round",
+            "checkpoint: forwards == rounds (+ prefill); replay: <= one replay per rejected round; "
+            ">= 1 token per round",
         ),
-        Invariant("trace.consistency", "trace", "tokens == the concatenated accepted, truncated as the stop reason says"),
+        Invariant(
+            "trace.consistency", "trace", "tokens == the concatenated accepted, truncated as the stop reason says"
+        ),
     ]
 }
 INVARIANT_IDS: tuple[str, ...] = tuple(CATALOGUE)

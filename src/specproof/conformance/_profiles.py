@@ -1,0 +1,86 @@
+"""Certification profiles: how hard each invariant is searched.
+
+``quick`` is for a developer's loop (the built-in stack in well under 15 s here),
+``ci`` for a release gate (under 60 s), ``release`` for certifying a drafter or an
+export before shipping. Every profile is derandomized unless a seed is given, so a
+gate gives the same verdict on the same code.
+"""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import HealthCheck, Phase, settings
+
+from specproof.engine.errors import InvalidSettingError
+
+__all__ = ["PROFILES", "Profile", "get_profile"]
+
+
+@attrs.frozen(kw_only=True)
+class Profile:
+    name: str
+    max_examples: int  # per invariant (engine examples are shared between invariants)
+    capacity_examples: int  # filling a target to max_context is costly: a few suffice
+    stateful_examples: int
+    stateful_steps: int
+    max_new_tokens: int  # upper bound of drawn generation lengths
+    max_prompt: int
+
+    def hypothesis_settings(self, *, seed: int | None, max_examples: int | None = None) -> settings:
+        return settings(
+            max_examples=max_examples or self.max_examples,
+            derandomize=seed is None,
+            database=None,
+            deadline=None,
+            print_blob=False,
+            report_multiple_bugs=False,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.data_too_large,
+                HealthCheck.filter_too_much,
+                HealthCheck.function_scoped_fixture,
+            ],
+            stateful_step_count=self.stateful_steps,
+        )
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            name="quick",
+            max_examples=12,
+            capacity_examples=1,
+            stateful_examples=4,
+            stateful_steps=12,
+            max_new_tokens=24,
+            max_prompt=40,
+        ),
+        Profile(
+            name="ci",
+            max_examples=40,
+            capacity_examples=2,
+            stateful_examples=12,
+            stateful_steps=20,
+            max_new_tokens=40,
+            max_prompt=64,
+        ),
+        Profile(
+            name="release",
+            max_examples=300,
+            capacity_examples=6,
+            stateful_examples=60,
+            stateful_steps=40,
+            max_new_tokens=64,
+            max_prompt=160,
+        ),
+    )
+}
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise InvalidSettingError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}") from None
