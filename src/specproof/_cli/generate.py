@@ -74,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
             eos_token_id=args.eos,
             vocab_size=target.vocab_size,
             engine=decoder.name,
-            target=args.target,
+            # the spec that rebuilds these weights, so `check-trace --target` needs no flags
+            target=args.target
+            if args.seed is None
+            else f"{args.target}{',' if ':' in args.target else ':'}seed={args.seed}",
+            max_context=target.max_context,
+            rollback=args.rollback,
         )
     assert gen.stats is not None
     stats = gen.stats

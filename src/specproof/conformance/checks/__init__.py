@@ -1,0 +1,78 @@
+"""specproof.conformance.checks: the invariant checks, each returning ``list[Violation]``.
+
+This module is the public facade; the checks live in submodules:
+
+- ``generation`` — per-generation checks over an engine's records (no target needed):
+  accept bounds and rule, KV length, stopping, cost, trace consistency;
+- ``lossless`` — the tie-aware ``engine.lossless`` verdict;
+- ``drafter`` / ``target`` — checks that drive a drafter or a target directly.
+"""
+
+from specproof.conformance.checks.generation import (
+    GENERATION_INVARIANTS,
+    check_accept_bounds,
+    check_accept_rule,
+    check_cost,
+    check_generation,
+    check_kv_length,
+    check_stop,
+    check_trace_consistency,
+)
+from specproof.conformance.checks.lossless import (
+    LosslessStatus,
+    LosslessVerdict,
+    VerdictSummary,
+    compare_lossless,
+    summarise_verdicts,
+)
+
+from specproof.conformance.checks.drafter import (
+    DRAFTER_CHECKS,
+    check_deterministic,
+    check_max_length,
+    check_no_mutation,
+    check_token_range,
+)
+from specproof.conformance.checks.target import (
+    TARGET_CHECKS,
+    check_capacity,
+    check_causality,
+    check_checkpoints,
+    check_chunk_invariance,
+    check_processed,
+    check_restore,
+    check_shape,
+    compare_logits,
+    compare_states,
+)
+
+__all__ = [
+    "DRAFTER_CHECKS",
+    "GENERATION_INVARIANTS",
+    "TARGET_CHECKS",
+    "check_capacity",
+    "check_causality",
+    "check_checkpoints",
+    "check_chunk_invariance",
+    "check_deterministic",
+    "check_max_length",
+    "check_no_mutation",
+    "check_processed",
+    "check_restore",
+    "check_shape",
+    "check_token_range",
+    "compare_logits",
+    "compare_states",
+    "LosslessStatus",
+    "LosslessVerdict",
+    "VerdictSummary",
+    "check_accept_bounds",
+    "check_accept_rule",
+    "check_cost",
+    "check_generation",
+    "check_kv_length",
+    "check_stop",
+    "check_trace_consistency",
+    "compare_lossless",
+    "summarise_verdicts",
+]

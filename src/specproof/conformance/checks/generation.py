@@ -1,0 +1,648 @@
+"""Per-generation invariant checks: pure functions over the records an engine returns.
+
+Each ``check_*`` function looks at a ``Generation`` (or its parts) after the fact and
+returns the breaches it finds as ``Violation`` records (an empty list: checked and
+held). None of them needs a target, so they apply equally to a live ``SpecDecoder``
+run, to a black-box engine's output and to a ``specproof-trace/1`` file.
+
+The rules are those of DESIGN.md ("One speculative round" and the invariant
+catalogue); the ids used are ``engine.accept-bounds``, ``engine.accept-rule``,
+``engine.kv-length``, ``engine.stop``, ``engine.cost`` and ``trace.consistency``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specproof.conformance._invariants import Violation
+from specproof.engine._records import STOP_REASONS, Generation, Step
+from specproof.engine.errors import InvalidSettingError
+
+__all__ = [
+    "GENERATION_INVARIANTS",
+    "check_accept_bounds",
+    "check_accept_rule",
+    "check_cost",
+    "check_generation",
+    "check_kv_length",
+    "check_stop",
+    "check_trace_consistency",
+]
+
+# The invariants ``check_generation`` can report, in the order it runs them.
+GENERATION_INVARIANTS: tuple[str, ...] = (
+    "engine.accept-bounds",
+    "engine.accept-rule",
+    "engine.kv-length",
+    "engine.stop",
+    "engine.cost",
+    "trace.consistency",
+)
+
+
+def _need_int(value: object, *, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidSettingError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _need_optional_int(value: object, *, name: str, minimum: int) -> int | None:
+    return None if value is None else _need_int(value, name=name, minimum=minimum)
+
+
+def _short(tokens: Sequence[int], limit: int = 12) -> str:
+    items = list(tokens)
+    text = ", ".join(str(t) for t in items[:limit])
+    return f"[{text}{', ...' if len(items) > limit else ''}]"
+
+
+def _emitted_per_round(steps: Sequence[Step], tokens: Sequence[int]) -> list[int]:
+    """How many tokens each round contributed to ``tokens``.
+
+    Every round but the last emits its whole ``accepted``; the last one emits the
+    rest (it may be cut at EOS or ``max_new_tokens``). A negative last count means
+    the earlier rounds already account for more tokens than were emitted.
+    """
+    counts = [len(s.accepted) for s in steps]
+    if counts:
+        counts[-1] = len(tokens) - sum(counts[:-1])
+    return counts
+
+
+# --------------------------------------------------------------------------- accept bounds and rule
+
+
+def check_accept_bounds(steps: Sequence[Step], *, k: int) -> list[Violation]:
+    """``engine.accept-bounds``: ``1 <= len(accepted) <= len(draft) + 1 <= k + 1`` in every round."""
+    k = _need_int(k, name="k", minimum=0)
+    out: list[Violation] = []
+    for i, step in enumerate(steps):
+        n_acc, n_draft = len(step.accepted), len(step.draft)
+        if n_draft > k:
+            out.append(
+                Violation(
+                    invariant="engine.accept-bounds",
+                    round=i,
+                    expected=f"len(draft) <= k = {k}",
+                    actual=n_draft,
+                    explanation=f"round {i} verified a draft of {n_draft} tokens, more than k={k}",
+                    example={"draft": step.draft},
+                )
+            )
+        if n_acc < 1:
+            out.append(
+                Violation(
+                    invariant="engine.accept-bounds",
+                    round=i,
+                    expected="len(accepted) >= 1",
+                    actual=n_acc,
+                    explanation=f"round {i} accepted no token: every round must keep at least the target's own token",
+                    example={"draft": step.draft, "argmax": step.argmax},
+                )
+            )
+        elif n_acc > n_draft + 1:
+            out.append(
+                Violation(
+                    invariant="engine.accept-bounds",
+                    round=i,
+                    expected=f"len(accepted) <= len(draft) + 1 = {n_draft + 1}",
+                    actual=n_acc,
+                    explanation=(
+                        f"round {i} accepted {n_acc} tokens from a draft of {n_draft}: "
+                        "a round can add at most one token beyond its draft"
+                    ),
+                    example={"draft": step.draft, "accepted": step.accepted},
+                )
+            )
+    return out
+
+
+def check_accept_rule(steps: Sequence[Step]) -> list[Violation]:
+    """``engine.accept-rule``: ``accepted == draft[:j] + [argmax[j]]``, j the longest prefix with draft == argmax.
+
+    Also ``len(argmax) == len(draft) + 1``: the verify forward scores the pending
+    token and every draft token.
+    """
+    out: list[Violation] = []
+    for i, step in enumerate(steps):
+        draft, argmax, accepted = list(step.draft), list(step.argmax), list(step.accepted)
+        if len(argmax) != len(draft) + 1:
+            out.append(
+                Violation(
+                    invariant="engine.accept-rule",
+                    round=i,
+                    expected=len(draft) + 1,
+                    actual=len(argmax),
+                    explanation=(
+                        f"round {i} has {len(argmax)} argmax entries for a draft of {len(draft)} tokens; "
+                        f"the verify forward over [pending, *draft] gives {len(draft) + 1}"
+                    ),
+                    example={"draft": step.draft, "argmax": step.argmax},
+                )
+            )
+            continue
+        j = 0
+        while j < len(draft) and draft[j] == argmax[j]:
+            j += 1
+        expected = [*draft[:j], argmax[j]]
+        if accepted != expected:
+            if accepted[:j] == expected[:j] and len(accepted) > len(expected):
+                why = (
+                    f"it kept draft tokens after the first mismatch (draft[{j}]={draft[j]} != argmax[{j}]={argmax[j]})"
+                )
+            elif len(accepted) < len(expected) and accepted == draft[: len(accepted)]:
+                why = f"it rejected a draft token the target agreed with (the first {j} draft tokens match)"
+            else:
+                why = f"the first {j} draft tokens match the target's argmax: keep them, then argmax[{j}]"
+            out.append(
+                Violation(
+                    invariant="engine.accept-rule",
+                    round=i,
+                    expected=expected,
+                    actual=accepted,
+                    explanation=f"round {i} accepted the wrong tokens: {why}",
+                    example={"draft": step.draft, "argmax": step.argmax},
+                )
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- KV length
+
+
+def check_kv_length(
+    steps: Sequence[Step],
+    *,
+    prompt_length: int,
+    final_processed: int | None = None,
+    tokens: Sequence[int] | None = None,
+) -> list[Violation]:
+    """``engine.kv-length``: the target's KV length is exactly what the emitted tokens say.
+
+    Round 0 starts at ``base == prompt_length - 1`` (``prompt_length`` is the context
+    length when the call started: the prompt for a fresh generation); each later
+    round starts where the previous ended; every round but the last ends at
+    ``base + len(accepted)``; the last ends at ``base +`` the tokens it emitted (it may
+    be cut at EOS / ``max_new_tokens``), i.e. at ``len(ctx) - 1``, when ``tokens`` is
+    given, else somewhere in ``[base + 1, base + len(accepted)]``. ``final_processed`` (the target's KV length
+    after the call) must equal the last round's ``processed``, and
+    ``prompt_length + len(tokens) - 1`` when ``tokens`` is given.
+    """
+    prompt_length = _need_int(prompt_length, name="prompt_length", minimum=1)
+    final_processed = _need_optional_int(final_processed, name="final_processed", minimum=0)
+    out: list[Violation] = []
+    expected_base = prompt_length - 1
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        if step.base != expected_base:
+            where = "the prompt length - 1" if i == 0 else f"round {i - 1}'s processed"
+            out.append(
+                Violation(
+                    invariant="engine.kv-length",
+                    round=i,
+                    expected=expected_base,
+                    actual=step.base,
+                    explanation=f"round {i} started with the target at {step.base} processed tokens, not {where}",
+                )
+            )
+        if not last:
+            want = step.base + len(step.accepted)
+            if step.processed != want:
+                out.append(
+                    Violation(
+                        invariant="engine.kv-length",
+                        round=i,
+                        expected=want,
+                        actual=step.processed,
+                        explanation=(
+                            f"after round {i} the target holds {step.processed} tokens, but base {step.base} + "
+                            f"{len(step.accepted)} accepted = {want}: the rollback left the KV length wrong"
+                        ),
+                    )
+                )
+        elif tokens is not None:
+            # With a consistent chain this is base + the tokens the last round emitted; stated
+            # against the context it stays meaningful when an earlier round already went wrong.
+            want = prompt_length + len(tokens) - 1
+            if step.processed != want:
+                out.append(
+                    Violation(
+                        invariant="engine.kv-length",
+                        round=i,
+                        expected=want,
+                        actual=step.processed,
+                        explanation=(
+                            f"after the last round the target holds {step.processed} tokens, but the context has "
+                            f"{prompt_length} + {len(tokens)} tokens, so it must hold len(ctx) - 1 = {want}"
+                        ),
+                    )
+                )
+        else:
+            low, high = step.base + 1, step.base + len(step.accepted)
+            if not low <= step.processed <= high:
+                out.append(
+                    Violation(
+                        invariant="engine.kv-length",
+                        round=i,
+                        expected=f"{low}..{high}",
+                        actual=step.processed,
+                        explanation=(
+                            f"after the last round the target holds {step.processed} tokens, outside base + 1 .. "
+                            f"base + len(accepted) = {low}..{high}"
+                        ),
+                    )
+                )
+        expected_base = step.processed
+    if tokens is not None:
+        want_final = prompt_length + len(tokens) - 1
+        if final_processed is not None and final_processed != want_final:
+            out.append(
+                Violation(
+                    invariant="engine.kv-length",
+                    expected=want_final,
+                    actual=final_processed,
+                    explanation=(
+                        f"the target holds {final_processed} tokens at the end, but the context has "
+                        f"{prompt_length} + {len(tokens)} tokens, so it must hold len(ctx) - 1 = {want_final}"
+                    ),
+                )
+            )
+    elif final_processed is not None:
+        want_final = steps[-1].processed if steps else prompt_length - 1
+        if final_processed != want_final:
+            out.append(
+                Violation(
+                    invariant="engine.kv-length",
+                    expected=want_final,
+                    actual=final_processed,
+                    explanation=(
+                        f"the target holds {final_processed} tokens at the end, "
+                        f"but the last round left it at {want_final}"
+                    ),
+                )
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- stop
+
+
+def check_stop(
+    tokens: Sequence[int],
+    stop_reason: str,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    prompt_length: int,
+    max_context: int | None = None,
+    final_processed: int | None = None,
+) -> list[Violation]:
+    """``engine.stop``: the generation stopped where and why it says.
+
+    - never more than ``max_new_tokens`` tokens; fewer only with ``eos`` or ``context_full``;
+    - ``max_new_tokens``: exactly that many tokens (and the last is not EOS: that stop is ``eos``);
+    - ``eos``: the last token is EOS; nothing follows the first EOS whatever the reason;
+    - ``context_full``: the target is full: ``prompt_length + len(tokens) - 1 == max_context``
+      (when ``max_context`` is known) — it could not take the pending token;
+    - never past ``max_context``: ``prompt_length + len(tokens) - 1 <= max_context`` (and
+      ``final_processed <= max_context``).
+
+    A generation driven with ``max_rounds`` stops early with ``max_new_tokens``; check
+    such calls with ``max_new_tokens=len(tokens)``.
+    """
+    max_new_tokens = _need_int(max_new_tokens, name="max_new_tokens", minimum=0)
+    prompt_length = _need_int(prompt_length, name="prompt_length", minimum=1)
+    max_context = _need_optional_int(max_context, name="max_context", minimum=1)
+    final_processed = _need_optional_int(final_processed, name="final_processed", minimum=0)
+    eos_token_id = _need_optional_int(eos_token_id, name="eos_token_id", minimum=0)
+    toks = list(tokens)
+    n = len(toks)
+    out: list[Violation] = []
+
+    def add(explanation: str, expected: object, actual: object) -> None:
+        out.append(Violation(invariant="engine.stop", explanation=explanation, expected=expected, actual=actual))
+
+    if stop_reason not in STOP_REASONS or stop_reason == "error":
+        add(
+            f"the generation ended with stop reason {stop_reason!r}; a finished generation stops with "
+            "'max_new_tokens', 'eos' or 'context_full'",
+            ["max_new_tokens", "eos", "context_full"],
+            stop_reason,
+        )
+    if n > max_new_tokens:
+        add(f"{n} tokens were emitted but max_new_tokens is {max_new_tokens}", max_new_tokens, n)
+    first_eos = toks.index(eos_token_id) if eos_token_id is not None and eos_token_id in toks else None
+    if first_eos is not None and first_eos < n - 1:
+        add(
+            f"{n - 1 - first_eos} token(s) follow the first EOS ({eos_token_id}) at index {first_eos}; "
+            "generation must stop at EOS",
+            first_eos + 1,
+            n,
+        )
+    if stop_reason == "max_new_tokens":
+        if n < max_new_tokens:
+            add(
+                f"the stop reason is 'max_new_tokens' but only {n} of {max_new_tokens} tokens were emitted",
+                max_new_tokens,
+                n,
+            )
+        if first_eos is not None and first_eos == n - 1:
+            add("the last token is EOS, so the stop reason must be 'eos', not 'max_new_tokens'", "eos", stop_reason)
+    elif stop_reason == "eos":
+        if eos_token_id is None:
+            add("the stop reason is 'eos' but no EOS token id was set", None, stop_reason)
+        elif not toks or toks[-1] != eos_token_id:
+            add(
+                f"the stop reason is 'eos' but the last token is {toks[-1] if toks else 'missing (no tokens)'}, "
+                f"not EOS ({eos_token_id})",
+                eos_token_id,
+                toks[-1] if toks else None,
+            )
+    elif stop_reason == "context_full":
+        if n >= max_new_tokens:
+            add(
+                f"the stop reason is 'context_full' but all {max_new_tokens} tokens were emitted: "
+                "that stop is 'max_new_tokens'",
+                "max_new_tokens",
+                stop_reason,
+            )
+        if first_eos is not None and first_eos == n - 1:
+            add("the last token is EOS, so the stop reason must be 'eos', not 'context_full'", "eos", stop_reason)
+        if max_context is not None and prompt_length + n - 1 < max_context:
+            add(
+                f"the stop reason is 'context_full' but the target holds {prompt_length + n - 1} of "
+                f"{max_context} tokens: it could still take the pending token",
+                max_context,
+                prompt_length + n - 1,
+            )
+    if max_context is not None:
+        used = prompt_length + n - 1
+        if used > max_context:
+            add(
+                f"the prompt ({prompt_length}) and {n} emitted tokens need {used} processed tokens, "
+                f"past max_context={max_context}",
+                f"<= {max_context}",
+                used,
+            )
+        if final_processed is not None and final_processed > max_context:
+            add(
+                f"the target holds {final_processed} tokens at the end, past max_context={max_context}",
+                f"<= {max_context}",
+                final_processed,
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- cost
+
+
+def check_cost(
+    generation: Generation,
+    *,
+    rollback: str | None,
+    prompt_length: int | None = None,
+) -> list[Violation]:
+    """``engine.cost``: the target forwards the stats report fit the rollback strategy.
+
+    Always: ``stats.emitted == len(tokens)``, every round emits at least one token,
+    one verify forward per round; with steps also ``rounds == len(steps)`` and the
+    drafted/accepted counts. ``checkpoint``: no replay forward at all and at most one
+    prefill forward, so target forwards == rounds (+ prefill). ``replay``: at most one replay per round that needed a
+    rollback (a rejected draft token, or a last round cut at EOS/``max_new_tokens``).
+    ``prompt_length`` (optional) lets a fresh one-token prompt be checked to have no
+    prefill.
+    """
+    if rollback not in (None, "checkpoint", "replay"):
+        raise InvalidSettingError(f"rollback must be 'checkpoint', 'replay' or None, got {rollback!r}")
+    stats = generation.stats
+    if stats is None:
+        return []
+    tokens = generation.tokens
+    steps = generation.steps
+    out: list[Violation] = []
+
+    def add(explanation: str, expected: object, actual: object, round_index: int | None = None) -> None:
+        out.append(
+            Violation(
+                invariant="engine.cost", round=round_index, explanation=explanation, expected=expected, actual=actual
+            )
+        )
+
+    if stats.emitted != len(tokens):
+        add(f"stats.emitted is {stats.emitted} but {len(tokens)} tokens were returned", len(tokens), stats.emitted)
+    if stats.rounds > stats.emitted:
+        add(
+            f"{stats.rounds} rounds emitted only {stats.emitted} tokens: every round must emit at least one",
+            f"<= {stats.emitted} rounds",
+            stats.rounds,
+        )
+    if stats.verify_forwards != stats.rounds:
+        add(
+            f"{stats.verify_forwards} verify forwards for {stats.rounds} rounds: each round is exactly one verify",
+            stats.rounds,
+            stats.verify_forwards,
+        )
+    if rollback == "checkpoint" and stats.prefill_forwards > 1:
+        add(
+            f"{stats.prefill_forwards} prefill forwards: the prompt is fed in one forward",
+            "<= 1",
+            stats.prefill_forwards,
+        )
+    if prompt_length is not None and prompt_length == 1 and stats.prefill_forwards != 0:
+        add("a one-token prompt has nothing to prefill, yet a prefill forward was counted", 0, stats.prefill_forwards)
+    if rollback == "checkpoint" and stats.replay_forwards != 0:
+        add(
+            f"rollback='checkpoint' spent {stats.replay_forwards} replay forwards: restoring a checkpoint "
+            "costs no forward",
+            0,
+            stats.replay_forwards,
+        )
+    if steps is not None:
+        if stats.rounds != len(steps):
+            add(f"stats.rounds is {stats.rounds} but {len(steps)} rounds were recorded", len(steps), stats.rounds)
+        emitted = _emitted_per_round(steps, tokens)
+        for i, count in enumerate(emitted):
+            if count < 1:
+                add(f"round {i} emitted {count} tokens: every round must emit at least one", ">= 1", count, i)
+        drafted = sum(len(s.draft) for s in steps)
+        if stats.drafted != drafted:
+            add(f"stats.drafted is {stats.drafted} but the rounds drafted {drafted} tokens", drafted, stats.drafted)
+        kept = sum(max(len(s.accepted) - 1, 0) for s in steps)
+        if stats.accepted != kept:
+            add(
+                f"stats.accepted is {stats.accepted} but the rounds accepted {kept} draft tokens",
+                kept,
+                stats.accepted,
+            )
+        if rollback == "replay":
+            # A round must roll back when it keeps fewer tokens than it fed: a rejected
+            # draft token, or a last round cut at EOS / max_new_tokens.
+            needing = sum(1 for s, c in zip(steps, emitted) if c < len(s.draft) + 1)
+            if stats.replay_forwards > needing:
+                add(
+                    f"rollback='replay' spent {stats.replay_forwards} replay forwards but only {needing} round(s) "
+                    "needed a rollback (at most one replay each)",
+                    f"<= {needing}",
+                    stats.replay_forwards,
+                )
+    elif rollback == "replay" and stats.replay_forwards > stats.rounds:
+        add(
+            f"rollback='replay' spent {stats.replay_forwards} replay forwards in {stats.rounds} rounds "
+            "(at most one replay each)",
+            f"<= {stats.rounds}",
+            stats.replay_forwards,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- trace consistency
+
+
+def check_trace_consistency(
+    tokens: Sequence[int],
+    steps: Sequence[Step],
+    stop_reason: str,
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+) -> list[Violation]:
+    """``trace.consistency``: ``tokens`` is the concatenated ``accepted`` of the rounds, cut as the stop says.
+
+    The concatenation is cut at the first EOS and at ``max_new_tokens``; only the
+    last round may be cut (a round after the cut should not have run), and a cut at
+    EOS / ``max_new_tokens`` must match the stop reason.
+    """
+    max_new_tokens = _need_int(max_new_tokens, name="max_new_tokens", minimum=0)
+    eos_token_id = _need_optional_int(eos_token_id, name="eos_token_id", minimum=0)
+    out: list[Violation] = []
+    rebuilt: list[int] = []
+    cut: str | None = None  # why the concatenation stopped: "eos" or "max_new_tokens"
+    for i, step in enumerate(steps):
+        if cut is None and len(rebuilt) >= max_new_tokens:
+            cut = "max_new_tokens"
+        if cut is not None:
+            out.append(
+                Violation(
+                    invariant="trace.consistency",
+                    round=i,
+                    expected=f"{i} rounds",
+                    actual=f"{len(steps)} rounds",
+                    explanation=(
+                        f"round {i} ran after the output was already complete ({cut} reached"
+                        + (f" in round {i - 1})" if i else " before any round)")
+                    ),
+                )
+            )
+            break
+        room = max_new_tokens - len(rebuilt)
+        piece = list(step.accepted[:room])
+        if len(piece) < len(step.accepted):
+            cut = "max_new_tokens"
+        if eos_token_id is not None and eos_token_id in piece:
+            piece = piece[: piece.index(eos_token_id) + 1]
+            cut = "eos"
+        rebuilt.extend(piece)
+    toks = list(tokens)
+    if toks != rebuilt:
+        first = next((p for p, (a, b) in enumerate(zip(toks, rebuilt)) if a != b), min(len(toks), len(rebuilt)))
+        round_of = _round_of_index(steps, first)
+        out.append(
+            Violation(
+                invariant="trace.consistency",
+                round=round_of,
+                expected=rebuilt,
+                actual=toks,
+                explanation=(
+                    f"the emitted tokens are not the rounds' accepted tokens (cut at EOS/max_new_tokens): "
+                    f"they differ from index {first} on ({len(toks)} emitted, {len(rebuilt)} from the rounds)"
+                ),
+            )
+        )
+    if len(rebuilt) >= max_new_tokens and cut != "eos":
+        cut = "max_new_tokens"
+    if cut is not None and stop_reason != cut:
+        out.append(
+            Violation(
+                invariant="trace.consistency",
+                expected=cut,
+                actual=stop_reason,
+                explanation=f"the rounds end the output by {cut}, but the stop reason says {stop_reason!r}",
+            )
+        )
+    elif cut is None and stop_reason in ("eos", "max_new_tokens"):
+        out.append(
+            Violation(
+                invariant="trace.consistency",
+                expected="context_full",
+                actual=stop_reason,
+                explanation=(
+                    f"the rounds emit {len(rebuilt)} of {max_new_tokens} tokens with no EOS, "
+                    f"so the stop reason {stop_reason!r} does not explain where they end"
+                ),
+            )
+        )
+    return out
+
+
+def _round_of_index(steps: Sequence[Step], index: int) -> int | None:
+    """The round whose accepted tokens hold output position ``index`` (None past the end)."""
+    seen = 0
+    for i, step in enumerate(steps):
+        seen += len(step.accepted)
+        if index < seen:
+            return i
+    return len(steps) - 1 if steps else None
+
+
+# --------------------------------------------------------------------------- all of them
+
+
+def check_generation(
+    generation: Generation,
+    *,
+    prompt: Sequence[int],
+    k: int,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    max_context: int | None = None,
+    rollback: str | None = None,
+    final_processed: int | None = None,
+) -> dict[str, list[Violation]]:
+    """Run every per-generation check that applies; returns ``{invariant id: violations}``.
+
+    An empty list means the invariant was checked and held; an id that is absent was
+    not checked: without ``steps`` (a black-box engine) only ``engine.stop`` and, when
+    there are ``stats``, ``engine.cost`` apply; without ``stats`` there is no cost check.
+    ``prompt`` is the context when the call started (the prompt for a fresh generation).
+    """
+    prompt_length = len(prompt)
+    if prompt_length < 1:
+        raise InvalidSettingError("prompt is empty: a generation needs at least one token (the pending one)")
+    results: dict[str, list[Violation]] = {}
+    steps = generation.steps
+    if steps is not None:
+        results["engine.accept-bounds"] = check_accept_bounds(steps, k=k)
+        results["engine.accept-rule"] = check_accept_rule(steps)
+        results["engine.kv-length"] = check_kv_length(
+            steps, prompt_length=prompt_length, final_processed=final_processed, tokens=generation.tokens
+        )
+    results["engine.stop"] = check_stop(
+        generation.tokens,
+        generation.stop_reason,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        prompt_length=prompt_length,
+        max_context=max_context,
+        final_processed=final_processed,
+    )
+    if generation.stats is not None:
+        results["engine.cost"] = check_cost(generation, rollback=rollback, prompt_length=prompt_length)
+    if steps is not None:
+        results["trace.consistency"] = check_trace_consistency(
+            generation.tokens,
+            steps,
+            generation.stop_reason,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+        )
+    return results

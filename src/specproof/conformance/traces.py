@@ -1,0 +1,858 @@
+"""``specproof-trace/1`` traces, ``specproof-golden/1`` golden files, and checking a trace.
+
+A trace is JSON Lines, one record per line:
+
+- line 1, the header: ``{"format": "specproof-trace/1", "vocab_size", "k", "prompt",
+  "max_new_tokens", "eos_token_id", "engine", "target"}`` plus optional
+  ``"max_context"`` and ``"rollback"``;
+- one line per round: ``{"round": i, "base", "draft", "argmax", "accepted", "processed"}``
+  (the fields of ``specproof.engine.Step``);
+- the final line: ``{"final": true, "tokens", "stop_reason"}``.
+
+A golden file is one JSON object: ``{"format": "specproof-golden/1", "target": "...",
+"cases": [{"prompt": [...], "max_new_tokens": N, "eos_token_id": null, "tokens": [...]}]}``
+(each case may also carry ``"margins"``: the top-2 logit margin of every token, which
+lets a divergence on a near-tie be excused).
+
+``check_trace`` runs the record invariants over a trace and, given golden tokens or
+a target, the tie-aware ``engine.lossless`` verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import attrs
+
+from specproof.conformance._invariants import Violation
+from specproof.conformance.checks.generation import (
+    _round_of_index,
+    check_accept_bounds,
+    check_accept_rule,
+    check_kv_length,
+    check_stop,
+    check_trace_consistency,
+)
+from specproof.conformance.checks.lossless import LosslessVerdict, compare_lossless
+from specproof.engine._protocols import Target
+from specproof.engine._records import STOP_REASONS, Generation, Step
+from specproof.engine.errors import InvalidSettingError, SpecproofError
+
+__all__ = [
+    "GOLDEN_FORMAT",
+    "TRACE_FORMAT",
+    "TRACE_INVARIANTS",
+    "Golden",
+    "GoldenCase",
+    "GoldenFormatError",
+    "InvariantResult",
+    "OracleMismatchError",
+    "Trace",
+    "TraceFormatError",
+    "TraceReport",
+    "TraceWriteError",
+    "check_trace",
+    "golden_case",
+    "load_golden",
+    "read_trace",
+    "write_golden",
+    "write_trace",
+]
+
+TRACE_FORMAT = "specproof-trace/1"
+GOLDEN_FORMAT = "specproof-golden/1"
+
+# The invariants check_trace reports, in order.
+TRACE_INVARIANTS: tuple[str, ...] = (
+    "engine.accept-bounds",
+    "engine.accept-rule",
+    "engine.kv-length",
+    "engine.stop",
+    "trace.consistency",
+    "engine.lossless",
+)
+
+_HEADER_REQUIRED = ("format", "vocab_size", "k", "prompt", "max_new_tokens", "eos_token_id", "engine", "target")
+_HEADER_OPTIONAL = ("max_context", "rollback")
+_ROUND_FIELDS = ("round", "base", "draft", "argmax", "accepted", "processed")
+_FINAL_FIELDS = ("final", "tokens", "stop_reason")
+_GOLDEN_FIELDS = ("format", "target", "cases")
+_CASE_REQUIRED = ("prompt", "max_new_tokens", "eos_token_id", "tokens")
+_CASE_OPTIONAL = ("margins",)
+
+
+class TraceFormatError(SpecproofError, ValueError):
+    """A trace file is not valid ``specproof-trace/1``; the message names the line and the field."""
+
+
+class GoldenFormatError(SpecproofError, ValueError):
+    """A golden file is not valid ``specproof-golden/1``; the message names the case and the field."""
+
+
+class TraceWriteError(SpecproofError, OSError):
+    """A trace or golden file could not be written (nothing was left half-written)."""
+
+
+class OracleMismatchError(SpecproofError, ValueError):
+    """The greedy oracle given to ``check_trace`` does not fit the trace (vocabulary, context, prompt)."""
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+def _steps(values: Iterable[Step]) -> tuple[Step, ...]:
+    return tuple(values)
+
+
+def _cases(values: Iterable[GoldenCase]) -> tuple[GoldenCase, ...]:
+    return tuple(values)
+
+
+@attrs.frozen(kw_only=True)
+class Trace:
+    """A parsed trace: the header fields, the rounds as ``Step`` records, the tokens and the stop reason."""
+
+    vocab_size: int
+    k: int
+    prompt: tuple[int, ...] = attrs.field(converter=_ints)
+    max_new_tokens: int
+    eos_token_id: int | None
+    engine: str
+    target: str
+    max_context: int | None = None
+    rollback: str | None = None
+    steps: tuple[Step, ...] = attrs.field(converter=_steps)
+    tokens: tuple[int, ...] = attrs.field(converter=_ints)
+    stop_reason: str
+    source: str | None = attrs.field(default=None, eq=False)
+
+    @property
+    def generation(self) -> Generation:
+        """The trace as a ``Generation`` (no stats: a trace does not record forwards)."""
+        return Generation(tokens=self.tokens, stop_reason=self.stop_reason, steps=self.steps)  # type: ignore[arg-type]
+
+    def header(self) -> dict[str, object]:
+        head: dict[str, object] = {
+            "format": TRACE_FORMAT,
+            "vocab_size": self.vocab_size,
+            "k": self.k,
+            "prompt": list(self.prompt),
+            "max_new_tokens": self.max_new_tokens,
+            "eos_token_id": self.eos_token_id,
+            "engine": self.engine,
+            "target": self.target,
+        }
+        if self.max_context is not None:
+            head["max_context"] = self.max_context
+        if self.rollback is not None:
+            head["rollback"] = self.rollback
+        return head
+
+    def to_lines(self) -> list[str]:
+        """The trace as ``specproof-trace/1`` lines (without newlines)."""
+        lines = [json.dumps(self.header())]
+        lines.extend(json.dumps({"round": i, **step.to_json()}) for i, step in enumerate(self.steps))
+        lines.append(json.dumps({"final": True, "tokens": list(self.tokens), "stop_reason": self.stop_reason}))
+        return lines
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _describe(value: object) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Fields:
+    """Typed reads of one JSON object, with errors that name where it came from."""
+
+    def __init__(self, obj: dict[str, object], where: str, error: type[SpecproofError]) -> None:
+        self.obj = obj
+        self.where = where
+        self.error = error
+
+    def fail(self, message: str) -> SpecproofError:
+        return self.error(f"{self.where}: {message}")
+
+    def keys(self, required: Sequence[str], optional: Sequence[str] = ()) -> None:
+        missing = [f for f in required if f not in self.obj]
+        if missing:
+            names = ", ".join(f"'{f}'" for f in missing)
+            raise self.fail(f"missing field{'s' if len(missing) > 1 else ''} {names}")
+        unknown = [f for f in self.obj if f not in required and f not in optional]
+        if unknown:
+            names = ", ".join(f"'{f}'" for f in unknown)
+            allowed = ", ".join([*required, *optional])
+            raise self.fail(f"unknown field{'s' if len(unknown) > 1 else ''} {names} (allowed: {allowed})")
+
+    def int_(self, name: str, *, minimum: int) -> int:
+        value = self.obj.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.fail(f"field '{name}' must be an int >= {minimum}, got {_describe(value)}")
+        return value
+
+    def optional_int(self, name: str, *, minimum: int) -> int | None:
+        value = self.obj.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.fail(f"field '{name}' must be an int >= {minimum} or null, got {_describe(value)}")
+        return value
+
+    def str_(self, name: str, *, choices: Sequence[str] | None = None) -> str:
+        value = self.obj.get(name)
+        if not isinstance(value, str) or (choices is not None and value not in choices):
+            want = f"one of {', '.join(repr(c) for c in choices)}" if choices else "a string"
+            raise self.fail(f"field '{name}' must be {want}, got {_describe(value)}")
+        return value
+
+    def optional_str(self, name: str, *, choices: Sequence[str]) -> str | None:
+        return None if self.obj.get(name) is None else self.str_(name, choices=choices)
+
+    def ids(self, name: str, *, vocab_size: int | None, nonempty: bool = False) -> tuple[int, ...]:
+        value = self.obj.get(name)
+        if not isinstance(value, list) or not all(_is_int(v) for v in value):
+            raise self.fail(f"field '{name}' must be a list of ints, got {_describe(value)}")
+        if nonempty and not value:
+            raise self.fail(f"field '{name}' must not be empty")
+        for i, v in enumerate(value):
+            if v < 0 or (vocab_size is not None and v >= vocab_size):
+                bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+                raise self.fail(f"field '{name}' item {i} = {v} is not a token id in {bound}")
+        return tuple(value)
+
+    def token(self, name: str, *, vocab_size: int | None) -> int | None:
+        value = self.obj.get(name)
+        if value is None:
+            return None
+        if (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or value < 0
+            or (vocab_size is not None and value >= vocab_size)
+        ):
+            bound = f"a token id in [0, {vocab_size})" if vocab_size is not None else "a token id (int >= 0)"
+            raise self.fail(f"field '{name}' must be {bound} or null, got {_describe(value)}")
+        return value
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _parse_lines(lines: Sequence[str], source: str) -> Trace:
+    # A trailing newline (or several) is not a record.
+    n_lines = len(lines)
+    while n_lines and not lines[n_lines - 1].strip():
+        n_lines -= 1
+    if n_lines == 0:
+        raise TraceFormatError(f"{source} line 1: missing header (the file is empty); expected {TRACE_FORMAT}")
+    records: list[tuple[int, dict[str, object]]] = []
+    for number, line in enumerate(lines[:n_lines], start=1):
+        if not line.strip():
+            raise TraceFormatError(f"{source} line {number}: empty line (every line is one JSON record)")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{source} line {number}: invalid JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise TraceFormatError(
+                f"{source} line {number}: expected a JSON object, got {type(obj).__name__} {_describe(obj)}"
+            )
+        records.append((number, obj))
+
+    number, head = records[0]
+    if "format" not in head:
+        kind = "a round record" if "round" in head else "a final record" if "final" in head else "no 'format' field"
+        raise TraceFormatError(
+            f'{source} line 1: missing header: expected {{"format": "{TRACE_FORMAT}", ...}}, got {kind}'
+        )
+    if head["format"] != TRACE_FORMAT:
+        raise TraceFormatError(
+            f"{source} line 1: field 'format' is {_describe(head['format'])}; this reader reads {TRACE_FORMAT!r}"
+        )
+    h = _Fields(head, f"{source} line 1", TraceFormatError)
+    h.keys(_HEADER_REQUIRED, _HEADER_OPTIONAL)
+    vocab_size = h.int_("vocab_size", minimum=1)
+    k = h.int_("k", minimum=0)
+    prompt = h.ids("prompt", vocab_size=vocab_size, nonempty=True)
+    max_new_tokens = h.int_("max_new_tokens", minimum=0)
+    eos_token_id = h.token("eos_token_id", vocab_size=vocab_size)
+    engine = h.str_("engine")
+    target = h.str_("target")
+    max_context = h.optional_int("max_context", minimum=1)
+    rollback = h.optional_str("rollback", choices=("checkpoint", "replay"))
+
+    steps: list[Step] = []
+    final: tuple[tuple[int, ...], str] | None = None
+    for number, obj in records[1:]:
+        where = f"{source} line {number}"
+        if final is not None:
+            raise TraceFormatError(f"{where}: a record after the final line (line {number - 1} ended the trace)")
+        if "format" in obj:
+            raise TraceFormatError(f"{where}: a second header (the header belongs on line 1 only)")
+        if "final" in obj:
+            f = _Fields(obj, where, TraceFormatError)
+            f.keys(_FINAL_FIELDS)
+            if obj["final"] is not True:
+                raise f.fail(f"field 'final' must be true, got {_describe(obj['final'])}")
+            tokens = f.ids("tokens", vocab_size=vocab_size)
+            stop = f.str_("stop_reason", choices=STOP_REASONS)
+            final = (tokens, stop)
+            continue
+        if "round" not in obj:
+            fields = ", ".join(f"'{name}'" for name in obj) or "none"
+            raise TraceFormatError(
+                f"{where}: expected a round record ('round' field) or the final line ('final' field), "
+                f"got fields {fields}"
+            )
+        r = _Fields(obj, where, TraceFormatError)
+        r.keys(_ROUND_FIELDS)
+        index = r.int_("round", minimum=0)
+        if index != len(steps):
+            raise r.fail(f"field 'round' must be {len(steps)} (rounds are numbered from 0, in order), got {index}")
+        steps.append(
+            Step(
+                base=r.int_("base", minimum=0),
+                draft=r.ids("draft", vocab_size=vocab_size),
+                argmax=r.ids("argmax", vocab_size=vocab_size),
+                accepted=r.ids("accepted", vocab_size=vocab_size),
+                processed=r.int_("processed", minimum=0),
+            )
+        )
+    if final is None:
+        raise TraceFormatError(
+            f'{source} line {n_lines + 1}: missing final line {{"final": true, "tokens": [...], '
+            f'"stop_reason": ...}} after line {n_lines} (is the trace truncated?)'
+        )
+    return Trace(
+        vocab_size=vocab_size,
+        k=k,
+        prompt=prompt,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_token_id,
+        engine=engine,
+        target=target,
+        max_context=max_context,
+        rollback=rollback,
+        steps=tuple(steps),
+        tokens=final[0],
+        stop_reason=final[1],
+        source=source,
+    )
+
+
+def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{os.fspath(path)}: no such {what} file") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{os.fspath(path)}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise error(f"{os.fspath(path)}: cannot read the {what} file: {exc.strerror or exc}") from None
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Parse a ``specproof-trace/1`` file; raises ``TraceFormatError`` naming the line and the field."""
+    text = _read_text(path, TraceFormatError, "trace")
+    return _parse_lines(text.split("\n"), os.fspath(path))
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path`` and rename it over: never a half-written file."""
+    target = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise TraceWriteError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise TraceWriteError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from exc
+        raise
+
+
+def write_trace(
+    path: str | os.PathLike[str],
+    generation: Generation,
+    *,
+    prompt: Sequence[int],
+    k: int,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    vocab_size: int,
+    engine: str,
+    target: str,
+    max_context: int | None = None,
+    rollback: str | None = None,
+) -> Trace:
+    """Write ``generation`` as a ``specproof-trace/1`` file (atomically) and return the ``Trace`` written.
+
+    The lines are validated with the reader before anything is written, so every
+    trace this writes reads back; a generation without ``steps`` (a black-box
+    engine) has no rounds to trace and is refused.
+    """
+    if generation.steps is None:
+        raise InvalidSettingError(
+            "write_trace: the generation has no steps (a black-box engine); a trace needs the per-round records"
+        )
+    try:
+        trace = Trace(
+            vocab_size=vocab_size,
+            k=k,
+            prompt=prompt,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            engine=engine,
+            target=target,
+            max_context=max_context,
+            rollback=rollback,
+            steps=generation.steps,
+            tokens=generation.tokens,
+            stop_reason=generation.stop_reason,
+            source=os.fspath(path),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidSettingError(f"write_trace: {exc}") from None
+    lines = trace.to_lines()
+    try:
+        _parse_lines(lines, f"{os.fspath(path)} (not written)")
+    except TraceFormatError as exc:
+        raise InvalidSettingError(f"write_trace: the trace would not be valid: {exc}") from None
+    _write_atomically(path, "\n".join(lines) + "\n")
+    return trace
+
+
+# --------------------------------------------------------------------------- golden files
+
+
+@attrs.frozen(kw_only=True)
+class GoldenCase:
+    """Plain greedy's tokens for one prompt (and, optionally, each token's top-2 margin)."""
+
+    prompt: tuple[int, ...] = attrs.field(converter=_ints)
+    max_new_tokens: int
+    eos_token_id: int | None
+    tokens: tuple[int, ...] = attrs.field(converter=_ints)
+    margins: tuple[float, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(lambda ms: tuple(float(m) for m in ms))
+    )
+
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {
+            "prompt": list(self.prompt),
+            "max_new_tokens": self.max_new_tokens,
+            "eos_token_id": self.eos_token_id,
+            "tokens": list(self.tokens),
+        }
+        if self.margins is not None:
+            # JSON has no inf: a one-id vocabulary's margin is written as a large number.
+            data["margins"] = [m if math.isfinite(m) else 1e308 for m in self.margins]
+        return data
+
+
+@attrs.frozen(kw_only=True)
+class Golden:
+    """A ``specproof-golden/1`` file: plain greedy outputs of one target."""
+
+    target: str
+    cases: tuple[GoldenCase, ...] = attrs.field(converter=_cases)
+    source: str | None = attrs.field(default=None, eq=False)
+
+    def case_for(self, prompt: Sequence[int], *, eos_token_id: int | None = None) -> GoldenCase:
+        """The case for ``prompt`` (preferring one with the same EOS, then the longest); raises if none."""
+        wanted = tuple(int(t) for t in prompt)
+        matches = [c for c in self.cases if c.prompt == wanted]
+        if not matches:
+            shown = list(wanted[:16])
+            more = f"... ({len(wanted)} tokens)" if len(wanted) > 16 else ""
+            where = self.source or "the golden file"
+            raise OracleMismatchError(
+                f"{where} has no case for the prompt {shown}{more}; it has {len(self.cases)} case(s)"
+            )
+        return max(matches, key=lambda c: (c.eos_token_id == eos_token_id, len(c.tokens)))
+
+    def to_json(self) -> dict[str, object]:
+        return {"format": GOLDEN_FORMAT, "target": self.target, "cases": [c.to_json() for c in self.cases]}
+
+
+def load_golden(path: str | os.PathLike[str]) -> Golden:
+    """Parse a ``specproof-golden/1`` file; raises ``GoldenFormatError`` naming the case and the field."""
+    source = os.fspath(path)
+    text = _read_text(path, GoldenFormatError, "golden")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GoldenFormatError(f"{source}: invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise GoldenFormatError(f"{source}: expected a JSON object, got {type(data).__name__}")
+    top = _Fields(data, source, GoldenFormatError)
+    if data.get("format") != GOLDEN_FORMAT:
+        raise top.fail(f"field 'format' must be {GOLDEN_FORMAT!r}, got {_describe(data.get('format'))}")
+    top.keys(_GOLDEN_FIELDS)
+    target = top.str_("target")
+    raw_cases = data["cases"]
+    if not isinstance(raw_cases, list):
+        raise top.fail(f"field 'cases' must be a list of case objects, got {_describe(raw_cases)}")
+    cases: list[GoldenCase] = []
+    for i, raw in enumerate(raw_cases):
+        where = f"{source}: cases[{i}]"
+        if not isinstance(raw, dict):
+            raise GoldenFormatError(f"{where}: expected a JSON object, got {_describe(raw)}")
+        c = _Fields(raw, where, GoldenFormatError)
+        c.keys(_CASE_REQUIRED, _CASE_OPTIONAL)
+        tokens = c.ids("tokens", vocab_size=None)
+        margins = raw.get("margins")
+        if margins is not None:
+            if (
+                not isinstance(margins, list)
+                or not all(isinstance(m, (int, float)) and not isinstance(m, bool) and m >= 0 for m in margins)
+                or len(margins) != len(tokens)
+            ):
+                raise c.fail(
+                    f"field 'margins' must be a list of {len(tokens)} numbers >= 0 (one per token), "
+                    f"got {_describe(margins)}"
+                )
+        cases.append(
+            GoldenCase(
+                prompt=c.ids("prompt", vocab_size=None, nonempty=True),
+                max_new_tokens=c.int_("max_new_tokens", minimum=0),
+                eos_token_id=c.token("eos_token_id", vocab_size=None),
+                tokens=tokens,
+                margins=margins,
+            )
+        )
+    return Golden(target=target, cases=tuple(cases), source=source)
+
+
+def write_golden(path: str | os.PathLike[str], golden: Golden) -> None:
+    """Write ``golden`` as a ``specproof-golden/1`` file (atomically)."""
+    _write_atomically(path, json.dumps(golden.to_json(), indent=1) + "\n")
+
+
+def golden_case(
+    target: Target, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None
+) -> GoldenCase:
+    """Run plain greedy on ``target`` and record the case (tokens and margins) for a golden file."""
+    from specproof.engine._greedy import greedy_with_margins
+
+    gen, margins = greedy_with_margins(target, prompt, max_new_tokens, eos_token_id=eos_token_id)
+    return GoldenCase(
+        prompt=prompt, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, tokens=gen.tokens, margins=margins
+    )
+
+
+# --------------------------------------------------------------------------- checking a trace
+
+ResultStatus = Literal["pass", "excused", "fail", "inconclusive", "skipped"]
+
+
+@attrs.frozen(kw_only=True)
+class InvariantResult:
+    """One invariant's outcome on a trace: ``detail`` is one line for a table."""
+
+    invariant: str
+    status: ResultStatus
+    detail: str
+    violations: tuple[Violation, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "invariant": self.invariant,
+            "status": self.status,
+            "detail": self.detail,
+            "violations": [v.to_json() for v in self.violations],
+        }
+
+
+@attrs.frozen(kw_only=True)
+class TraceReport:
+    """What ``check_trace`` found: one result per invariant, and the lossless verdict if there was an oracle."""
+
+    source: str | None
+    engine: str
+    target: str
+    rounds: int
+    tokens: int
+    results: tuple[InvariantResult, ...]
+    lossless: LosslessVerdict | None = None
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status == "fail" for r in self.results)
+
+    @property
+    def inconclusive(self) -> bool:
+        return any(r.status == "inconclusive" for r in self.results)
+
+    @property
+    def passed(self) -> bool:
+        """Every invariant passed, was excused (a near-tie) or was not checked for want of an oracle."""
+        return not self.failed and not self.inconclusive
+
+    @property
+    def exit_code(self) -> int:
+        """0 passed, 1 an invariant failed, 2 the oracle could not decide (e.g. a golden file too short)."""
+        return 1 if self.failed else 2 if self.inconclusive else 0
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [v for r in self.results for v in r.violations]
+
+    def result(self, invariant_id: str) -> InvariantResult:
+        for r in self.results:
+            if r.invariant == invariant_id:
+                return r
+        raise KeyError(f"no result for {invariant_id!r}; checked: {', '.join(r.invariant for r in self.results)}")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "engine": self.engine,
+            "target": self.target,
+            "rounds": self.rounds,
+            "tokens": self.tokens,
+            "passed": self.passed,
+            "results": [r.to_json() for r in self.results],
+            "lossless": None if self.lossless is None else self.lossless.to_json(),
+        }
+
+
+def _result(invariant_id: str, violations: list[Violation], passed_detail: str) -> InvariantResult:
+    if not violations:
+        return InvariantResult(invariant=invariant_id, status="pass", detail=passed_detail)
+    first = violations[0]
+    where = (
+        f"round {first.round}: " if first.round is not None and f"round {first.round}" not in first.explanation else ""
+    )
+    more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
+    return InvariantResult(
+        invariant=invariant_id,
+        status="fail",
+        detail=f"{where}{first.explanation}{more}",
+        violations=tuple(violations),
+    )
+
+
+def _with_round(verdict: LosslessVerdict, steps: Sequence[Step]) -> LosslessVerdict:
+    """Name the round that emitted the diverging token in the verdict's violation."""
+    if verdict.violation is None or verdict.index is None:
+        return verdict
+    violation = attrs.evolve(verdict.violation, round=_round_of_index(steps, verdict.index))
+    return attrs.evolve(verdict, violation=violation)
+
+
+_Lossless = tuple[InvariantResult, LosslessVerdict | None]
+
+
+def _verdict_result(verdict: LosslessVerdict, steps: Sequence[Step], oracle: str) -> _Lossless:
+    verdict = _with_round(verdict, steps)
+    status: ResultStatus = verdict.status
+    violations = (verdict.violation,) if verdict.violation is not None else ()
+    result = InvariantResult(
+        invariant="engine.lossless", status=status, detail=f"{verdict.explanation} ({oracle})", violations=violations
+    )
+    return result, verdict
+
+
+def _golden_expected(tokens: Sequence[int], trace: Trace) -> tuple[list[int], str | None]:
+    """Golden tokens cut as the trace's settings cut them; the stop reason when the cut decides the end."""
+    expected = list(tokens[: trace.max_new_tokens])
+    stop: str | None = "max_new_tokens" if len(expected) == trace.max_new_tokens else None
+    if trace.eos_token_id is not None and trace.eos_token_id in expected:
+        expected = expected[: expected.index(trace.eos_token_id) + 1]
+        stop = "eos"
+    return expected, stop
+
+
+def _lossless_against_golden(trace: Trace, case: GoldenCase, tie_tolerance: float, name: str) -> _Lossless:
+    expected, stop = _golden_expected(case.tokens, trace)
+    margins = list(case.margins) if case.margins is not None else None
+    actual = list(trace.tokens)
+    if stop is None and len(expected) < len(actual):
+        # The golden ends before the trace does and not for a reason the trace shares:
+        # compare what there is, and say that the rest is unchecked.
+        verdict = compare_lossless(
+            actual[: len(expected)], expected, expected_margins=margins, tie_tolerance=tie_tolerance
+        )
+        if verdict.status != "pass":
+            return _verdict_result(verdict, trace.steps, name)
+        why = (
+            f"its max_new_tokens={case.max_new_tokens}"
+            if len(case.tokens) >= case.max_new_tokens
+            else f"it stopped at EOS {case.eos_token_id}"
+            if case.eos_token_id is not None and case.tokens and case.tokens[-1] == case.eos_token_id
+            else "its target's context was full"
+        )
+        result = InvariantResult(
+            invariant="engine.lossless",
+            status="inconclusive",
+            detail=(
+                f"the golden case has only {len(case.tokens)} tokens ({why}) and all {len(expected)} match, but the "
+                f"trace has {len(actual)}: regenerate the golden with max_new_tokens >= {len(actual)} ({name})"
+            ),
+        )
+        return result, None
+    verdict = compare_lossless(
+        actual,
+        expected,
+        expected_margins=margins,
+        tie_tolerance=tie_tolerance,
+        actual_stop_reason=trace.stop_reason,
+        expected_stop_reason=stop,
+    )
+    return _verdict_result(verdict, trace.steps, name)
+
+
+def _lossless_against_target(trace: Trace, target: Target, tie_tolerance: float, name: str | None) -> _Lossless:
+    from specproof.engine._greedy import greedy_with_margins
+    from specproof.engine._validate import component_name
+
+    name = name or component_name(target)
+    if target.vocab_size != trace.vocab_size:
+        raise OracleMismatchError(
+            f"target {name} has vocab_size={target.vocab_size} but the trace was recorded with "
+            f"vocab_size={trace.vocab_size}: it is not the same model"
+        )
+    if trace.max_context is not None and target.max_context != trace.max_context:
+        raise OracleMismatchError(
+            f"target {name} has max_context={target.max_context} but the trace was recorded with "
+            f"max_context={trace.max_context}: where generation stops would differ"
+        )
+    gen, margins = greedy_with_margins(target, trace.prompt, trace.max_new_tokens, eos_token_id=trace.eos_token_id)
+    verdict = compare_lossless(
+        list(trace.tokens),
+        list(gen.tokens),
+        expected_margins=margins,
+        tie_tolerance=tie_tolerance,
+        actual_stop_reason=trace.stop_reason,
+        expected_stop_reason=gen.stop_reason,
+    )
+    return _verdict_result(verdict, trace.steps, f"plain greedy on {name}")
+
+
+def check_trace(
+    trace: Trace,
+    *,
+    greedy_tokens: Sequence[int] | GoldenCase | Golden | None = None,
+    target: Target | None = None,
+    tie_tolerance: float = 0.0,
+    oracle_name: str | None = None,
+) -> TraceReport:
+    """Check a trace: the record invariants, and ``engine.lossless`` when an oracle is given.
+
+    The oracle is either ``greedy_tokens`` — plain greedy's tokens for the trace's
+    prompt (a prefix at least as long as the trace's output, or ending where the
+    trace's EOS / ``max_new_tokens`` end it), a ``GoldenCase``, or a ``Golden`` file
+    (the case whose prompt equals the trace's is used) — or a ``target`` on which
+    plain greedy is run (with margins, for the tie-aware verdict). Without an oracle
+    ``engine.lossless`` is ``skipped``. An oracle that does not fit the trace raises
+    ``OracleMismatchError``. ``oracle_name`` names the oracle in the report (a target
+    spec, a file name).
+    """
+    if greedy_tokens is not None and target is not None:
+        raise InvalidSettingError("check_trace: give greedy_tokens or target, not both")
+    steps = trace.steps
+    n_rounds, n_tokens = len(steps), len(trace.tokens)
+    results = [
+        _result(
+            "engine.accept-bounds",
+            check_accept_bounds(steps, k=trace.k),
+            f"1 <= accepted <= draft + 1 <= k + 1 = {trace.k + 1} in all {n_rounds} rounds",
+        ),
+        _result(
+            "engine.accept-rule",
+            check_accept_rule(steps),
+            f"accepted == draft[:j] + [argmax[j]] in all {n_rounds} rounds",
+        ),
+        _result(
+            "engine.kv-length",
+            check_kv_length(steps, prompt_length=len(trace.prompt), tokens=trace.tokens),
+            f"processed == base + accepted in every round; {len(trace.prompt) + n_tokens - 1} at the end",
+        ),
+        _result(
+            "engine.stop",
+            check_stop(
+                trace.tokens,
+                trace.stop_reason,
+                max_new_tokens=trace.max_new_tokens,
+                eos_token_id=trace.eos_token_id,
+                prompt_length=len(trace.prompt),
+                max_context=trace.max_context,
+            ),
+            f"{n_tokens} tokens, stop: {trace.stop_reason}"
+            + ("" if trace.max_context is not None else " (max_context not recorded: context not checked)"),
+        ),
+        _result(
+            "trace.consistency",
+            check_trace_consistency(
+                trace.tokens,
+                steps,
+                trace.stop_reason,
+                max_new_tokens=trace.max_new_tokens,
+                eos_token_id=trace.eos_token_id,
+            ),
+            "tokens == the rounds' accepted tokens, cut as the stop reason says",
+        ),
+    ]
+    verdict: LosslessVerdict | None = None
+    if target is not None:
+        lossless, verdict = _lossless_against_target(trace, target, tie_tolerance, oracle_name)
+    elif greedy_tokens is not None:
+        if isinstance(greedy_tokens, Golden):
+            case = greedy_tokens.case_for(trace.prompt, eos_token_id=trace.eos_token_id)
+            name = oracle_name or f"golden {greedy_tokens.source or greedy_tokens.target}"
+        elif isinstance(greedy_tokens, GoldenCase):
+            case, name = greedy_tokens, oracle_name or "the golden case"
+            if case.prompt != trace.prompt:
+                raise OracleMismatchError("check_trace: the golden case's prompt is not the trace's prompt")
+        else:
+            if isinstance(greedy_tokens, (str, bytes)):
+                raise InvalidSettingError("check_trace: greedy_tokens must be token ids, not a string")
+            toks = [int(t) for t in greedy_tokens]
+            case = GoldenCase(prompt=trace.prompt, max_new_tokens=len(toks), eos_token_id=None, tokens=toks)
+            name = oracle_name or "the given greedy tokens"
+        lossless, verdict = _lossless_against_golden(trace, case, tie_tolerance, name)
+    else:
+        lossless = InvariantResult(
+            invariant="engine.lossless",
+            status="skipped",
+            detail="no greedy oracle given (golden tokens or a target), so losslessness was not checked",
+        )
+    results.append(lossless)
+    return TraceReport(
+        source=trace.source,
+        engine=trace.engine,
+        target=trace.target,
+        rounds=n_rounds,
+        tokens=n_tokens,
+        results=tuple(results),
+        lossless=verdict,
+    )
