@@ -19,7 +19,7 @@ def add_target_argument(parser: argparse.ArgumentParser, *, default: str = DEFAU
         default=default,
         metavar="SPEC",
         help=(
-            "target spec: reference, reference-moe, reference:FIELD=VALUE,..., mlx:..., hf:..., "
+            "target spec: reference, reference-moe, reference:FIELD=VALUE,..., mlx:..., hf:..., coreml:PATH, "
             f"or MODULE:ATTR (default {default})"
         ),
     )

@@ -26,6 +26,7 @@ __all__ = ["TARGET_FAMILIES", "load_target", "register_target_family"]
 TARGET_FAMILIES: dict[str, str] = {
     "reference": "specproof.engine.targets.reference_spec:load",
     "reference-moe": "specproof.engine.targets.reference_spec:load_moe",
+    "coreml": "specproof.engine.targets.coreml:load_spec",
 }
 
 

@@ -1,0 +1,184 @@
+"""``specproof bundle inspect|export``: judge a Core ML bundle for verify forwards; export the reference as one.
+
+``inspect`` exits 0 when a function of the bundle qualifies for a K-token verify
+forward, 1 when none does, 2 when the path is not a readable bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from specproof._cli.common import add_target_argument
+
+_EXPORT_TARGET_HELP = (
+    "reference target spec to export (default reference:layers=conv+attn+conv+attn: the exporter supports "
+    "conv and attn blocks with a dense feed-forward, not gdn blocks or mixture-of-experts)"
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from specproof.coreml._export import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY
+
+    p = sub.add_parser(
+        "bundle",
+        help="inspect a Core ML bundle for verify qualification, or export the reference target as one",
+        description="Core ML bundles: inspect (any OS, no model load) and export (the reference target, stateful).",
+    )
+    bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION")
+    ins = bsub.add_parser(
+        "inspect",
+        help="list inputs/outputs/states and say whether the bundle can verify K draft tokens in one forward",
+        description=(
+            "Read a .mlpackage without loading it and give each function a verdict. "
+            "Exit 0: a function qualifies; 1: none does; 2: not a readable bundle."
+        ),
+    )
+    ins.add_argument("path", help="the .mlpackage (or .mlmodel)")
+    ins.add_argument("--k", type=int, default=4, help="draft tokens per verify forward (default 4: K+1=5 ids)")
+    ins.add_argument("--json", action="store_true", help="print the verdict as JSON (specproof-bundle-inspect/1)")
+    ins.set_defaults(func=run_inspect)
+    exp = bsub.add_parser(
+        "export",
+        help="export the reference target as a stateful ML program (iOS 18 / macOS 15), optionally with golden outputs",
+        description=(
+            "Build the reference target's forward with coremltools' MIL builder: fp16 states key_cache, value_cache, "
+            "conv_state at full max_context; input_ids [1, 1..MAX_QUERY]; position [1]; logits [1, q, vocab]."
+        ),
+    )
+    exp.add_argument("path", help="output .mlpackage path")
+    exp.add_argument("--k", type=int, default=4, help="draft tokens the bundle must verify per forward (default 4)")
+    exp.add_argument(
+        "--max-query",
+        type=int,
+        default=None,
+        help=f"longest token chunk per forward (default max(K+1, {DEFAULT_MAX_QUERY}); prefill is chunked)",
+    )
+    exp.add_argument(
+        "--max-context",
+        type=int,
+        default=512,
+        help="KV cache length of the exported states (default 512, keeps the bundle small; weights do not change)",
+    )
+    exp.add_argument(
+        "--last-token-only",
+        action="store_true",
+        help="export logits [1, 1, vocab] for the last position only (a variant the inspector must reject)",
+    )
+    exp.add_argument(
+        "--golden", default=None, metavar="FILE", help="also write greedy tokens of fixed prompts (specproof-golden/1)"
+    )
+    exp.add_argument("--force", action="store_true", help="replace an existing bundle at PATH")
+    add_target_argument(exp, default=DEFAULT_EXPORT_TARGET)
+    exp.set_defaults(func=run_export)
+    for action in exp._actions:
+        if action.dest == "target":
+            action.help = _EXPORT_TARGET_HELP
+    p.set_defaults(func=lambda args: _no_action(p))
+
+
+def _no_action(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _print_report(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(100, Console().width))
+    head = Table(title=f"specproof bundle inspect — {report.path}", show_header=False)
+    head.add_row("model", f"{report.model_type}, specification version {report.specification_version}")
+    head.add_row("deployment target", report.deployment_target + (f" (opset {report.opset})" if report.opset else ""))
+    head.add_row("functions", ", ".join(f.name + (" (default)" if f.default else "") for f in report.functions))
+    for key in ("specproof.target", "specproof.max_context", "specproof.max_query", "specproof.last_token_only"):
+        if key in report.metadata:
+            head.add_row(key, report.metadata[key])
+    console.print(head)
+    for fn in report.functions:
+        io = Table(title=f"function {fn.name!r}: interface")
+        for col in ("kind", "name", "dtype", "shape", "shapes"):
+            io.add_column(col)
+        for t in (*fn.inputs, *fn.states, *fn.outputs):
+            shape = t.shape_text() if not t.enumerated else "[" + ", ".join(str(d) for d in t.dims) + "]"
+            extra = t.shape_kind + (f" ({len(t.enumerated)} enumerated)" if t.enumerated else "")
+            if t.producer:
+                extra += f", from {t.producer}"
+            io.add_row(t.kind, t.name, t.dtype, shape, extra)
+        console.print(io)
+        rules = Table(title=f"function {fn.name!r}: verify qualification for K={report.k}")
+        rules.add_column("rule")
+        rules.add_column("", justify="center")
+        rules.add_column("found")
+        rules.add_column("why it matters")
+        for r in fn.rules:
+            rules.add_row(r.id, "[green]pass[/]" if r.passed else "[bold red]FAIL[/]", r.detail, r.why)
+        console.print(rules)
+        verdict = "qualifies" if fn.qualifies else f"does NOT qualify ({', '.join(r.id for r in fn.failed)})"
+        console.print(f"function {fn.name!r} {verdict} for a verify forward of K={report.k} draft tokens")
+    console.print(
+        f"verdict: {'QUALIFIES' if report.qualifies else 'DOES NOT QUALIFY'} (exit {report.exit_code})",
+        markup=False,
+    )
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    from specproof.coreml import BundleReadError, inspect_bundle
+
+    try:
+        report = inspect_bundle(args.path, k=args.k)
+    except BundleReadError as exc:
+        print(f"specproof bundle inspect: not a readable bundle: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        _print_report(report)
+    return report.exit_code
+
+
+def export_target_spec(spec: str, max_context: int) -> str:
+    """The spec that rebuilds the exported target: ``spec`` with ``max_context`` overridden."""
+    head, sep, rest = spec.partition(":")
+    kept = [p for p in rest.split(",") if p and not p.strip().startswith("max_context=")] if sep else []
+    return f"{head}:{','.join([*kept, f'max_context={max_context}'])}"
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from specproof.cli import UsageError
+    from specproof.coreml import check_exportable, export_bundle, write_golden
+    from specproof.engine import ReferenceHybrid, load_target
+
+    if args.target.split(":", 1)[0] not in ("reference", "reference-moe"):
+        raise UsageError(f"--target {args.target!r}: only reference targets can be exported")
+    if args.max_context < 2:
+        raise UsageError(f"--max-context {args.max_context}: must be >= 2")
+    spec = export_target_spec(args.target, args.max_context)
+    target = load_target(spec)
+    assert isinstance(target, ReferenceHybrid)
+    check_exportable(target.config)
+    out = Path(args.path)
+    if out.exists():
+        if not args.force:
+            raise UsageError(f"{str(out)!r} exists; pass --force to replace it")
+        if out.is_dir():
+            shutil.rmtree(out)
+        else:
+            out.unlink()
+    result = export_bundle(
+        out, target, k=args.k, max_query=args.max_query, last_token_only=args.last_token_only, target_spec=spec
+    )
+    print(
+        f"wrote {result.path} ({result.bytes / 1024:.0f} KiB, {result.seconds:.1f} s): {target.describe()}; "
+        f"input_ids [1, 1..{result.max_query}], logits "
+        + ("[1, 1, vocab] (last token only)" if result.last_token_only else "[1, q, vocab]")
+    )
+    if args.golden:
+        doc = write_golden(args.golden, target, target_spec=spec)
+        n = sum(len(c["tokens"]) for c in doc["cases"])
+        print(f"wrote {args.golden}: {len(doc['cases'])} golden cases, {n} greedy tokens (target {spec})")
+    return 0
