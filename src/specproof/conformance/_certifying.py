@@ -89,7 +89,7 @@ class CertifyContext:
                 else "all"
             )
         suite = Suite.from_specs(
-            subject,
+            subject,  # type: ignore[arg-type]
             drafter=drafter,
             target=target,
             engine=engine,  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from specproof.conformance._invariants import Violation
+from specproof.conformance._subjects import EngineCase
 from specproof.conformance.checks.generation import check_generation
 from specproof.conformance.checks.lossless import compare_lossless
 from specproof.conformance.checks.target import compare_logits, compare_states
@@ -264,13 +265,14 @@ def run_builtin(
 
 
 def run_plugin(
-    case: object, *, prompt: Sequence[int], max_new_tokens: int, eos: int | None, tolerance: float
+    case: EngineCase, *, prompt: Sequence[int], max_new_tokens: int, eos: int | None, tolerance: float
 ) -> EngineRun:
     """Run a plug-in engine; white-box invariants where its Generation has steps."""
     key = ("plugin", id(case), tuple(prompt), max_new_tokens, eos)
     if key in _CACHE:
         return _CACHE[key]
-    engine = case.engine  # type: ignore[attr-defined]
+    engine = case.engine
+    assert engine is not None and case.greedy is not None
     example: dict[str, object] = {"prompt": list(prompt), "max_new_tokens": max_new_tokens, "eos_token_id": eos}
     gen: Generation | None = None
     error: Exception | None = None
@@ -278,8 +280,8 @@ def run_plugin(
         gen = engine.generate(list(prompt), max_new_tokens, eos_token_id=eos)
     except Exception as exc:
         error = exc
-    expected, margins = case.greedy(prompt, max_new_tokens, eos)  # type: ignore[attr-defined]
-    target = case.target  # type: ignore[attr-defined]
+    expected, margins = case.greedy(prompt, max_new_tokens, eos)
+    target = case.target
     state: list[Violation] | None = None
     final = None
     if gen is not None and target is not None and callable(getattr(target, "state_arrays", None)):
@@ -292,7 +294,7 @@ def run_plugin(
             ref = copy.deepcopy(target)
             ref.reset()
             ref.forward(ctx[:-1])
-            why = compare_states(ref.state_arrays(), target.state_arrays(), tolerance=tolerance)
+            why = compare_states(ref.state_arrays(), target.state_arrays(), tolerance=tolerance)  # type: ignore[attr-defined]
             state = (
                 []
                 if why is None
@@ -314,10 +316,10 @@ def run_plugin(
             prompt=prompt,
             k=case.k,
             max_new_tokens=max_new_tokens,
-            eos=eos,  # type: ignore[attr-defined]
+            eos=eos,
             max_context=case.max_context,
             rollback=case.rollback,
-            final_processed=final,  # type: ignore[attr-defined]
+            final_processed=final,
             expected=expected,
             margins=margins,
             tolerance=tolerance,

@@ -165,7 +165,7 @@ def _plugin_engine_case(spec: str) -> EngineCase:
     return EngineCase(
         id=spec.rpartition(":")[2] or spec,
         kind="plugin",
-        engine=engine,
+        engine=engine,  # type: ignore[arg-type]
         k=k if isinstance(k, int) else None,
         rollback=getattr(engine, "rollback", None),
         greedy=greedy,

@@ -8,6 +8,13 @@ This module is the public facade; the checks live in submodules:
 - ``drafter`` / ``target`` — checks that drive a drafter or a target directly.
 """
 
+from specproof.conformance.checks.drafter import (
+    DRAFTER_CHECKS,
+    check_deterministic,
+    check_max_length,
+    check_no_mutation,
+    check_token_range,
+)
 from specproof.conformance.checks.generation import (
     GENERATION_INVARIANTS,
     check_accept_bounds,
@@ -24,14 +31,6 @@ from specproof.conformance.checks.lossless import (
     VerdictSummary,
     compare_lossless,
     summarise_verdicts,
-)
-
-from specproof.conformance.checks.drafter import (
-    DRAFTER_CHECKS,
-    check_deterministic,
-    check_max_length,
-    check_no_mutation,
-    check_token_range,
 )
 from specproof.conformance.checks.target import (
     TARGET_CHECKS,

@@ -125,6 +125,11 @@ def check_token_range(
     return out
 
 
+def _canonical(tok: object) -> object:
+    """Ints compare as ints (numpy ints included); anything else by its repr."""
+    return int(tok) if isinstance(tok, Integral) else repr(tok)
+
+
 def _run_history(drafter: Drafter, context: Sequence[int], history: list[tuple[int, int]]) -> list[object]:
     """Drive the drafter as the decoder does: one list, extended in place, proposals at each length."""
     live: list[int] = []
@@ -132,7 +137,8 @@ def _run_history(drafter: Drafter, context: Sequence[int], history: list[tuple[i
     for length, k in history:
         live.extend(context[len(live) : length])
         draft, exc = _propose(drafter, live, k)
-        drafts.append(("raised", repr(exc)) if exc is not None else [int(t) for t in _as_list(draft) or []])
+        tokens = _as_list(draft) or []
+        drafts.append(("raised", repr(exc)) if exc is not None else [_canonical(t) for t in tokens])
     return drafts
 
 

@@ -355,7 +355,7 @@ def check_capacity(make: MakeTarget, fill: Sequence[int], overflow: int, probe_t
     step = 512
     for start in range(0, len(feed), step):
         t.forward(feed[start : start + step])
-    ex = {"max_context": cap, "processed": t.processed, "overflow": overflow}
+    ex: dict[str, object] = {"max_context": cap, "processed": t.processed, "overflow": overflow}
     snap = t.snapshot()
     before = np.asarray(t.forward([probe_token])) if room >= 1 else None
     t.restore(snap)
