@@ -1,0 +1,291 @@
+"""specproof.conformance.zoo: deliberately broken implementations the suite must reject.
+
+Every member breaks exactly one invariant of the catalogue, the way a real engine,
+drafter or model export once did. Each is a plug-in (``specproof.conformance.zoo:<name>``,
+a zero-argument factory), so it is certified through the ordinary paths::
+
+    specproof certify engine --engine specproof.conformance.zoo:drops_bonus_token
+    specproof certify target --target specproof.conformance.zoo:restore_forgets_conv
+
+and ``ZOO`` says, per member, what kind of subject it is, which invariant it breaks
+(and which others the same bug is also caught by), and what the bug is. The
+meta-tests (``tests/test_zoo.py``) certify every member and require the named
+invariant to fail.
+
+Each family also has its correct *control* (``lookup_drafter``, ``zoo_target``,
+``zoo_engine``): the same code with no bug, which certification accepts, so a
+member's failure is due to its one change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import attrs
+
+from specproof.conformance.zoo._drafters import LookupDrafter, MutatesInput, Nondeterministic, OutOfRange, TooLong
+from specproof.conformance.zoo._engines import (
+    AcceptsPastMismatch,
+    DropsBonusToken,
+    EmitsAfterEos,
+    ForgetsRecurrentRestore,
+    ProcessedOffByOne,
+    StaleStateAfterZeroDraft,
+    ZooEngine,
+)
+from specproof.conformance.zoo._targets import (
+    ZOO_CONFIG,
+    CapacityWraps,
+    CheckpointsOffByOne,
+    ChunkedForwardDiffers,
+    RestoreForgetsConv,
+    RestoreForgetsRec,
+    ZooTarget,
+    small_reference,
+)
+
+__all__ = [
+    "CONTROLS",
+    "ZOO",
+    "ZOO_CONFIG",
+    "ZooMember",
+    "accepts_past_mismatch",
+    "capacity_wraps",
+    "checkpoints_off_by_one",
+    "chunked_forward_differs",
+    "drops_bonus_token",
+    "emits_after_eos",
+    "forgets_recurrent_restore",
+    "lookup_drafter",
+    "mutates_input",
+    "nondeterministic",
+    "out_of_range",
+    "processed_off_by_one",
+    "restore_forgets_conv",
+    "restore_forgets_rec",
+    "small_reference",
+    "stale_state_after_zero_draft",
+    "too_long",
+    "zoo_engine",
+    "zoo_target",
+]
+
+Kind = Literal["drafter", "target", "engine"]
+_MODULE = "specproof.conformance.zoo"
+
+
+@attrs.frozen(kw_only=True)
+class ZooMember:
+    """One broken implementation.
+
+    ``invariant`` is the id it is registered as breaking (``certify --only`` it fails);
+    ``also`` lists other ids the same bug is documented to trip (a full run may report
+    them too); ``spec`` is its plug-in spec for ``--drafter/--target/--engine``.
+    Unpacks as ``kind, invariant, description, spec = member``.
+    """
+
+    name: str
+    kind: Kind
+    invariant: str
+    description: str
+    spec: str
+    implementation: type = attrs.field(repr=False)
+    also: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((self.kind, self.invariant, self.description, self.spec))
+
+    @property
+    def caught_by(self) -> tuple[str, ...]:
+        """The registered invariant and its documented alternates."""
+        return (self.invariant, *self.also)
+
+    def cli_args(self) -> list[str]:
+        """``certify`` arguments that certify this member: the subject and its plug-in option."""
+        return [self.kind, f"--{self.kind}", self.spec]
+
+
+# ---------------------------------------------------------------------------- factories (the plug-ins)
+
+
+def too_long() -> TooLong:
+    return TooLong()
+
+
+def out_of_range() -> OutOfRange:
+    return OutOfRange()
+
+
+def nondeterministic() -> Nondeterministic:
+    return Nondeterministic()
+
+
+def mutates_input() -> MutatesInput:
+    return MutatesInput()
+
+
+def chunked_forward_differs() -> ChunkedForwardDiffers:
+    return ChunkedForwardDiffers()
+
+
+def restore_forgets_conv() -> RestoreForgetsConv:
+    return RestoreForgetsConv()
+
+
+def restore_forgets_rec() -> RestoreForgetsRec:
+    return RestoreForgetsRec()
+
+
+def capacity_wraps() -> CapacityWraps:
+    return CapacityWraps()
+
+
+def checkpoints_off_by_one() -> CheckpointsOffByOne:
+    return CheckpointsOffByOne()
+
+
+def forgets_recurrent_restore() -> ForgetsRecurrentRestore:
+    return ForgetsRecurrentRestore()
+
+
+def processed_off_by_one() -> ProcessedOffByOne:
+    return ProcessedOffByOne()
+
+
+def accepts_past_mismatch() -> AcceptsPastMismatch:
+    return AcceptsPastMismatch()
+
+
+def drops_bonus_token() -> DropsBonusToken:
+    return DropsBonusToken()
+
+
+def emits_after_eos() -> EmitsAfterEos:
+    return EmitsAfterEos()
+
+
+def stale_state_after_zero_draft() -> StaleStateAfterZeroDraft:
+    return StaleStateAfterZeroDraft()
+
+
+def lookup_drafter() -> LookupDrafter:
+    """The drafters' correct control."""
+    return LookupDrafter()
+
+
+def zoo_target() -> ZooTarget:
+    """The targets' correct control."""
+    return ZooTarget()
+
+
+def zoo_engine() -> ZooEngine:
+    """The engines' correct control."""
+    return ZooEngine()
+
+
+# ---------------------------------------------------------------------------- the registry
+
+
+def _member(name: str, kind: Kind, implementation: type, invariant: str, also: tuple[str, ...] = ()) -> ZooMember:
+    # the description is the first line of the class docstring, less its "invariant-id: " prefix
+    doc = (implementation.__doc__ or "").strip().splitlines()[0]
+    return ZooMember(
+        name=name,
+        kind=kind,
+        invariant=invariant,
+        description=doc.split(": ", 1)[-1] if doc.startswith(f"``{invariant}``") else doc,
+        spec=f"{_MODULE}:{name}",
+        implementation=implementation,
+        also=also,
+    )
+
+
+# When the built-in engine meets a contract breach it raises (DrafterContractError, a wrong
+# ``processed``); the harness then reports that run as a failure of every engine invariant.
+_ENGINE_RAISES = (
+    "engine.lossless",
+    "engine.accept-bounds",
+    "engine.accept-rule",
+    "engine.kv-length",
+    "engine.state-restored",
+    "engine.stop",
+    "engine.cost",
+    "trace.consistency",
+)
+# A wrong restore also spoils the checks that use restore to probe something else.
+_RESTORE_USERS = ("target.checkpoints", "target.capacity", "engine.lossless", "engine.state-restored")
+
+ZOO: dict[str, ZooMember] = {
+    m.name: m
+    for m in (
+        _member("too_long", "drafter", TooLong, "drafter.max-length", also=_ENGINE_RAISES),
+        _member("out_of_range", "drafter", OutOfRange, "drafter.token-range", also=_ENGINE_RAISES),
+        _member("nondeterministic", "drafter", Nondeterministic, "drafter.deterministic"),
+        _member("mutates_input", "drafter", MutatesInput, "drafter.no-mutation"),
+        _member(
+            "chunked_forward_differs",
+            "target",
+            ChunkedForwardDiffers,
+            "target.chunk-invariance",
+            also=("engine.lossless",),
+        ),
+        _member(
+            "restore_forgets_conv",
+            "target",
+            RestoreForgetsConv,
+            "target.restore",
+            also=_RESTORE_USERS,
+        ),
+        _member(
+            "restore_forgets_rec",
+            "target",
+            RestoreForgetsRec,
+            "target.restore",
+            also=_RESTORE_USERS,
+        ),
+        _member("capacity_wraps", "target", CapacityWraps, "target.capacity"),
+        _member(
+            "checkpoints_off_by_one",
+            "target",
+            CheckpointsOffByOne,
+            "target.checkpoints",
+            also=_ENGINE_RAISES,
+        ),
+        _member(
+            "forgets_recurrent_restore",
+            "engine",
+            ForgetsRecurrentRestore,
+            "engine.state-restored",
+            also=("engine.lossless",),
+        ),
+        _member(
+            "processed_off_by_one",
+            "engine",
+            ProcessedOffByOne,
+            "engine.kv-length",
+            also=("engine.lossless", "engine.state-restored"),
+        ),
+        _member(
+            "accepts_past_mismatch", "engine", AcceptsPastMismatch, "engine.accept-rule", also=("engine.lossless",)
+        ),
+        _member("drops_bonus_token", "engine", DropsBonusToken, "engine.accept-rule"),
+        _member(
+            "emits_after_eos", "engine", EmitsAfterEos, "engine.stop", also=("engine.lossless", "trace.consistency")
+        ),
+        _member(
+            "stale_state_after_zero_draft",
+            "engine",
+            StaleStateAfterZeroDraft,
+            "engine.lossless",
+            also=("engine.state-restored",),
+        ),
+    )
+}
+
+CONTROLS: dict[Kind, str] = {
+    "drafter": f"{_MODULE}:lookup_drafter",
+    "target": f"{_MODULE}:zoo_target",
+    "engine": f"{_MODULE}:zoo_engine",
+}
+"""The correct control of each family, as a plug-in spec: certification accepts these."""

@@ -1,0 +1,313 @@
+"""Broken engines: ``SpecDecoder``'s round, written flat with one hook per decision, one hook wrong each.
+
+``ZooEngine`` is the correct control. It follows DESIGN.md's round exactly (the
+same steps as ``specproof.engine.SpecDecoder``'s ``DecodeSession._round``) but
+names each decision as a method:
+
+- ``_accept(draft, argmax)`` — the accept rule;
+- ``_emit(accepted, remaining, eos)`` — truncation at ``max_new_tokens`` and the first EOS;
+- ``_kept(keep)`` — how many tokens of the verify forward the target keeps;
+- ``_restore(snapshot)`` — putting a snapshot/checkpoint back on rejection;
+- ``_commit(before, draft)`` — what happens when no rollback is needed.
+
+Each zoo member overrides one of them. A random-init model rarely agrees with an
+n-gram drafter, so the engines draft with an internal *oracle*: the greedy
+continuation, computed on a private copy of the target, corrupted by a fixed
+schedule so that fully accepted, rejected-at-0, partial and empty-draft rounds
+(one right after a fully accepted round) all happen in every generation.
+
+The engines expose what the suite needs (DESIGN.md, black-box engines): ``vocab_size``,
+``target`` (white-box, ``state_arrays``), ``k`` and ``rollback``; their
+``Generation`` carries ``steps`` and ``stats``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from specproof.conformance.zoo._targets import small_reference
+from specproof.engine import Generation, ReferenceHybrid, ReferenceSnapshot, Stats, Step, greedy_decode
+from specproof.engine._records import StopReason
+from specproof.engine.errors import EmptyPromptError, InvalidSettingError, TokenRangeError
+
+__all__ = [
+    "AcceptsPastMismatch",
+    "DropsBonusToken",
+    "EmitsAfterEos",
+    "ForgetsRecurrentRestore",
+    "OracleDrafter",
+    "ProcessedOffByOne",
+    "StaleStateAfterZeroDraft",
+    "ZooEngine",
+]
+
+# (draft length, correct leading tokens) per round, cycled; None means "k" (the round's k_eff).
+# The order puts an empty draft right after a fully accepted round (the vLLM case).
+_SCHEDULE: tuple[tuple[int | None, int | None], ...] = (
+    (None, None),  # all accepted
+    (0, 0),  # empty draft right after a fully accepted round
+    (None, 0),  # rejected at 0
+    (None, 1),  # partial
+    (None, None),  # all accepted
+    (None, 2),  # partial
+    (1, 1),  # a draft shorter than k, accepted
+    (0, 0),  # empty draft after a partial round
+)
+
+
+class OracleDrafter:
+    """Drafts the greedy continuation, corrupted at a scheduled position each round.
+
+    ``continuation[i]`` is plain greedy's ``i``-th new token after ``prompt``; round
+    ``r`` proposes ``length`` tokens of it with the token at ``correct`` replaced
+    by another id, so a correct engine accepts exactly ``correct`` of them (while its
+    context stays on the greedy path).
+    """
+
+    def __init__(self, prompt: Sequence[int], continuation: Sequence[int], *, vocab_size: int) -> None:
+        self.prompt_length = len(prompt)
+        self.continuation = [int(t) for t in continuation]
+        self.vocab_size = vocab_size
+        self.round = 0
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        length, correct = _SCHEDULE[self.round % len(_SCHEDULE)]
+        self.round += 1
+        length = k if length is None else min(length, k)
+        correct = length if correct is None else min(correct, length)
+        pos = len(context) - self.prompt_length
+        draft = self.continuation[pos : pos + length]
+        if correct < len(draft):
+            draft[correct] = (draft[correct] + 1) % self.vocab_size
+        return draft
+
+
+class ZooEngine:
+    """A correct speculative engine over a small reference model (the control the zoo members break).
+
+    ``ZooEngine(*, k=4, rollback="checkpoint", target=None)``; ``target`` defaults to
+    the zoo's small ``ReferenceHybrid``.
+    """
+
+    bug = "none (the correct control)"
+
+    def __init__(self, *, k: int = 4, rollback: str = "checkpoint", target: ReferenceHybrid | None = None) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidSettingError(f"{type(self).__name__} k={k!r} must be an integer >= 1")
+        if rollback not in ("checkpoint", "replay"):
+            raise InvalidSettingError(f"{type(self).__name__} rollback={rollback!r} is not 'checkpoint' or 'replay'")
+        self.target = small_reference() if target is None else target
+        self.vocab_size = self.target.vocab_size
+        self.max_context = self.target.max_context
+        self.k = k
+        self.rollback = rollback
+        self._oracle = copy.deepcopy(self.target)
+        self.name = f"specproof.zoo.{type(self).__name__}(k={k}, rollback={rollback})"
+
+    def __repr__(self) -> str:
+        return f"<{self.name}; bug: {self.bug}>"
+
+    # ------------------------------------------------------------------ the hooks (correct here)
+
+    def _accept(self, draft: list[int], argmax: list[int]) -> list[int]:
+        j = 0
+        while j < len(draft) and draft[j] == argmax[j]:
+            j += 1
+        return [*draft[:j], argmax[j]]
+
+    def _emit(self, accepted: list[int], remaining: int, eos: int | None) -> list[int]:
+        emitted = accepted[:remaining]
+        if eos is not None and eos in emitted:
+            emitted = emitted[: emitted.index(eos) + 1]
+        return emitted
+
+    def _kept(self, keep: int) -> int:
+        return keep
+
+    def _restore(self, snapshot: ReferenceSnapshot) -> None:
+        self.target.restore(snapshot)
+
+    def _commit(self, before: ReferenceSnapshot, draft: list[int]) -> None:
+        """Every token fed is kept: the state after verify is already the right one."""
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        target = self.target
+        ctx = [int(t) for t in prompt]
+        if not ctx:
+            raise EmptyPromptError(f"{self.name}: the prompt is empty; it needs at least the pending token")
+        bad = next((i for i, t in enumerate(ctx) if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise TokenRangeError(f"{self.name}: prompt[{bad}]={ctx[bad]} is outside [0, {self.vocab_size})")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InvalidSettingError(f"{self.name}: max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+        if eos_token_id is not None and (
+            isinstance(eos_token_id, bool)
+            or not isinstance(eos_token_id, (int, np.integer))
+            or not 0 <= eos_token_id < self.vocab_size
+        ):
+            raise TokenRangeError(f"{self.name}: eos_token_id={eos_token_id!r} is not an id in [0, {self.vocab_size})")
+        eos = None if eos_token_id is None else int(eos_token_id)
+        continuation = greedy_decode(self._oracle, ctx, max_new_tokens + self.k).tokens
+        drafter = OracleDrafter(ctx, continuation, vocab_size=self.vocab_size)
+        target.reset()
+        prefill = 0
+        if len(ctx) > 1:
+            target.forward(ctx[:-1])
+            prefill = 1
+        out: list[int] = []
+        steps: list[Step] = []
+        verify = replay = drafted = accepted_total = 0
+        attempts = [0] * self.k
+        accepts = [0] * self.k
+        stop: StopReason = "max_new_tokens"
+        while len(out) < max_new_tokens:
+            room = target.max_context - target.processed
+            if room < 1:
+                stop = "context_full"
+                break
+            remaining = max_new_tokens - len(out)
+            k_eff = min(self.k, remaining - 1, room - 1)
+            base = target.processed
+            before = target.snapshot()
+            draft = drafter.propose(ctx, k_eff) if k_eff > 0 else []
+            fed = [ctx[-1], *draft]
+            checkpoints: list[object] | None = None
+            if self.rollback == "checkpoint":
+                logits, checkpoints = target.forward_with_checkpoints(fed)
+            else:
+                logits = target.forward(fed)
+            verify += 1
+            argmax = [int(i) for i in np.argmax(logits, axis=1)]
+            accepted = self._accept(draft, argmax)
+            emitted = self._emit(accepted, remaining, eos)
+            keep = self._kept(len(emitted))
+            if keep < len(fed):
+                if checkpoints is not None:
+                    self._restore(checkpoints[keep - 1] if keep > 0 else before)  # type: ignore[arg-type]
+                else:
+                    self._restore(before)
+                    if keep > 0:
+                        target.forward(fed[:keep])
+                        replay += 1
+            else:
+                self._commit(before, draft)
+            steps.append(Step(base=base, draft=draft, argmax=argmax, accepted=accepted, processed=target.processed))
+            drafted += len(draft)
+            accepted_total += len(accepted) - 1
+            for p in range(len(draft)):
+                attempts[p] += 1
+                accepts[p] += p < len(accepted) - 1
+            ctx.extend(emitted)
+            out.extend(emitted)
+            if eos is not None and eos in emitted:
+                stop = "eos"
+                break
+        stats = Stats(
+            rounds=len(steps),
+            emitted=len(out),
+            prefill_forwards=prefill,
+            verify_forwards=verify,
+            replay_forwards=replay,
+            drafted=drafted,
+            accepted=accepted_total,
+            position_attempts=tuple(attempts),
+            position_accepts=tuple(accepts),
+        )
+        return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=stats)
+
+
+class ForgetsRecurrentRestore(ZooEngine):
+    """On rejection, rolls back ``processed`` (the KV length) but leaves conv/rec state as verify left them.
+
+    Shipped as: KV-cache "cropping" applied to a hybrid model (transformers' LFM2 and
+    Qwen3-Next assisted generation): the attention cache is trimmed, the short-conv
+    window and the delta-rule state keep the rejected tokens folded in.
+    """
+
+    bug = "rollback restores processed but not conv_state/rec_state"
+
+    def _restore(self, snapshot: ReferenceSnapshot) -> None:
+        current = self.target.snapshot()
+        self.target.restore(attrs.evolve(snapshot, conv_state=current.conv_state, rec_state=current.rec_state))
+
+
+class ProcessedOffByOne(ZooEngine):
+    """On rejection, rolls the target back to ``base + len(accepted) - 1``: one token too many.
+
+    Shipped as: llama.cpp-style cache rewinds that drop one entry too many (the new
+    pending token's predecessor is never fed, so the KV length lags the context).
+    """
+
+    bug = "rollback keeps one token fewer than it must"
+
+    def _kept(self, keep: int) -> int:
+        return keep - 1
+
+
+class AcceptsPastMismatch(ZooEngine):
+    """Accepts one draft token past the first mismatch (``draft[:j + 1] + [argmax[j + 1]]``).
+
+    Shipped as: an accept loop that compares after advancing its index (``j += 1``
+    before the test), so the first rejected draft token is kept.
+    """
+
+    bug = "keeps the first mismatching draft token"
+
+    def _accept(self, draft: list[int], argmax: list[int]) -> list[int]:
+        j = 0
+        while j < len(draft) and draft[j] == argmax[j]:
+            j += 1
+        if j < len(draft):
+            j += 1
+        return [*draft[:j], argmax[j]]
+
+
+class DropsBonusToken(ZooEngine):
+    """Never emits the target's own token ``argmax[j]`` after accepted draft tokens.
+
+    Shipped as: engines that emit only the accepted draft tokens and waste the bonus
+    token the verify forward computed (still lossless, one token slower per round,
+    and not the accept rule). When nothing is accepted it emits ``argmax[0]`` so the
+    round makes progress.
+    """
+
+    bug = "drops argmax[j] after accepted draft tokens"
+
+    def _accept(self, draft: list[int], argmax: list[int]) -> list[int]:
+        accepted = super()._accept(draft, argmax)
+        return accepted[:-1] or accepted
+
+
+class EmitsAfterEos(ZooEngine):
+    """Does not cut a round's accepted tokens at EOS: tokens after an accepted EOS are emitted too.
+
+    Shipped as: engines that check for EOS only on the last token of a round, so an
+    EOS inside an accepted draft is followed by the rest of the draft.
+    """
+
+    bug = "no truncation at an EOS inside the accepted tokens"
+
+    def _emit(self, accepted: list[int], remaining: int, eos: int | None) -> list[int]:
+        return accepted[:remaining]
+
+
+class StaleStateAfterZeroDraft(ZooEngine):
+    """After a round with an empty draft, the recurrent state of that step is not committed.
+
+    Shipped as: vLLM's hybrid-model spec decode, where a request with zero draft
+    tokens in a step skipped the state-cache write, so the next step started from
+    the previous step's conv/recurrent state (the KV append did happen).
+    """
+
+    bug = "a zero-draft round leaves conv/rec state as they were before it"
+
+    def _commit(self, before: ReferenceSnapshot, draft: list[int]) -> None:
+        if not draft:
+            after = self.target.snapshot()
+            self.target.restore(attrs.evolve(after, conv_state=before.conv_state, rec_state=before.rec_state))

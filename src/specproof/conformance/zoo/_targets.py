@@ -1,0 +1,189 @@
+"""Broken targets: a small ``ReferenceHybrid`` behind a wrapper that gets one thing wrong.
+
+``ZooTarget`` is the correct control: it delegates every call to the wrapped
+reference model and passes every target invariant. Each subclass overrides one
+method with one bug of a kind real backends shipped; a target subject also runs
+the built-in engine on it, so most of these are caught twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid, ReferenceSnapshot
+
+__all__ = [
+    "ZOO_CONFIG",
+    "CapacityWraps",
+    "CheckpointsOffByOne",
+    "ChunkedForwardDiffers",
+    "RestoreForgetsConv",
+    "RestoreForgetsRec",
+    "ZooTarget",
+    "small_reference",
+]
+
+FloatArray = npt.NDArray[np.float32]
+
+# Small enough that a certification run over it takes seconds, yet every block kind
+# (short conv, attention with GQA, Gated DeltaNet) and all four device states are there.
+ZOO_CONFIG = ReferenceConfig(
+    vocab_size=64,
+    d_model=32,
+    layers=("conv", "attn", "gdn", "conv"),
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    ffn_dim=64,
+    gdn_heads=2,
+    gdn_key_dim=8,
+    gdn_value_dim=8,
+    max_context=256,
+    seed=11,
+)
+
+
+def small_reference(*, max_context: int | None = None, seed: int | None = None) -> ReferenceHybrid:
+    """The zoo's reference model: ``ZOO_CONFIG``, optionally with another ``max_context`` or seed."""
+    config = ZOO_CONFIG
+    if max_context is not None:
+        config = attrs.evolve(config, max_context=max_context)
+    if seed is not None:
+        config = attrs.evolve(config, seed=seed)
+    return ReferenceHybrid(config)
+
+
+class ZooTarget:
+    """A correct target: every call goes to a wrapped ``ReferenceHybrid`` unchanged.
+
+    Subclasses change one method; ``bug`` names it (and ends up in ``name``).
+    """
+
+    bug = "none (the correct control)"
+
+    def __init__(self, inner: ReferenceHybrid | None = None) -> None:
+        self.inner = small_reference() if inner is None else inner
+        self.vocab_size: int = self.inner.vocab_size
+        self.max_context: int = self.inner.max_context
+        self.tie_tolerance = 0.0  # the wrapped reference is exactly batch-invariant
+        self.name = f"specproof.zoo.{type(self).__name__}"
+
+    def __repr__(self) -> str:
+        return f"<{self.name} processed={self.processed}; bug: {self.bug}>"
+
+    @property
+    def processed(self) -> int:
+        return self.inner.processed
+
+    def forward(self, tokens: Sequence[int]) -> FloatArray:
+        return self.inner.forward(tokens)
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        return self.inner.forward_with_checkpoints(tokens)
+
+    def snapshot(self) -> object:
+        return self.inner.snapshot()
+
+    def restore(self, snapshot: object) -> None:
+        self.inner.restore(snapshot)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def state_arrays(self) -> dict[str, FloatArray]:
+        return self.inner.state_arrays()
+
+    def describe(self) -> str:
+        return f"{self.name} (bug: {self.bug}) over {self.inner.describe()}"
+
+
+def _bfloat16(x: FloatArray) -> FloatArray:
+    """Round float32 values to bfloat16 precision (8 significant bits), round-half-to-even."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+class ChunkedForwardDiffers(ZooTarget):
+    """``target.chunk-invariance``: a forward of q > 1 tokens returns logits at bfloat16 precision.
+
+    Shipped as: a backend with one kernel for the one-token decode step (fp32) and a
+    faster batched "prefill" kernel (bf16/fp16 accumulation) that the verify forward
+    also uses, so verify logits are not the decode logits and ties break differently.
+    """
+
+    bug = "q > 1 forwards run a reduced-precision (bfloat16) kernel"
+
+    def forward(self, tokens: Sequence[int]) -> FloatArray:
+        logits = self.inner.forward(tokens)
+        return _bfloat16(logits) if len(logits) > 1 else logits
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        logits, checkpoints = self.inner.forward_with_checkpoints(tokens)
+        return (_bfloat16(logits) if len(logits) > 1 else logits), checkpoints
+
+
+class RestoreForgetsConv(ZooTarget):
+    """``target.restore``: ``restore`` puts back ``processed`` and the recurrent state, not ``conv_state``.
+
+    Shipped as: transformers' LFM2 cache cropping (prompt-lookup decoding), which
+    rewound the attention cache and ignored the short-convolution window.
+    """
+
+    bug = "restore leaves conv_state as it is"
+
+    def restore(self, snapshot: object) -> None:
+        if isinstance(snapshot, ReferenceSnapshot):
+            current = self.inner.snapshot()
+            snapshot = attrs.evolve(snapshot, conv_state=current.conv_state)
+        self.inner.restore(snapshot)
+
+
+class RestoreForgetsRec(ZooTarget):
+    """``target.restore``: ``restore`` puts back ``processed`` and ``conv_state``, not the delta-rule ``rec_state``.
+
+    Shipped as: caches that treat the recurrent state as "append-only like KV" and
+    only move the length pointer back (the reason mlx-lm refuses an untrimmable cache).
+    """
+
+    bug = "restore leaves rec_state as it is"
+
+    def restore(self, snapshot: object) -> None:
+        if isinstance(snapshot, ReferenceSnapshot):
+            current = self.inner.snapshot()
+            snapshot = attrs.evolve(snapshot, rec_state=current.rec_state)
+        self.inner.restore(snapshot)
+
+
+class CapacityWraps(ZooTarget):
+    """``target.capacity``: a forward past ``max_context`` is accepted instead of raising.
+
+    The wrapper advertises ``max_context`` = half the wrapped model's room and never
+    checks it, so positions past the promised capacity are silently written, as an
+    unchecked ring-buffer index on a device writes over the oldest KV slots.
+    """
+
+    bug = "no capacity check: forwards past max_context silently succeed"
+
+    def __init__(self, inner: ReferenceHybrid | None = None) -> None:
+        super().__init__(small_reference(max_context=2 * ZOO_CONFIG.max_context) if inner is None else inner)
+        self.max_context = self.inner.max_context // 2
+
+
+class CheckpointsOffByOne(ZooTarget):
+    """``target.checkpoints``: ``checkpoints[i]`` is the state after ``i`` tokens, not ``i + 1``.
+
+    Shipped as: a checkpointing kernel that saves the state *before* each position
+    is folded in (the off-by-one behind "caches rewound by one entry too many").
+    """
+
+    bug = "checkpoint i is the snapshot after i tokens"
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        before = self.inner.snapshot()
+        logits, checkpoints = self.inner.forward_with_checkpoints(tokens)
+        return logits, [before, *checkpoints[:-1]]
