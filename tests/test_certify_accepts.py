@@ -25,16 +25,11 @@ from specproof.conformance._certifying import CertifyContext
 from specproof.conformance._runner import certify
 from specproof.engine import NgramDrafter
 
-# Certification contexts stay alive for the session: the engine harness caches plug-in
-# runs keyed by id(engine case), and a freed case's id can be reused by a later one.
-_ALIVE: list[CertifyContext] = []
-
 GOOD = "_good_implementations"
 
 
 def _certify(kind: str, spec: str, *, only: tuple[str, ...] = (), **options: Any) -> dict[str, Any]:
     ctx = CertifyContext.create(kind, **{kind: spec}, profile="quick", **options)
-    _ALIVE.append(ctx)
     return certify(ctx, only=list(only))
 
 

@@ -25,15 +25,9 @@ from specproof.conformance._runner import certify
 from specproof.conformance.zoo import CONTROLS, ZOO, ZooEngine
 from specproof.engine import SpecproofError, resolve_plugin
 
-# Certification contexts stay alive for the session: the engine harness caches plug-in
-# runs keyed by id(engine case), and a freed case's id can be reused by a later one
-# (which would then be handed another engine's results).
-_ALIVE: list[CertifyContext] = []
-
 
 def _certify(kind: str, spec: str, *, only: tuple[str, ...] = ()) -> dict[str, Any]:
     ctx = CertifyContext.create(kind, **{kind: spec}, profile="quick")
-    _ALIVE.append(ctx)
     return certify(ctx, only=list(only))
 
 

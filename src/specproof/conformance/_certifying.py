@@ -26,7 +26,7 @@ from specproof.conformance._results import CheckResult, Recorder
 from specproof.conformance._subjects import EngineCase, Suite
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import target as target_checks
-from specproof.engine import greedy_decode
+from specproof.engine import SpecproofError, greedy_decode
 from specproof.strategies import ScriptedDrafter, contexts, round_plans
 
 __all__ = ["CertifyContext", "CheckSpec"]
@@ -328,8 +328,8 @@ class CertifyContext:
         settings = self.profile.hypothesis_settings(seed=self.seed, max_examples=self.profile.stateful_examples)
         try:
             run_state_machine_as_test(Counted, settings=settings)
-        except AssertionError as exc:
-            text = str(exc)
+        except (AssertionError, SpecproofError) as exc:
+            text = str(exc) if isinstance(exc, AssertionError) else f"[engine.lossless] {type(exc).__name__}: {exc}"
             inv = text[1 : text.index("]")] if text.startswith("[") and "]" in text else "engine.state-restored"
             if inv not in CATALOGUE:
                 inv = "engine.state-restored"
@@ -363,6 +363,10 @@ class CertifyContext:
                 result.detail = f"{result.excused} excused divergence(s), top-2 margins {lo:.3g}..{hi:.3g}"
             return
         exc = call.excinfo.value if call.excinfo is not None else None
+        group = getattr(exc, "exceptions", None)  # an exception group (Python 3.10 has no builtin name)
+        if isinstance(group, tuple) and group and all(isinstance(e, ViolationError) for e in group):
+            # Hypothesis' FlakyFailure: a nondeterministic subject failed, then passed on replay
+            exc = ViolationError([v for e in group for v in e.violations])
         if isinstance(exc, ViolationError):
             result.status = "fail"
             result.violations = exc.violations

@@ -19,7 +19,7 @@ from specproof.conformance.checks.lossless import compare_lossless
 from specproof.conformance.checks.target import compare_logits, compare_states
 from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Target, greedy_with_margins
 
-__all__ = ["ENGINE_INVARIANTS", "EngineRun", "StateProbe", "run_builtin", "run_plugin"]
+__all__ = ["ENGINE_INVARIANTS", "EngineRun", "StateProbe", "clear_caches", "run_builtin", "run_plugin"]
 
 ENGINE_INVARIANTS: tuple[str, ...] = (
     "engine.lossless",
@@ -113,6 +113,14 @@ class _LRU(OrderedDict[object, EngineRun]):
 
 
 _CACHE = _LRU(512)
+
+
+def clear_caches() -> None:
+    """Forget cached runs (called at the start of every certification: keys hold ``id()`` of live cases)."""
+    _CACHE.clear()
+    _GREEDY.clear()
+
+
 _GREEDY: OrderedDict[object, tuple[list[int], list[float]]] = OrderedDict()
 
 
@@ -146,12 +154,18 @@ def _verdicts(
     example: Mapping[str, object],
 ) -> EngineRun:
     if error is not None or gen is None:
+        # The run did not complete, so only losslessness can be judged (it fails: tokens are
+        # missing); the others are not applicable. The message names the component at fault
+        # (a drafter or target contract breach carries its invariant id).
+        cause = error.__cause__ if error is not None and error.__cause__ is not None else error
         v = Violation(
             invariant="engine.lossless",
-            explanation=f"the engine raised {type(error).__name__}: {error}",
+            explanation=f"the generation did not complete: {type(cause).__name__}: {cause}",
             example=dict(example),
         )
-        return {inv: [attrs_evolve(v, inv)] for inv in ENGINE_INVARIANTS}
+        failed: EngineRun = dict.fromkeys(ENGINE_INVARIANTS)
+        failed["engine.lossless"] = [v]
+        return failed
     out: EngineRun = dict.fromkeys(ENGINE_INVARIANTS)
     checked = check_generation(
         gen,
@@ -268,7 +282,7 @@ def run_plugin(
     case: EngineCase, *, prompt: Sequence[int], max_new_tokens: int, eos: int | None, tolerance: float
 ) -> EngineRun:
     """Run a plug-in engine; white-box invariants where its Generation has steps."""
-    key = ("plugin", id(case), tuple(prompt), max_new_tokens, eos)
+    key = ("plugin", case.token, tuple(prompt), max_new_tokens, eos)
     if key in _CACHE:
         return _CACHE[key]
     engine = case.engine

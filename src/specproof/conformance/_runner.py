@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from specproof.conformance._certifying import CertifyContext
+from specproof.conformance._harness import clear_caches
 
 __all__ = ["MODULES", "certify"]
 
@@ -70,6 +71,7 @@ def certify(
         def pytest_configure(self, config: pytest.Config) -> None:
             config._specproof_context = ctx  # type: ignore[attr-defined]
 
+    clear_caches()
     sink = io.StringIO()
     with redirect_stdout(sink):
         code = pytest.main(args, plugins=[_Inject(), _Progress(on_collect, on_result)])

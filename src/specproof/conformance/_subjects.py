@@ -9,6 +9,7 @@ steps) or black-box (``vocab_size`` plus ``target`` or ``greedy``).
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Literal
 
@@ -129,6 +130,8 @@ class EngineCase:
     vocab_size: int = 0
     max_context: int | None = None
     name: str = ""
+    # unique per case for the run cache (an id() can be reused once a case is freed)
+    token: int = attrs.field(factory=itertools.count().__next__)
 
 
 def _plugin_engine_case(spec: str) -> EngineCase:

@@ -150,6 +150,8 @@ def check_accept_rule(steps: Sequence[Step]) -> list[Violation]:
                 why = (
                     f"it kept draft tokens after the first mismatch (draft[{j}]={draft[j]} != argmax[{j}]={argmax[j]})"
                 )
+            elif accepted == draft[:j]:
+                why = f"it dropped the target's own token argmax[{j}]={argmax[j]} (the bonus token) after {j} matches"
             elif len(accepted) < len(expected) and accepted == draft[: len(accepted)]:
                 why = f"it rejected a draft token the target agreed with (the first {j} draft tokens match)"
             else:
