@@ -1,0 +1,54 @@
+"""specproof.strategies: Hypothesis strategies and a stateful fuzzer for speculative decoding.
+
+- ``contexts(vocab_size, *, min_size, max_size, kinds)``: adversarial token contexts
+  (constant runs, periodic, copy-spans, near-periodic, random, real text);
+- ``PlannedRound``, ``RoundPlan``, ``round_plans(*, k, ...)``, ``planned_round(*, k)`` and
+  ``ScriptedDrafter``: drafts that are right for exactly a planned number of tokens;
+- ``EngineSettings``, ``engine_settings(...)``, ``DecodingCase``, ``decoding_cases(target_factory, ...)``:
+  whole generations with their expected (plain greedy) output;
+- ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
+  ``RuleBasedStateMachine`` that steps an engine round by round through every
+  accept/reject/rollback path and checks the decode convention after each step.
+
+This module is the public facade; the implementation lives in private modules.
+"""
+
+from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
+from specproof.strategies._machine import RollbackMachine, default_decoder_factory, run_rollback_machine
+from specproof.strategies._rounds import (
+    ROUND_KINDS,
+    PlannedRound,
+    RoundPlan,
+    ScriptedDrafter,
+    ScriptMismatchError,
+    planned_round,
+    round_plans,
+)
+from specproof.strategies._settings import (
+    PROMPT_PLACEMENTS,
+    DecodingCase,
+    EngineSettings,
+    decoding_cases,
+    engine_settings,
+)
+
+__all__ = [
+    "CONTEXT_KINDS",
+    "PROMPT_PLACEMENTS",
+    "ROUND_KINDS",
+    "DecodingCase",
+    "EngineSettings",
+    "PlannedRound",
+    "RollbackMachine",
+    "RoundPlan",
+    "ScriptMismatchError",
+    "ScriptedDrafter",
+    "contexts",
+    "decoding_cases",
+    "default_decoder_factory",
+    "engine_settings",
+    "planned_round",
+    "round_plans",
+    "run_rollback_machine",
+    "text_tokens",
+]

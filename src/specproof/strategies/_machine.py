@@ -1,0 +1,651 @@
+"""``RollbackMachine``: a Hypothesis state machine that drives an engine through every rollback path.
+
+The machine holds one conversation at a time with the decoder under test and steps
+it round by round (``session.generate(n, eos_token_id=..., max_rounds=1)``). Each
+speculative round is scripted: the machine asks a trusted *oracle* model for the next
+greedy tokens and hands the engine a draft that is right for exactly as many tokens as
+the drawn ``PlannedRound`` says. After every step it checks the decode convention
+against a second trusted model, the *reference*, fed the same tokens with plain forwards:
+
+- ``engine.lossless``: the session's context is the machine's (prompt, user turns and
+  the greedy continuation of each), and each round emitted exactly what a lossless
+  engine emits for that draft;
+- ``engine.kv-length``: ``target.processed == len(ctx) - 1``;
+- ``engine.state-restored``: where the target has ``state_arrays()``, its arrays equal
+  the reference's after feeding ``ctx[:-1]`` (bitwise, or within ``tolerance``);
+  otherwise the logits of the pending token equal the reference's (a probe forward
+  between ``snapshot()`` and ``restore()`` of the target).
+
+The reference and oracle are only ever fed forwards and reset, never restored, so a
+broken ``restore`` in the target family cannot hide itself in the judges.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+from hypothesis import HealthCheck, Phase, event
+from hypothesis import settings as Settings
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from specproof.conformance._invariants import Violation, ViolationError
+from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, longest_accepted_prefix
+from specproof.engine.errors import InvalidSettingError
+from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
+
+__all__ = ["RollbackMachine", "default_decoder_factory", "run_rollback_machine"]
+
+DecoderFactory = Callable[[Any, Any, int, str], Any]
+
+
+def default_decoder_factory(target: Any, drafter: Any, k: int, rollback: str) -> SpecDecoder:
+    """``specproof.engine.SpecDecoder(target, drafter, k=k, rollback=rollback)``."""
+    return SpecDecoder(target, drafter, k=k, rollback=rollback)  # type: ignore[arg-type]
+
+
+@attrs.frozen(kw_only=True)
+class _MachineConfig:
+    target_factory: Callable[[], Any]
+    reference_factory: Callable[[], Any]
+    decoder_factory: DecoderFactory
+    max_k: int
+    tolerance: float
+    rollbacks: tuple[str, ...]
+    max_prompt: int
+    context_kinds: tuple[str, ...]
+
+
+class _SwitchDrafter:
+    """The drafter the decoder under test holds; the machine swaps in one script per round.
+
+    Outside a scripted round (plain steps, prefill) it proposes nothing and records the call.
+    """
+
+    name = "RollbackMachine.drafter"
+
+    def __init__(self) -> None:
+        self.script: ScriptedDrafter | None = None
+        self.unscripted_calls: list[int] = []
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        if self.script is None:
+            self.unscripted_calls.append(int(k))
+            return []
+        return self.script.propose(context, k)
+
+    def reset(self) -> None:
+        if self.script is not None:
+            self.script.reset()
+
+
+def _fmt(tokens: Sequence[int], limit: int = 16) -> str:
+    seq = list(tokens)
+    return str(seq) if len(seq) <= limit else f"[{len(seq)} tokens: {seq[:8]} ... {seq[-4:]}]"
+
+
+def _compare_arrays(name: str, got: np.ndarray, want: np.ndarray, tolerance: float) -> str | None:
+    """None when equal (bitwise if tolerance == 0), else a one-line account of the difference."""
+    a, b = np.asarray(got), np.asarray(want)
+    if a.shape != b.shape:
+        return f"{name} has shape {a.shape}, the reference's has shape {b.shape}"
+    if a.size == 0:
+        return None
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if tolerance == 0.0 and a.dtype == b.dtype and a.dtype.kind == "f":
+        width = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize)
+        bad = a.view(width) != b.view(width) if width is not None else a64 != b64
+    elif tolerance == 0.0:
+        bad = a64 != b64
+    else:
+        with np.errstate(invalid="ignore"):
+            bad = ~(np.abs(a64 - b64) <= tolerance)
+    bad = bad | (np.isnan(a64) != np.isnan(b64))
+    if not bad.any():
+        return None
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    with np.errstate(invalid="ignore"):
+        diff = float(np.nanmax(np.abs(a64 - b64))) if np.isfinite(a64).any() else math.nan
+    return (
+        f"{name} differs at index {first}: target {float(a64[first]):.6g} vs reference {float(b64[first]):.6g}; "
+        f"max abs diff {diff:.3g} over {int(bad.sum())} of {a.size} elements (tolerance {tolerance})"
+    )
+
+
+class RollbackMachine(RuleBasedStateMachine):
+    """A stateful fuzzer for lossless speculative decoding with rollback (abstract: use ``configure``).
+
+    Rules (each draws its arguments with labelled ``data.draw`` calls, which Hypothesis
+    prints in a failing program):
+
+    - ``start_conversation`` / ``new_conversation``: a prompt from ``contexts`` (or, on
+      purpose, one that ends within ``k + 1`` tokens of ``max_context``), a ``k`` in
+      ``0..max_k`` and a rollback strategy; builds the decoder and starts a session;
+    - ``spec_round``: one speculative round following a drawn ``PlannedRound``
+      (all accepted, empty draft, rejected at 0, partial, short draft), with a
+      ``max_new_tokens`` that may cut the round and an EOS that may land inside it;
+    - ``plain_step``: a round with ``max_new_tokens=1`` (effective k = 0, no draft);
+    - ``snapshot_round_trip``: snapshot the target, run a round, restore, check the
+      target is back at the old context, then re-feed the round's tokens and go on;
+    - ``user_turn``: ``session.extend(tokens)`` with a short context.
+
+    The invariant method checks ``engine.lossless``, ``engine.kv-length`` and
+    ``engine.state-restored`` after every step; failures raise ``ViolationError`` (an
+    ``AssertionError``) whose message starts with the invariant id in brackets and
+    names the rule, the draft and the array that differs.
+    ``observed_paths`` (per configured class) counts the round paths taken.
+    """
+
+    _rollback_config: ClassVar[_MachineConfig | None] = None
+    observed_paths: ClassVar[Counter[str]] = Counter()
+
+    # ----------------------------------------------------------------- configuration
+
+    @classmethod
+    def configure(
+        cls,
+        *,
+        target_factory: Callable[[], Any],
+        reference_factory: Callable[[], Any] | None = None,
+        decoder_factory: DecoderFactory | None = None,
+        max_k: int = 8,
+        tolerance: float = 0.0,
+        rollbacks: Iterable[str] = ROLLBACK_STRATEGIES,
+        max_prompt: int = 24,
+        context_kinds: Iterable[str] | None = None,
+        stateful_step_count: int = 25,
+        name: str | None = None,
+    ) -> type[RollbackMachine]:
+        """A runnable subclass for one implementation under test.
+
+        ``target_factory()`` builds the target under test (called once per run);
+        ``reference_factory()`` (default: ``target_factory``) builds the trusted model
+        the machine judges with (called twice per run: reference and oracle);
+        ``decoder_factory(target, drafter, k, rollback)`` (default ``SpecDecoder``)
+        builds the decoder under test: an object whose ``.start(prompt)`` returns a
+        session with ``.generate(n, eos_token_id=..., max_rounds=1)``, ``.extend(tokens)``
+        and ``.context``. ``tolerance`` is the largest allowed absolute difference of
+        state arrays or logits (0: bitwise). The subclass's ``TestCase`` runs
+        ``stateful_step_count`` steps per example, ``max_examples`` from the profile, and
+        skips Hypothesis's ``explain`` phase (minutes under a tracer on a numpy model).
+        """
+        where = "RollbackMachine.configure()"
+        if not callable(target_factory):
+            raise InvalidArgument(f"{where}: target_factory={target_factory!r} must be callable")
+        if reference_factory is not None and not callable(reference_factory):
+            raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+        if decoder_factory is not None and not callable(decoder_factory):
+            raise InvalidArgument(f"{where}: decoder_factory={decoder_factory!r} must be callable or None")
+        for opt, value, minimum in (("max_k", max_k, 0), ("max_prompt", max_prompt, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
+        if isinstance(stateful_step_count, bool) or not isinstance(stateful_step_count, int) or stateful_step_count < 1:
+            raise InvalidArgument(f"{where}: stateful_step_count={stateful_step_count!r} must be an integer >= 1")
+        if (
+            isinstance(tolerance, bool)
+            or not isinstance(tolerance, (int, float))
+            or not math.isfinite(tolerance)
+            or tolerance < 0
+        ):
+            raise InvalidArgument(f"{where}: tolerance={tolerance!r} must be a finite number >= 0")
+        if isinstance(rollbacks, str):
+            raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
+        chosen = tuple(dict.fromkeys(rollbacks))
+        if not chosen or any(r not in ROLLBACK_STRATEGIES for r in chosen):
+            raise InvalidArgument(f"{where}: rollbacks={chosen!r} must be a non-empty subset of {ROLLBACK_STRATEGIES}")
+        config = _MachineConfig(
+            target_factory=target_factory,
+            reference_factory=reference_factory or target_factory,
+            decoder_factory=decoder_factory or default_decoder_factory,
+            max_k=max_k,
+            tolerance=float(tolerance),
+            rollbacks=chosen,
+            max_prompt=max_prompt,
+            context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
+        )
+        sub: type[RollbackMachine] = type(
+            name or f"{cls.__name__}For_{getattr(target_factory, '__name__', 'target')}",
+            (cls,),
+            {"_rollback_config": config, "observed_paths": Counter(), "__module__": cls.__module__},
+        )
+        # No explain phase: it re-runs the failing program under a tracer, which takes minutes on a
+        # numpy model; the shrunk program and the invariant message already say what broke.
+        sub.TestCase.settings = Settings(
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            stateful_step_count=stateful_step_count,
+            phases=tuple(p for p in Settings().phases if p is not Phase.explain),
+        )
+        return sub
+
+    # ----------------------------------------------------------------- set-up
+
+    def __init__(self) -> None:
+        super().__init__()
+        cfg = type(self)._rollback_config
+        if cfg is None:
+            raise InvalidSettingError(
+                "RollbackMachine is a base class: build a runnable machine with "
+                "RollbackMachine.configure(target_factory=...) and run that (or use run_rollback_machine)"
+            )
+        self.cfg = cfg
+        self.target = cfg.target_factory()
+        self.reference = cfg.reference_factory()
+        self.oracle = cfg.reference_factory()
+        if len({id(self.target), id(self.reference), id(self.oracle)}) < 3:
+            raise InvalidSettingError(
+                "RollbackMachine: target_factory/reference_factory returned the same object twice; the machine "
+                "needs three independent instances (target under test, reference, oracle)"
+            )
+        for role, model in (("target", self.target), ("reference", self.reference)):
+            for attr in ("vocab_size", "max_context", "processed", "forward", "reset"):
+                if not hasattr(model, attr):
+                    raise InvalidSettingError(f"RollbackMachine: the {role} {model!r} has no {attr!r}")
+        self.vocab_size = int(self.target.vocab_size)
+        self.max_context = int(self.target.max_context)
+        if (int(self.reference.vocab_size), int(self.reference.max_context)) != (self.vocab_size, self.max_context):
+            raise InvalidSettingError(
+                f"RollbackMachine: the reference has vocab_size={self.reference.vocab_size}, max_context="
+                f"{self.reference.max_context}; the target has {self.vocab_size}, {self.max_context}"
+            )
+        if self.vocab_size < 2:
+            raise InvalidSettingError(
+                "RollbackMachine: a target with fewer than 2 token ids cannot be given a wrong draft"
+            )
+        checkpoints = callable(getattr(self.target, "forward_with_checkpoints", None))
+        self.rollbacks = tuple(r for r in cfg.rollbacks if r != "checkpoint" or checkpoints)
+        if not self.rollbacks:
+            raise InvalidSettingError(
+                "RollbackMachine: rollbacks=('checkpoint',) but the target has no forward_with_checkpoints"
+            )
+        self.white_box = callable(getattr(self.target, "state_arrays", None)) and callable(
+            getattr(self.reference, "state_arrays", None)
+        )
+        self.drafter = _SwitchDrafter()
+        self.session: Any = None
+        self.decoder: Any = None
+        self.k = 0
+        self.rollback = self.rollbacks[0]
+        self.ctx: list[int] = []
+        self.conversation = 0
+        self.rounds = 0  # rounds run in this conversation
+        self.last_step = "start_conversation"
+        self._ref_fed: list[int] = []  # what self.reference has processed
+        self._traj: list[int] = []  # the oracle has processed _traj[:-1]; _traj[_traj_from:] is greedy
+        self._traj_from = 0
+        self._plans: dict[int, st.SearchStrategy[PlannedRound]] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(conversation={self.conversation}, k={self.k}, rollback={self.rollback}, "
+            f"ctx={_fmt(self.ctx)})"
+        )
+
+    # ----------------------------------------------------------------- judges
+
+    def _feed_reference(self, tokens: list[int]) -> None:
+        """Bring the reference to having processed exactly ``tokens`` (incrementally when it can)."""
+        fed = self._ref_fed
+        if len(fed) <= len(tokens) and tokens[: len(fed)] == fed:
+            delta = tokens[len(fed) :]
+        else:
+            self.reference.reset()
+            delta = tokens
+        if delta:
+            self.reference.forward(list(delta))
+        self._ref_fed = list(tokens)
+
+    def _greedy(self, n: int) -> list[int]:
+        """The next ``n`` plain-greedy tokens after ``self.ctx`` (fewer if the context fills up)."""
+        ctx = self.ctx
+        traj = self._traj
+        if not (len(ctx) >= self._traj_from and len(traj) >= len(ctx) and traj[: len(ctx)] == ctx):
+            self.oracle.reset()
+            if len(ctx) > 1:
+                self.oracle.forward(ctx[:-1])
+            traj = self._traj = list(ctx)
+            self._traj_from = len(ctx)
+        while len(traj) < len(ctx) + n and self.oracle.processed < self.max_context:
+            row = np.asarray(self.oracle.forward([traj[-1]]))[0]
+            traj.append(int(np.argmax(row)))  # first maximum: lowest id wins a tie
+        return traj[len(ctx) : len(ctx) + n]
+
+    def _fail(self, invariant_id: str, explanation: str, **example: object) -> None:
+        rnd = self.rounds - 1 if self.rounds else None
+        where = (
+            f"after rule {self.last_step} (conversation {self.conversation}: k={self.k}, rollback={self.rollback}, "
+            f"ctx={_fmt(self.ctx)})"
+        )
+        raise ViolationError(
+            [Violation(invariant=invariant_id, round=rnd, explanation=f"{where}: {explanation}", example=example)]
+        )
+
+    def _check_context(self) -> None:
+        got = list(self.session.context)
+        if got != self.ctx:
+            at = next((i for i, (a, b) in enumerate(zip(got, self.ctx)) if a != b), min(len(got), len(self.ctx)))
+            self._fail(
+                "engine.lossless",
+                f"the session's context differs from prompt + user turns + greedy continuation at index {at}: "
+                f"session has {_fmt(got[at : at + 8])}, plain greedy gives {_fmt(self.ctx[at : at + 8])} "
+                f"(lengths {len(got)} vs {len(self.ctx)})",
+            )
+
+    def _check_kv_length(self, ctx: list[int], invariant_id: str = "engine.kv-length") -> None:
+        processed = int(self.target.processed)
+        if processed != len(ctx) - 1:
+            self._fail(
+                invariant_id,
+                f"target.processed={processed} but the context has {len(ctx)} tokens, so it must be {len(ctx) - 1} "
+                f"(every token but the pending one)",
+            )
+
+    def _check_state(self, ctx: list[int], invariant_id: str = "engine.state-restored") -> None:
+        tol = self.cfg.tolerance
+        self._feed_reference(ctx[:-1])
+        if self.white_box:
+            mine: Mapping[str, np.ndarray] = self.target.state_arrays()
+            theirs: Mapping[str, np.ndarray] = self.reference.state_arrays()
+            if set(mine) != set(theirs):
+                self._fail(
+                    invariant_id,
+                    f"the target's state arrays {sorted(mine)} are not the reference's {sorted(theirs)}",
+                )
+            # every differing array, so a corrupt recurrent state is seen next to the KV it went on to spoil
+            problems = [p for name in mine if (p := _compare_arrays(name, mine[name], theirs[name], tol))]
+            if problems:
+                self._fail(
+                    invariant_id,
+                    f"{'; '.join(problems)}; the reference was fed ctx[:-1] ({len(ctx) - 1} tokens) "
+                    "with plain forwards",
+                )
+            return
+        if len(ctx) > self.max_context:
+            return  # the pending token cannot be fed: nothing left to observe
+        # Probe twice: the second probe shows whether restore() undid the first, so a broken
+        # restore is reported as such instead of as corrupt engine state in a later round.
+        snap = self.target.snapshot()
+        rows = []
+        for _ in range(2):
+            try:
+                rows.append(np.array(self.target.forward([ctx[-1]]), copy=True)[0])
+            finally:
+                self.target.restore(snap)
+        want = np.asarray(self.reference.forward([ctx[-1]]))[0]
+        self._ref_fed = list(ctx)
+        problem = _compare_arrays("the logits row of the pending token", rows[0], want, tol)
+        if problem:
+            self._fail(
+                invariant_id,
+                f"{problem} (observed with a probe forward between snapshot() and restore(); the reference was fed "
+                f"ctx[:-1] with plain forwards)",
+            )
+        again = _compare_arrays("a second probe of the pending token", rows[1], rows[0], tol)
+        if again:
+            self._fail(
+                "target.restore",
+                f"snapshot(), forward([pending]), restore(snapshot) did not put the target back: {again} "
+                "(here 'reference' is the first probe's row)",
+            )
+
+    @invariant()
+    def decode_convention_holds(self) -> None:
+        """``engine.lossless`` (context), ``engine.kv-length`` and ``engine.state-restored``."""
+        if self.session is None:
+            return
+        self._check_context()
+        self._check_kv_length(self.ctx)
+        self._check_state(self.ctx)
+
+    # ----------------------------------------------------------------- conversations
+
+    def _start(self, data: Any, rule_name: str) -> None:
+        cfg = self.cfg
+        self.k = data.draw(st.integers(0, cfg.max_k), label="k")
+        self.rollback = data.draw(st.sampled_from(self.rollbacks), label="rollback")
+        # near-max-context prompts fill up within a round or two: draw them a third of the time
+        placement = data.draw(st.sampled_from(("ordinary", "ordinary", "near_max_context")), label="prompt placement")
+        if placement == "ordinary":
+            top = min(cfg.max_prompt, self.max_context)
+            prompt = data.draw(contexts(self.vocab_size, max_size=top, kinds=cfg.context_kinds), label="prompt")
+        else:
+            slack = data.draw(st.integers(0, min(self.k + 1, self.max_context - 1)), label="room after the prompt")
+            seed = data.draw(
+                contexts(self.vocab_size, max_size=min(16, self.max_context), kinds=cfg.context_kinds),
+                label="prompt seed (tiled to max_context - room)",
+            )
+            length = self.max_context - slack
+            prompt = (seed * (length // len(seed) + 1))[:length]
+        self.conversation += 1
+        self.rounds = 0
+        self.last_step = f"{rule_name}(k={self.k}, rollback={self.rollback}, prompt={_fmt(prompt)})"
+        self.drafter.script = None
+        self.decoder = cfg.decoder_factory(self.target, self.drafter, self.k, self.rollback)
+        self.session = self.decoder.start(list(prompt))
+        self.ctx = list(prompt)
+        type(self).observed_paths[f"prompt:{placement}"] += 1
+        type(self).observed_paths[f"rollback:{self.rollback}"] += 1
+
+    @initialize(data=st.data())
+    def start_conversation(self, data: Any) -> None:
+        self._start(data, "start_conversation")
+
+    @rule(data=st.data())
+    def new_conversation(self, data: Any) -> None:
+        """Reset: a new prompt, k and rollback strategy (the target and drafter are reset by ``start``)."""
+        self._start(data, "new_conversation")
+
+    # ----------------------------------------------------------------- rounds
+
+    def _planned(self, data: Any) -> PlannedRound:
+        if self.k not in self._plans:
+            self._plans[self.k] = planned_round(k=self.k)
+        planned: PlannedRound = data.draw(self._plans[self.k], label="planned round")
+        return planned
+
+    def _draw_budget_and_eos(self, data: Any, *, eos: bool) -> tuple[int, int | None]:
+        # "ample" (k + 1 fits one full round exactly) comes first so failures shrink to uncut rounds;
+        # "cut" (budget <= k, so k_eff = budget - 1) clamps the draft
+        cut = data.draw(st.sampled_from(("ample", "cut")), label="budget kind") == "cut" and self.k > 0
+        budget: int = data.draw(
+            st.integers(1, self.k) if cut else st.integers(self.k + 1, self.k + 4), label="max_new_tokens"
+        )
+        eos_id: int | None = None
+        if eos:
+            upcoming = self._greedy(self.k + 1)
+            if upcoming:  # an EOS among the next greedy tokens lands inside the accepted draft
+                eos_id = data.draw(st.one_of(st.none(), st.sampled_from(upcoming)), label="eos_token_id")
+        return budget, eos_id
+
+    def _run_round(self, label: str, planned: PlannedRound | None, budget: int, eos: int | None) -> list[int]:
+        """Run one round through the session, check what it emitted, and advance ``self.ctx``."""
+        room = self.max_context - (len(self.ctx) - 1)
+        k_eff = max(0, min(self.k, budget - 1, room - 1))
+        upcoming = self._greedy(self.k + 1)
+        script = None
+        if planned is not None:
+            script = ScriptedDrafter(self.ctx, upcoming, RoundPlan((planned,)), vocab_size=self.vocab_size)
+        self.drafter.script = script
+        self.drafter.unscripted_calls.clear()
+        self.last_step = f"{label}(planned={planned}, max_new_tokens={budget}, eos_token_id={eos}, k_eff={k_eff})"
+        try:
+            gen = self.session.generate(budget, eos_token_id=eos, max_rounds=1)
+        except Exception as err:
+            err.add_note(f"raised by the decoder under test in RollbackMachine rule {self.last_step}")
+            raise
+        finally:
+            self.drafter.script = None
+        self.rounds += 1
+        draft = list(script.calls[-1][3]) if script is not None and script.calls else []
+        got = [int(t) for t in gen.tokens]
+        if room < 1:
+            expected: list[int] = []
+            path = "context_full"
+        else:
+            j = longest_accepted_prefix(draft, upcoming)
+            if j >= len(upcoming):
+                self._fail(
+                    "engine.stop",
+                    f"the engine asked for a draft of {len(draft)} tokens with only {room} free context slots",
+                )
+            accepted = [*draft[:j], upcoming[j]]
+            expected = accepted[:budget]
+            if eos is not None and eos in expected:
+                expected = expected[: expected.index(eos) + 1]
+            if not draft:
+                path = "empty_draft"
+            elif j == len(draft):
+                path = "all_accepted"
+            else:
+                path = "rejected_at_0" if j == 0 else "partial"
+        self.last_step = (
+            f"{label}(planned={planned}, max_new_tokens={budget}, eos_token_id={eos}, k_eff={k_eff}; "
+            f"draft={draft}, greedy={upcoming[: len(draft) + 1]}, emitted={got})"
+        )
+        if got != expected:
+            self._fail(
+                "engine.lossless",
+                f"the round emitted {got}; plain greedy continues {upcoming}, so with draft {draft} a lossless "
+                f"engine emits {expected}",
+            )
+        steps = getattr(gen, "steps", None)
+        if steps and room >= 1:
+            self._check_step(steps[0], draft)
+        self.ctx.extend(expected)
+        tags = [path]
+        if k_eff < self.k and planned is not None:
+            tags.append("clamped_draft")
+        if eos is not None and expected and expected[-1] == eos and len(expected) < len(draft) + 1:
+            tags.append("eos_inside_draft")
+        for tag in tags:
+            type(self).observed_paths[f"round:{tag}"] += 1
+            event(f"RollbackMachine round: {tag}")
+        return expected
+
+    def _check_step(self, step: Any, draft: list[int]) -> None:
+        """The round's ``Step`` record agrees with the drafter and with its own argmax (when an engine keeps steps)."""
+        if list(step.draft) != draft:
+            self._fail("trace.consistency", f"the step records draft={list(step.draft)}; the drafter proposed {draft}")
+        argmax = list(step.argmax)
+        if len(argmax) != len(draft) + 1:
+            self._fail(
+                "trace.consistency",
+                f"the step records {len(argmax)} argmax ids for a verify of {len(draft) + 1} tokens",
+            )
+        j = longest_accepted_prefix(draft, argmax)
+        if list(step.accepted) != [*draft[:j], argmax[j]]:
+            self._fail(
+                "engine.accept-rule",
+                f"the step records accepted={list(step.accepted)} for draft {draft} and argmax {argmax}; "
+                f"the accept rule gives {[*draft[:j], argmax[j]]} (j={j})",
+            )
+
+    @precondition(lambda self: len(self.ctx) <= self.max_context)  # a full context only needs plain_step
+    @rule(data=st.data())
+    def spec_round(self, data: Any) -> None:
+        """One scripted speculative round of a drawn kind, maybe cut by max_new_tokens or an EOS."""
+        planned = self._planned(data)
+        budget, eos = self._draw_budget_and_eos(data, eos=True)
+        self._run_round("spec_round", planned, budget, eos)
+
+    @rule(data=st.data())
+    def plain_step(self, data: Any) -> None:
+        """A k = 0 round: ``max_new_tokens=1`` leaves no room for a draft, so the engine must not draft."""
+        upcoming = self._greedy(1)
+        eos = data.draw(st.one_of(st.none(), st.sampled_from(upcoming)), label="eos_token_id") if upcoming else None
+        self._run_round("plain_step", None, 1, eos)
+        if self.drafter.unscripted_calls and any(k > 0 for k in self.drafter.unscripted_calls):
+            self._fail(
+                "engine.stop",
+                f"with max_new_tokens=1 the engine asked the drafter for k={self.drafter.unscripted_calls} "
+                "(a draft token could only pass max_new_tokens)",
+            )
+
+    @precondition(lambda self: len(self.ctx) <= self.max_context)
+    @rule(data=st.data())
+    def snapshot_round_trip(self, data: Any) -> None:
+        """Snapshot the target, run a round, restore: the target must be back at the old context.
+
+        Then the round's tokens are re-fed by hand (``target.forward``) so the session and
+        the target agree again, and later rounds must still be lossless.
+        """
+        before = list(self.ctx)
+        snap = self.target.snapshot()
+        planned = self._planned(data)
+        budget, _ = self._draw_budget_and_eos(data, eos=False)
+        emitted = self._run_round("snapshot_round_trip", planned, budget, None)
+        self.decode_convention_holds()  # the round itself, before the restore
+        self.target.restore(snap)
+        after = self.ctx
+        self.ctx = before
+        step = self.last_step
+        self.last_step = f"{step}, then target.restore(snapshot taken before the round)"
+        self._check_kv_length(before, "target.processed")
+        self._check_state(before, "target.restore")
+        if emitted:
+            self.target.forward([before[-1], *emitted[:-1]])
+        self.ctx = after
+        self.last_step = f"{step}, then restore and re-feed {[before[-1], *emitted[:-1]]}"
+
+    @precondition(lambda self: len(self.ctx) < self.max_context)
+    @rule(data=st.data())
+    def user_turn(self, data: Any) -> None:
+        """``session.extend(tokens)``: a user turn of 1..8 tokens appended to the context."""
+        room = self.max_context - len(self.ctx)
+        tokens = data.draw(
+            contexts(self.vocab_size, min_size=1, max_size=min(8, room), kinds=self.cfg.context_kinds),
+            label="user tokens",
+        )
+        self.last_step = f"user_turn(tokens={_fmt(tokens)})"
+        self.session.extend(tokens)
+        self.ctx.extend(tokens)
+        type(self).observed_paths["user_turn"] += 1
+
+
+def run_rollback_machine(
+    *,
+    target_factory: Callable[[], Any],
+    reference_factory: Callable[[], Any] | None = None,
+    decoder_factory: DecoderFactory | None = None,
+    max_k: int = 8,
+    tolerance: float = 0.0,
+    rollbacks: Iterable[str] = ROLLBACK_STRATEGIES,
+    max_prompt: int = 24,
+    context_kinds: Iterable[str] | None = None,
+    stateful_step_count: int = 25,
+    settings: Settings | None = None,
+) -> type[RollbackMachine]:
+    """Configure a ``RollbackMachine`` and run it with ``hypothesis.stateful.run_state_machine_as_test``.
+
+    ``settings`` defaults to the configured ``TestCase.settings`` (the loaded profile's
+    ``max_examples`` and phases minus ``explain``, ``stateful_step_count`` steps). Raises the shrunk failure
+    (an ``AssertionError`` naming the invariant) if the implementation is broken;
+    returns the configured class (its ``observed_paths`` shows what was exercised).
+    """
+    machine = RollbackMachine.configure(
+        target_factory=target_factory,
+        reference_factory=reference_factory,
+        decoder_factory=decoder_factory,
+        max_k=max_k,
+        tolerance=tolerance,
+        rollbacks=rollbacks,
+        max_prompt=max_prompt,
+        context_kinds=context_kinds,
+        stateful_step_count=stateful_step_count,
+    )
+    run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
+    return machine
