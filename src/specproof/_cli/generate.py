@@ -33,7 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_target_argument(p)
     p.add_argument("--drafter", default="ngram", help="ngram, ngram:MIN_N,MAX_N[,earliest], or MODULE:ATTR")
     p.add_argument("-k", type=int, default=4, help="draft length per round (default 4)")
-    p.add_argument("--rollback", choices=("checkpoint", "replay"), default="checkpoint")
+    p.add_argument(
+        "--rollback",
+        choices=("checkpoint", "replay"),
+        default=None,
+        help="rollback strategy (default: checkpoint where the target has forward_with_checkpoints, else replay)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--eos", type=int, default=None, metavar="ID", help="stop at this token id")
     p.add_argument("--seed", type=int, default=None, help="seed of the reference target's weights")
@@ -58,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         prompt = parse_ids(args.ids)
     else:
         prompt = encode_prompt(target, DEFAULT_PROMPT if args.prompt is None else args.prompt)
+    if args.rollback is None:
+        args.rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
     decoder = SpecDecoder(target, drafter, k=args.k, rollback=args.rollback)
     t0 = time.perf_counter()
     gen = decoder.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)

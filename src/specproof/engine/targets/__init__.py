@@ -27,6 +27,8 @@ TARGET_FAMILIES: dict[str, str] = {
     "reference": "specproof.engine.targets.reference_spec:load",
     "reference-moe": "specproof.engine.targets.reference_spec:load_moe",
     "coreml": "specproof.engine.targets.coreml:load_spec",
+    "mlx": "specproof.engine.targets.mlx:load_spec",
+    "hf": "specproof.engine.targets.hf:load_spec",
 }
 
 

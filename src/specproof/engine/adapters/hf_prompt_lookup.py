@@ -1,0 +1,99 @@
+"""``HFPromptLookupEngine``: transformers' own prompt-lookup decoding as a black-box ``Engine``.
+
+``generate`` calls ``model.generate(input_ids, do_sample=False, prompt_lookup_num_tokens=k,
+max_new_tokens=n)`` and returns the new tokens with ``steps=None``: transformers does not report
+its rounds, so only the end-to-end invariants (``engine.lossless``, ``engine.stop``) apply. The
+engine exposes ``vocab_size`` and ``target`` (an ``HFTarget`` over the *same* model object), so
+``specproof certify engine --engine specproof.engine.adapters.hf_prompt_lookup:make`` can compare
+it with plain greedy decoding of that model.
+
+This is the worked example of certifying a third-party engine: transformers' prompt lookup on
+LFM2 has to roll back a conv state (it uses its own cache's past-state recording and ``crop``),
+which is exactly what went wrong in earlier releases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from specproof.engine._records import Generation, StopReason
+from specproof.engine._validate import check_prompt, check_setting_int
+from specproof.engine.errors import InvalidSettingError, TokenRangeError
+from specproof.engine.targets.hf import HFTarget, load_spec, require_hf
+
+__all__ = ["HFPromptLookupEngine", "make"]
+
+
+class HFPromptLookupEngine:
+    """A black-box ``Engine`` over ``model.generate(prompt_lookup_num_tokens=...)``.
+
+    ``HFPromptLookupEngine(target, *, prompt_lookup_num_tokens=4, max_matching_ngram_size=None)``:
+    ``target`` is the ``HFTarget`` whose ``.model`` is decoded (and the certifier's greedy oracle).
+    """
+
+    def __init__(
+        self, target: HFTarget, *, prompt_lookup_num_tokens: int = 4, max_matching_ngram_size: int | None = None
+    ) -> None:
+        require_hf()
+        if not isinstance(target, HFTarget):
+            raise InvalidSettingError(f"HFPromptLookupEngine target must be an HFTarget, got {type(target).__name__}")
+        self.k = check_setting_int(prompt_lookup_num_tokens, name="prompt_lookup_num_tokens", minimum=1)
+        self.max_matching_ngram_size = (
+            None
+            if max_matching_ngram_size is None
+            else check_setting_int(max_matching_ngram_size, name="max_matching_ngram_size", minimum=1)
+        )
+        self.target = target
+        self.model: Any = target.model
+        self.vocab_size: int = target.vocab_size
+        self.max_context: int = target.max_context
+        self.name = f"transformers.generate(prompt_lookup_num_tokens={self.k}) on {target.name}"
+
+    def __repr__(self) -> str:
+        return f"HFPromptLookupEngine({self.name})"
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        """Decode with transformers' prompt lookup; ``stop_reason`` from the tokens it returned."""
+        torch, _ = require_hf()
+        ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
+        n = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
+        if eos_token_id is not None and not (
+            isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
+        ):
+            raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
+        # the greedy oracle can emit until the target has processed max_context tokens
+        room = self.max_context + 1 - len(ctx)
+        n_eff = min(n, room)
+        if n_eff <= 0:
+            return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
+        ids = torch.tensor([ctx], dtype=torch.long, device=self.target._device)
+        kwargs: dict[str, Any] = {
+            "do_sample": False,
+            "prompt_lookup_num_tokens": self.k,
+            "max_new_tokens": n_eff,
+            "min_new_tokens": 0,
+            "eos_token_id": eos_token_id,
+            "pad_token_id": eos_token_id if eos_token_id is not None else 0,
+            "attention_mask": torch.ones_like(ids),
+        }
+        if self.max_matching_ngram_size is not None:
+            kwargs["max_matching_ngram_size"] = self.max_matching_ngram_size
+        with torch.no_grad():
+            out = self.model.generate(ids, **kwargs)
+        tokens = [int(t) for t in out[0, len(ctx) :].tolist()]
+        stop: StopReason = "max_new_tokens"
+        if eos_token_id is not None and eos_token_id in tokens:
+            tokens = tokens[: tokens.index(eos_token_id) + 1]
+            stop = "eos"
+        elif n_eff < n and len(tokens) == n_eff:
+            stop = "context_full"
+        return Generation(tokens=tokens, stop_reason=stop)
+
+
+def make(spec: str = "lfm2-tiny", *, prompt_lookup_num_tokens: int = 4) -> HFPromptLookupEngine:
+    """The engine on ``hf:<spec>`` (default the tiny LFM2).
+
+    The plug-in name is ``specproof.engine.adapters.hf_prompt_lookup:make``.
+    """
+    return HFPromptLookupEngine(load_spec(spec), prompt_lookup_num_tokens=prompt_lookup_num_tokens)

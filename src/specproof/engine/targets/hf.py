@@ -1,0 +1,388 @@
+"""``HFTarget``: a ``Target`` over a Hugging Face transformers causal LM and its ``DynamicCache``.
+
+Works with the transformers 5 cache API, where ``DynamicCache(config=model.config)`` holds one
+layer object per decoder layer: a ``DynamicLayer`` (keys/values, grown by concatenation) for an
+attention layer, a ``LinearAttentionLayer`` (``conv_states`` / ``recurrent_states``) for an LFM2
+short-conv or a Qwen3.5 / Qwen3-Next Gated DeltaNet layer. Rollback uses only the public API:
+
+- attention layers are cropped with ``DynamicLayer.crop(-n)`` down to ``processed``;
+- conv and recurrent states are *copied* by ``snapshot`` (transformers updates them in place
+  with ``copy_``, so a reference would change under us) and copied back by ``restore``.
+
+``Cache.crop`` itself is not enough for these models: on a linear-attention layer it only works
+with "past recording" on, and never for a recurrent state (``is_croppable`` is False).
+
+**No ``forward_with_checkpoints``.** The models return only the state after the last position of
+a forward (the chunked delta rule and the conv kernels never expose per-position states), so
+this target runs with ``rollback="replay"``.
+
+Target specs (``load_spec``): ``hf:lfm2-tiny`` (the seeded tiny reference LFM2 converted with
+``reference_to_hf_lfm2``), ``hf:qwen3_5-tiny`` (a seeded tiny Qwen3.5, the same weights as
+``mlx:qwen3_5-tiny``), ``hf:llama-tiny`` (a dense Llama, plain KV cache), each with a byte
+tokenizer and optional ``,seed=N,max_context=N``; ``hf:/local/path`` (``local_files_only``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from specproof.engine.errors import InvalidSettingError, MissingDependencyError, StaleSnapshotError, TargetContractError
+from specproof.engine.targets._framework import (
+    ByteTokenizer,
+    FrameworkSnapshot,
+    KVClock,
+    check_forward_tokens,
+    next_target_id,
+    parse_spec,
+    seeded_normal_init,
+)
+
+__all__ = ["TINY_MODELS", "HFTarget", "load_spec", "require_hf", "tiny_model"]
+
+TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny", "llama-tiny")
+_DEFAULT_MAX_CONTEXT: Final = 512
+
+
+def require_hf() -> tuple[Any, Any]:
+    """``(torch, transformers)``, or ``MissingDependencyError`` saying which extra to install."""
+    try:
+        import torch
+        import transformers
+        import transformers.cache_utils as cache_utils
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the Hugging Face targets need torch and transformers ({exc}); install specproof[hf]"
+        ) from exc
+    if not hasattr(cache_utils, "LinearAttentionCacheLayerMixin"):
+        raise MissingDependencyError(
+            f"HFTarget needs the transformers 5 cache API (LinearAttentionLayer); transformers "
+            f"{transformers.__version__} is installed: pip install -U 'transformers>=5'"
+        )
+    return torch, transformers
+
+
+class HFTarget:
+    """A ``Target`` (and ``WhiteBoxTarget``) over a transformers causal LM (batch 1, no attention mask).
+
+    ``HFTarget(model, *, tokenizer=None, max_context=None, vocab_size=None, name=None)``:
+    ``max_context`` defaults to the config's ``max_position_embeddings``, ``vocab_size`` to the
+    config's. Logits come back as float32 numpy ``[q, vocab_size]``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        tokenizer: Any = None,
+        max_context: int | None = None,
+        vocab_size: int | None = None,
+        name: str | None = None,
+        tie_tolerance: float | None = None,
+    ) -> None:
+        torch, transformers = require_hf()
+        from transformers import cache_utils
+
+        self._torch = torch
+        self._dynamic_cache = transformers.DynamicCache
+        self._kv_layer = cache_utils.DynamicLayer
+        self._linear_layer = cache_utils.LinearAttentionLayer
+        self.model = model.eval()
+        config = model.config.get_text_config(decoder=True)
+        self.config = config
+        if vocab_size is None:
+            vocab_size = getattr(config, "vocab_size", None)
+        if max_context is None:
+            max_context = getattr(config, "max_position_embeddings", None)
+        for field, value in (("vocab_size", vocab_size), ("max_context", max_context)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidSettingError(f"HFTarget {field}={value!r} must be an integer >= 1 (pass {field}=...)")
+        self.vocab_size: int = int(vocab_size)  # type: ignore[arg-type]
+        self.max_context: int = int(max_context)  # type: ignore[arg-type]
+        self.model_type: str = str(getattr(config, "model_type", type(model).__name__))
+        self.name: str = name or f"HFTarget({type(model).__name__})"
+        self.tokenizer = tokenizer
+        if tokenizer is not None:
+            self.encode = tokenizer.encode
+            self.decode = tokenizer.decode
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._device = next(model.parameters()).device
+        self.tie_tolerance: float = (
+            _default_tolerance(self._dtype_name()) if tie_tolerance is None else float(tie_tolerance)
+        )
+        self._id = next_target_id()
+        self._clock = KVClock(self.max_context)
+        self._cache = self._new_cache()
+        self._processed = 0
+
+    def _new_cache(self) -> Any:
+        cache = self._dynamic_cache(config=self.model.config)
+        for i, layer in enumerate(cache.layers):
+            if type(layer) not in (self._kv_layer, self._linear_layer):
+                raise InvalidSettingError(
+                    f"{self.name}: cache layer {i} is a {type(layer).__name__}; HFTarget supports DynamicLayer "
+                    "(attention) and LinearAttentionLayer (conv / recurrent) layers only"
+                )
+        if not any(type(layer) is self._kv_layer for layer in cache.layers):
+            raise InvalidSettingError(
+                f"{self.name}: the model has no attention layer (positions come from the KV cache)"
+            )
+        return cache
+
+    # ----------------------------------------------------------------- protocol
+
+    @property
+    def processed(self) -> int:
+        """Tokens fed so far: the attention layers' KV length."""
+        return self._processed
+
+    def forward(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Feed ``tokens`` after the processed ones; return float32 logits ``[len(tokens), vocab_size]``.
+
+        Token ids and capacity are checked before anything changes (``TokenRangeError``, ``CapacityError``).
+        """
+        torch = self._torch
+        toks = check_forward_tokens(
+            tokens, name=self.name, vocab_size=self.vocab_size, processed=self._processed, max_context=self.max_context
+        )
+        if not toks:
+            return np.zeros((0, self.vocab_size), np.float32)
+        base = self._processed
+        ids = torch.tensor([toks], dtype=torch.long, device=self._device)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, use_cache=True, **{self._cache_kw: self._cache})
+            logits = out.logits[0, :, : self.vocab_size].to(torch.float32).cpu().numpy().copy()
+        total = base + len(toks)
+        self._clock.write(base, total)
+        self._processed = total
+        if logits.shape != (len(toks), self.vocab_size):
+            raise TargetContractError(
+                f"{self.name}: the model returned logits of shape {logits.shape}, expected ({len(toks)}, "
+                f"{self.vocab_size})"
+            )
+        seen = self._cache.get_seq_length()
+        if seen != total:
+            raise TargetContractError(
+                f"{self.name}: the KV cache holds {seen} tokens after a forward, expected {total}"
+            )
+        return logits
+
+    def snapshot(self) -> FrameworkSnapshot:
+        """``processed`` and clones of every conv / recurrent state tensor (transformers writes them in place)."""
+        states: list[Any] = []
+        with self._torch.inference_mode():
+            for layer in self._cache.layers:
+                if type(layer) is self._linear_layer:
+                    states.append(
+                        {
+                            "conv": {i: None if t is None else t.clone() for i, t in layer.conv_states.items()},
+                            "rec": {i: None if t is None else t.clone() for i, t in layer.recurrent_states.items()},
+                            "has_previous_state": dict(layer.has_previous_state),
+                            "conv_init": dict(layer.is_conv_states_initialized),
+                            "rec_init": dict(layer.is_recurrent_states_initialized),
+                        }
+                    )
+                else:
+                    states.append(None)
+        return FrameworkSnapshot(
+            processed=self._processed, states=tuple(states), target_id=self._id, write_clock=self._clock.clock
+        )
+
+    def restore(self, snapshot: object) -> None:
+        """Put back a snapshot of this target: KV cropped to its ``processed``, conv/recurrent states copied back.
+
+        ``TargetContractError`` for a foreign object or another target's snapshot;
+        ``StaleSnapshotError`` when a KV slot below its ``processed`` was rewritten or cropped since.
+        """
+        if not isinstance(snapshot, FrameworkSnapshot):
+            raise TargetContractError(
+                f"{self.name}.restore: expected a snapshot taken from this target, got {type(snapshot).__name__}"
+            )
+        if snapshot.target_id != self._id:
+            raise TargetContractError(
+                f"{self.name}.restore: the snapshot (processed={snapshot.processed}) was taken from another target"
+            )
+        n = snapshot.processed
+        self._clock.check(name=self.name, processed=n, write_clock=snapshot.write_clock, current=self._processed)
+        layers = self._cache.layers
+        for i, layer in enumerate(layers):
+            if type(layer) is self._kv_layer and layer.get_seq_length() < n:
+                raise StaleSnapshotError(
+                    f"{self.name}.restore: the snapshot at processed={n} is stale: layer {i} KV was cropped to "
+                    f"{layer.get_seq_length()} tokens since"
+                )
+        with self._torch.inference_mode():
+            for layer, state in zip(layers, snapshot.states):
+                if type(layer) is self._kv_layer:
+                    excess = layer.get_seq_length() - n
+                    if excess > 0:
+                        layer.crop(-excess)
+                    continue
+                for key, saved in (("conv", layer.conv_states), ("rec", layer.recurrent_states)):
+                    for idx, tensor in state[key].items():
+                        current = saved.get(idx)
+                        if tensor is None:
+                            saved[idx] = None
+                        elif current is not None and current.shape == tensor.shape:
+                            current.copy_(tensor)  # keeps the tensor's address, as transformers does
+                        else:
+                            saved[idx] = tensor.clone()
+                layer.has_previous_state.update(state["has_previous_state"])
+                layer.is_conv_states_initialized.update(state["conv_init"])
+                layer.is_recurrent_states_initialized.update(state["rec_init"])
+        self._processed = n
+
+    def reset(self) -> None:
+        """A fresh ``DynamicCache`` (``processed = 0``); every earlier snapshot becomes stale."""
+        self._cache = self._new_cache()
+        self._clock.reset()
+        self._processed = 0
+
+    def state_arrays(self) -> dict[str, npt.NDArray[np.float32]]:
+        """Copies of the valid states: ``key_cache.L``/``value_cache.L`` per attention layer (``processed``
+        long), ``conv_state.L`` and ``rec_state.L`` per conv / recurrent layer (where initialised)."""
+        torch = self._torch
+        out: dict[str, npt.NDArray[np.float32]] = {}
+
+        def arr(t: Any) -> npt.NDArray[np.float32]:
+            return t.detach().to(torch.float32).cpu().numpy().copy()  # type: ignore[no-any-return]
+
+        for i, layer in enumerate(self._cache.layers):
+            if type(layer) is self._kv_layer:
+                if layer.get_seq_length():
+                    out[f"key_cache.{i}"] = arr(layer.keys)
+                    out[f"value_cache.{i}"] = arr(layer.values)
+            else:
+                for idx, t in layer.conv_states.items():
+                    if t is not None and layer.has_previous_state[idx]:
+                        out[f"conv_state.{i}" + (f".{idx}" if idx else "")] = arr(t)
+                for idx, t in layer.recurrent_states.items():
+                    if t is not None and layer.has_previous_state[idx]:
+                        out[f"rec_state.{i}" + (f".{idx}" if idx else "")] = arr(t)
+        return out
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        """An independent target in the same state over the *same* model object (its weights are never written;
+        all per-sequence state lives in the cache), with its own snapshot identity."""
+        clone = copy.copy(self)
+        clone._cache = copy.deepcopy(self._cache, memo)
+        clone._clock = copy.deepcopy(self._clock, memo)
+        clone._id = next_target_id()
+        return clone
+
+    # ----------------------------------------------------------------- info
+
+    def describe(self) -> str:
+        """One line: architecture, layer kinds, vocabulary, context, parameter count."""
+        kinds = "+".join("attn" if type(x) is self._kv_layer else "state" for x in self._cache.layers)
+        params = sum(int(p.numel()) for p in self.model.parameters())
+        dtype = self._dtype_name()
+        return (
+            f"{self.name}: transformers {type(self.model).__name__} layers={kinds} vocab={self.vocab_size} "
+            f"max_context={self.max_context} params={params:,} dtype={dtype} rollback=replay"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()} processed={self._processed}>"
+
+    def _dtype_name(self) -> str:
+        return str(next(self.model.parameters()).dtype).replace("torch.", "")
+
+
+def _default_tolerance(dtype: str) -> float:
+    """The logit tolerance certify uses for this target (``tie_tolerance``): float32 kernels that differ
+    between q=1 and q=k+1 differ by ~1e-5 on the tiny models; 16-bit weights need far more (not measured)."""
+    return 1e-3 if dtype in ("float32", "float64") else 0.1
+
+
+# --------------------------------------------------------------------------- tiny models
+
+
+def _no_special_tokens(model: Any) -> Any:
+    # a random model must not stop `generate` at an arbitrary id
+    for cfg in (model.config, model.generation_config):
+        for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            setattr(cfg, key, None)
+    return model.eval()
+
+
+def _load_exact(model: Any, weights: dict[str, npt.NDArray[np.float32]], what: str) -> None:
+    torch, _ = require_hf()
+    params = dict(model.named_parameters())
+    if set(params) != set(weights):
+        odd = sorted(set(params) ^ set(weights))
+        raise InvalidSettingError(f"{what}: weight names differ from the model's: {odd[:3]}")
+    with torch.no_grad():
+        for name, value in weights.items():
+            if tuple(params[name].shape) != value.shape:
+                raise InvalidSettingError(
+                    f"{what}: {name!r} has shape {value.shape}, model needs {tuple(params[name].shape)}"
+                )
+            params[name].copy_(torch.from_numpy(np.array(value, dtype=np.float32, copy=True)))
+
+
+def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONTEXT) -> Any:
+    """The transformers model of a built-in tiny config (seeded, float32, CPU, eval mode)."""
+    torch, transformers = require_hf()
+    if name == "lfm2-tiny":
+        from specproof.engine.targets.convert import reference_to_hf_lfm2, tiny_lfm2_reference
+
+        return _no_special_tokens(reference_to_hf_lfm2(tiny_lfm2_reference(seed=seed, max_context=max_context)))
+    if name == "qwen3_5-tiny":
+        from specproof.engine.targets.convert import tiny_qwen3_5_config, tiny_qwen3_5_weights
+
+        cfg = {k: v for k, v in tiny_qwen3_5_config(max_context=max_context).items() if k != "model_type"}
+        cfg.pop("full_attention_interval")
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**cfg)).to(torch.float32)
+        _load_exact(model, tiny_qwen3_5_weights(seed=seed), "hf:qwen3_5-tiny")
+        return _no_special_tokens(model)
+    if name == "llama-tiny":
+        config = transformers.LlamaConfig(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_context,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+        torch.manual_seed(seed)  # rank-1 tensors (norms) keep transformers' own initialisation
+        model = transformers.LlamaForCausalLM(config).to(torch.float32)
+        shapes = {k: tuple(p.shape) for k, p in model.named_parameters()}
+        init = seeded_normal_init(shapes, seed=seed)
+        init.update({k: p.detach().numpy().copy() for k, p in model.named_parameters() if k not in init})
+        _load_exact(model, init, "hf:llama-tiny")
+        return _no_special_tokens(model)
+    raise InvalidSettingError(f"unknown tiny HF model {name!r}; known: {', '.join(TINY_MODELS)}")
+
+
+def load_spec(args: str) -> HFTarget:
+    """The ``hf:`` target family: ``hf:lfm2-tiny``, ``hf:qwen3_5-tiny``, ``hf:llama-tiny``
+    (``,seed=N,max_context=N``), or ``hf:/local/path`` (offline)."""
+    name, extra = parse_spec(args, family="hf", tiny=TINY_MODELS)
+    if name is not None:
+        assert isinstance(extra, dict)
+        max_context = extra.get("max_context", _DEFAULT_MAX_CONTEXT)
+        model = tiny_model(name, seed=extra.get("seed", 0), max_context=max_context)
+        spec = f"hf:{name}" + "".join(f",{k}={v}" for k, v in sorted(extra.items()))
+        return HFTarget(model, tokenizer=ByteTokenizer(256), max_context=max_context, name=spec)
+    assert isinstance(extra, Path)
+    _torch, transformers = require_hf()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(extra), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InvalidSettingError(f"hf:{extra}: transformers could not load the model offline: {exc}") from exc
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(extra), local_files_only=True)
+    except Exception:  # a checkpoint without tokenizer files: ids only, no encode/decode
+        tokenizer = None
+    return HFTarget(model, tokenizer=tokenizer, name=f"hf:{extra}")
