@@ -1,0 +1,36 @@
+"""Drafter benchmarks: one n-gram proposal at 1K, 8K and 64K tokens of context.
+
+Incremental, as the engine uses the drafter: the context is indexed once, then each
+timed proposal follows the append of a few new tokens to the same growing view.
+A proposal should cost the same at 64K as at 1K (target: within 1.5x).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specproof.bench import stdlib_token_stream
+from specproof.engine import ContextView, NgramDrafter
+
+APPEND = 4
+ROUNDS = 300
+
+
+@pytest.mark.parametrize("context", [1024, 8192, 65536])
+def test_propose(benchmark, context):
+    stream = stdlib_token_stream(context + (ROUNDS + 5) * APPEND)
+    buf = list(stream[:context])
+    view = ContextView(buf)
+    drafter = NgramDrafter()
+    drafter.propose(view, 4)  # index once, untimed
+    pos = [context]
+
+    def setup():
+        buf.extend(stream[pos[0] : pos[0] + APPEND])
+        pos[0] += APPEND
+        return (view, 4), {}
+
+    benchmark.group = "drafter-propose"
+    benchmark.name = f"ngram @ {context // 1024}K"
+    benchmark.extra_info.update({"context": context, "append": APPEND, "k": 4})
+    benchmark.pedantic(drafter.propose, setup=setup, rounds=ROUNDS, iterations=1)

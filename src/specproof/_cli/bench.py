@@ -1,0 +1,188 @@
+"""``specproof bench``: the benchmark table, JSON, plot, and the speed gate.
+
+Exit codes: 0 (measured; gate passed if asked), 1 (the gate found a regression),
+2 (a usage error, e.g. a bad baseline file: the message names the field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from specproof.bench._measure import DEFAULT_TARGET
+
+    p = sub.add_parser(
+        "bench",
+        help="benchmark speculative vs plain greedy decoding; gate speed regressions against a baseline",
+        description=(
+            "Measure tokens per round, acceptance by position, target forwards per token, verify-cost ratio, "
+            "interleaved wall-clock speedup and efficiency, projected bandwidth-bound speedup (MoE-aware), drafter "
+            "cost at 1K/8K/64K context and certify wall time, on four workloads built from the standard library. "
+            "--gate fails (exit 1) when a machine-independent figure or an in-run ratio regresses beyond its "
+            "threshold; absolute seconds are never gated."
+        ),
+    )
+    p.add_argument("--quick", action="store_true", help="the CI preset: k=4, short runs (under a minute here)")
+    p.add_argument("--target", default=DEFAULT_TARGET, metavar="SPEC", help=f"target spec (default {DEFAULT_TARGET})")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the full result as JSON")
+    p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of speedup vs k per workload")
+    p.add_argument("--gate", default=None, metavar="BASELINE", help="compare with this baseline; exit 1 on regression")
+    p.add_argument("--save-baseline", default=None, metavar="BASELINE", help="write this run as the new baseline")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specproof.bench import BenchConfig, compare, load_baseline, plan_size, plot_result, run_bench, save_baseline
+
+    # every usage problem before minutes of measuring
+    baseline = load_baseline(args.gate) if args.gate else None
+    config = BenchConfig.quick(target=args.target) if args.quick else BenchConfig.full(target=args.target)
+    if baseline is not None:
+        for field, value in (("mode", config.mode), ("target", config.target)):
+            if baseline[field] != value:
+                from specproof.bench import BaselineError
+
+                raise BaselineError(
+                    f"baseline {args.gate}: field {field!r} is {baseline[field]!r} but this run has {field}={value!r}"
+                )
+    from specproof.engine import load_target
+
+    for spec in config.targets:  # a bad --target is a usage error now, not after the first workload
+        load_target(spec)
+
+    # a table of 13 columns: wider than 80 when the output is a file or a pipe
+    console = Console(width=max(Console().width, 160))
+    with Progress(
+        TextColumn("[bold]bench[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("starting", total=plan_size(config))
+
+        def tick(message: str) -> None:
+            progress.update(task, advance=1, description=message)
+
+        result = run_bench(config, progress=tick)
+    data = result.to_json()
+    _print_tables(console, data)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+    if args.plot:
+        plot_result(data, args.plot)
+        console.print(f"plot written to {args.plot}")
+    if args.save_baseline:
+        save_baseline(args.save_baseline, data)
+        console.print(f"baseline written to {args.save_baseline}")
+    if baseline is None:
+        return 0
+    report = compare(baseline, data)
+    return _print_gate(console, report, args.gate)
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _print_tables(console: Any, data: dict[str, Any]) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    plat = data["platform"]
+    table = Table(
+        title=(
+            f"specproof bench ({data['config']['mode']}) — {plat['cpus']} CPUs, Python {plat['python']}, "
+            f"numpy {plat['numpy']}; speedup: median of {data['config']['chunks']} interleaved chunk pairs"
+        )
+    )
+    cols = [
+        ("workload", "left"),
+        ("target", "left"),
+        ("rollback", "left"),
+        ("k", "right"),
+        ("tok/round", "right"),
+        ("accepted by position", "left"),
+        ("fwd/token", "right"),
+        ("replay/round", "right"),
+        ("verify cost", "right"),
+        ("speedup", "right"),
+        ("efficiency", "right"),
+        ("projected", "right"),
+        ("verify bytes", "right"),
+        ("lossless", "left"),
+    ]
+    for name, justify in cols:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for c in data["cells"]:
+        table.add_row(
+            c["workload"],
+            c["target"],
+            c["rollback"],
+            str(c["k"]),
+            _fmt(c["tokens_per_round"]),
+            " ".join(f"{a:.2f}" for a in c["acceptance_by_position"]) or "-",
+            _fmt(c["forwards_per_token"]),
+            _fmt(c["replay_per_round"]),
+            f"{c['verify_cost_ratio']:.2f}x",
+            f"{c['speedup']:.2f}x",
+            _fmt(c["efficiency"]),
+            f"{c['projected_speedup']:.2f}x",
+            f"{c['verify_bytes_ratio']:.2f}x",
+            "yes" if c["lossless"] else "[bold red]NO[/]",
+        )
+    console.print(table)
+    d = data["drafter"]
+    secs = d["seconds"]
+    console.print(
+        "drafter proposal (median, after appending "
+        f"{d['append']} tokens): "
+        + ", ".join(f"{int(n) // 1024}K {s * 1e6:.2f} us" for n, s in secs.items())
+        + f"; {d['scaling_contexts'][1] // 1024}K / {d['scaling_contexts'][0] // 1024}K = {d['scaling']:.2f}x"
+    )
+    cert = data["certify"]
+    if "seconds" in cert:
+        console.print(f"specproof certify --profile ci: {cert['seconds']:.1f} s wall ({cert['status']})")
+    else:
+        console.print(escape(f"specproof certify --profile ci: not measured ({cert.get('reason')})"))
+    for peer in data["peers"]:
+        if peer.get("status") == "ok":
+            console.print(
+                f"peer {peer['peer']} on {peer['target']}: specproof/peer tokens/s = "
+                f"{peer['tokens_per_second_ratio']:.2f}x, outputs equal: {'yes' if peer['outputs_equal'] else 'NO'}"
+            )
+        else:
+            console.print(escape(f"peer {peer.get('peer')}: {peer.get('status')} — {peer.get('reason')}"))
+    console.print(f"bench wall time {data['seconds']:.1f} s")
+
+
+def _print_gate(console: Any, report: Any, path: str) -> int:
+    from rich.table import Table
+
+    if report.passed:
+        console.print(f"[green]gate passed[/]: {len(report.findings)} figures within threshold of {path}")
+        return 0
+    table = Table(title=f"[bold red]gate failed[/] against {path}: {len(report.regressions)} figure(s) regressed")
+    for col in ("figure", "kind", "better", "baseline", "now", "change", "threshold"):
+        table.add_column(col, justify="left" if col in ("figure", "kind", "better") else "right")
+    for f in report.regressions:
+        table.add_row(
+            f.key,
+            f.kind,
+            f.better,
+            _fmt(f.baseline, 3),
+            "missing" if f.now is None else _fmt(f.now, 3),
+            "-" if f.change is None else f"{f.change:+.1%}",
+            f"{f.threshold:.1%}",
+        )
+    console.print(table)
+    return 1

@@ -1,0 +1,284 @@
+"""The speed gate: save a baseline of bench figures, compare a run with it.
+
+Two kinds of figure, gated differently:
+
+- **machine-independent** (``tokens_per_round``, ``projected_speedup``,
+  ``forwards_per_token``): counts, deterministic on the reference target, so the
+  tolerance is tight. ``forwards_per_token`` is lower-is-better: it fails on a rise.
+- **in-run ratios** (``speedup``, ``efficiency`` per cell, and the drafter's 64K/1K
+  cost ``drafter/scaling``): both sides of each ratio are timed in the same process,
+  interleaved, so the machine's speed cancels out, but scheduling noise does not; the
+  threshold sits above the run-to-run spread measured on the 2-core development
+  machine (see ``RATIO_TOLERANCE`` and docs/bench.md);
+- **mean in-run ratios** (``mean/TARGET/ROLLBACK/kK/speedup`` and ``.../efficiency``:
+  geometric means over the workloads): less noisy, so a tighter threshold
+  (``MEAN_RATIO_TOLERANCE``) catches a smaller slowdown that hits every workload.
+
+Absolute seconds are recorded for information and never gated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+
+from specproof.engine.errors import InvalidSettingError
+
+__all__ = [
+    "BASELINE_SCHEMA",
+    "MEAN_RATIO_TOLERANCE",
+    "MI_TOLERANCE",
+    "RATIO_TOLERANCE",
+    "BaselineError",
+    "Finding",
+    "GateReport",
+    "compare",
+    "figures",
+    "load_baseline",
+    "make_baseline",
+    "save_baseline",
+    "validate_baseline",
+]
+
+BASELINE_SCHEMA: Final = "specproof-bench-baseline/1"
+# Relative change allowed in a machine-independent figure. They are exact counts on the
+# reference target (bit-for-bit batch-invariant), so any real change is a change in the
+# engine or drafter; the slack only covers a different CPython/numpy shifting a tie.
+MI_TOLERANCE: Final = 0.005
+# Relative drop allowed in an in-run ratio before the gate fails. Measured on the 2-core
+# development machine while other jobs shared it (load average 4-7): 6 quick runs; the
+# worst drop between any two runs of one cell's speedup was 33 % (median per-cell
+# deviation 14 %); of the geometric mean over the workloads, 18 %. The thresholds sit
+# about 1.4x above those worst cases (docs/bench.md has the table).
+RATIO_TOLERANCE: Final = 0.45
+MEAN_RATIO_TOLERANCE: Final = 0.25
+NOISE_MEASUREMENT: Final = (
+    "6 runs of `specproof bench --quick` on the 2-core development machine, load average 4-7 from other jobs: "
+    "worst drop between two runs 33 % per cell (speedup, efficiency), 18 % for the geometric mean over workloads, "
+    "20 % rise for drafter/scaling; machine-independent figures identical in every run"
+)
+
+_CELL_FIGURES: Final = {
+    "tokens_per_round": ("machine_independent", "higher"),
+    "projected_speedup": ("machine_independent", "higher"),
+    "forwards_per_token": ("machine_independent", "lower"),
+    "speedup": ("ratio", "higher"),
+    "efficiency": ("ratio", "higher"),
+}
+_KINDS: Final = ("machine_independent", "ratio", "mean_ratio")
+_BETTER: Final = ("higher", "lower")
+
+
+class BaselineError(InvalidSettingError):
+    """A baseline file that cannot be used: unreadable, not JSON, or a field missing or wrong."""
+
+
+def figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The gated figures of a bench result (``BenchResult.to_json()``): key -> value, kind, better."""
+    out: dict[str, dict[str, Any]] = {}
+    for cell in result.get("cells", []):
+        for name, (kind, better) in _CELL_FIGURES.items():
+            out[f"{cell['key']}/{name}"] = {"value": float(cell[name]), "kind": kind, "better": better}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for cell in result.get("cells", []):
+        groups.setdefault(f"mean/{cell['target']}/{cell['rollback']}/k{cell['k']}", []).append(cell)
+    for prefix, members in groups.items():
+        for name in ("speedup", "efficiency"):
+            values = [float(c[name]) for c in members]
+            # geometric mean: ratios multiply; a 0 (a broken cell) makes the mean 0
+            mean = math.exp(sum(math.log(v) for v in values) / len(values)) if all(v > 0 for v in values) else 0.0
+            out[f"{prefix}/{name}"] = {"value": mean, "kind": "mean_ratio", "better": "higher"}
+    drafter = result.get("drafter") or {}
+    if "scaling" in drafter:
+        out["drafter/scaling"] = {"value": float(drafter["scaling"]), "kind": "ratio", "better": "lower"}
+    return out
+
+
+def make_baseline(
+    result: Mapping[str, Any],
+    *,
+    mi_tolerance: float = MI_TOLERANCE,
+    ratio_tolerance: float = RATIO_TOLERANCE,
+    mean_ratio_tolerance: float = MEAN_RATIO_TOLERANCE,
+) -> dict[str, Any]:
+    """A baseline document: the figures, their kind, the thresholds, the platform and the version."""
+    config = result.get("config", {})
+    return {
+        "schema": BASELINE_SCHEMA,
+        "version": result.get("version"),
+        "platform": result.get("platform", {}),
+        "mode": config.get("mode"),
+        "target": config.get("target"),
+        "thresholds": {
+            "machine_independent": mi_tolerance,
+            "ratio": ratio_tolerance,
+            "mean_ratio": mean_ratio_tolerance,
+        },
+        "noise": NOISE_MEASUREMENT,
+        "figures": figures(result),
+    }
+
+
+def save_baseline(path: str | os.PathLike[str], result: Mapping[str, Any]) -> dict[str, Any]:
+    doc = make_baseline(result)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(doc, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    return doc
+
+
+def _require(doc: Mapping[str, Any], field: str, where: str, parent: str = "") -> Any:
+    if field not in doc:
+        raise BaselineError(f"baseline {where}: missing field {parent + field!r}")
+    return doc[field]
+
+
+def _number(value: Any, field: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise BaselineError(f"baseline {where}: field {field!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def validate_baseline(doc: Any, where: str = "<baseline>") -> dict[str, Any]:
+    """Check a parsed baseline document; ``BaselineError`` names the first bad field."""
+    if not isinstance(doc, dict):
+        raise BaselineError(f"baseline {where}: expected a JSON object, got {type(doc).__name__}")
+    schema = _require(doc, "schema", where)
+    if schema != BASELINE_SCHEMA:
+        raise BaselineError(f"baseline {where}: field 'schema' is {schema!r}, expected {BASELINE_SCHEMA!r}")
+    for field in ("mode", "target"):
+        if not isinstance(_require(doc, field, where), str):
+            raise BaselineError(f"baseline {where}: field {field!r} must be a string")
+    thresholds = _require(doc, "thresholds", where)
+    if not isinstance(thresholds, dict):
+        raise BaselineError(f"baseline {where}: field 'thresholds' must be an object")
+    for kind in _KINDS:
+        value = _number(_require(thresholds, kind, where, "thresholds."), f"thresholds.{kind}", where)
+        if not 0.0 <= value < 1.0:
+            raise BaselineError(f"baseline {where}: field 'thresholds.{kind}'={value} must be in [0, 1)")
+    figs = _require(doc, "figures", where)
+    if not isinstance(figs, dict) or not figs:
+        raise BaselineError(f"baseline {where}: field 'figures' must be a non-empty object")
+    for key, fig in figs.items():
+        if not isinstance(fig, dict):
+            raise BaselineError(f"baseline {where}: field 'figures.{key}' must be an object")
+        _number(_require(fig, "value", where, f"figures.{key}."), f"figures.{key}.value", where)
+        if fig.get("kind") not in _KINDS:
+            raise BaselineError(f"baseline {where}: field 'figures.{key}.kind' must be one of {_KINDS}")
+        if fig.get("better") not in _BETTER:
+            raise BaselineError(f"baseline {where}: field 'figures.{key}.better' must be one of {_BETTER}")
+    return doc
+
+
+def load_baseline(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a baseline file (``BaselineError`` naming the file and field)."""
+    where = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise BaselineError(f"baseline {where}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(f"baseline {where}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    return validate_baseline(doc, where)
+
+
+@attrs.frozen(kw_only=True)
+class Finding:
+    """One gated figure: baseline vs now, the relative change, the threshold, the verdict."""
+
+    key: str
+    kind: str
+    better: str
+    baseline: float | None
+    now: float | None
+    change: float | None  # (now - baseline) / |baseline|
+    threshold: float
+    status: str  # "pass" | "regressed" | "missing"
+
+    def to_json(self) -> dict[str, object]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen(kw_only=True)
+class GateReport:
+    findings: tuple[Finding, ...]
+    new_figures: tuple[str, ...]
+
+    @property
+    def regressions(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.status != "pass")
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "passed": self.passed,
+            "regressions": [f.to_json() for f in self.regressions],
+            "checked": len(self.findings),
+            "new_figures": list(self.new_figures),
+        }
+
+
+def compare(baseline: Mapping[str, Any], result: Mapping[str, Any]) -> GateReport:
+    """Gate ``result`` against a validated ``baseline``.
+
+    A figure regresses when it moves the wrong way by more than its kind's relative
+    threshold; a baseline figure the run no longer produces is ``missing`` (also a
+    failure: a vanished figure could hide a regression). Figures new since the
+    baseline are listed, not gated. A run of another mode or target is a usage error.
+    """
+    config = result.get("config", {})
+    for field in ("mode", "target"):
+        if baseline[field] != config.get(field):
+            raise BaselineError(
+                f"baseline field {field!r} is {baseline[field]!r} but this run has {field}={config.get(field)!r}; "
+                "gate a run made the way the baseline was (or save a new baseline)"
+            )
+    now = figures(result)
+    thresholds = baseline["thresholds"]
+    findings = []
+    for key, fig in sorted(baseline["figures"].items()):
+        threshold = float(thresholds[fig["kind"]])
+        base = float(fig["value"])
+        current = now.get(key)
+        if current is None:
+            findings.append(
+                Finding(
+                    key=key,
+                    kind=fig["kind"],
+                    better=fig["better"],
+                    baseline=base,
+                    now=None,
+                    change=None,
+                    threshold=threshold,
+                    status="missing",
+                )
+            )
+            continue
+        value = current["value"]
+        change = (value - base) / abs(base) if base else (0.0 if value == base else math.copysign(math.inf, value))
+        worse = -change if fig["better"] == "higher" else change
+        findings.append(
+            Finding(
+                key=key,
+                kind=fig["kind"],
+                better=fig["better"],
+                baseline=base,
+                now=value,
+                change=change,
+                threshold=threshold,
+                status="regressed" if worse > threshold + 1e-12 else "pass",
+            )
+        )
+    new = tuple(sorted(set(now) - set(baseline["figures"])))
+    return GateReport(findings=tuple(findings), new_figures=new)

@@ -1,0 +1,723 @@
+"""The benchmark figures: what ``specproof bench`` measures and how.
+
+Per workload x target x rollback strategy x k (one *cell*):
+
+- ``tokens_per_round``, ``acceptance_by_position``: from the engine's ``Stats``;
+- ``forwards_per_token`` / ``forwards_per_round`` / ``replay_per_round``: target
+  forwards after prefill (verify + replay) counted *at the target* by a wrapper, so an
+  engine that does work it does not report is still charged for it;
+- ``projected_speedup``: the bandwidth-bound projection, greedy weight bytes over
+  speculative weight bytes for the same emitted tokens. A forward reads the dense
+  weights once plus, on a mixture-of-experts target, every expert any position of
+  that forward routed to (``parameter_bytes()`` and ``last_experts_touched``); a
+  target without ``parameter_bytes`` counts one unit per forward, which is the
+  dense figure ``emitted / (verify + replay)``;
+- ``verify_cost_ratio``: time of the (k+1)-token verify forward the strategy uses
+  over a one-token forward, from the same prefilled state, interleaved: the median
+  of the pair ratios;
+- ``speedup``: plain greedy decode time over speculative decode time, measured in
+  this process, interleaved: two instances of the target (one per side) are
+  prefilled once, then the cell's ``chunks * chunk_tokens`` tokens are decoded chunk
+  by chunk, greedy chunk then speculative chunk (the same positions, since the
+  output is lossless); the figure is the median of the per-chunk time ratios, so a
+  burst of load from elsewhere spoils one pair, not the figure;
+- ``efficiency``: ``speedup / tokens_per_round``;
+- ``lossless``: the speculative tokens equal the greedy oracle's.
+
+Beside the cells: the drafter's cost per proposal at 1K/8K/64K tokens of context
+(incremental, as the engine uses it), ``specproof certify --profile ci`` wall time,
+and peer engines on the same model when their extras are installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+import numpy as np
+
+from specproof import __version__
+from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
+from specproof.engine import ContextView, NgramDrafter, SpecDecoder, greedy_decode, load_target
+from specproof.engine._protocols import Drafter, Target
+from specproof.engine.errors import InvalidSettingError, SpecproofError
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "MOE_COMPANION",
+    "BenchConfig",
+    "BenchResult",
+    "Cell",
+    "CountingTarget",
+    "DecoderFactory",
+    "GreedyCount",
+    "count_greedy",
+    "count_spec",
+    "plan_size",
+    "platform_info",
+    "run_bench",
+]
+
+# The target the bench measures unless told otherwise (a later issue switches it to "trained").
+DEFAULT_TARGET: Final = "reference"
+# Reported beside any reference-family target: the verify-reads-more-experts case.
+MOE_COMPANION: Final = "reference-moe"
+
+DecoderFactory = Callable[..., Any]  # (target, drafter, *, k, rollback) -> an object with start(prompt)
+ProgressHook = Callable[[str], None]
+
+
+def _check_ints(name: str, values: Sequence[int], minimum: int) -> tuple[int, ...]:
+    out = tuple(values)
+    if not out or any(isinstance(v, bool) or not isinstance(v, int) or v < minimum for v in out):
+        raise InvalidSettingError(f"BenchConfig.{name}={values!r} must be a non-empty list of integers >= {minimum}")
+    return out
+
+
+@attrs.frozen(kw_only=True)
+class BenchConfig:
+    """What one bench run measures. ``quick()`` and ``full()`` are the two presets the CLI offers."""
+
+    mode: str
+    target: str = DEFAULT_TARGET
+    companions: tuple[str, ...] = (MOE_COMPANION,)
+    workloads: tuple[str, ...] = WORKLOAD_NAMES
+    ks: tuple[int, ...] = (4,)
+    rollbacks: tuple[str, ...] = ("checkpoint", "replay")
+    prompt_chars: int = 800
+    chunk_tokens: int = 16
+    chunks: int = 12
+    verify_reps: int = 15
+    drafter_contexts: tuple[int, ...] = (1024, 8192, 65536)
+    drafter_reps: int = 200
+    certify: bool = False
+    peers: bool = True
+    peer_tokens: int = 16  # the peers' tiny models are slow on CPU (transformers: ~2 tokens/s here)
+    peer_repeats: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        _check_ints("ks", self.ks, 1)
+        _check_ints("drafter_contexts", self.drafter_contexts, 16)
+        for name in ("chunk_tokens", "chunks", "verify_reps", "drafter_reps", "peer_tokens", "peer_repeats"):
+            _check_ints(name, [getattr(self, name)], 1)
+        for r in self.rollbacks:
+            if r not in ("checkpoint", "replay"):
+                raise InvalidSettingError(f"BenchConfig.rollbacks: {r!r} is not 'checkpoint' or 'replay'")
+        for w in self.workloads:
+            if w not in WORKLOAD_NAMES:
+                known = ", ".join(WORKLOAD_NAMES)
+                raise InvalidSettingError(f"BenchConfig.workloads: {w!r} is unknown; known: {known}")
+
+    @classmethod
+    def quick(cls, *, target: str = DEFAULT_TARGET) -> BenchConfig:
+        """The CI preset: k=4 only, 12 interleaved chunks of 16 tokens per cell."""
+        return cls(mode="quick", target=target, companions=_companions(target))
+
+    @classmethod
+    def full(cls, *, target: str = DEFAULT_TARGET) -> BenchConfig:
+        """The README preset: k in 1, 2, 4, 8, 16 chunks of 16 tokens per cell, longer prompts, certify wall time."""
+        return cls(
+            mode="full",
+            target=target,
+            companions=_companions(target),
+            ks=(1, 2, 4, 8),
+            prompt_chars=1200,
+            chunks=16,
+            verify_reps=25,
+            drafter_reps=400,
+            certify=True,
+            peer_tokens=48,
+            peer_repeats=3,
+        )
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens each cell decodes after its prompt: ``chunks * chunk_tokens``."""
+        return self.chunks * self.chunk_tokens
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((self.target, *self.companions)))
+
+    def to_json(self) -> dict[str, object]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(self).items()}
+
+
+def _companions(target: str) -> tuple[str, ...]:
+    return (MOE_COMPANION,) if target.split(":", 1)[0] == "reference" else ()
+
+
+# --------------------------------------------------------------------------- counting
+
+
+class CountingTarget:
+    """Wraps a target and records, per forward, its length and the weight bytes it read.
+
+    Bytes: ``parameter_bytes()['dense']`` plus ``per_expert`` for every expert of every
+    MoE layer in ``last_experts_touched`` after that forward; without
+    ``parameter_bytes`` every forward counts as 1 (dense units).
+    """
+
+    def __init__(self, inner: Target) -> None:
+        self.inner = inner
+        self.vocab_size = inner.vocab_size
+        self.max_context = inner.max_context
+        self.name = f"counting({getattr(inner, 'name', type(inner).__name__)})"
+        pb = getattr(inner, "parameter_bytes", None)
+        info: Mapping[str, int] | None = pb() if callable(pb) else None
+        self._dense = float(info["dense"]) if info else 1.0
+        self._per_expert = float(info.get("per_expert", 0)) if info else 0.0
+        self.log: list[tuple[int, float]] = []  # (tokens in the forward, bytes read)
+        if callable(getattr(inner, "forward_with_checkpoints", None)):
+            self.forward_with_checkpoints = self._forward_with_checkpoints
+
+    @property
+    def processed(self) -> int:
+        return self.inner.processed
+
+    def _bytes(self) -> float:
+        touched = getattr(self.inner, "last_experts_touched", ())
+        return self._dense + self._per_expert * sum(len(s) for s in touched)
+
+    def forward(self, tokens: Sequence[int]) -> np.ndarray:
+        out = self.inner.forward(tokens)
+        self.log.append((len(tokens), self._bytes()))
+        return out
+
+    def _forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[np.ndarray, list[object]]:
+        out = self.inner.forward_with_checkpoints(tokens)  # type: ignore[attr-defined]
+        self.log.append((len(tokens), self._bytes()))
+        return out  # type: ignore[no-any-return]
+
+    def snapshot(self) -> object:
+        return self.inner.snapshot()
+
+    def restore(self, snapshot: object) -> None:
+        self.inner.restore(snapshot)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def decode_log(self, prompt_len: int) -> list[tuple[int, float]]:
+        """The forwards after prefill (the first forward is prefill when the prompt has > 1 token)."""
+        return self.log[1:] if prompt_len > 1 else list(self.log)
+
+
+# --------------------------------------------------------------------------- records
+
+
+@attrs.frozen(kw_only=True)
+class Cell:
+    """The figures of one workload x target x rollback x k."""
+
+    workload: str
+    target: str
+    rollback: str
+    k: int
+    prompt_tokens: int
+    emitted: int
+    rounds: int
+    tokens_per_round: float
+    acceptance_by_position: tuple[float, ...]
+    forwards_per_token: float
+    forwards_per_round: float
+    replay_per_round: float
+    projected_speedup: float
+    verify_bytes_ratio: float  # bytes of a verify forward over a one-token greedy forward (1.0 on dense)
+    verify_cost_ratio: float
+    greedy_seconds: float  # total timed decode seconds, informational only (never gated)
+    spec_seconds: float
+    speedup: float
+    speedup_spread: float  # (max - min) / median of the per-pair ratios of this run
+    efficiency: float
+    lossless: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload}/{self.target}/{self.rollback}/k{self.k}"
+
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = attrs.asdict(self)
+        data["acceptance_by_position"] = list(self.acceptance_by_position)
+        data["key"] = self.key
+        return data
+
+
+@attrs.frozen(kw_only=True)
+class BenchResult:
+    """Everything one run measured, plus where and with what it ran."""
+
+    config: BenchConfig
+    cells: tuple[Cell, ...]
+    workloads: tuple[Workload, ...]
+    drafter: Mapping[str, Any]
+    certify: Mapping[str, Any]
+    peers: tuple[Mapping[str, Any], ...]
+    platform: Mapping[str, str]
+    seconds: float
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schema": "specproof-bench/1",
+            "version": __version__,
+            "platform": dict(self.platform),
+            "config": self.config.to_json(),
+            "workloads": [w.to_json() for w in self.workloads],
+            "cells": [c.to_json() for c in self.cells],
+            "drafter": dict(self.drafter),
+            "certify": dict(self.certify),
+            "peers": [dict(p) for p in self.peers],
+            "seconds": self.seconds,
+        }
+
+
+def platform_info() -> dict[str, str]:
+    import os
+
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "processor": platform.processor() or "unknown",
+        "cpus": str(os.cpu_count()),
+    }
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _prefill(target: Target, prompt: list[int]) -> None:
+    target.reset()
+    if len(prompt) > 1:
+        target.forward(prompt[:-1])
+
+
+def _greedy_chunk(target: Target, pending: int, n: int) -> tuple[float, list[int]]:
+    """Time ``n`` plain greedy steps from the target's state: the leanest loop, no bookkeeping."""
+    tok = pending
+    out: list[int] = []
+    forward = target.forward
+    argmax = np.argmax
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = int(argmax(forward([tok])[0]))
+        out.append(tok)
+    return time.perf_counter() - t0, out
+
+
+def _verify_cost_ratio(target: Target, snap: object, fed: list[int], rollback: str, reps: int) -> float:
+    """(k+1)-token verify forward over one-token forward from one state: median of interleaved pair ratios."""
+    verify = target.forward_with_checkpoints if rollback == "checkpoint" else target.forward  # type: ignore[attr-defined]
+    ratios: list[float] = []
+    for _ in range(reps):
+        target.restore(snap)
+        t0 = time.perf_counter()
+        target.forward(fed[:1])
+        one = time.perf_counter() - t0
+        target.restore(snap)
+        t0 = time.perf_counter()
+        verify(fed)
+        ratios.append((time.perf_counter() - t0) / one)
+    return statistics.median(ratios)
+
+
+def _drafter_cost(
+    drafter_factory: Callable[[], Drafter], contexts: Sequence[int], *, k: int, reps: int, append: int = 4
+) -> dict[str, Any]:
+    """Median seconds per proposal after appending ``append`` tokens to an already-indexed context.
+
+    One drafter per context length, all indexed first (untimed: the engine pays that
+    once per conversation), then timed round-robin so machine drift hits every length alike.
+    """
+    stream = stdlib_token_stream(max(contexts) + reps * append)
+    states: list[tuple[int, Drafter, list[int], ContextView, list[float]]] = []
+    for n in contexts:
+        drafter = drafter_factory()
+        reset = getattr(drafter, "reset", None)
+        if callable(reset):
+            reset()
+        buf = list(stream[:n])
+        view = ContextView(buf)  # the engine hands the same growing view every round
+        drafter.propose(view, k)
+        states.append((n, drafter, buf, view, []))
+    for r in range(reps):
+        for n, drafter, buf, view, times in states:
+            buf.extend(stream[n + r * append : n + (r + 1) * append])
+            t0 = time.perf_counter()
+            drafter.propose(view, k)
+            times.append(time.perf_counter() - t0)
+    secs = {str(n): statistics.median(times) for n, _, _, _, times in states}
+    lo, hi = str(min(contexts)), str(max(contexts))
+    return {
+        "k": k,
+        "append": append,
+        "reps": reps,
+        "seconds": secs,
+        "scaling": secs[hi] / secs[lo] if secs[lo] > 0 else float("inf"),
+        "scaling_contexts": [int(lo), int(hi)],
+    }
+
+
+def _certify_wall(timeout: float = 1800.0) -> dict[str, Any]:
+    if importlib.util.find_spec("specproof._cli.certify") is None:
+        return {"status": "skip", "reason": "specproof certify is not in this checkout"}
+    cmd = [sys.executable, "-m", "specproof", "certify", "--profile", "ci", "--json"]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "seconds": time.perf_counter() - t0, "reason": f"over {timeout:.0f} s"}
+    return {
+        "status": "pass" if proc.returncode == 0 else "fail",
+        "exit_code": proc.returncode,
+        "seconds": time.perf_counter() - t0,
+        "command": "specproof certify --profile ci",
+    }
+
+
+@attrs.frozen(kw_only=True)
+class GreedyCount:
+    """The greedy oracle's tokens and the weight bytes its decode forwards read."""
+
+    tokens: tuple[int, ...]
+    decode_bytes: float
+    one_token_bytes: float
+
+
+def count_greedy(target: Target, prompt: list[int], n: int) -> GreedyCount:
+    """Run the greedy oracle on a counting wrapper of ``target``."""
+    counting = CountingTarget(target)
+    oracle = greedy_decode(counting, prompt, n)  # type: ignore[arg-type]
+    log = counting.decode_log(len(prompt))
+    total = sum(b for _, b in log)
+    return GreedyCount(tokens=oracle.tokens, decode_bytes=total, one_token_bytes=total / len(log) if log else 1.0)
+
+
+def count_spec(
+    target: Target,
+    prompt: list[int],
+    greedy: GreedyCount,
+    *,
+    k: int,
+    rollback: str,
+    chunks: int,
+    chunk_tokens: int,
+    drafter_factory: Callable[[], Drafter] = NgramDrafter,
+    decoder_factory: DecoderFactory | None = None,
+) -> dict[str, Any]:
+    """The machine-independent figures of one speculative conversation, counted at the target.
+
+    The conversation is decoded as the timed runs decode it: ``chunks`` calls of
+    ``session.generate(chunk_tokens)`` on one session.
+    """
+    counting = CountingTarget(target)
+    make = decoder_factory or _default_decoder
+    session = make(counting, drafter_factory(), k=k, rollback=rollback).start(prompt)
+    tokens: list[int] = []
+    rounds = replay = 0
+    attempts = [0] * k
+    accepts = [0] * k
+    for i in range(chunks):
+        gen = session.generate(chunk_tokens)
+        stats = gen.stats
+        if stats is None:
+            raise SpecproofError(
+                f"bench: the engine (k={k}, rollback={rollback}) returned a Generation without stats in chunk {i}"
+            )
+        tokens.extend(gen.tokens)
+        rounds += stats.rounds
+        replay += stats.replay_forwards
+        for p, (n_att, n_acc) in enumerate(zip(stats.position_attempts, stats.position_accepts)):
+            if p < k:
+                attempts[p] += n_att
+                accepts[p] += n_acc
+    log = counting.decode_log(len(prompt))
+    emitted = max(len(tokens), 1)
+    n_rounds = max(rounds, 1)
+    spec_bytes = sum(b for _, b in log)
+    verify_bytes = [b for q, b in log if q > 1]
+    return {
+        "tokens": tuple(tokens),
+        "emitted": len(tokens),
+        "rounds": rounds,
+        "tokens_per_round": len(tokens) / n_rounds,
+        "acceptance_by_position": tuple(a / n if n else 0.0 for a, n in zip(accepts, attempts)),
+        "forwards_per_token": len(log) / emitted,
+        "forwards_per_round": len(log) / n_rounds,
+        "replay_per_round": replay / n_rounds,
+        "projected_speedup": greedy.decode_bytes / spec_bytes if spec_bytes else 0.0,
+        "verify_bytes_ratio": statistics.mean(verify_bytes) / greedy.one_token_bytes if verify_bytes else 1.0,
+        "lossless": tuple(tokens) == greedy.tokens,
+    }
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def _default_decoder(target: Target, drafter: Drafter, *, k: int, rollback: str) -> SpecDecoder:
+    return SpecDecoder(target, drafter, k=k, rollback=rollback)  # type: ignore[arg-type]
+
+
+def _measure_target(
+    spec: str,
+    targets: tuple[Target, Target],
+    workloads: Sequence[Workload],
+    config: BenchConfig,
+    *,
+    drafter_factory: Callable[[], Drafter],
+    decoder_factory: DecoderFactory,
+    tick: ProgressHook,
+) -> list[Cell]:
+    """The cells of one target spec. ``targets`` are two instances of it: the greedy
+    side and the speculative side each keep their own state between timed chunks."""
+    greedy_t, spec_t = targets
+    cells: list[Cell] = []
+    total = config.decode_tokens
+    has_checkpoints = callable(getattr(spec_t, "forward_with_checkpoints", None))
+    for wl in workloads:
+        prompt = encode_text(spec_t, wl.text)
+        oracle = count_greedy(greedy_t, prompt, total)
+        for rollback in config.rollbacks:
+            if rollback == "checkpoint" and not has_checkpoints:
+                tick(f"{wl.name} {spec}: checkpoint needs forward_with_checkpoints, skipped")
+                continue
+            for k in config.ks:
+                fig = count_spec(
+                    spec_t,
+                    prompt,
+                    oracle,
+                    k=k,
+                    rollback=rollback,
+                    chunks=config.chunks,
+                    chunk_tokens=config.chunk_tokens,
+                    drafter_factory=drafter_factory,
+                    decoder_factory=decoder_factory,
+                )
+                # verify-cost ratio from the prefilled state, then both sides decode the same
+                # positions chunk by chunk, alternating, so load on the machine hits both alike
+                _prefill(greedy_t, prompt)
+                snap = greedy_t.snapshot()
+                fed = [prompt[-1], *oracle.tokens[:k]]
+                ratio = _verify_cost_ratio(greedy_t, snap, fed, rollback, config.verify_reps)
+                greedy_t.restore(snap)
+                session = decoder_factory(spec_t, drafter_factory(), k=k, rollback=rollback).start(prompt)
+                pending = prompt[-1]
+                g_tokens: list[int] = []
+                s_tokens: list[int] = []
+                g_times, s_times, pair = [], [], []
+                for _ in range(config.chunks):
+                    tg, got = _greedy_chunk(greedy_t, pending, config.chunk_tokens)
+                    pending = got[-1]
+                    g_tokens.extend(got)
+                    t0 = time.perf_counter()
+                    gen = session.generate(config.chunk_tokens)
+                    ts = time.perf_counter() - t0
+                    s_tokens.extend(gen.tokens)
+                    g_times.append(tg)
+                    s_times.append(ts)
+                    pair.append(tg / ts)
+                speedup = statistics.median(pair)
+                tpr = float(fig["tokens_per_round"])
+                timed_equal = tuple(g_tokens) == oracle.tokens and tuple(s_tokens) == oracle.tokens
+                cells.append(
+                    Cell(
+                        workload=wl.name,
+                        target=spec,
+                        rollback=rollback,
+                        k=k,
+                        prompt_tokens=len(prompt),
+                        emitted=fig["emitted"],
+                        rounds=fig["rounds"],
+                        tokens_per_round=tpr,
+                        acceptance_by_position=fig["acceptance_by_position"],
+                        forwards_per_token=fig["forwards_per_token"],
+                        forwards_per_round=fig["forwards_per_round"],
+                        replay_per_round=fig["replay_per_round"],
+                        projected_speedup=fig["projected_speedup"],
+                        verify_bytes_ratio=fig["verify_bytes_ratio"],
+                        verify_cost_ratio=ratio,
+                        greedy_seconds=sum(g_times),
+                        spec_seconds=sum(s_times),
+                        speedup=speedup,
+                        speedup_spread=(max(pair) - min(pair)) / speedup,
+                        efficiency=speedup / tpr if tpr else 0.0,
+                        lossless=timed_equal and bool(fig["lossless"]),
+                    )
+                )
+                tick(f"{wl.name} {spec} {rollback} k={k}")
+    return cells
+
+
+# --------------------------------------------------------------------------- peers
+
+
+def _load_family(spec: str, module: str) -> Target:
+    """``load_target(spec)``; if the family prefix is not registered yet, the module's own ``load_spec``."""
+    from specproof.engine.targets import TARGET_FAMILIES
+
+    prefix, _, rest = spec.partition(":")
+    if prefix in TARGET_FAMILIES:
+        return load_target(spec)
+    return importlib.import_module(module).load_spec(rest)  # type: ignore[no-any-return]
+
+
+def _peer_hf(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dict[str, Any]:
+    row: dict[str, Any] = {"peer": "transformers prompt lookup", "target": "hf:lfm2-tiny"}
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
+        return {**row, "status": "skip", "reason": "install specproof[hf]"}
+    for mod in ("specproof.engine.targets.hf", "specproof.engine.adapters.hf_prompt_lookup"):
+        if importlib.util.find_spec(mod) is None:
+            return {**row, "status": "skip", "reason": f"module not available: {mod}"}
+    make = importlib.import_module("specproof.engine.adapters.hf_prompt_lookup").make
+    k = 4 if 4 in config.ks else config.ks[0]
+    peer = make(prompt_lookup_num_tokens=k)
+    # the same model instance the peer drives, so both engines decode the same weights
+    target = getattr(peer, "target", None) or _load_family("hf:lfm2-tiny", "specproof.engine.targets.hf")
+    return {**row, **_compare_engines(config, target, peer.generate, drafter_factory)}
+
+
+def _peer_mlx(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dict[str, Any]:
+    row: dict[str, Any] = {"peer": "mlx-lm greedy", "target": "mlx:lfm2-tiny"}
+    if importlib.util.find_spec("mlx") is None or importlib.util.find_spec("mlx_lm") is None:
+        return {**row, "status": "skip", "reason": "install specproof[mlx]"}
+    if importlib.util.find_spec("specproof.engine.targets.mlx") is None:
+        return {**row, "status": "skip", "reason": "module not available: specproof.engine.targets.mlx"}
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    target = _load_family("mlx:lfm2-tiny", "specproof.engine.targets.mlx")
+    model = target.model  # type: ignore[attr-defined]
+
+    def mlx_greedy(prompt: Sequence[int], max_new_tokens: int, **_: object) -> Any:
+        out: list[int] = []
+        # generate_step without a sampler takes the argmax: mlx-lm's own greedy decoding
+        for tok, _logprobs in generate_step(mx.array(list(prompt)), model, max_tokens=max_new_tokens):
+            out.append(int(tok))
+            if len(out) >= max_new_tokens:
+                break
+        return out
+
+    return {**row, **_compare_engines(config, target, mlx_greedy, drafter_factory)}
+
+
+def _compare_engines(
+    config: BenchConfig, target: Target, peer_generate: Callable[..., Any], drafter_factory: Callable[[], Drafter]
+) -> dict[str, Any]:
+    """Tokens/s of specproof's engine over the peer's, interleaved, and whether the outputs are equal."""
+    wl = build_workloads(("code-edit",), prompt_chars=config.prompt_chars)[0]
+    n = min(config.peer_tokens, target.max_context // 4)
+    # tiny peer models have short contexts: keep the prompt's end (the request) and room for n tokens
+    prompt = encode_text(target, wl.text)[-(target.max_context - n - 1) :]
+    k = 4 if 4 in config.ks else config.ks[0]
+    ours_t, peer_t, ratios = [], [], []
+    ours_tokens: tuple[int, ...] = ()
+    peer_tokens: tuple[int, ...] = ()
+    rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
+    for _ in range(config.peer_repeats):
+        t0 = time.perf_counter()
+        got = peer_generate(prompt, n)
+        tp = time.perf_counter() - t0
+        peer_tokens = tuple(int(t) for t in getattr(got, "tokens", got))
+        t0 = time.perf_counter()
+        ours_tokens = _default_decoder(target, drafter_factory(), k=k, rollback=rollback).generate(prompt, n).tokens
+        to = time.perf_counter() - t0
+        peer_t.append(tp)
+        ours_t.append(to)
+        ratios.append((len(ours_tokens) / to) / (len(peer_tokens) / tp) if peer_tokens and to > 0 else 0.0)
+    return {
+        "status": "ok",
+        "workload": wl.name,
+        "k": k,
+        "rollback": rollback,
+        "tokens_per_second_ratio": statistics.median(ratios),
+        "specproof_tokens_per_second": len(ours_tokens) / statistics.median(ours_t),
+        "peer_tokens_per_second": len(peer_tokens) / statistics.median(peer_t),
+        "outputs_equal": ours_tokens == peer_tokens,
+    }
+
+
+_PEER_NAMES: Final = {
+    "_peer_hf": ("transformers prompt lookup", "hf:lfm2-tiny", "hf"),
+    "_peer_mlx": ("mlx-lm greedy", "mlx:lfm2-tiny", "mlx"),
+}
+
+
+def _run_peer(fn: Callable[..., dict[str, Any]], config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dict:
+    peer, target, extra = _PEER_NAMES.get(fn.__name__, (fn.__name__, "?", "?"))
+    try:
+        return fn(config, drafter_factory)
+    except ImportError as exc:
+        return {"peer": peer, "target": target, "status": "skip", "reason": f"install specproof[{extra}] ({exc})"}
+    except Exception as exc:  # a peer must never fail the bench: report why its row is empty
+        return {"peer": peer, "target": target, "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def plan_size(config: BenchConfig) -> int:
+    """Progress steps of a run: one per cell, one per drafter context, certify, peers."""
+    cells = len(config.targets) * len(config.workloads) * len(config.rollbacks) * len(config.ks)
+    return cells + 1 + int(config.certify) + (2 if config.peers else 0)
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    drafter_factory: Callable[[], Drafter] = NgramDrafter,
+    decoder_factory: DecoderFactory = _default_decoder,
+    progress: ProgressHook | None = None,
+) -> BenchResult:
+    """Measure every figure ``config`` asks for; ``progress`` is told after each step.
+
+    ``drafter_factory`` and ``decoder_factory`` swap the drafter and the engine (the
+    gate's tests plant regressions through them).
+    """
+    tick = progress or (lambda _msg: None)
+    t_start = time.perf_counter()
+    workloads = build_workloads(config.workloads, prompt_chars=config.prompt_chars)
+    cells: list[Cell] = []
+    for spec in config.targets:
+        pair = (load_target(spec), load_target(spec))
+        cells.extend(
+            _measure_target(
+                spec,
+                pair,
+                workloads,
+                config,
+                drafter_factory=drafter_factory,
+                decoder_factory=decoder_factory,
+                tick=tick,
+            )
+        )
+    drafter = _drafter_cost(drafter_factory, config.drafter_contexts, k=max(config.ks), reps=config.drafter_reps)
+    tick("drafter cost")
+    certify: dict[str, Any] = {"status": "skip", "reason": "skipped by --quick: it takes about 2 minutes here"}
+    if config.certify:
+        certify = _certify_wall()
+        tick("certify --profile ci")
+    peers: list[dict[str, Any]] = []
+    if config.peers:
+        for fn in (_peer_hf, _peer_mlx):
+            peers.append(_run_peer(fn, config, drafter_factory))
+            tick(f"peer {peers[-1].get('peer')}")
+    return BenchResult(
+        config=config,
+        cells=tuple(cells),
+        workloads=tuple(workloads),
+        drafter=drafter,
+        certify=certify,
+        peers=tuple(peers),
+        platform=platform_info(),
+        seconds=time.perf_counter() - t_start,
+    )

@@ -1,0 +1,299 @@
+"""The speed gate: it passes an unchanged run and catches planted regressions.
+
+Gate logic is checked on synthetic result records (exact, instant); then small real
+bench runs prove the end-to-end path: an unchanged rerun passes, an engine that does
+an extra target forward every round and a drafter that is slowed down both fail.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import pytest
+
+from specproof.bench import (
+    BASELINE_SCHEMA,
+    MEAN_RATIO_TOLERANCE,
+    RATIO_TOLERANCE,
+    BaselineError,
+    BenchConfig,
+    compare,
+    figures,
+    load_baseline,
+    make_baseline,
+    run_bench,
+    save_baseline,
+)
+from specproof.cli import main
+from specproof.engine import DecodeSession, NgramDrafter, SpecDecoder
+
+# --------------------------------------------------------------------------- synthetic records
+
+
+def _cell(workload: str, rollback: str, **over: float) -> dict:
+    cell = {
+        "key": f"{workload}/reference/{rollback}/k4",
+        "workload": workload,
+        "target": "reference",
+        "rollback": rollback,
+        "k": 4,
+        "tokens_per_round": 2.5,
+        "projected_speedup": 2.5 if rollback == "checkpoint" else 1.9,
+        "forwards_per_token": 0.4 if rollback == "checkpoint" else 0.52,
+        "speedup": 1.8,
+        "efficiency": 0.72,
+    }
+    cell.update(over)
+    return cell
+
+
+def _result(cells: list[dict] | None = None, *, scaling: float = 1.0, mode: str = "quick") -> dict:
+    return {
+        "version": "0.1.0",
+        "platform": {"python": "3.11", "cpus": "2"},
+        "config": {"mode": mode, "target": "reference"},
+        "cells": cells if cells is not None else [_cell("code-edit", "checkpoint"), _cell("code-edit", "replay")],
+        "drafter": {"scaling": scaling},
+    }
+
+
+def test_unchanged_result_passes_and_every_figure_is_checked():
+    base = make_baseline(_result())
+    report = compare(base, _result())
+    assert report.passed
+    assert len(report.findings) == 2 * 5 + 2 * 2 + 1  # per cell, per (target, rollback, k) mean, drafter
+    assert {f.kind for f in report.findings} == {"machine_independent", "ratio", "mean_ratio"}
+
+
+def test_extra_forward_per_round_fails_on_forwards_per_token_rise():
+    base = make_baseline(_result())
+    worse = _result([_cell("code-edit", "checkpoint", forwards_per_token=0.8), _cell("code-edit", "replay")])
+    report = compare(base, worse)
+    assert not report.passed
+    (bad,) = report.regressions
+    assert bad.key == "code-edit/reference/checkpoint/k4/forwards_per_token"
+    assert bad.baseline == 0.4 and bad.now == 0.8 and bad.change == pytest.approx(1.0)
+
+
+def test_machine_independent_tolerance_is_tight_and_one_sided():
+    base = make_baseline(_result())
+    tpr = 2.5
+    slightly = _result([_cell("code-edit", "checkpoint", tokens_per_round=tpr * 0.98), _cell("code-edit", "replay")])
+    assert [f.key.rsplit("/", 1)[1] for f in compare(base, slightly).regressions] == ["tokens_per_round"]
+    better = _result([_cell("code-edit", "checkpoint", tokens_per_round=3.0, forwards_per_token=0.3)])
+    better["cells"].append(_cell("code-edit", "replay"))
+    assert compare(base, better).passed  # improvements never fail
+
+
+def test_ratio_drop_beyond_noise_threshold_fails_within_it_passes():
+    base = make_baseline(_result())
+    inside = 1.8 * (1 - MEAN_RATIO_TOLERANCE / 2)
+    assert compare(
+        base, _result([_cell("code-edit", "checkpoint", speedup=inside), _cell("code-edit", "replay")])
+    ).passed
+    outside = 0.72 * (1 - RATIO_TOLERANCE) * 0.9
+    report = compare(
+        base, _result([_cell("code-edit", "checkpoint", efficiency=outside), _cell("code-edit", "replay")])
+    )
+    assert [f.key for f in report.regressions] == [
+        "code-edit/reference/checkpoint/k4/efficiency",
+        "mean/reference/checkpoint/k4/efficiency",
+    ]
+    # the drafter's 64K/1K cost is a lower-is-better ratio
+    assert not compare(base, _result(scaling=1.0 + RATIO_TOLERANCE * 2)).passed
+
+
+def test_small_slowdown_of_every_workload_is_caught_by_the_mean():
+    names = ("code-edit", "retrieval-qa", "structured", "free-text")
+    base = make_baseline(_result([_cell(w, "checkpoint") for w in names]))
+    drop = 1 - (MEAN_RATIO_TOLERANCE + RATIO_TOLERANCE) / 2  # inside the per-cell threshold, beyond the mean's
+    slower = _result([_cell(w, "checkpoint", speedup=1.8 * drop) for w in names])
+    assert [f.key for f in compare(base, slower).regressions] == ["mean/reference/checkpoint/k4/speedup"]
+
+
+def test_missing_figure_fails_and_new_figure_is_listed():
+    base = make_baseline(_result())
+    fewer = _result([_cell("code-edit", "checkpoint")])
+    report = compare(base, fewer)
+    assert {f.status for f in report.regressions} == {"missing"}
+    more = _result([*_result()["cells"], _cell("structured", "checkpoint")])
+    report = compare(base, more)
+    assert report.passed and any(k.startswith("structured/") for k in report.new_figures)
+
+
+def test_baseline_of_another_mode_is_a_usage_error():
+    base = make_baseline(_result(mode="full"))
+    with pytest.raises(BaselineError, match="'mode'"):
+        compare(base, _result(mode="quick"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d.pop("figures"), "'figures'"),
+        (lambda d: d.update(schema="nope"), "'schema'"),
+        (lambda d: d["thresholds"].pop("ratio"), "'thresholds.ratio'"),
+        (lambda d: next(iter(d["figures"].values())).pop("value"), ".value'"),
+        (lambda d: d["thresholds"].update(ratio=2), "thresholds.ratio"),
+        (lambda d: next(iter(d["figures"].values())).update(value="fast"), ".value"),
+        (lambda d: next(iter(d["figures"].values())).update(kind="seconds"), ".kind"),
+        (lambda d: next(iter(d["figures"].values())).update(better="up"), ".better"),
+    ],
+)
+def test_bad_baseline_file_names_the_field(tmp_path, edit, field):
+    doc = make_baseline(_result())
+    edit(doc)
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BaselineError) as info:
+        load_baseline(path)
+    assert field in str(info.value) and str(path) in str(info.value)
+
+
+def test_not_json_and_unreadable_baseline(tmp_path):
+    bad = tmp_path / "b.json"
+    bad.write_text("{not json")
+    with pytest.raises(BaselineError, match="not JSON"):
+        load_baseline(bad)
+    with pytest.raises(BaselineError, match="cannot read"):
+        load_baseline(tmp_path / "absent.json")
+
+
+def test_saved_baseline_round_trips_with_thresholds_platform_version(tmp_path):
+    path = tmp_path / "baseline.json"
+    save_baseline(path, _result())
+    doc = load_baseline(path)
+    assert doc["schema"] == BASELINE_SCHEMA
+    assert doc["version"] == "0.1.0" and doc["platform"]["cpus"] == "2"
+    assert set(doc["thresholds"]) == {"machine_independent", "ratio", "mean_ratio"}
+    assert doc["figures"] == figures(_result())
+
+
+# --------------------------------------------------------------------------- the command's exit codes
+
+
+def test_cli_bad_baseline_is_exit_2_before_measuring(tmp_path, capsys, monkeypatch):
+    import specproof.bench as bench
+
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("measured despite a bad baseline"))
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"schema": BASELINE_SCHEMA}))
+    assert main(["bench", "--quick", "--gate", str(path)]) == 2
+    assert "missing field 'mode'" in capsys.readouterr().err
+
+
+def test_cli_gate_exit_codes(tmp_path, capsys, monkeypatch):
+    import specproof.bench as bench
+
+    real = run_bench(_tiny_config(chunks=4))
+    baseline = tmp_path / "baseline.json"
+    save_baseline(baseline, real.to_json())
+
+    class Fake:
+        def __init__(self, data):
+            self.data = data
+
+        def to_json(self):
+            return copy.deepcopy(self.data)
+
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: Fake(real.to_json()))
+    monkeypatch.setattr(bench, "BenchConfig", _FakeConfig)
+    assert main(["bench", "--quick", "--gate", str(baseline), "--json", str(tmp_path / "r.json")]) == 0
+    assert "gate passed" in capsys.readouterr().out
+    worse = real.to_json()
+    worse["cells"][0]["forwards_per_token"] *= 2
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: Fake(worse))
+    assert main(["bench", "--quick", "--gate", str(baseline)]) == 1
+    out = capsys.readouterr().out
+    assert "gate failed" in out and "forwards_per_token" in out
+
+
+class _FakeConfig:
+    """BenchConfig.quick() replaced by the tiny config, so the CLI test does not measure for a minute."""
+
+    @staticmethod
+    def quick(*, target: str) -> BenchConfig:
+        return _tiny_config(chunks=4)
+
+    full = quick
+
+
+# --------------------------------------------------------------------------- real runs, planted regressions
+
+
+def _tiny_config(*, chunks: int = 12) -> BenchConfig:
+    # one workload and target, but chunks as long as --quick's: the noise threshold was measured at that size
+    return BenchConfig(
+        mode="quick",
+        workloads=("code-edit",),
+        companions=(),
+        rollbacks=("checkpoint",),
+        prompt_chars=400,
+        chunk_tokens=16,
+        chunks=chunks,
+        verify_reps=5,
+        drafter_contexts=(1024, 8192),
+        drafter_reps=100,
+        peers=False,
+    )
+
+
+class _ExtraForwardSession(DecodeSession):
+    """A regressed engine: a wasted one-token forward (then a restore) before every round."""
+
+    def _round(self, k_eff, remaining, eos, counter):  # type: ignore[no-untyped-def]
+        target = self.decoder.target
+        snap = target.snapshot()
+        target.forward([self._ctx[-1]])
+        target.restore(snap)
+        return super()._round(k_eff, remaining, eos, counter)
+
+
+class _ExtraForwardDecoder(SpecDecoder):
+    def start(self, prompt):  # type: ignore[no-untyped-def]
+        return _ExtraForwardSession(self, prompt)
+
+
+def _extra_forward_decoder(target, drafter, *, k, rollback):  # type: ignore[no-untyped-def]
+    return _ExtraForwardDecoder(target, drafter, k=k, rollback=rollback)
+
+
+class _SlowDrafter(NgramDrafter):
+    """A regressed drafter: the same proposals, 5 ms later each."""
+
+    def propose(self, context, k):  # type: ignore[no-untyped-def]
+        time.sleep(0.005)
+        return super().propose(context, k)
+
+
+@pytest.fixture(scope="module")
+def baseline_run():
+    result = run_bench(_tiny_config())
+    # one workload: its "mean over workloads" is a single cell, as noisy as one, so it gets the per-cell threshold
+    return result, make_baseline(result.to_json(), mean_ratio_tolerance=RATIO_TOLERANCE)
+
+
+def test_real_unchanged_run_passes(baseline_run):
+    first, base = baseline_run
+    cell = first.cells[0]
+    assert cell.lossless and cell.forwards_per_round == 1.0  # checkpoint: one forward per round
+    report = compare(base, run_bench(_tiny_config()).to_json())
+    assert report.passed, [(f.key, f.baseline, f.now) for f in report.regressions]
+
+
+def test_real_extra_forward_per_round_is_caught(baseline_run):
+    _, base = baseline_run
+    result = run_bench(_tiny_config(), decoder_factory=_extra_forward_decoder)
+    bad = {f.key.rsplit("/", 1)[1] for f in compare(base, result.to_json()).regressions}
+    assert {"forwards_per_token", "projected_speedup"} <= bad
+    assert result.cells[0].forwards_per_round == pytest.approx(2.0)
+
+
+def test_real_slowed_drafter_is_caught(baseline_run):
+    _, base = baseline_run
+    result = run_bench(_tiny_config(), drafter_factory=_SlowDrafter)
+    bad = {f.key.rsplit("/", 1)[1] for f in compare(base, result.to_json()).regressions}
+    assert {"speedup", "efficiency"} <= bad
+    assert "forwards_per_token" not in bad  # the same proposals: the counts are unchanged
