@@ -7,6 +7,7 @@ resolved ``Suite`` so every invariant is its own pytest id (``-k engine.kv-lengt
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
 import sys
 import time
@@ -42,6 +43,28 @@ TARGET_INVARIANTS = (
     "target.capacity",
 )
 STATEFUL_ID = "stateful.rollback-machine"
+
+
+def _spec_version(spec: str | None) -> str | None:
+    """The version of the package a plug-in spec comes from (``mypkg.x:make`` -> mypkg's version)."""
+    if not spec:
+        return None
+    family = spec.split(":", 1)[0]
+    if family in ("ngram", "reference", "reference-moe", "trained", "coreml") or ("." not in family and ":" not in spec):
+        return __version__
+    top = family.split(".")[0]
+    if top in ("mlx", "hf"):
+        dist = {"mlx": "mlx-lm", "hf": "transformers"}[top]
+    else:
+        mod = sys.modules.get(top)
+        version = getattr(mod, "__version__", None)
+        if isinstance(version, str):
+            return version
+        dist = importlib.metadata.packages_distributions().get(top, [top])[0]
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 @attrs.frozen
@@ -398,11 +421,30 @@ class CertifyContext:
             "verdict": "fail" if failed else "pass",
             "subjects": {
                 "subject": self.specs.get("subject"),
-                "drafter": {"spec": suite.drafter.spec, "name": suite.drafter.name} if suite.drafter else None,
-                "target": {"spec": suite.target.spec, "name": suite.target.name, "description": suite.target.describe()}
+                "drafter": {
+                    "spec": suite.drafter.spec,
+                    "name": suite.drafter.name,
+                    "version": _spec_version(suite.drafter.spec),
+                }
+                if suite.drafter
+                else None,
+                "target": {
+                    "spec": suite.target.spec,
+                    "name": suite.target.name,
+                    "description": suite.target.describe(),
+                    "version": _spec_version(suite.target.spec),
+                }
                 if suite.target
                 else None,
-                "engines": [{"case": c.id, "name": c.name, "kind": c.kind} for c in suite.engines],
+                "engines": [
+                    {
+                        "case": c.id,
+                        "name": c.name,
+                        "kind": c.kind,
+                        "version": _spec_version(self.specs.get("engine")) if c.kind == "plugin" else __version__,
+                    }
+                    for c in suite.engines
+                ],
             },
             "profile": self.profile.name,
             "seed": self.seed,
