@@ -50,7 +50,8 @@ def _spec_version(spec: str | None) -> str | None:
     if not spec:
         return None
     family = spec.split(":", 1)[0]
-    if family in ("ngram", "reference", "reference-moe", "trained", "coreml") or ("." not in family and ":" not in spec):
+    builtin = family in ("ngram", "reference", "reference-moe", "trained", "coreml")
+    if builtin or ("." not in family and ":" not in spec):
         return __version__
     top = family.split(".")[0]
     if top in ("mlx", "hf"):
