@@ -29,6 +29,7 @@ TARGET_FAMILIES: dict[str, str] = {
     "coreml": "specproof.engine.targets.coreml:load_spec",
     "mlx": "specproof.engine.targets.mlx:load_spec",
     "hf": "specproof.engine.targets.hf:load_spec",
+    "trained": "specproof.fixtures._trained:load_trained_target",
 }
 
 

@@ -1,0 +1,132 @@
+"""The ``trained`` fixture: it loads, matches its metadata, is exactly batch-invariant and behaves like an LM."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specproof.engine import InvalidSettingError, PluginError, ReferenceHybrid, greedy_decode, load_target
+from specproof.engine.targets import TARGET_FAMILIES
+from specproof.fixtures import (
+    FixtureDataError,
+    _trained,
+    load_trained_target,
+    load_trained_weights,
+    trained_config,
+    trained_metadata,
+)
+
+CODE_PROMPT = b"import os\n\n\ndef read_lines(path):\n    with open(path) as f:\n"
+OTHER_PROMPT = b'class Queue:\n    """A FIFO queue."""\n\n    def __init__(self):\n'
+
+
+@pytest.fixture(scope="module")
+def target() -> ReferenceHybrid:
+    return load_trained_target()
+
+
+def test_loads_as_a_reference_hybrid_with_the_metadata_config(target: ReferenceHybrid) -> None:
+    meta = trained_metadata()
+    cfg = trained_config()
+    assert target.config == cfg
+    for name, value in meta["config"].items():
+        got = getattr(cfg, name)
+        assert (list(got) if name == "layers" else got) == value, name
+    weights = load_trained_weights()
+    assert set(weights) == set(ReferenceHybrid(cfg).weights)  # the names and count the architecture needs
+    assert all(w.dtype == np.float32 and not w.flags.writeable for w in weights.values())
+    assert sum(w.size for w in weights.values()) == meta["weights"]["parameters"]
+    assert meta["weights"]["bytes"] <= 8 * 1024 * 1024
+    assert "gdn" not in cfg.layers  # a plain LFM2 layout, so the MLX / transformers converters take it
+
+
+def test_logits_match_the_torch_model_recorded_at_export(target: ReferenceHybrid) -> None:
+    """The probe rows were computed by the training script's torch model: a loader bug shows up here."""
+    probes = trained_metadata()["probe"]
+    assert probes
+    for probe in probes:
+        target.reset()
+        row = target.forward(list(probe["prompt"].encode()))[-1]
+        assert int(np.argmax(row)) == probe["argmax"], probe["prompt"]
+        np.testing.assert_allclose(row, np.array(probe["logits"]), atol=2e-4, err_msg=probe["prompt"])
+    assert trained_metadata()["torch_vs_reference"]["same_greedy"] is True
+
+
+@settings(max_examples=8)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=len(CODE_PROMPT) - 1), max_size=5, unique=True))
+def test_exactly_batch_invariant(target: ReferenceHybrid, cuts: list[int]) -> None:
+    tokens = list(CODE_PROMPT)
+    target.reset()
+    whole = target.forward(tokens)
+    target.reset()
+    bounds = [0, *sorted(cuts), len(tokens)]
+    pieces = np.concatenate([target.forward(tokens[a:b]) for a, b in itertools.pairwise(bounds)])
+    assert whole.tobytes() == pieces.tobytes()  # bit for bit, whatever the chunking
+
+
+def _printable_fraction(data: bytes) -> float:
+    return sum(32 <= b < 127 or b in (9, 10) for b in data) / max(len(data), 1)
+
+
+def test_greedy_code_continuation_is_text_and_depends_on_the_prompt(target: ReferenceHybrid) -> None:
+    first = bytes(greedy_decode(target, list(CODE_PROMPT), 48).tokens)
+    second = bytes(greedy_decode(target, list(OTHER_PROMPT), 48).tokens)
+    assert _printable_fraction(first) >= 0.95, first
+    assert _printable_fraction(second) >= 0.95, second
+    assert first != second
+    assert len(set(first)) > 4, first  # not one byte repeated: a trained model, not a degenerate one
+
+
+def test_heldout_and_provenance_metadata_present() -> None:
+    meta = trained_metadata()
+    bpb = meta["heldout"]["bits_per_byte"]
+    # 8 bits is chance and a byte-unigram model of Python source is about 5; a trained model is far below
+    assert 0.5 < bpb < 3.5
+    assert meta["heldout"]["files"] > 0 and meta["heldout"]["windows"] > 0
+    training = meta["training"]
+    for key in ("seed", "steps", "threads", "budget_minutes", "train_seconds", "script_sha256", "command"):
+        assert key in training, key
+    assert training["steps"] > 0
+    assert "sha256" in meta["data"]["split"]
+    json.dumps(meta)  # plain JSON all the way down
+
+
+def test_spec_overrides(target: ReferenceHybrid) -> None:
+    small = load_trained_target("max_context=300")
+    assert small.max_context == 300
+    small.reset()
+    target.reset()
+    assert small.forward(list(CODE_PROMPT)).tobytes() == target.forward(list(CODE_PROMPT)).tobytes()
+    with pytest.raises(InvalidSettingError, match=r"cannot override 'd_model=32'.*only max_context"):
+        load_trained_target("d_model=32")
+
+
+def test_target_spec_trained(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(TARGET_FAMILIES, "trained", "specproof.fixtures._trained:load_trained_target")
+    assert isinstance(load_target("trained"), ReferenceHybrid)
+    assert load_target("trained:max_context=512").max_context == 512
+    with pytest.raises(PluginError, match=r"--target 'trained:n_heads=2'.*cannot override"):
+        load_target("trained:n_heads=2")
+
+
+def test_weights_that_do_not_match_their_metadata_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _trained._data_bytes
+
+    def tampered(name: str) -> bytes:
+        blob = real(name)
+        return blob + b"\0" if name.endswith(".npz") else blob
+
+    _trained._weights.cache_clear()
+    monkeypatch.setattr(_trained, "_data_bytes", tampered)
+    try:
+        with pytest.raises(FixtureDataError, match="different training runs"):
+            load_trained_weights()
+    finally:
+        monkeypatch.undo()
+        _trained._weights.cache_clear()
+    assert load_trained_weights()  # the untouched file still loads
