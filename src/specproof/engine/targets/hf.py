@@ -46,7 +46,7 @@ from specproof.engine.targets._framework import (
 
 __all__ = ["TINY_MODELS", "HFTarget", "load_spec", "require_hf", "tiny_model"]
 
-TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny", "llama-tiny")
+TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny", "llama-tiny", "lfm2-trained")
 _DEFAULT_MAX_CONTEXT: Final = 512
 
 
@@ -335,6 +335,11 @@ def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONT
         from specproof.engine.targets.convert import reference_to_hf_lfm2, tiny_lfm2_reference
 
         return _no_special_tokens(reference_to_hf_lfm2(tiny_lfm2_reference(seed=seed, max_context=max_context)))
+    if name == "lfm2-trained":  # the committed trained fixture (issue 7), converted
+        from specproof.engine.targets.convert import reference_to_hf_lfm2
+        from specproof.fixtures import load_trained_target
+
+        return _no_special_tokens(reference_to_hf_lfm2(load_trained_target(f"max_context={max_context}")))
     if name == "qwen3_5-tiny":
         from specproof.engine.targets.convert import tiny_qwen3_5_config, tiny_qwen3_5_weights
 

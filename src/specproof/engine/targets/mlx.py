@@ -45,7 +45,7 @@ from specproof.engine.targets._framework import (
 
 __all__ = ["TINY_MODELS", "MLXTarget", "load_spec", "require_mlx", "tiny_model"]
 
-TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny")
+TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny", "lfm2-trained")
 _DEFAULT_MAX_CONTEXT: Final = 512
 
 
@@ -281,6 +281,11 @@ def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONT
         from specproof.engine.targets.convert import reference_to_mlx_lfm2, tiny_lfm2_reference
 
         return reference_to_mlx_lfm2(tiny_lfm2_reference(seed=seed, max_context=max_context))
+    if name == "lfm2-trained":  # the committed trained fixture (issue 7), converted
+        from specproof.engine.targets.convert import reference_to_mlx_lfm2
+        from specproof.fixtures import load_trained_target
+
+        return reference_to_mlx_lfm2(load_trained_target(f"max_context={max_context}"))
     if name == "qwen3_5-tiny":
         import importlib
 
