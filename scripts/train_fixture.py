@@ -67,6 +67,13 @@ QK_NORM_INIT = 1.5
 # Grounded kinds and their weights: "repeat" (a passage, a gap, the passage again) is the
 # purest copying signal, which a plain LM objective on ~5 MB of text did not teach (first run).
 GROUNDED_KINDS = (("edit", 0.25), ("quote", 0.2), ("json", 0.2), ("repeat", 0.35))
+# The copy curriculum (second run): the grounded kinds above did not make the model copy within
+# 1.2K steps at 1024 bytes (a passage repeated scored the same loss on both copies). Windows packed
+# with "string, separator, the same string", the second copy's loss weighted up, teach an
+# induction head directly; half the strings are random bytes, which nothing but copying predicts.
+COPY_ALPHABET = (*range(32, 127), 10)
+COPY_SEPARATORS = (b"\n\n", b" | ", b"\n---\n", b"\n# again:\n", b' => "', b"\n>>> ")
+COPY_RANDOM_FRACTION = 0.5
 
 # The fixture's architecture. Three conv blocks each feed an attention block: the short
 # conv mixes the previous tokens into each position, so one attention layer can match
@@ -357,13 +364,24 @@ def _edit_function(src: str, args: list[str], rng: random.Random) -> str:
 class Sampler:
     """Deterministic windows of ``seq_len + 1`` bytes: plain stdlib text or an input-grounded example."""
 
-    def __init__(self, corpus: Corpus, seq_len: int, seed: int, grounded_fraction: float) -> None:
+    def __init__(
+        self, corpus: Corpus, seq_len: int, seed: int, grounded_fraction: float,
+        copy_fraction: float = 0.0, copy_weight: float = 1.0,
+    ) -> None:
         self.c = corpus
         self.n = seq_len + 1
         self.rng = random.Random(seed)
         self.grounded_fraction = grounded_fraction
-        self.functions = [f for f in corpus.functions if 100 <= len(f[5].encode()) <= (self.n - 80) // 2]
-        self.docstrings = [d for d in corpus.docstrings if len(d.encode()) <= self.n - 120]
+        self.copy_fraction = copy_fraction
+        self.copy_weight = copy_weight
+        longest = (self.n - 80) // 2
+        # short windows (256 bytes) take short functions and docstrings cut to fit
+        self.functions = [f for f in corpus.functions if min(100, longest // 2) <= len(f[5].encode()) <= longest]
+        doc_limit = self.n - 120
+        self.docstrings = [d if len(d.encode()) <= doc_limit else d[:doc_limit].encode()[:doc_limit].decode(
+            "utf-8", errors="ignore") for d in corpus.docstrings]
+        if not self.functions or not self.docstrings:
+            raise SystemExit(f"train_fixture: --seq-len {seq_len} leaves no functions or docstrings that fit")
         self.kinds = tuple(kind for kind, _ in GROUNDED_KINDS)
         self.weights = tuple(weight for _, weight in GROUNDED_KINDS)
 
@@ -413,14 +431,53 @@ class Sampler:
         cut = self.rng.randint(24, len(a))
         return a + b"\n" + gap + b"\n" + a[:cut]
 
-    def sample(self) -> bytes:
-        if self.rng.random() >= self.grounded_fraction:
-            return self._plain(self.n)
-        return self._grounded()
+    def _copy_pair(self) -> tuple[bytes, bytes, bytes, float]:
+        """(first copy, separator, second copy, weight of the first copy's bytes) for the copy curriculum."""
+        half = max(16, (self.n - 16) // 2)
+        # skewed to short strings: more copies per window and short copy distances first
+        length = self.rng.randint(8, self.rng.randint(16, half))
+        if self.rng.random() < COPY_RANDOM_FRACTION:
+            # random bytes cannot be predicted from anything but the earlier copy: the gradient that
+            # builds an induction head; the first copy is noise, so it carries no loss
+            first = bytes(self.rng.choice(COPY_ALPHABET) for _ in range(length))
+            first_weight = 0.0
+        else:
+            first = self._plain(length)
+            first_weight = 1.0
+        return first, self.rng.choice(COPY_SEPARATORS), first, first_weight
 
-    def batch(self, size: int) -> torch.Tensor:
-        rows = [np.frombuffer(self.sample(), dtype=np.uint8) for _ in range(size)]
-        return torch.from_numpy(np.stack(rows).astype(np.int64))
+    def _copy(self) -> tuple[bytes, np.ndarray]:
+        """A window packed with (string, separator, the same string) examples, cut on the left.
+
+        The returned weights are per byte: the loss weight of predicting that byte.
+        """
+        parts: list[bytes] = []
+        weights: list[np.ndarray] = []
+        total = 0
+        while total < self.n:
+            first, sep, second, w_first = self._copy_pair()
+            for piece, w in ((first, w_first), (sep, 1.0), (second, self.copy_weight), (b"\n\n", 1.0)):
+                parts.append(piece)
+                weights.append(np.full(len(piece), w, dtype=np.float32))
+                total += len(piece)
+        window = b"".join(parts)[-self.n :]
+        return window, np.concatenate(weights)[-self.n :]
+
+    def sample(self) -> tuple[bytes, np.ndarray]:
+        if self.rng.random() < self.copy_fraction:
+            return self._copy()
+        if self.rng.random() >= self.grounded_fraction:
+            window = self._plain(self.n)
+        else:
+            window = self._grounded()
+        return window, np.ones(self.n, dtype=np.float32)
+
+    def batch(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``size`` windows and the loss weights of their targets (``[size, seq_len]``)."""
+        samples = [self.sample() for _ in range(size)]
+        rows = np.stack([np.frombuffer(w, dtype=np.uint8) for w, _ in samples]).astype(np.int64)
+        weights = np.stack([wt[1:] for _, wt in samples])
+        return torch.from_numpy(rows), torch.from_numpy(weights)
 
 
 def heldout_windows(corpus: Corpus, seq_len: int, max_bytes: int) -> torch.Tensor:
@@ -445,6 +502,74 @@ def bits_per_byte(model: HybridLM, windows: torch.Tensor, batch: int = 16) -> fl
         count += w[:, 1:].numel()
     model.train()
     return total / count / math.log(2)
+
+
+COPY_PASSAGE_BYTES = 120
+COPY_GREEDY_PREFIX = 20
+COPY_GREEDY_BYTES = 40
+
+
+def heldout_passages(corpus: Corpus, count: int = 24, length: int = COPY_PASSAGE_BYTES) -> list[bytes]:
+    """``count`` held-out passages of ``length`` bytes, each starting at a line start, evenly spread."""
+    text = corpus.heldout_text
+    out: list[bytes] = []
+    for i in range(count):
+        start = text.find(b"\n", i * (len(text) // count)) + 1
+        while start < len(text) and text[start : start + 1] in (b"\n", b" "):
+            start += 1  # skip blank lines and indentation so the passage starts with content
+        passage = text[start : start + length]
+        if len(passage) == length:
+            out.append(passage)
+    return out
+
+
+def copy_prompt(passage: bytes) -> bytes:
+    return passage + b"\n\n" + passage
+
+
+@torch.no_grad()
+def copy_scores(model: HybridLM, passages: list[bytes]) -> dict[str, Any]:
+    """Bits/byte on the first and on the second copy of ``passage + blank line + passage`` (each copy's
+    first byte excluded), and greedy bytes right out of 40 after ``passage + blank line + passage[:20]``."""
+    model.eval()
+    first = second = 0.0
+    count = 0
+    right = 0
+    for p in passages:
+        seq = torch.tensor([list(copy_prompt(p))])
+        logp = F.log_softmax(model(seq[:, :-1])[0].float(), dim=-1)
+        nll = -logp.gather(1, seq[0, 1:, None])[:, 0]  # nll[i] predicts byte i + 1
+        n, off = len(p), len(p) + 2
+        first += float(nll[0 : n - 1].sum())
+        second += float(nll[off : off + n - 1].sum())
+        count += n - 1
+        ctx = list(p + b"\n\n" + p[:COPY_GREEDY_PREFIX])
+        for _ in range(COPY_GREEDY_BYTES):
+            ctx.append(int(model(torch.tensor([ctx]))[0, -1].argmax()))
+        got = ctx[-COPY_GREEDY_BYTES:]
+        right += sum(a == b for a, b in zip(got, p[COPY_GREEDY_PREFIX : COPY_GREEDY_PREFIX + COPY_GREEDY_BYTES]))
+    model.train()
+    f, s = first / count / math.log(2), second / count / math.log(2)
+    return {"passages": len(passages), "passage_bytes": len(passages[0]) if passages else 0,
+            "first_bpb": round(f, 4), "second_bpb": round(s, 4), "ratio": round(s / f, 4),
+            "greedy_bytes_right": round(right / max(len(passages), 1), 2), "greedy_bytes": COPY_GREEDY_BYTES}
+
+
+def copying(args: argparse.Namespace) -> None:
+    seed_everything(args.seed, args.threads)
+    out = Path(args.out)
+    cfg = json.loads((out / "trained.json").read_text())["config"]
+    corpus = load_corpus(Path(sysconfig.get_paths()["stdlib"]))
+    model = torch_from_npz(cfg, out / "trained.npz")
+    passages = heldout_passages(corpus)
+    print(json.dumps(copy_scores(model, passages)))
+    for p in passages[:2]:
+        ctx = list(p + b"\n\n" + p[:COPY_GREEDY_PREFIX])
+        with torch.no_grad():
+            for _ in range(COPY_GREEDY_BYTES):
+                ctx.append(int(model(torch.tensor([ctx]))[0, -1].argmax()))
+        print(f"passage {p[COPY_GREEDY_PREFIX:COPY_GREEDY_PREFIX + COPY_GREEDY_BYTES]!r}\n"
+              f"greedy  {bytes(ctx[-COPY_GREEDY_BYTES:])!r}")
 
 
 # --------------------------------------------------------------------------- export and checks
@@ -527,9 +652,10 @@ def train(args: argparse.Namespace) -> None:
     seed_everything(args.seed, args.threads)
     root = Path(sysconfig.get_paths()["stdlib"])
     corpus = load_corpus(root)
-    sampler = Sampler(corpus, args.seq_len, args.seed, args.grounded_fraction)
+    sampler = Sampler(corpus, args.seq_len, args.seed, args.grounded_fraction, args.copy_fraction, args.copy_weight)
     held = heldout_windows(corpus, args.seq_len, args.eval_bytes)
     quick_held = held[:: max(1, held.shape[0] // 16)][:16]
+    copy_passages = heldout_passages(corpus)
     print(
         f"data: {len(corpus.train_files)} train files ({len(corpus.train_text):,} bytes), "
         f"{len(corpus.heldout_files)} held-out ({len(corpus.heldout_text):,} bytes); "
@@ -538,6 +664,7 @@ def train(args: argparse.Namespace) -> None:
         flush=True,
     )
     cfg = dict(MODEL_CONFIG)
+    cfg["layers"] = list(args.layers)
     model = HybridLM(cfg)
     model.init_weights()
     n_params = sum(p.numel() for p in model.parameters())
@@ -563,10 +690,12 @@ def train(args: argparse.Namespace) -> None:
         progress = max(step / args.steps, elapsed / budget_s)
         for group in opt.param_groups:
             group["lr"] = lr_at(progress, step, args.lr, args.warmup)
-        batch = sampler.batch(args.batch_size)
+        batch, weights = sampler.batch(args.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, 256), batch[:, 1:].reshape(-1))
+        per_byte = F.cross_entropy(logits.float().reshape(-1, 256), batch[:, 1:].reshape(-1), reduction="none")
+        flat_w = weights.reshape(-1)
+        loss = (per_byte * flat_w).sum() / flat_w.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -579,6 +708,8 @@ def train(args: argparse.Namespace) -> None:
                     f"lr {opt.param_groups[0]['lr']:.2e} {rate:.2f} steps/s elapsed {time.monotonic() - t0:.0f}s")
             if step % (args.log_every * 10) == 0:
                 line += f" held-out(quick) {bits_per_byte(model, quick_held):.3f} bpb"
+                quick_copy = copy_scores(model, copy_passages[:6])
+                line += f" copy(quick) {quick_copy['first_bpb']:.2f}->{quick_copy['second_bpb']:.2f} bpb"
             print(line, flush=True)
     else:
         step = args.steps
@@ -610,6 +741,10 @@ def train(args: argparse.Namespace) -> None:
             "split": f"held out iff int(sha256(relative path).hexdigest(), 16) % {HELDOUT_MODULUS} == 0",
             "train_files": len(corpus.train_files), "train_bytes": len(corpus.train_text),
             "heldout_files": len(corpus.heldout_files), "heldout_bytes": len(corpus.heldout_text),
+            "copy_fraction": args.copy_fraction, "copy_weight": args.copy_weight,
+            "copy_description": "windows packed with (string, separator, the same string); the string is random "
+                                f"printable bytes ({COPY_RANDOM_FRACTION:.0%}, first copy unweighted) or a span "
+                                "of training text; the second copy's loss weighted by copy_weight",
             "grounded_fraction": args.grounded_fraction,
             "grounded_kinds": dict(GROUNDED_KINDS),
             "grounded_description": "windows packed with examples, cut on the left; edit: a function then a "
@@ -633,6 +768,7 @@ def train(args: argparse.Namespace) -> None:
                     "window_bytes": args.seq_len, "files": len(corpus.heldout_files)},
         "torch_vs_reference": check,
         "probe": probe(cfg, npz),
+        "copying": copy_scores(model, copy_passages),
     }
     (out / "trained.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {npz} ({npz.stat().st_size:,} bytes, {dtype}) and {out / 'trained.json'}; "
@@ -719,7 +855,12 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--warmup", type=int, default=40)
     t.add_argument("--weight-decay", type=float, default=0.1)
-    t.add_argument("--grounded-fraction", type=float, default=0.7)
+    t.add_argument("--grounded-fraction", type=float, default=0.7,
+                   help="of the windows not in the copy curriculum, the fraction that are grounded examples")
+    t.add_argument("--copy-fraction", type=float, default=0.5, help="fraction of windows from the copy curriculum")
+    t.add_argument("--copy-weight", type=float, default=2.0, help="loss weight on the second copy's bytes")
+    t.add_argument("--layers", type=lambda v: v.split(","), default=MODEL_CONFIG["layers"],
+                   help="comma-separated block kinds (conv, attn), e.g. conv,attn,conv,attn")
     t.add_argument("--eval-bytes", type=int, default=1024 * 192, help="held-out bytes for the final bits/byte")
     t.add_argument("--log-every", type=int, default=20)
     t.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True, help="bf16 autocast matmuls")
@@ -729,6 +870,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--check-len", type=int, default=300)
     c.add_argument("--greedy-tokens", type=int, default=32)
     c.set_defaults(func=check)
+    cp = sub.add_parser("copying", parents=[common])
+    cp.set_defaults(func=copying)
     m = sub.add_parser("measure", parents=[common])
     m.add_argument("--new-tokens", type=int, default=96)
     m.set_defaults(func=measure)
@@ -736,6 +879,13 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("steps", "batch_size", "seq_len", "threads"):
         if getattr(args, name, 1) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("copy_fraction", "grounded_fraction"):
+        if not 0.0 <= getattr(args, name, 0.0) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1]")
+    if getattr(args, "copy_weight", 1.0) <= 0:
+        parser.error("--copy-weight must be > 0")
+    if any(kind not in ("conv", "attn") for kind in getattr(args, "layers", ())):
+        parser.error(f"--layers takes conv and attn blocks only, got {','.join(args.layers)}")
     if getattr(args, "seq_len", 0) > MODEL_CONFIG["max_context"] - 1:
         parser.error(f"--seq-len must be < max_context={MODEL_CONFIG['max_context']}")
     args.func(args)

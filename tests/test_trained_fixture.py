@@ -130,3 +130,32 @@ def test_weights_that_do_not_match_their_metadata_are_refused(monkeypatch: pytes
         monkeypatch.undo()
         _trained._weights.cache_clear()
     assert load_trained_weights()  # the untouched file still loads
+
+
+# Passages written for this test, so no training run has seen them: held out by construction.
+COPY_PASSAGES = (
+    b"def merge_intervals(spans):\n    spans = sorted(spans)\n    out = [list(spans[0])]\n"
+    b"    for lo, hi in spans[1:]:\n        if lo <= out[-1][1]:\n",
+    b"The lighthouse keeper wrote every evening: wind from the north-west, three ships at anchor, "
+    b"lamp trimmed at nine, oil low.",
+)
+
+
+def _copy_bits_per_byte(target: ReferenceHybrid, passage: bytes) -> tuple[float, float]:
+    """Bits/byte of the first and of the second copy in ``passage + blank line + passage``."""
+    tokens = list(passage + b"\n\n" + passage)
+    target.reset()
+    logits = target.forward(tokens[:-1]).astype(np.float64)
+    logp = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    nll = -logp[np.arange(len(tokens) - 1), tokens[1:]]  # nll[i] scores byte i + 1
+    n, second = len(passage), len(passage) + 2
+    # each copy's first byte is left out: nothing before the first copy predicts it
+    return float(nll[: n - 1].mean() / np.log(2)), float(nll[second : second + n - 1].mean() / np.log(2))
+
+
+@pytest.mark.parametrize("passage", COPY_PASSAGES, ids=("code", "prose"))
+def test_copies_a_passage_from_its_context(target: ReferenceHybrid, passage: bytes) -> None:
+    """An induction head: the second copy of an unseen passage is far cheaper than the first."""
+    first, second = _copy_bits_per_byte(target, passage)
+    assert first > 1.0, first  # the passage is not something the model predicts without context
+    assert second < 0.6 * first, (first, second)
