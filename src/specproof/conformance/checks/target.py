@@ -63,13 +63,25 @@ def compare_states(
     return None
 
 
-def _fresh_logits(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-    """Logits of ``tokens`` after ``prefix`` on a fresh target, one token per forward."""
+def _prefilled(make: MakeTarget, prefix: Sequence[int]) -> Target:
+    """A fresh target from ``make`` that has been fed ``prefix`` in one forward."""
     t = make()
     t.reset()
     if prefix:
         t.forward(list(prefix))
-    return np.concatenate([np.asarray(t.forward([tok])) for tok in tokens]) if tokens else np.zeros((0, t.vocab_size))
+    return t
+
+
+def _one_by_one(t: Target, tokens: Sequence[int]) -> np.ndarray:
+    """Logit rows of ``tokens`` fed with one-token forwards (the plain-decoding reference)."""
+    if not tokens:
+        return np.zeros((0, t.vocab_size))
+    return np.concatenate([np.asarray(t.forward([tok])) for tok in tokens])
+
+
+def _fresh_logits(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+    """Logits of ``tokens`` after ``prefix`` on a fresh target, one token per forward."""
+    return _one_by_one(_prefilled(make, prefix), tokens)
 
 
 def _ex(**kw: object) -> dict[str, object]:
@@ -166,10 +178,7 @@ def check_chunk_invariance(
 ) -> list[Violation]:
     """One forward of all ``tokens`` == the same tokens in ``chunks`` == one-token forwards."""
     single = _fresh_logits(make, prefix, tokens)
-    t = make()
-    t.reset()
-    if prefix:
-        t.forward(list(prefix))
+    t = _prefilled(make, prefix)
     whole = np.asarray(t.forward(list(tokens)))
     why = compare_logits(single, whole, tolerance=tolerance)
     if why is not None:
@@ -218,11 +227,7 @@ def check_causality(
     other = [*tokens[:split], *replacement][: len(tokens)]
     if len(other) < len(tokens):
         other += list(tokens[len(other) :])
-    a, b = make(), make()
-    for t in (a, b):
-        t.reset()
-        if prefix:
-            t.forward(list(prefix))
+    a, b = _prefilled(make, prefix), _prefilled(make, prefix)
     ra = np.asarray(a.forward(list(tokens)))[:split]
     rb = np.asarray(b.forward(other))[:split]
     why = compare_logits(ra, rb, tolerance=tolerance)
@@ -242,14 +247,11 @@ def check_restore(
 ) -> list[Violation]:
     """snapshot after ``prefix``, feed ``detour``, restore, feed ``probe`` == fresh target fed prefix + probe."""
     expected = _fresh_logits(make, prefix, probe)
-    t = make()
-    t.reset()
-    if prefix:
-        t.forward(list(prefix))
+    t = _prefilled(make, prefix)
     snap = t.snapshot()
     t.forward(list(detour))
     t.restore(snap)
-    actual = np.concatenate([np.asarray(t.forward([tok])) for tok in probe])
+    actual = _one_by_one(t, probe)
     why = compare_logits(expected, actual, tolerance=tolerance)
     if why is not None:
         return [
@@ -261,7 +263,7 @@ def check_restore(
         ]
     # restoring twice to the same snapshot (a second rejected round) must work too
     t.restore(snap)
-    again = np.concatenate([np.asarray(t.forward([tok])) for tok in probe])
+    again = _one_by_one(t, probe)
     why = compare_logits(expected, again, tolerance=tolerance)
     if why is not None:
         return [
@@ -324,8 +326,8 @@ def check_checkpoints(
                         example=ex,
                     )
                 ]
-        expected = np.concatenate([np.asarray(fresh.forward([tok])) for tok in probe])
-        actual = np.concatenate([np.asarray(t.forward([tok])) for tok in probe])
+        expected = _one_by_one(fresh, probe)
+        actual = _one_by_one(t, probe)
         why = compare_logits(expected, actual, tolerance=tolerance)
         if why is not None:
             return [
