@@ -17,7 +17,13 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import CapacityError, InvalidSettingError, StaleSnapshotError, TokenRangeError
+from specproof.engine.errors import (
+    CapacityError,
+    InvalidSettingError,
+    StaleSnapshotError,
+    TargetContractError,
+    TokenRangeError,
+)
 
 __all__ = [
     "TINY_OVERRIDES",
@@ -25,6 +31,8 @@ __all__ = [
     "FrameworkSnapshot",
     "KVClock",
     "check_forward_tokens",
+    "check_snapshot",
+    "default_tie_tolerance",
     "next_target_id",
     "parse_spec",
     "seeded_normal_init",
@@ -117,6 +125,31 @@ class FrameworkSnapshot:
     states: tuple[Any, ...] = attrs.field(repr=lambda s: f"<{len(s)} layer states>")
     target_id: int = attrs.field(repr=False)
     write_clock: int = attrs.field(repr=False)
+
+
+def check_snapshot(snapshot: object, *, name: str, target_id: int, clock: KVClock, processed: int) -> int:
+    """Validate ``snapshot`` for ``restore`` on the target ``target_id``; return its ``processed``.
+
+    ``TargetContractError`` for a foreign object or another target's snapshot;
+    ``StaleSnapshotError`` when a KV slot below its ``processed`` was rewritten since it was taken.
+    """
+    if not isinstance(snapshot, FrameworkSnapshot):
+        raise TargetContractError(
+            f"{name}.restore: expected a snapshot taken from this target, got {type(snapshot).__name__}"
+        )
+    if snapshot.target_id != target_id:
+        raise TargetContractError(
+            f"{name}.restore: the snapshot (processed={snapshot.processed}) was taken from another target"
+        )
+    clock.check(name=name, processed=snapshot.processed, write_clock=snapshot.write_clock, current=processed)
+    return snapshot.processed
+
+
+def default_tie_tolerance(dtype: str) -> float:
+    """The logit tolerance certify uses for a framework target (``tie_tolerance``): float32 kernels that
+    differ between q=1 and q=k+1 differ by ~1e-5 on the tiny models; 16-bit weights need far more (not
+    measured)."""
+    return 1e-3 if dtype in ("float32", "float64") else 0.1
 
 
 class ByteTokenizer:

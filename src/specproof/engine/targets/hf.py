@@ -39,6 +39,8 @@ from specproof.engine.targets._framework import (
     FrameworkSnapshot,
     KVClock,
     check_forward_tokens,
+    check_snapshot,
+    default_tie_tolerance,
     next_target_id,
     parse_spec,
     seeded_normal_init,
@@ -115,7 +117,7 @@ class HFTarget:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._device = next(model.parameters()).device
         self.tie_tolerance: float = (
-            _default_tolerance(self._dtype_name()) if tie_tolerance is None else float(tie_tolerance)
+            default_tie_tolerance(self._dtype_name()) if tie_tolerance is None else float(tie_tolerance)
         )
         self._id = next_target_id()
         self._clock = KVClock(self.max_context)
@@ -201,16 +203,9 @@ class HFTarget:
         ``TargetContractError`` for a foreign object or another target's snapshot;
         ``StaleSnapshotError`` when a KV slot below its ``processed`` was rewritten or cropped since.
         """
-        if not isinstance(snapshot, FrameworkSnapshot):
-            raise TargetContractError(
-                f"{self.name}.restore: expected a snapshot taken from this target, got {type(snapshot).__name__}"
-            )
-        if snapshot.target_id != self._id:
-            raise TargetContractError(
-                f"{self.name}.restore: the snapshot (processed={snapshot.processed}) was taken from another target"
-            )
-        n = snapshot.processed
-        self._clock.check(name=self.name, processed=n, write_clock=snapshot.write_clock, current=self._processed)
+        n = check_snapshot(
+            snapshot, name=self.name, target_id=self._id, clock=self._clock, processed=self._processed
+        )
         layers = self._cache.layers
         for i, layer in enumerate(layers):
             if type(layer) is self._kv_layer and layer.get_seq_length() < n:
@@ -295,11 +290,6 @@ class HFTarget:
     def _dtype_name(self) -> str:
         return str(next(self.model.parameters()).dtype).replace("torch.", "")
 
-
-def _default_tolerance(dtype: str) -> float:
-    """The logit tolerance certify uses for this target (``tie_tolerance``): float32 kernels that differ
-    between q=1 and q=k+1 differ by ~1e-5 on the tiny models; 16-bit weights need far more (not measured)."""
-    return 1e-3 if dtype in ("float32", "float64") else 0.1
 
 
 # --------------------------------------------------------------------------- tiny models
