@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-# Other processes share this machine's cores: with busy-waiting OpenMP threads, a descheduled
-# worker stalls its partner at every barrier (measured: 2-3x slower steps under load).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's default (busy-waiting) wait policy is kept on purpose: on a quiet 2-core machine a
+# PASSIVE policy made a training step 2.8x slower (446 vs 161 ms at 8 x 512 bytes). When other jobs
+# share the cores, busy-waiting threads stall each other instead; set OMP_WAIT_POLICY=PASSIVE then.
 
 try:
     import torch
@@ -263,6 +263,7 @@ class HybridLM(nn.Module):
 class Corpus:
     train_files: list[str]
     heldout_files: list[str]
+    bench_files: list[str]  # read by specproof bench's workloads: neither trained on nor in the held-out loss
     train_text: bytes
     heldout_text: bytes
     functions: list[tuple[str, str, int, list[str], str | None, str]]  # module, name, line, args, doc1, source
@@ -272,6 +273,19 @@ class Corpus:
 
 def is_heldout(relpath: str) -> bool:
     return int(hashlib.sha256(relpath.encode()).hexdigest(), 16) % HELDOUT_MODULUS == 0
+
+
+def bench_source_files(root: Path) -> frozenset[str]:
+    """The files ``specproof bench``'s workloads read (relative to ``root``): kept out of training, so a
+    workload's acceptance on the fixture measures copying from the prompt, not recall of a trained file."""
+    from specproof.bench._workloads import SOURCE_MODULES
+
+    out: set[str] = set()
+    for module in SOURCE_MODULES:
+        path = Path(module.__file__ or "").resolve()
+        if path.is_relative_to(root.resolve()):
+            out.add(path.relative_to(root.resolve()).as_posix())
+    return frozenset(out)
 
 
 def stdlib_files(root: Path) -> list[str]:
@@ -309,14 +323,17 @@ def _extract(relpath: str, text: str, corpus: Corpus) -> None:
 
 def load_corpus(root: Path) -> Corpus:
     files = stdlib_files(root)
-    corpus = Corpus([], [], b"", b"", [], [], {})
+    bench = bench_source_files(root)
+    corpus = Corpus([], [], [], b"", b"", [], [], {})
     train_parts: list[bytes] = []
     held_parts: list[bytes] = []
     for rel in files:
         raw = (root / rel).read_bytes()
         if not raw.strip():
             continue
-        if is_heldout(rel):
+        if rel in bench:
+            corpus.bench_files.append(rel)
+        elif is_heldout(rel):
             corpus.heldout_files.append(rel)
             held_parts.append(raw)
         else:
@@ -653,6 +670,11 @@ def train(args: argparse.Namespace) -> None:
     root = Path(sysconfig.get_paths()["stdlib"])
     corpus = load_corpus(root)
     sampler = Sampler(corpus, args.seq_len, args.seed, args.grounded_fraction, args.copy_fraction, args.copy_weight)
+    # Sequence-length warm-up: the first steps see half-length windows (twice as many, the same bytes per
+    # step). The copy (induction) transition came at step ~2200 with 256-byte windows but ~3800 with 512.
+    short_steps = int(args.short_fraction * args.steps)
+    short_sampler = Sampler(corpus, args.seq_len // 2, args.seed + 1, args.grounded_fraction, args.copy_fraction,
+                            args.copy_weight) if short_steps else None
     held = heldout_windows(corpus, args.seq_len, args.eval_bytes)
     quick_held = held[:: max(1, held.shape[0] // 16)][:16]
     copy_passages = heldout_passages(corpus)
@@ -665,6 +687,7 @@ def train(args: argparse.Namespace) -> None:
     )
     cfg = dict(MODEL_CONFIG)
     cfg["layers"] = list(args.layers)
+    cfg["conv_kernel"] = args.conv_kernel
     model = HybridLM(cfg)
     model.init_weights()
     n_params = sum(p.numel() for p in model.parameters())
@@ -690,7 +713,10 @@ def train(args: argparse.Namespace) -> None:
         progress = max(step / args.steps, elapsed / budget_s)
         for group in opt.param_groups:
             group["lr"] = lr_at(progress, step, args.lr, args.warmup)
-        batch, weights = sampler.batch(args.batch_size)
+        if short_sampler is not None and step < short_steps:
+            batch, weights = short_sampler.batch(2 * args.batch_size)
+        else:
+            batch, weights = sampler.batch(args.batch_size)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(batch[:, :-1])
         per_byte = F.cross_entropy(logits.float().reshape(-1, 256), batch[:, 1:].reshape(-1), reduction="none")
@@ -738,9 +764,11 @@ def train(args: argparse.Namespace) -> None:
         "data": {
             "source": f"CPython {sys.version.split()[0]} standard library .py files "
                       f"(sysconfig stdlib; excluding directories {sorted(EXCLUDED_DIRS)}); PSF License text",
-            "split": f"held out iff int(sha256(relative path).hexdigest(), 16) % {HELDOUT_MODULUS} == 0",
+            "split": f"held out iff int(sha256(relative path).hexdigest(), 16) % {HELDOUT_MODULUS} == 0; "
+                     "the files specproof bench reads (excluded_bench_files) are in neither part",
             "train_files": len(corpus.train_files), "train_bytes": len(corpus.train_text),
             "heldout_files": len(corpus.heldout_files), "heldout_bytes": len(corpus.heldout_text),
+            "excluded_bench_files": corpus.bench_files,
             "copy_fraction": args.copy_fraction, "copy_weight": args.copy_weight,
             "copy_description": "windows packed with (string, separator, the same string); the string is random "
                                 f"printable bytes ({COPY_RANDOM_FRACTION:.0%}, first copy unweighted) or a span "
@@ -757,6 +785,7 @@ def train(args: argparse.Namespace) -> None:
         "training": {
             "seed": args.seed, "threads": args.threads, "steps_planned": args.steps, "steps": steps_done,
             "stopped_by": stopped_by, "batch_size": args.batch_size, "seq_len": args.seq_len,
+            "short_steps": short_steps, "short_seq_len": args.seq_len // 2 if short_steps else None,
             "bytes_seen": steps_done * args.batch_size * args.seq_len, "lr": args.lr, "warmup": args.warmup,
             "weight_decay": args.weight_decay, "bf16_autocast": args.bf16, "qk_norm_init": QK_NORM_INIT,
             "budget_minutes": args.budget_minutes, "train_seconds": round(train_s, 1),
@@ -793,7 +822,7 @@ def grounded_prompts(corpus: Corpus) -> Iterator[tuple[str, bytes]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     funcs: list[tuple[str, str, int, list[str], str | None, str]] = []
     docs: list[str] = []
-    tmp = Corpus([], [], b"", b"", funcs, docs, {})
+    tmp = Corpus([], [], [], b"", b"", funcs, docs, {})
     texts: dict[str, str] = {}
     for rel in corpus.heldout_files:
         texts[rel] = (root / rel).read_text(encoding="utf-8", errors="replace")
@@ -852,6 +881,10 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--budget-minutes", type=float, default=22.0, help="hard wall-clock limit on the training loop")
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--seq-len", type=int, default=1024)
+    t.add_argument("--short-fraction", type=float, default=0.0,
+                   help="fraction of the steps (the first) on windows of seq-len/2, batch x 2")
+    t.add_argument("--conv-kernel", type=int, default=MODEL_CONFIG["conv_kernel"],
+                   help="short-conv length (LFM2's conv_L_cache); 4 lets an induction head match 3 bytes")
     t.add_argument("--lr", type=float, default=3e-3)
     t.add_argument("--warmup", type=int, default=40)
     t.add_argument("--weight-decay", type=float, default=0.1)
@@ -879,9 +912,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("steps", "batch_size", "seq_len", "threads"):
         if getattr(args, name, 1) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("copy_fraction", "grounded_fraction"):
+    for name in ("copy_fraction", "grounded_fraction", "short_fraction"):
         if not 0.0 <= getattr(args, name, 0.0) <= 1.0:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1]")
+    if getattr(args, "conv_kernel", 2) < 2:
+        parser.error("--conv-kernel must be >= 2")
     if getattr(args, "copy_weight", 1.0) <= 0:
         parser.error("--copy-weight must be > 0")
     if any(kind not in ("conv", "attn") for kind in getattr(args, "layers", ())):

@@ -40,6 +40,7 @@ from specproof.engine._protocols import Target
 from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
+    "SOURCE_MODULES",
     "WORKLOAD_NAMES",
     "Workload",
     "build_workloads",
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 WORKLOAD_NAMES: Final[tuple[str, ...]] = ("code-edit", "retrieval-qa", "structured", "free-text")
+# The standard-library modules the workloads read. scripts/train_fixture.py never trains on their
+# files, so the trained fixture's acceptance on a workload is not recall of a memorised prompt.
+SOURCE_MODULES: Final[tuple[ModuleType, ...]] = (textwrap, json, string, base64)
 _MIN_PROMPT_CHARS: Final = 200
 
 
