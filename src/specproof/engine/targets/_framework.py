@@ -127,8 +127,10 @@ class FrameworkSnapshot:
     write_clock: int = attrs.field(repr=False)
 
 
-def check_snapshot(snapshot: object, *, name: str, target_id: int, clock: KVClock, processed: int) -> int:
-    """Validate ``snapshot`` for ``restore`` on the target ``target_id``; return its ``processed``.
+def check_snapshot(
+    snapshot: object, *, name: str, target_id: int, clock: KVClock, processed: int
+) -> FrameworkSnapshot:
+    """Validate ``snapshot`` for ``restore`` on the target ``target_id``; return it, typed.
 
     ``TargetContractError`` for a foreign object or another target's snapshot;
     ``StaleSnapshotError`` when a KV slot below its ``processed`` was rewritten since it was taken.
@@ -142,7 +144,7 @@ def check_snapshot(snapshot: object, *, name: str, target_id: int, clock: KVCloc
             f"{name}.restore: the snapshot (processed={snapshot.processed}) was taken from another target"
         )
     clock.check(name=name, processed=snapshot.processed, write_clock=snapshot.write_clock, current=processed)
-    return snapshot.processed
+    return snapshot
 
 
 def default_tie_tolerance(dtype: str) -> float:

@@ -203,9 +203,10 @@ class HFTarget:
         ``TargetContractError`` for a foreign object or another target's snapshot;
         ``StaleSnapshotError`` when a KV slot below its ``processed`` was rewritten or cropped since.
         """
-        n = check_snapshot(
+        snapshot = check_snapshot(
             snapshot, name=self.name, target_id=self._id, clock=self._clock, processed=self._processed
         )
+        n = snapshot.processed
         layers = self._cache.layers
         for i, layer in enumerate(layers):
             if type(layer) is self._kv_layer and layer.get_seq_length() < n:

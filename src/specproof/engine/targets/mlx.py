@@ -189,9 +189,10 @@ class MLXTarget:
         ``TargetContractError`` for a foreign object or another target's snapshot;
         ``StaleSnapshotError`` when a KV slot below its ``processed`` was rewritten since.
         """
-        n = check_snapshot(
+        snapshot = check_snapshot(
             snapshot, name=self.name, target_id=self._id, clock=self._clock, processed=self._processed
         )
+        n = snapshot.processed
         for i, layer in enumerate(self._cache):
             if isinstance(layer, self._kv_type) and n > 0 and (layer.keys is None or layer.keys.shape[2] < n):
                 raise StaleSnapshotError(f"{self.name}.restore: layer {i} KV buffer no longer holds {n} tokens")
