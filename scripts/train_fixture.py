@@ -670,11 +670,15 @@ def train(args: argparse.Namespace) -> None:
     root = Path(sysconfig.get_paths()["stdlib"])
     corpus = load_corpus(root)
     sampler = Sampler(corpus, args.seq_len, args.seed, args.grounded_fraction, args.copy_fraction, args.copy_weight)
-    # Sequence-length warm-up: the first steps see half-length windows (twice as many, the same bytes per
-    # step). The copy (induction) transition came at step ~2200 with 256-byte windows but ~3800 with 512.
-    short_steps = int(args.short_fraction * args.steps)
-    short_sampler = Sampler(corpus, args.seq_len // 2, args.seed + 1, args.grounded_fraction, args.copy_fraction,
-                            args.copy_weight) if short_steps else None
+    # Sequence-length warm-up (--seq-schedule): the first steps see shorter windows, more of them (the same
+    # bytes per step). The copy (induction) transition came at step ~2200 with 256-byte windows but ~3800
+    # with 512; the windows must still reach the bench prompts' length (~800 bytes) by the end.
+    stages: list[tuple[int, Sampler]] = []  # (last step of the stage + 1, sampler), in order
+    first_step = 0
+    for i, (length, fraction) in enumerate(args.seq_schedule):
+        first_step += int(fraction * args.steps)
+        stages.append((first_step, Sampler(corpus, length, args.seed + 1 + i, args.grounded_fraction,
+                                           args.copy_fraction, args.copy_weight)))
     held = heldout_windows(corpus, args.seq_len, args.eval_bytes)
     quick_held = held[:: max(1, held.shape[0] // 16)][:16]
     copy_passages = heldout_passages(corpus)
@@ -713,10 +717,8 @@ def train(args: argparse.Namespace) -> None:
         progress = max(step / args.steps, elapsed / budget_s)
         for group in opt.param_groups:
             group["lr"] = lr_at(progress, step, args.lr, args.warmup)
-        if short_sampler is not None and step < short_steps:
-            batch, weights = short_sampler.batch(2 * args.batch_size)
-        else:
-            batch, weights = sampler.batch(args.batch_size)
+        stage = next((smp for end, smp in stages if step < end), sampler)
+        batch, weights = stage.batch(args.batch_size * (args.seq_len // (stage.n - 1)))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             logits = model(batch[:, :-1])
         per_byte = F.cross_entropy(logits.float().reshape(-1, 256), batch[:, 1:].reshape(-1), reduction="none")
@@ -785,7 +787,8 @@ def train(args: argparse.Namespace) -> None:
         "training": {
             "seed": args.seed, "threads": args.threads, "steps_planned": args.steps, "steps": steps_done,
             "stopped_by": stopped_by, "batch_size": args.batch_size, "seq_len": args.seq_len,
-            "short_steps": short_steps, "short_seq_len": args.seq_len // 2 if short_steps else None,
+            "seq_schedule": [{"seq_len": length, "steps": int(fraction * args.steps)}
+                             for length, fraction in args.seq_schedule],
             "bytes_seen": steps_done * args.batch_size * args.seq_len, "lr": args.lr, "warmup": args.warmup,
             "weight_decay": args.weight_decay, "bf16_autocast": args.bf16, "qk_norm_init": QK_NORM_INIT,
             "budget_minutes": args.budget_minutes, "train_seconds": round(train_s, 1),
@@ -869,6 +872,21 @@ def measure(args: argparse.Namespace) -> None:
         print(f"--- sample ({kind}) ---\n{s}\n")
 
 
+def _seq_schedule(text: str) -> list[tuple[int, float]]:
+    """``"256:0.35,512:0.25"`` -> ``[(256, 0.35), (512, 0.25)]``."""
+    out: list[tuple[int, float]] = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        length, sep, fraction = item.partition(":")
+        try:
+            stage = (int(length), float(fraction))
+        except ValueError:
+            stage = (0, -1.0)
+        if not sep or stage[0] < 16 or not 0.0 < stage[1] <= 1.0:
+            raise argparse.ArgumentTypeError(f"bad stage {item!r}: want LEN:FRACTION, LEN >= 16, 0 < FRACTION <= 1")
+        out.append(stage)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -881,8 +899,9 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--budget-minutes", type=float, default=22.0, help="hard wall-clock limit on the training loop")
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--seq-len", type=int, default=1024)
-    t.add_argument("--short-fraction", type=float, default=0.0,
-                   help="fraction of the steps (the first) on windows of seq-len/2, batch x 2")
+    t.add_argument("--seq-schedule", type=_seq_schedule, default=[],
+                   help="warm-up stages LEN:FRACTION,... e.g. 256:0.35,512:0.25: the first 35%% of the steps on "
+                        "256-byte windows, the next 25%% on 512, the rest on --seq-len (bytes per step kept)")
     t.add_argument("--conv-kernel", type=int, default=MODEL_CONFIG["conv_kernel"],
                    help="short-conv length (LFM2's conv_L_cache); 4 lets an induction head match 3 bytes")
     t.add_argument("--lr", type=float, default=3e-3)
@@ -912,11 +931,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("steps", "batch_size", "seq_len", "threads"):
         if getattr(args, name, 1) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    for name in ("copy_fraction", "grounded_fraction", "short_fraction"):
+    for name in ("copy_fraction", "grounded_fraction"):
         if not 0.0 <= getattr(args, name, 0.0) <= 1.0:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1]")
     if getattr(args, "conv_kernel", 2) < 2:
         parser.error("--conv-kernel must be >= 2")
+    schedule = getattr(args, "seq_schedule", [])
+    if sum(f for _, f in schedule) > 1.0 or any(args.seq_len % length for length, _ in schedule):
+        parser.error(f"--seq-schedule: fractions must sum to <= 1 and each length divide --seq-len={args.seq_len}")
     if getattr(args, "copy_weight", 1.0) <= 0:
         parser.error("--copy-weight must be > 0")
     if any(kind not in ("conv", "attn") for kind in getattr(args, "layers", ())):

@@ -158,4 +158,56 @@ def test_copies_a_passage_from_its_context(target: ReferenceHybrid, passage: byt
     """An induction head: the second copy of an unseen passage is far cheaper than the first."""
     first, second = _copy_bits_per_byte(target, passage)
     assert first > 1.0, first  # the passage is not something the model predicts without context
-    assert second < 0.6 * first, (first, second)
+    assert second < 0.45 * first, (first, second)
+
+
+# Measured: 33 of 48 bytes right on the committed fixture; 9 on the one before (256-byte windows, 3000 steps).
+QUOTE_BYTES_RIGHT = 24
+QUOTED = (
+    b"Every evening the keeper logged the wind, the ships at anchor and the oil left in the lamp; "
+    b"on stormy nights he logged them twice."
+)
+
+
+def test_greedy_quotes_an_unseen_passage(target: ReferenceHybrid) -> None:
+    """Greedy decoding copies a passage the prompt asks it to quote (the behaviour prompt lookup relies on)."""
+    opening = QUOTED[:24]
+    prompt = QUOTED + b'\n\nQuote the passage above:\n"' + opening
+    got = bytes(greedy_decode(target, list(prompt), 48).tokens)
+    want = QUOTED[len(opening) : len(opening) + 48]
+    right = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+    assert right >= QUOTE_BYTES_RIGHT, (got, want)
+
+
+def test_cli_generate_json_has_the_decoded_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from specproof import cli
+
+    assert cli.main(["generate", "--target", "trained", "--max-new-tokens", "16", "--json", "def f(x):\n"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["tokens"]) == 16
+    assert data["text"] == bytes(data["tokens"]).decode("utf-8", errors="backslashreplace")
+
+
+def test_cli_generate_prompt_file_and_workload(capsys: pytest.CaptureFixture[str], tmp_path: object) -> None:
+    from pathlib import Path
+
+    from specproof import cli
+    from specproof.bench import build_workloads
+
+    path = Path(str(tmp_path)) / "prompt.txt"
+    path.write_bytes(b"def f(x):\n    return x\n\n\n")  # trailing newlines are part of the prompt
+    assert cli.main(["generate", "--target", "trained", "--prompt-file", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_tokens"] == len(path.read_bytes())
+    assert cli.main(["generate", "--target", "trained", "--workload", "structured", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_tokens"] == len(build_workloads(["structured"])[0].text)
+
+    bad = Path(str(tmp_path)) / "latin1.txt"
+    bad.write_bytes(b"caf\xe9")
+    for argv, message in (
+        (["--prompt-file", str(bad)], "not UTF-8 text (byte 3 is 0xe9)"),
+        (["--prompt-file", str(Path(str(tmp_path)) / "missing.txt")], "No such file"),
+        (["--workload", "poetry"], "not a bench workload; choose one of code-edit"),
+        (["hello", "--workload", "free-text"], "give one prompt, not a prompt text and --workload"),
+    ):
+        assert cli.main(["generate", "--target", "trained", *argv]) == 2
+        assert message in capsys.readouterr().err, argv
