@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from specproof._cli.common import (
     add_target_argument,
@@ -30,6 +31,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("prompt", nargs="?", default=None, help="prompt text (byte-level on the reference target)")
     p.add_argument("--ids", default=None, help="the prompt as token ids, comma or space separated")
+    p.add_argument(
+        "--prompt-file", default=None, metavar="FILE", help="read the prompt text from FILE (UTF-8, byte for byte)"
+    )
+    p.add_argument(
+        "--workload",
+        default=None,
+        metavar="NAME",
+        help="use a `specproof bench` workload's prompt: code-edit, retrieval-qa, structured, free-text",
+    )
     add_target_argument(p)
     p.add_argument("--drafter", default="ngram", help="ngram, ngram:MIN_N,MAX_N[,earliest], or MODULE:ATTR")
     p.add_argument("-k", type=int, default=4, help="draft length per round (default 4)")
@@ -55,14 +65,26 @@ def run(args: argparse.Namespace) -> int:
     from specproof.cli import UsageError
     from specproof.engine import SpecDecoder, greedy_decode
 
-    if args.prompt is not None and args.ids is not None:
-        raise UsageError("give a prompt text or --ids, not both")
+    sources = [
+        name
+        for name, value in (
+            ("a prompt text", args.prompt),
+            ("--ids", args.ids),
+            ("--prompt-file", args.prompt_file),
+            ("--workload", args.workload),
+        )
+        if value is not None
+    ]
+    if len(sources) > 1:
+        raise UsageError(f"give one prompt, not {' and '.join(sources)}")
+    text = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    if args.prompt_file is not None:
+        text = _read_prompt_file(args.prompt_file)
+    elif args.workload is not None:
+        text = _workload_prompt(args.workload)
     target = make_target(args.target, seed=args.seed)
     drafter = make_drafter(args.drafter)
-    if args.ids is not None:
-        prompt = parse_ids(args.ids)
-    else:
-        prompt = encode_prompt(target, DEFAULT_PROMPT if args.prompt is None else args.prompt)
+    prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(target, text)
     if args.rollback is None:
         args.rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
     decoder = SpecDecoder(target, drafter, k=args.k, rollback=args.rollback)
@@ -97,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         "rollback": args.rollback,
         "prompt_tokens": len(prompt),
         "tokens": list(gen.tokens),
+        "text": decode_tokens(target, gen.tokens),
         "stop_reason": gen.stop_reason,
         "rounds": stats.rounds,
         "tokens_per_round": round(stats.mean_tokens_per_round, 3),
@@ -145,3 +168,28 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(table)
     return 0 if equal else 1
+
+
+def _read_prompt_file(path: str) -> str:
+    from specproof.cli import UsageError
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--prompt-file {path}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--prompt-file {path}: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x})") from None
+    if not text:
+        raise UsageError(f"--prompt-file {path}: the file is empty")
+    return text
+
+
+def _workload_prompt(name: str) -> str:
+    from specproof.bench import WORKLOAD_NAMES, build_workloads
+    from specproof.cli import UsageError
+
+    if name not in WORKLOAD_NAMES:
+        raise UsageError(f"--workload {name!r}: not a bench workload; choose one of {', '.join(WORKLOAD_NAMES)}")
+    return build_workloads([name])[0].text
