@@ -1,11 +1,12 @@
 """Target-protocol tests shared by the framework targets (``MLXTarget``, ``HFTarget``).
 
-``test_mlx_target.py`` and ``test_hf_target.py`` import these functions, so pytest collects them
-there, under each module's fixtures:
+``test_mlx_target.py`` and ``test_hf_target.py`` star-import this module (tests and fixtures),
+so pytest collects the tests there, under each module's two fixtures:
 
-- ``family``: the spec family (``"mlx"``, ``"hf"``), registered for the module;
-- ``proto``: one loaded tiny model per built-in config (module-scoped), ``target``: a fresh copy;
-- ``save_lfm2``: the converter that writes a reference LFM2 model as a local model directory.
+- ``family``: the spec family (``"mlx"``, ``"hf"``); the fixtures here register it for the
+  module and give the matching LFM2 converter (``save_lfm2``);
+- ``proto``: one loaded tiny model per built-in config (module-scoped, parametrized by the
+  family's ``TINY_MODELS``); ``target`` here is a fresh copy of it.
 
 What differs between the frameworks (their own greedy generation, how a snapshot keeps the
 state, whether a cropped KV can be restored) stays in the two modules.
@@ -13,7 +14,8 @@ state, whether a cropped KV can be restored) stays in the two modules.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,11 +30,16 @@ from specproof.engine import (
     TokenRangeError,
     greedy_decode,
     load_target,
+    register_target_family,
 )
+from specproof.engine.targets import TARGET_FAMILIES, convert
 from specproof.engine.targets.convert import tiny_lfm2_reference
 
 __all__ = [
     "REPETITIVE",
+    "_registered_family",
+    "save_lfm2",
+    "target",
     "test_capacity_and_token_range_change_nothing",
     "test_chunk_invariance_within_tolerance",
     "test_encode_decode_and_describe",
@@ -46,6 +53,32 @@ __all__ = [
 ]
 
 REPETITIVE = list(b"the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the")
+
+# family -> the converter that writes a reference LFM2 model as that framework's model directory
+_SAVERS = {"mlx": "save_mlx_lfm2", "hf": "save_hf_lfm2"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered_family(family: str) -> Iterator[None]:
+    before = TARGET_FAMILIES.get(family)
+    register_target_family(family, f"specproof.engine.targets.{family}:load_spec")
+    yield
+    if before is None:
+        TARGET_FAMILIES.pop(family, None)
+    else:
+        TARGET_FAMILIES[family] = before
+
+
+@pytest.fixture(scope="module")
+def save_lfm2(family: str) -> Callable[[Any, str], None]:
+    return getattr(convert, _SAVERS[family])  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def target(proto: Any) -> Any:
+    t = copy.deepcopy(proto)
+    t.reset()
+    return t
 
 
 @pytest.mark.parametrize("k", [1, 4])

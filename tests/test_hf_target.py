@@ -13,29 +13,15 @@ pytest.importorskip("transformers", reason="the HF target tests need the hf extr
 # Tiny models: torch's intra-op threads only add contention on a shared 2-core runner (30x slower here).
 torch.set_num_threads(1)
 
-# the Target-protocol tests both framework targets share, run here under this module's fixtures
-from _framework_target_tests import (  # noqa: E402, F401
-    REPETITIVE,
-    test_capacity_and_token_range_change_nothing,
-    test_chunk_invariance_within_tolerance,
-    test_encode_decode_and_describe,
-    test_local_path_loads_offline,
-    test_no_checkpoint_rollback,
-    test_oracle_drafts_all_and_partial_acceptance,
-    test_processed_and_restore_to_zero,
-    test_seed_override_changes_the_model,
-    test_spec_decoder_replay_is_lossless,
-    test_spec_errors_are_clear,
-)
+# the Target-protocol tests (and their fixtures) both framework targets share, run here
+from _framework_target_tests import *  # noqa: F403, E402
+from _framework_target_tests import REPETITIVE  # noqa: E402
 from specproof.engine import (  # noqa: E402
     StaleSnapshotError,
     TargetContractError,
     greedy_decode,
     load_target,
-    register_target_family,
 )
-from specproof.engine.targets import TARGET_FAMILIES  # noqa: E402
-from specproof.engine.targets.convert import save_hf_lfm2  # noqa: E402
 from specproof.engine.targets.hf import TINY_MODELS, HFTarget  # noqa: E402
 
 # transformers' kernels are not batch-invariant: a q-token forward differs from q one-token forwards
@@ -43,38 +29,15 @@ from specproof.engine.targets.hf import TINY_MODELS, HFTarget  # noqa: E402
 # chunking checks use the target's tie_tolerance (1e-3); restore is exact (same calls, same state).
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _family() -> object:
-    before = TARGET_FAMILIES.get("hf")
-    register_target_family("hf", "specproof.engine.targets.hf:load_spec")
-    yield
-    if before is None:
-        TARGET_FAMILIES.pop("hf", None)
-    else:
-        TARGET_FAMILIES["hf"] = before
-
-
 @pytest.fixture(scope="module")
 def family() -> str:
     return "hf"
-
-
-@pytest.fixture(scope="module")
-def save_lfm2() -> object:
-    return save_hf_lfm2
 
 
 @pytest.fixture(scope="module", params=TINY_MODELS)
 def proto(request: pytest.FixtureRequest) -> HFTarget:
     t = load_target(f"hf:{request.param}")
     assert isinstance(t, HFTarget)
-    return t
-
-
-@pytest.fixture
-def target(proto: HFTarget) -> HFTarget:
-    t = copy.deepcopy(proto)
-    t.reset()
     return t
 
 

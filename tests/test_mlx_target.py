@@ -13,29 +13,15 @@ pytest.importorskip("mlx_lm", reason="the MLX target tests need the mlx extra: p
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-# the Target-protocol tests both framework targets share, run here under this module's fixtures
-from _framework_target_tests import (  # noqa: F401
-    REPETITIVE,
-    test_capacity_and_token_range_change_nothing,
-    test_chunk_invariance_within_tolerance,
-    test_encode_decode_and_describe,
-    test_local_path_loads_offline,
-    test_no_checkpoint_rollback,
-    test_oracle_drafts_all_and_partial_acceptance,
-    test_processed_and_restore_to_zero,
-    test_seed_override_changes_the_model,
-    test_spec_decoder_replay_is_lossless,
-    test_spec_errors_are_clear,
-)
+# the Target-protocol tests (and their fixtures) both framework targets share, run here
+from _framework_target_tests import *  # noqa: F403
+from _framework_target_tests import REPETITIVE
 from specproof.engine import (
     StaleSnapshotError,
     TargetContractError,
     greedy_decode,
     load_target,
-    register_target_family,
 )
-from specproof.engine.targets import TARGET_FAMILIES
-from specproof.engine.targets.convert import save_mlx_lfm2
 from specproof.engine.targets.mlx import TINY_MODELS, MLXTarget
 
 # MLX's CPU kernels give the same bits for a q-token forward as for q one-token forwards on these
@@ -43,38 +29,15 @@ from specproof.engine.targets.mlx import TINY_MODELS, MLXTarget
 # tolerance, because Metal kernels are not guaranteed to.
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _family() -> object:
-    before = TARGET_FAMILIES.get("mlx")
-    register_target_family("mlx", "specproof.engine.targets.mlx:load_spec")
-    yield
-    if before is None:
-        TARGET_FAMILIES.pop("mlx", None)
-    else:
-        TARGET_FAMILIES["mlx"] = before
-
-
 @pytest.fixture(scope="module")
 def family() -> str:
     return "mlx"
-
-
-@pytest.fixture(scope="module")
-def save_lfm2() -> object:
-    return save_mlx_lfm2
 
 
 @pytest.fixture(scope="module", params=TINY_MODELS)
 def proto(request: pytest.FixtureRequest) -> MLXTarget:
     t = load_target(f"mlx:{request.param}")
     assert isinstance(t, MLXTarget)
-    return t
-
-
-@pytest.fixture
-def target(proto: MLXTarget) -> MLXTarget:
-    t = copy.deepcopy(proto)
-    t.reset()
     return t
 
 
