@@ -127,9 +127,7 @@ class FrameworkSnapshot:
     write_clock: int = attrs.field(repr=False)
 
 
-def check_snapshot(
-    snapshot: object, *, name: str, target_id: int, clock: KVClock, processed: int
-) -> FrameworkSnapshot:
+def check_snapshot(snapshot: object, *, name: str, target_id: int, clock: KVClock, processed: int) -> FrameworkSnapshot:
     """Validate ``snapshot`` for ``restore`` on the target ``target_id``; return it, typed.
 
     ``TargetContractError`` for a foreign object or another target's snapshot;

@@ -292,7 +292,6 @@ class HFTarget:
         return str(next(self.model.parameters()).dtype).replace("torch.", "")
 
 
-
 # --------------------------------------------------------------------------- tiny models
 
 

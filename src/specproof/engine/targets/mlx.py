@@ -261,7 +261,6 @@ class MLXTarget:
         return str(self.model.model.embed_tokens.weight.dtype).replace("mlx.core.", "")
 
 
-
 # --------------------------------------------------------------------------- tiny models
 
 
