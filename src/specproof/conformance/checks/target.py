@@ -88,6 +88,15 @@ def _ex(**kw: object) -> dict[str, object]:
     return {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in kw.items()}
 
 
+def _if_differs(
+    why: str | None, *, invariant: str, explanation: str, example: dict[str, object], round: int | None = None
+) -> list[Violation]:
+    """``[]`` when a comparison found nothing (``why`` is None), else one violation: ``explanation: why``."""
+    if why is None:
+        return []
+    return [Violation(invariant=invariant, round=round, explanation=f"{explanation}: {why}", example=example)]
+
+
 def check_shape(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) -> list[Violation]:
     t = make()
     t.reset()
@@ -180,15 +189,14 @@ def check_chunk_invariance(
     single = _fresh_logits(make, prefix, tokens)
     t = _prefilled(make, prefix)
     whole = np.asarray(t.forward(list(tokens)))
-    why = compare_logits(single, whole, tolerance=tolerance)
-    if why is not None:
-        return [
-            Violation(
-                invariant="target.chunk-invariance",
-                explanation=f"one forward of {len(tokens)} tokens differs from {len(tokens)} one-token forwards: {why}",
-                example=_ex(prefix=prefix, tokens=tokens),
-            )
-        ]
+    found = _if_differs(
+        compare_logits(single, whole, tolerance=tolerance),
+        invariant="target.chunk-invariance",
+        explanation=f"one forward of {len(tokens)} tokens differs from {len(tokens)} one-token forwards",
+        example=_ex(prefix=prefix, tokens=tokens),
+    )
+    if found:
+        return found
     t.reset()
     if prefix:
         t.forward(list(prefix))
@@ -201,16 +209,12 @@ def check_chunk_invariance(
         pos += len(piece)
     if pos < len(tokens):
         rows.append(np.asarray(t.forward(list(tokens[pos:]))))
-    why = compare_logits(single, np.concatenate(rows), tolerance=tolerance)
-    if why is not None:
-        return [
-            Violation(
-                invariant="target.chunk-invariance",
-                explanation=f"chunked forwards {list(chunks)} differ from one-token forwards: {why}",
-                example=_ex(prefix=prefix, tokens=tokens, chunks=chunks),
-            )
-        ]
-    return []
+    return _if_differs(
+        compare_logits(single, np.concatenate(rows), tolerance=tolerance),
+        invariant="target.chunk-invariance",
+        explanation=f"chunked forwards {list(chunks)} differ from one-token forwards",
+        example=_ex(prefix=prefix, tokens=tokens, chunks=chunks),
+    )
 
 
 def check_causality(
@@ -230,16 +234,12 @@ def check_causality(
     a, b = _prefilled(make, prefix), _prefilled(make, prefix)
     ra = np.asarray(a.forward(list(tokens)))[:split]
     rb = np.asarray(b.forward(other))[:split]
-    why = compare_logits(ra, rb, tolerance=tolerance)
-    if why is not None:
-        return [
-            Violation(
-                invariant="target.causality",
-                explanation=f"rows before position {split} changed when later tokens changed: {why}",
-                example=_ex(prefix=prefix, tokens=tokens, other=other),
-            )
-        ]
-    return []
+    return _if_differs(
+        compare_logits(ra, rb, tolerance=tolerance),
+        invariant="target.causality",
+        explanation=f"rows before position {split} changed when later tokens changed",
+        example=_ex(prefix=prefix, tokens=tokens, other=other),
+    )
 
 
 def check_restore(
@@ -252,28 +252,23 @@ def check_restore(
     t.forward(list(detour))
     t.restore(snap)
     actual = _one_by_one(t, probe)
-    why = compare_logits(expected, actual, tolerance=tolerance)
-    if why is not None:
-        return [
-            Violation(
-                invariant="target.restore",
-                explanation=f"after restore, forwards differ from a fresh target fed the same prefix: {why}",
-                example=_ex(prefix=prefix, detour=detour, probe=probe),
-            )
-        ]
+    found = _if_differs(
+        compare_logits(expected, actual, tolerance=tolerance),
+        invariant="target.restore",
+        explanation="after restore, forwards differ from a fresh target fed the same prefix",
+        example=_ex(prefix=prefix, detour=detour, probe=probe),
+    )
+    if found:
+        return found
     # restoring twice to the same snapshot (a second rejected round) must work too
     t.restore(snap)
     again = _one_by_one(t, probe)
-    why = compare_logits(expected, again, tolerance=tolerance)
-    if why is not None:
-        return [
-            Violation(
-                invariant="target.restore",
-                explanation=f"a second restore of the same snapshot differs: {why}",
-                example=_ex(prefix=prefix, detour=detour, probe=probe),
-            )
-        ]
-    return []
+    return _if_differs(
+        compare_logits(expected, again, tolerance=tolerance),
+        invariant="target.restore",
+        explanation="a second restore of the same snapshot differs",
+        example=_ex(prefix=prefix, detour=detour, probe=probe),
+    )
 
 
 def check_checkpoints(
@@ -316,29 +311,26 @@ def check_checkpoints(
         fresh.reset()
         fresh.forward([*prefix, *tokens[: i + 1]])
         if hasattr(t, "state_arrays") and hasattr(fresh, "state_arrays"):
-            why = compare_states(fresh.state_arrays(), t.state_arrays(), tolerance=tolerance)  # type: ignore[attr-defined]
-            if why is not None:
-                return [
-                    Violation(
-                        invariant="target.checkpoints",
-                        round=i,
-                        explanation=f"checkpoint {i} is not the state after {i + 1} tokens: {why}",
-                        example=ex,
-                    )
-                ]
+            found = _if_differs(
+                compare_states(fresh.state_arrays(), t.state_arrays(), tolerance=tolerance),  # type: ignore[attr-defined]
+                invariant="target.checkpoints",
+                round=i,
+                explanation=f"checkpoint {i} is not the state after {i + 1} tokens",
+                example=ex,
+            )
+            if found:
+                return found
         expected = _one_by_one(fresh, probe)
         actual = _one_by_one(t, probe)
-        why = compare_logits(expected, actual, tolerance=tolerance)
-        if why is not None:
-            return [
-                Violation(
-                    invariant="target.checkpoints",
-                    round=i,
-                    explanation=f"after restoring checkpoint {i}, forwards differ from the state after {i + 1} tokens: "
-                    f"{why}",
-                    example=ex,
-                )
-            ]
+        found = _if_differs(
+            compare_logits(expected, actual, tolerance=tolerance),
+            invariant="target.checkpoints",
+            round=i,
+            explanation=f"after restoring checkpoint {i}, forwards differ from the state after {i + 1} tokens",
+            example=ex,
+        )
+        if found:
+            return found
     return []
 
 
@@ -377,15 +369,12 @@ def check_capacity(make: MakeTarget, fill: Sequence[int], overflow: int, probe_t
             ]
         if before is not None:
             after = np.asarray(t.forward([probe_token]))
-            why = compare_logits(before, after, tolerance=0.0)
-            if why is not None:
-                return [
-                    Violation(
-                        invariant="target.capacity",
-                        explanation=f"the failed forward changed the state: the next forward differs: {why}",
-                        example=ex,
-                    )
-                ]
+            return _if_differs(
+                compare_logits(before, after, tolerance=0.0),
+                invariant="target.capacity",
+                explanation="the failed forward changed the state: the next forward differs",
+                example=ex,
+            )
         return []
     return [
         Violation(
