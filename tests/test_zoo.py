@@ -156,3 +156,25 @@ def test_full_run_catches_a_member_without_only(tmp_path: Any) -> None:
     assert set(failing) <= set(member.caught_by), sorted(failing)
     ran = {r["invariant"] for r in report["results"]}
     assert {"engine.lossless", "engine.accept-bounds", "engine.kv-length", "engine.stop", "engine.cost"} <= ran
+
+
+class _ResetKeepsCount:
+    """Deterministic from fresh, but ``reset()`` forgets nothing: drafts depend on every earlier call."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, context: object, k: int) -> list[int]:
+        self.calls += 1
+        return [self.calls % 7][:k]
+
+    def reset(self) -> None:
+        pass
+
+
+def test_deterministic_check_catches_a_reset_that_keeps_state() -> None:
+    from specproof.conformance.checks.drafter import check_deterministic
+
+    found = check_deterministic(_ResetKeepsCount, [1, 2, 3, 1, 2, 3], [1, 2], other=[4, 5, 6])
+    assert [v.explanation for v in found] == ["after reset() the drafter did not behave like a fresh one"]
+    assert found[0].invariant == "drafter.deterministic" and found[0].round == 0
