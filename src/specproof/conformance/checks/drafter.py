@@ -157,42 +157,35 @@ def check_deterministic(
         second = copy.deepcopy(first)
     a = _run_history(first, context, history)
     b = _run_history(second, context, history)
-    out: list[Violation] = []
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            length, k = history[i]
-            out.append(
-                Violation(
-                    invariant="drafter.deterministic",
-                    round=i,
-                    explanation="two fresh drafters given the same history proposed different drafts",
-                    expected=x,
-                    actual=y,
-                    example=_example(context[:length], k),
-                )
-            )
-            return out
+
+    def first_difference(got: list[object], explanation: str) -> list[Violation]:
+        for i, (x, y) in enumerate(zip(a, got)):
+            if x != y:
+                length, k = history[i]
+                return [
+                    Violation(
+                        invariant="drafter.deterministic",
+                        round=i,
+                        explanation=explanation,
+                        expected=x,
+                        actual=y,
+                        example=_example(context[:length], k),
+                    )
+                ]
+        return []
+
+    out = first_difference(b, "two fresh drafters given the same history proposed different drafts")
+    if out:
+        return out
     reset = getattr(first, "reset", None)
     if callable(reset):
         if other:
             _run_history(first, other, drafter_history(other, ks))
         reset()
-        c = _run_history(first, context, history)
-        for i, (x, z) in enumerate(zip(a, c)):
-            if x != z:
-                length, k = history[i]
-                out.append(
-                    Violation(
-                        invariant="drafter.deterministic",
-                        round=i,
-                        explanation="after reset() the drafter did not behave like a fresh one",
-                        expected=x,
-                        actual=z,
-                        example=_example(context[:length], k),
-                    )
-                )
-                return out
-    return out
+        return first_difference(
+            _run_history(first, context, history), "after reset() the drafter did not behave like a fresh one"
+        )
+    return []
 
 
 def check_no_mutation(drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
