@@ -1,6 +1,6 @@
 """Meta-tests: certification rejects every member of the zoo, naming the invariant it breaks.
 
-Each member is certified through the public paths (``CertifyContext`` + ``certify``,
+Each member is certified through the public paths (``specproof.conformance.certify``,
 the in-process runner behind ``specproof certify``; one test goes through the CLI
 itself) with ``--only <its invariant>`` and the ``quick`` profile to stay fast. The
 correct control of each family (the same code without the bug) is accepted, so a
@@ -19,16 +19,13 @@ from typing import Any
 import pytest
 
 from specproof.cli import main
-from specproof.conformance import CATALOGUE
-from specproof.conformance._certifying import CertifyContext
-from specproof.conformance._runner import certify
-from specproof.conformance.zoo import CONTROLS, ZOO, ZooEngine
+from specproof.conformance import REGISTRY, certify
+from specproof.conformance.zoo import CONTROLS, CORRECT, ZOO, ZooEngine
 from specproof.engine import SpecproofError, resolve_plugin
 
 
 def _certify(kind: str, spec: str, *, only: tuple[str, ...] = ()) -> dict[str, Any]:
-    ctx = CertifyContext.create(kind, **{kind: spec}, profile="quick")
-    return certify(ctx, only=list(only))
+    return certify(kind, **{kind: spec}, profile="quick", only=only)
 
 
 def _failing(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -57,7 +54,15 @@ EXPECTED = {
     "drops_bonus_token": ("engine", "engine.accept-rule"),
     "emits_after_eos": ("engine", "engine.stop"),
     "stale_state_after_zero_draft": ("engine", "engine.lossless"),
+    "sticky_cache": ("drafter", "drafter.deterministic"),
+    "match_pointer": ("drafter", "drafter.deterministic"),
+    "returns_generator": ("drafter", "drafter.token-range"),
+    "reads_past_context": ("drafter", "drafter.deterministic"),
+    "refeeds_accepted_first": ("engine", "engine.state-restored"),
+    "eos_masked_by_length_cap": ("engine", "engine.stop"),
+    "raises_every_call": ("engine", "engine.lossless"),
 }
+IDS = {inv.id for inv in REGISTRY}
 
 
 def test_registry_lists_every_member_with_a_catalogued_invariant() -> None:
@@ -66,7 +71,7 @@ def test_registry_lists_every_member_with_a_catalogued_invariant() -> None:
     for name, member in ZOO.items():
         kind, invariant, description, spec = member  # unpacks as the brief's tuple
         assert spec == f"specproof.conformance.zoo:{name}"
-        assert invariant in CATALOGUE and all(alt in CATALOGUE for alt in member.also)
+        assert invariant in IDS and all(alt in IDS for alt in member.also)
         assert invariant not in member.also
         assert description and "\n" not in description
         assert member.cli_args() == [kind, f"--{kind}", spec]
@@ -133,7 +138,7 @@ def test_certify_rejects_member(name: str) -> None:
 @pytest.mark.parametrize("kind", sorted(CONTROLS))
 def test_certify_accepts_the_control(kind: str) -> None:
     """The members' code without the bug passes, so each rejection is due to the one change."""
-    report = _certify(kind, CONTROLS[kind], only=("drafter.", "target.", "engine."))
+    report = _certify(kind, CONTROLS[kind], only=("drafter.*", "target.*", "engine.*", "trace.*"))
     assert report["verdict"] == "pass", _failing(report)
     checked = {r["invariant"] for r in report["results"] if r["status"] == "pass"}
     assert {"engine.lossless", "engine.state-restored", "engine.kv-length", "engine.accept-rule"} <= checked
@@ -175,6 +180,28 @@ class _ResetKeepsCount:
 def test_deterministic_check_catches_a_reset_that_keeps_state() -> None:
     from specproof.conformance.checks.drafter import check_deterministic
 
-    found = check_deterministic(_ResetKeepsCount, [1, 2, 3, 1, 2, 3], [1, 2], other=[4, 5, 6])
-    assert [v.explanation for v in found] == ["after reset() the drafter did not behave like a fresh one"]
-    assert found[0].invariant == "drafter.deterministic" and found[0].round == 0
+    found, compared = check_deterministic(_ResetKeepsCount, [1, 2, 3, 1, 2, 3], [1, 2], other=[4, 5, 6])
+    assert compared > 0 and len(found) == 1
+    assert found[0].invariant == "drafter.deterministic"
+    assert "called at every position" in found[0].explanation
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_certify_accepts_correct_but_different_engines(name: str) -> None:
+    """Engines that expose only an oracle, only greedy(), a same-model copy, or vary k: PASS, not failed."""
+    report = _certify("engine", CORRECT[name])
+    assert report["verdict"] == "pass", _failing(report)
+    passed = {r["invariant"] for r in report["results"] if r["status"] == "pass"}
+    assert {"engine.lossless", "engine.stop"} <= passed
+    if name == "own_copy_engine":
+        (engine,) = report["subjects"]["engines"]
+        assert any("oracle" in note for note in engine["notes"])  # the certificate says what it did
+
+
+def test_suite_drives_a_plugin_engine_down_every_path() -> None:
+    """An engine taking the suite's drafter shows every rollback path in its certificate, on a random target."""
+    report = _certify("engine", "specproof.conformance.zoo:zoo_engine")
+    (coverage,) = report["path_coverage"].values()
+    assert coverage["completed"] == coverage["generations"] > 0
+    for path in ("all_accepted", "partial", "rejected_at_0", "empty_draft", "empty_after_full", "eos_in_accepted"):
+        assert coverage[path] > 0, (path, coverage)

@@ -3,7 +3,8 @@
 Each subcommand lives beside the part of the design it drives and registers
 itself here through ``COMMANDS`` (module paths, imported when the parser is
 built; those modules keep heavy imports inside their ``run`` functions).
-Exit codes: 0 success, 1 a failure the command found, 2 a usage error.
+Exit codes: 0 success, 1 a failure the command found, 2 a usage error, 3 (certify) nothing was
+certified, 130 interrupted. A closed output pipe (``specproof ... | head``) ends quietly.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from specproof import __version__
+from specproof.contract import UsageError
 
 __all__ = ["COMMANDS", "UsageError", "main"]
 
@@ -24,11 +26,8 @@ COMMANDS: tuple[str, ...] = (
     "specproof._cli.check_trace",
     "specproof._cli.bundle",
     "specproof._cli.bench",
+    "specproof._cli.invariants",
 )
-
-
-class UsageError(Exception):
-    """A bad command line: printed as one line, exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,3 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`specproof generate --json | head`): stop quietly, as cat does
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

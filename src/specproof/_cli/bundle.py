@@ -149,7 +149,7 @@ def export_target_spec(spec: str, max_context: int) -> str:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from specproof.cli import UsageError
+    from specproof.contract import UsageError
     from specproof.coreml import check_exportable, export_bundle, write_golden
     from specproof.engine import ReferenceHybrid, load_target
 

@@ -4,44 +4,105 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EPILOG = """exit status: 0 PASS (excused counts as a pass), 1 FAIL, 2 usage error (nothing run, nothing written),
+3 INCONCLUSIVE (nothing failed, but some requested subject had no check pass on exercised examples:
+not a pass), 130 interrupted (the partial report is written, marked interrupted)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "certify",
-        help="certify a drafter, target or engine against the invariant catalogue",
+        help="certify a drafter, target or engine against the invariant registry",
         description=(
             "Run the conformance suite. With no arguments it certifies the built-in stack: the n-gram drafter, "
-            "SpecDecoder with checkpoint and replay rollback, and the reference target. Exit 0 when everything "
-            "passes (excused counts as pass), 1 on any failure, 2 on a usage error."
+            "SpecDecoder with checkpoint and replay rollback, and the reference target."
         ),
+        epilog=EPILOG,
     )
     p.add_argument("subject", nargs="?", default=None, choices=("drafter", "target", "engine", "all"))
-    p.add_argument("--drafter", default=None, metavar="MODULE:ATTR", help="drafter to certify (default: ngram)")
-    p.add_argument("--target", default=None, metavar="SPEC|MODULE:ATTR", help="target (default: reference)")
-    p.add_argument("--engine", default=None, metavar="MODULE:ATTR", help="engine to certify")
+    p.add_argument("--drafter", default=None, metavar="SPEC", help="drafter to certify (default: ngram)")
+    p.add_argument("--target", default=None, metavar="SPEC", help="target (default: reference)")
+    p.add_argument(
+        "--engine", default=None, metavar="SPEC", help="engine to certify: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT"
+    )
     p.add_argument("--profile", default="quick", help="quick | ci | release (default quick)")
     p.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: derandomized)")
-    p.add_argument("--tie-tolerance", type=float, default=None, help="top-2 margin under which a divergence is excused")
-    p.add_argument("--only", action="append", default=[], metavar="ID", help="run only checks whose id contains ID")
-    p.add_argument("--report", default=None, metavar="FILE", help="write the specproof-report/1 JSON here")
+    p.add_argument(
+        "--tie-tolerance",
+        type=float,
+        default=None,
+        help="top-2 logit margin under which a divergence from greedy is excused (default: the subject's own, else 0)",
+    )
+    p.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        help="absolute tolerance on logits and recurrent state (default: the subject's own, else 0 = exact)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="run only these invariant ids or globs (comma-separated or repeated; `specproof invariants` lists them)",
+    )
+    p.add_argument("--report", default=None, metavar="FILE", help="write the specproof-report/2 JSON here")
     p.add_argument("--markdown", default=None, metavar="FILE", help="write the Markdown certificate here")
+    p.add_argument("--junitxml", default=None, metavar="FILE", help="write JUnit XML (one testcase per check) here")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    p.add_argument(
+        "--hypothesis-dir",
+        default=None,
+        metavar="DIR",
+        help="Hypothesis' storage directory (default $SPECPROOF_HYPOTHESIS_DIR, else ~/.cache/specproof/hypothesis); "
+        "never .hypothesis/ in the working directory",
+    )
     p.set_defaults(func=run)
+
+
+def _hypothesis_dir(arg: str | None) -> Path:
+    from specproof.contract import UsageError
+
+    chosen = arg or os.environ.get("SPECPROOF_HYPOTHESIS_DIR")
+    if chosen:
+        path = Path(chosen)
+        if not path.parent.is_dir():
+            raise UsageError(f"--hypothesis-dir {chosen!r}: the directory {str(path.parent)!r} does not exist")
+        return path
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "specproof" / "hypothesis"
 
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    from specproof.conformance._certifying import CertifyContext
-    from specproof.conformance._profiles import get_profile
+    from specproof.conformance._certifying import Plan
     from specproof.conformance._runner import certify
-    from specproof.conformance.reports import write_json_report, write_markdown_report
+    from specproof.conformance.reports import (
+        EXIT_CODES,
+        check_output_path,
+        render_junit,
+        write_json_report,
+        write_markdown_report,
+        write_text_file,
+    )
 
-    get_profile(args.profile)  # a usage error before anything is built
-    ctx = CertifyContext.create(
+    # Everything the user gave is checked before any work: paths first (nothing is created).
+    outputs = {
+        "--report": args.report,
+        "--markdown": args.markdown,
+        "--junitxml": args.junitxml,
+    }
+    for option, path in outputs.items():
+        if path:
+            check_output_path(path, option=option)
+    storage = _hypothesis_dir(args.hypothesis_dir)
+    plan = Plan.create(
         args.subject,
         drafter=args.drafter,
         target=args.target,
@@ -49,8 +110,51 @@ def run(args: argparse.Namespace) -> int:
         profile=args.profile,
         seed=args.seed,
         tie_tolerance=args.tie_tolerance,
+        atol=args.atol,
+        only=tuple(args.only),
     )
-    console = Console(stderr=args.json)
+    os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
+    try:
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        set_hypothesis_home_dir(str(storage))
+    except ImportError:  # pragma: no cover - older Hypothesis
+        pass
+
+    terminal = sys.stderr.isatty() if args.json else sys.stdout.isatty()
+    console = Console(stderr=args.json, soft_wrap=not terminal, width=None if terminal else 10_000)
+    report = _run_with_progress(plan, certify, console, terminal)
+    if args.report:
+        write_json_report(args.report, report)
+    if args.markdown:
+        write_markdown_report(args.markdown, report)
+    if args.junitxml:
+        write_text_file(args.junitxml, render_junit(report))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_table(console, report)
+    if report.get("pytest_output"):
+        console.print(report["pytest_output"], markup=False)
+    return EXIT_CODES.get(report["verdict"], 1)
+
+
+def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) -> dict[str, Any]:
+    """A progress bar on a terminal; in a log, one line per finished check as the run goes."""
+    if not terminal:
+
+        def line(result: Any) -> None:
+            console.print(
+                f"{result.status:<8} {result.nodeid}  ({result.examples} examples, {result.exercised} exercised, "
+                f"{result.seconds:.1f} s)",
+                markup=False,
+                highlight=False,
+            )
+
+        return certify(plan, on_result=line)[1]  # type: ignore[no-any-return]
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("[bold]certify[/] {task.description}"),
         BarColumn(),
@@ -59,61 +163,58 @@ def run(args: argparse.Namespace) -> int:
         console=console,
         transient=True,
     ) as progress:
-        task = progress.add_task("collecting", total=None)
+        task = progress.add_task("running", total=None)
 
-        def collected(n: int) -> None:
-            progress.update(task, total=n, description="running")
+        def start(n: int) -> None:
+            progress.update(task, total=n)
 
-        def finished(nodeid: str) -> None:
-            progress.update(task, advance=1, description=nodeid.rpartition("[")[2].rstrip("]"))
+        def finished(result: Any) -> None:
+            progress.update(task, advance=1, description=result.nodeid)
 
-        report = certify(ctx, only=args.only, on_collect=collected, on_result=finished)
-    if args.report:
-        write_json_report(args.report, report)
-    if args.markdown:
-        write_markdown_report(args.markdown, report)
-    if report["verdict"] == "error":
-        console.print(report.get("pytest_output", ""), markup=False)
-        return 1
-    if args.json:
-        print(json.dumps(report, indent=2, default=str))
-    else:
-        _print_table(console, report, Table)
-    return 0 if report["verdict"] == "pass" else 1
+        return certify(plan, on_start=start, on_result=finished)[1]  # type: ignore[no-any-return]
 
 
-def _print_table(console, report, Table) -> None:  # type: ignore[no-untyped-def]
+def _print_table(console: Any, report: dict[str, Any]) -> None:
+    from rich.table import Table
+
     subj = report["subjects"]
-    title = (
-        "specproof certify — "
-        + ", ".join(
-            x
-            for x in (
-                f"drafter {subj['drafter']['spec']}" if subj.get("drafter") else "",
-                f"target {subj['target']['spec']}" if subj.get("target") else "",
-                "engines " + "/".join(e["case"] for e in subj.get("engines", [])),
-            )
-            if x
-        )
-        + f" — profile {report['profile']}"
-    )
+    parts = [
+        f"drafter {subj['drafter']['spec']}" if subj.get("drafter") else "",
+        f"target {subj['target']['spec']}" if subj.get("target") else "",
+        ("engines " + "/".join(e["case"] for e in subj["engines"])) if subj.get("engines") else "",
+    ]
+    title = "specproof certify — " + (", ".join(x for x in parts if x) or "nothing") + f" — profile {report['profile']}"
     table = Table(title=title)
-    for col in ("invariant", "case", "status", "examples", "seconds"):
-        table.add_column(col, justify="right" if col in ("examples", "seconds") else "left", no_wrap=True)
+    for col in ("check", "status", "examples", "exercised", "seconds"):
+        table.add_column(col, justify="left" if col in ("check", "status") else "right", no_wrap=True)
     table.add_column("detail", overflow="fold")
     style = {"pass": "green", "excused": "yellow", "fail": "bold red", "error": "bold red", "skip": "dim"}
     for r in report["results"]:
         table.add_row(
-            r["invariant"],
-            r["case"],
-            f"[{style[r['status']]}]{r['status']}[/]",
+            r["id"],
+            f"[{style.get(r['status'], '')}]{r['status']}[/]",
             str(r["examples"]),
+            str(r["exercised"]),
             f"{r['seconds']:.2f}",
             r.get("detail") or "",
         )
     console.print(table)
-    failures = [r for r in report["results"] if r["status"] in ("fail", "error")]
-    for r in failures:
+    coverage = report.get("path_coverage") or {}
+    if coverage:
+        paths = [p for p in next(iter(coverage.values())) if p not in ("generations", "completed")]
+        cov = Table(title="path coverage (rounds by path; 0 = never exercised)")
+        cov.add_column("case", no_wrap=True)
+        for col in ("generations", "completed", *paths):
+            cov.add_column(col.replace("_", " "), justify="right")
+        for case, row in coverage.items():
+            cov.add_row(case, *(str(row[c]) for c in ("generations", "completed", *paths)))
+        console.print(cov)
+    for e in subj.get("engines") or ():
+        for note in e.get("notes") or ():
+            console.print(f"note ({e['case']}): {note}", markup=False)
+    for u in subj.get("used") or ():
+        console.print(f"used, not certified: {u}", markup=False)
+    for r in [r for r in report["results"] if r["status"] in ("fail", "error")]:
         console.rule(f"[bold red]{r['invariant']} ({r['case']})")
         for v in r.get("violations") or []:
             where = f" in round {v['round']}" if v.get("round") is not None else ""
@@ -121,11 +222,18 @@ def _print_table(console, report, Table) -> None:  # type: ignore[no-untyped-def
             if v.get("expected") is not None or v.get("actual") is not None:
                 console.print(f"    expected: {v['expected']}\n    actual:   {v['actual']}", markup=False)
             if v.get("example"):
-                console.print(f"    minimal example: {json.dumps(v['example'], default=str)[:1500]}", markup=False)
+                console.print(f"    minimal example: {json.dumps(v['example'], default=str)[:3000]}", markup=False)
+        if r["status"] == "error":
+            console.print(f"    error: {r['detail']}", markup=False)
         if r.get("reproduce"):
-            console.print(f"    reproduce: {r['reproduce']}", markup=False)
+            # one line, never wrapped: it must paste back into a shell
+            console.print(f"    reproduce: {r['reproduce']}", markup=False, soft_wrap=True, highlight=False)
     counts: dict[str, int] = {}
     for r in report["results"]:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    console.print(f"verdict: [bold]{report['verdict'].upper()}[/] ({summary}) in {report['seconds']:.1f} s")
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
+    reason = f" — {report['verdict_reason']}" if report.get("verdict_reason") else ""
+    console.print(
+        f"verdict: [bold]{report['verdict'].upper()}[/] ({summary}) in {report['seconds']:.1f} s{reason}",
+        soft_wrap=True,
+    )

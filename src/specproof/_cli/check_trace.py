@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from specproof._cli.common import make_target
-    from specproof.cli import UsageError
     from specproof.conformance.traces import check_trace, load_golden, read_trace
+    from specproof.contract import UsageError
 
     trace = read_trace(args.file)
     if args.greedy is not None:

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specproof.cli import UsageError
+    from specproof.contract import UsageError
     from specproof.engine import SpecDecoder, greedy_decode
 
     sources = [
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_prompt_file(path: str) -> str:
-    from specproof.cli import UsageError
+    from specproof.contract import UsageError
 
     try:
         raw = Path(path).read_bytes()
@@ -188,7 +188,7 @@ def _read_prompt_file(path: str) -> str:
 
 def _workload_prompt(name: str) -> str:
     from specproof.bench import WORKLOAD_NAMES, build_workloads
-    from specproof.cli import UsageError
+    from specproof.contract import UsageError
 
     if name not in WORKLOAD_NAMES:
         raise UsageError(f"--workload {name!r}: not a bench workload; choose one of {', '.join(WORKLOAD_NAMES)}")

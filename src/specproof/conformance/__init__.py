@@ -1,10 +1,12 @@
-"""specproof.conformance: the invariants, certifying test modules, pytest plugin, reports and traces.
+"""specproof.conformance: the invariant registry, the certify core, the pytest plugin, reports and traces.
 
 Public entry points:
 
-- ``CATALOGUE`` / ``INVARIANT_IDS`` / ``Violation`` — the invariant catalogue of DESIGN.md;
+- ``REGISTRY`` / ``Invariant`` — every check's id, subject, summary and needs (one source of truth;
+  ``specproof invariants`` prints it);
 - ``checks`` — every invariant as a function returning structured violations;
-- ``certify(...)`` — run the certifying modules in-process and get a ``specproof-report/1`` dict;
+- ``certify(...)`` / ``check_subject(...)`` — run the certifying checks in-process and get a
+  ``specproof-report/2`` dict (``certify``) or the per-check results (``check_subject``);
 - ``traces`` — the ``specproof-trace/1`` format and ``check_trace``;
 - ``zoo`` — deliberately broken implementations the suite must reject;
 - the pytest plugin (``pytest --pyargs specproof.conformance --specproof-drafter ...``).
@@ -14,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from specproof.conformance._invariants import CATALOGUE, INVARIANT_IDS, Invariant, Violation, ViolationError
+from specproof.conformance._registry import REGISTRY, Invariant, Outcome, markdown_table
+from specproof.contract import Violation, ViolationError
 
-__all__ = ["CATALOGUE", "INVARIANT_IDS", "Invariant", "Violation", "ViolationError", "certify"]
+__all__ = ["REGISTRY", "Invariant", "Outcome", "Violation", "ViolationError", "certify", "markdown_table"]
 
 
 def certify(
@@ -28,13 +31,25 @@ def certify(
     profile: str = "quick",
     seed: int | None = None,
     tie_tolerance: float | None = None,
+    atol: float | None = None,
     only: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Certify plug-ins given as specs (as ``specproof certify`` does); returns the report dict."""
-    from specproof.conformance._certifying import CertifyContext
+    """Certify plug-ins given as specs (as ``specproof certify`` does); returns the report dict.
+
+    Options are validated before anything runs: a bad one raises ``specproof.contract.UsageError``.
+    """
+    from specproof.conformance._certifying import Plan
     from specproof.conformance._runner import certify as run
 
-    ctx = CertifyContext.create(
-        subject, drafter=drafter, target=target, engine=engine, profile=profile, seed=seed, tie_tolerance=tie_tolerance
+    plan = Plan.create(
+        subject,
+        drafter=drafter,
+        target=target,
+        engine=engine,
+        profile=profile,
+        seed=seed,
+        tie_tolerance=tie_tolerance,
+        atol=atol,
+        only=only,
     )
-    return run(ctx, only=only)
+    return run(plan)[1]

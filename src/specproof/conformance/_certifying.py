@@ -1,93 +1,47 @@
-"""What each certifying test runs: one Hypothesis search per (subject case, invariant id).
+"""The certify core: a resolved plan, the checks derived from the registry, and their drivers.
 
-The test modules (``test_drafter.py``, ``test_target.py``, ``test_engine.py``,
-``test_stateful.py``) are one line each; the plugin parametrizes them from the
-resolved ``Suite`` so every invariant is its own pytest id (``-k engine.kv-length``).
+- ``Plan`` — what is certified, how hard, with which tolerances (plain data, resolved once);
+- ``Certification`` — the checks the plan selects (one per registry entry and subject case)
+  and the drivers that run them: an example search per drafter/target invariant, **one
+  search per engine case** feeding every engine invariant (searched again per invariant
+  only to shrink a failure), the rollback machine and the session machine;
+- results are ``CheckResult`` records; the pytest plugin and ``certify()`` only glue these
+  into pytest, and ``reports`` renders them.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import platform
-import sys
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import hypothesis
-import numpy as np
-import pytest
 from hypothesis import strategies as st
 
-from specproof import __version__
-from specproof.conformance._harness import ENGINE_INVARIANTS, run_builtin, run_plugin
-from specproof.conformance._invariants import CATALOGUE, Violation, ViolationError
+from specproof.conformance import _registry as registry
+from specproof.conformance._harness import PATHS, EngineRun, greedy_continuation, run_builtin, run_plugin
 from specproof.conformance._profiles import Profile, get_profile
-from specproof.conformance._results import CheckResult, Recorder
+from specproof.conformance._results import CheckResult
 from specproof.conformance._subjects import EngineCase, Suite
-from specproof.conformance.checks import drafter as drafter_checks
-from specproof.conformance.checks import target as target_checks
-from specproof.engine import SpecproofError, greedy_decode
-from specproof.strategies import ScriptedDrafter, contexts, round_plans
+from specproof.contract import SpecproofError, UsageError, Violation, ViolationError, validate_tolerance
+from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
-__all__ = ["CertifyContext", "CheckSpec"]
-
-DRAFTER_INVARIANTS = ("drafter.max-length", "drafter.token-range", "drafter.deterministic", "drafter.no-mutation")
-TARGET_INVARIANTS = (
-    "target.shape",
-    "target.processed",
-    "target.chunk-invariance",
-    "target.causality",
-    "target.restore",
-    "target.checkpoints",
-    "target.capacity",
-)
-STATEFUL_ID = "stateful.rollback-machine"
+__all__ = ["Certification", "CheckItem", "Plan"]
 
 
-def _spec_version(spec: str | None) -> str | None:
-    """The version of the package a plug-in spec comes from (``mypkg.x:make`` -> mypkg's version)."""
-    if not spec:
-        return None
-    family = spec.split(":", 1)[0]
-    builtin = family in ("ngram", "reference", "reference-moe", "trained", "coreml")
-    if builtin or ("." not in family and ":" not in spec):
-        return __version__
-    top = family.split(".")[0]
-    if top in ("mlx", "hf"):
-        dist = {"mlx": "mlx-lm", "hf": "transformers"}[top]
-    else:
-        mod = sys.modules.get(top)
-        version = getattr(mod, "__version__", None)
-        if isinstance(version, str):
-            return version
-        dist = importlib.metadata.packages_distributions().get(top, [top])[0]
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+@attrs.frozen(kw_only=True)
+class Plan:
+    """Resolved subjects, profile, seed, tolerances and selection: everything a run depends on."""
 
-
-@attrs.frozen
-class CheckSpec:
-    kind: str  # drafter | target | engine | stateful
-    invariant: str
-    case: str
-    engine: EngineCase | None = attrs.field(default=None, eq=False, repr=False)
-
-    def __str__(self) -> str:
-        return f"{self.case}-{self.invariant}" if self.kind in ("engine", "stateful") else self.invariant
-
-
-@attrs.define
-class CertifyContext:
     suite: Suite
     profile: Profile
     seed: int | None
-    tolerance: float
+    only: tuple[str, ...]
     specs: dict[str, str | None]
-    recorder: Recorder = attrs.Factory(Recorder)
-    started: float = attrs.Factory(time.perf_counter)
+    tie_tolerance: float | None
+    atol: float | None
 
     @classmethod
     def create(
@@ -100,8 +54,19 @@ class CertifyContext:
         profile: str = "quick",
         seed: int | None = None,
         tie_tolerance: float | None = None,
-    ) -> CertifyContext:
+        atol: float | None = None,
+        only: tuple[str, ...] = (),
+    ) -> Plan:
+        """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
+        selected = registry.select(only)
+        try:
+            tie = None if tie_tolerance is None else validate_tolerance(tie_tolerance, name="--tie-tolerance")
+            tol = None if atol is None else validate_tolerance(atol, name="--atol")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise UsageError(f"--seed must be an integer, got {seed!r}")
         if subject is None:
             subject = (
                 "engine"
@@ -112,349 +77,438 @@ class CertifyContext:
                 if target and not drafter
                 else "all"
             )
+        if subject in ("drafter", "target") and engine:
+            raise UsageError(f"certify {subject} takes no --engine (an engine is certified with `certify engine`)")
         suite = Suite.from_specs(
             subject,  # type: ignore[arg-type]
             drafter=drafter,
             target=target,
-            engine=engine,  # type: ignore[arg-type]
-            tolerance=tie_tolerance,
+            engine=engine,
+            tie_tolerance=tie,
+            atol=tol,
         )
-        tol = tie_tolerance if tie_tolerance is not None else (suite.target.tolerance if suite.target else 0.0)
         return cls(
             suite=suite,
             profile=prof,
             seed=seed,
-            tolerance=tol,
+            only=selected,
             specs={"drafter": drafter, "target": target, "engine": engine, "subject": subject},
+            tie_tolerance=tie,
+            atol=tol,
         )
 
-    @classmethod
-    def from_pytest_config(cls, config: pytest.Config) -> CertifyContext:
-        opt = config.getoption
-        return cls.create(
-            opt("--specproof-subject"),
-            drafter=opt("--specproof-drafter"),
-            target=opt("--specproof-target"),
-            engine=opt("--specproof-engine"),
-            profile=opt("--specproof-profile"),
-            seed=opt("--specproof-seed"),
-            tie_tolerance=opt("specproof_tie_tolerance"),
-        )
 
-    # ---- parametrization -----------------------------------------------------------------
+@attrs.frozen
+class CheckItem:
+    """One check to run: a registry entry on one subject case (pytest id: ``case-invariant``)."""
 
-    def parametrize(self, function: str) -> list[tuple[str, CheckSpec]]:
-        specs: list[CheckSpec] = []
-        if function == "test_drafter" and self.suite.certify_drafter:
-            specs = [CheckSpec("drafter", inv, "drafter") for inv in DRAFTER_INVARIANTS]
-        elif function == "test_target" and self.suite.certify_target:
-            specs = [CheckSpec("target", inv, "target") for inv in TARGET_INVARIANTS]
-        elif function == "test_engine":
-            specs = [
-                CheckSpec("engine", inv, case.id, case) for case in self.suite.engines for inv in ENGINE_INVARIANTS
-            ]
-        elif function == "test_stateful":
-            specs = [
-                CheckSpec("stateful", STATEFUL_ID, case.id, case)
-                for case in self.suite.engines
-                if case.kind == "builtin" and self.suite.target is not None
-            ]
-        if not specs:
-            return [("not-requested", CheckSpec("none", "none", "none"))]
-        return [(str(s), s) for s in specs]
+    invariant: registry.Invariant
+    case_id: str
+    engine: EngineCase | None = attrs.field(default=None, eq=False)
 
-    # ---- running ---------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return f"{self.case_id}-{self.invariant.id}" if self.invariant.subject == "engine" else self.invariant.id
 
-    def run(self, check: CheckSpec, nodeid: str) -> None:
-        if check.kind == "none":
-            pytest.skip("not part of this certification (see --specproof-subject)")
-        result = self.recorder.get(nodeid, check.invariant, check.case)
+
+class _DrafterCase:
+    """What drafter invariants run on: fresh drafters and the vocabulary they draft from."""
+
+    def __init__(self, make: Callable[[], Any], vocab_size: int) -> None:
+        self.make = make
+        self.vocab_size = vocab_size
+
+
+@attrs.define
+class _CaseSearch:
+    """The one search of an engine case: every example's run, in the order drawn."""
+
+    runs: list[EngineRun] = attrs.Factory(list)
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+class Certification:
+    """The checks a plan selects and the drivers that run them; results by check id."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.results: dict[str, CheckResult] = {}
+        self.started = time.perf_counter()
+        self.interrupted = False
+        self._searches: dict[int, _CaseSearch] = {}
+
+    # ---- what runs ---------------------------------------------------------------------
+
+    def checks(self, subject: registry.Subject) -> list[CheckItem]:
+        """The checks of one area, derived from the registry, the suite and ``--only``."""
+        suite, only = self.plan.suite, self.plan.only
+        items: list[CheckItem] = []
+        for inv in registry.by_subject(subject):
+            if only and inv.id not in only:
+                continue
+            if subject == "drafter" and suite.certify_drafter:
+                items.append(CheckItem(inv, "drafter"))
+            elif subject == "target" and suite.certify_target:
+                items.append(CheckItem(inv, "target"))
+            elif subject == "engine":
+                for case in suite.engines:
+                    if inv.driver == "rollback-machine" and case.kind != "builtin":
+                        continue
+                    items.append(CheckItem(inv, case.id, case))
+        return items
+
+    def all_checks(self) -> list[CheckItem]:
+        return [*self.checks("drafter"), *self.checks("target"), *self.checks("engine")]
+
+    # ---- running -----------------------------------------------------------------------
+
+    def run(self, item: CheckItem) -> CheckResult:
+        """Run one check to its verdict (never raises for a verdict; KeyboardInterrupt propagates)."""
+        inv = item.invariant
+        result = CheckResult(nodeid=item.id, invariant=inv.id, case=item.case_id)
+        self.results[item.id] = result
         start = time.perf_counter()
         try:
-            getattr(self, f"_run_{check.kind}")(check, result)
+            if inv.driver == "examples":
+                self._run_examples(item, result)
+            elif inv.driver == "engine-case":
+                self._run_engine_invariant(item, result)
+            elif inv.driver == "rollback-machine":
+                self._run_rollback_machine(item, result)
+            else:
+                self._run_session_machine(item, result)
+        except ViolationError as exc:
+            result.fail(exc.violations)
+        except KeyboardInterrupt:
+            result.status = "error"
+            result.detail = "interrupted"
+            self.interrupted = True
+            raise
+        except Exception as exc:
+            group = getattr(exc, "exceptions", None)  # Hypothesis' FlakyFailure: failed, then passed on replay
+            if isinstance(group, tuple) and group and all(isinstance(e, ViolationError) for e in group):
+                result.fail([v for e in group for v in e.violations])
+                result.detail = "flaky: " + result.detail
+            else:
+                result.status = "error"
+                result.detail = f"{type(exc).__name__}: {exc}"
         finally:
             result.seconds = time.perf_counter() - start
+        if result.status == "pending":
+            result.settle()
+        if result.status in ("fail", "error"):
+            result.reproduce = self.reproduce_command(result)
+        return result
 
     def _settings(self, fn: Any, *, max_examples: int | None = None) -> Any:
-        fn = self.profile.hypothesis_settings(seed=self.seed, max_examples=max_examples)(fn)
-        if self.seed is not None:
-            fn = hypothesis.seed(self.seed)(fn)
+        fn = self.plan.profile.hypothesis_settings(seed=self.plan.seed, max_examples=max_examples)(fn)
+        if self.plan.seed is not None:
+            fn = hypothesis.seed(self.plan.seed)(fn)
         return fn
 
-    def _run_drafter(self, check: CheckSpec, result: CheckResult) -> None:
-        dsub = self.suite.drafter
-        assert dsub is not None
-        vocab = self.suite.target.vocab_size if self.suite.target else 256
-        inv = check.invariant
+    def _case(self, item: CheckItem) -> Any:
+        suite = self.plan.suite
+        if item.invariant.subject == "drafter":
+            assert suite.drafter is not None
+            vocab = suite.target.vocab_size if suite.target else 256
+            return _DrafterCase(suite.drafter.make, vocab)
+        assert suite.target is not None
+        return suite.target
+
+    def _run_examples(self, item: CheckItem, result: CheckResult) -> None:
+        inv, case, profile = item.invariant, self._case(item), self.plan.profile
+        if inv.id == "target.checkpoints" and not case.has_checkpoints:
+            result.skip("the target has no forward_with_checkpoints (replay rollback only)")
+            return
+        assert inv.draw is not None and inv.check is not None
+        notes: list[str] = []
 
         @hypothesis.given(data=st.data())
         def search(data: st.DataObject) -> None:
             result.examples += 1
-            ctx = data.draw(contexts(vocab, min_size=1, max_size=self.profile.max_prompt * 2), label="context")
-            ks = data.draw(st.lists(st.integers(0, 8), min_size=1, max_size=6), label="k per call")
-            if inv == "drafter.deterministic":
-                other = data.draw(contexts(vocab, min_size=1, max_size=24), label="unrelated context seen before reset")
-                vs = drafter_checks.check_deterministic(dsub.make, ctx, ks, other=other)
-            elif inv == "drafter.token-range":
-                vs = drafter_checks.check_token_range(dsub.make(), ctx, ks, vocab_size=vocab)
-            else:
-                vs = drafter_checks.DRAFTER_CHECKS[inv](dsub.make(), ctx, ks)
-            if vs:
-                raise ViolationError(vs)
+            outcome = inv.check(case, inv.draw(data, case, profile))  # type: ignore[misc]
+            result.exercised += outcome.exercised
+            if outcome.note:
+                notes.append(outcome.note)
+            if outcome.violations:
+                raise ViolationError(outcome.violations)
 
-        self._settings(search)()
-
-    def _run_target(self, check: CheckSpec, result: CheckResult) -> None:
-        tsub = self.suite.target
-        assert tsub is not None
-        vocab, tol, inv = tsub.vocab_size, tsub.tolerance, check.invariant
-        prefix_max = min(self.profile.max_prompt, max(0, tsub.max_context - 16))
-        tokens_st = st.lists(st.integers(0, vocab - 1), min_size=1, max_size=9)
-        if inv == "target.checkpoints" and not tsub.has_checkpoints:
-            result.detail = "no forward_with_checkpoints (replay rollback only)"
-            pytest.skip(result.detail)
-
-        @hypothesis.given(data=st.data())
-        def search(data: st.DataObject) -> None:
-            result.examples += 1
-            prefix = data.draw(contexts(vocab, min_size=0, max_size=prefix_max), label="prefix")
-            tokens = data.draw(tokens_st, label="tokens")
-            if inv == "target.chunk-invariance":
-                chunks = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=6), label="chunks")
-                vs = target_checks.check_chunk_invariance(tsub.make, prefix, tokens, chunks, tolerance=tol)
-            elif inv == "target.causality":
-                split = data.draw(st.integers(1, len(tokens)), label="split")
-                repl = data.draw(
-                    st.lists(st.integers(0, vocab - 1), min_size=len(tokens), max_size=len(tokens)), label="replacement"
-                )
-                vs = target_checks.check_causality(tsub.make, prefix, tokens, split, repl, tolerance=tol)
-            elif inv in ("target.restore", "target.checkpoints"):
-                probe = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3), label="probe")
-                vs = (target_checks.check_restore if inv == "target.restore" else target_checks.check_checkpoints)(
-                    tsub.make, prefix, tokens, probe, tolerance=tol
-                )
-            elif inv == "target.capacity":
-                overflow = data.draw(st.integers(2, 5), label="overflow tokens")
-                vs = target_checks.check_capacity(tsub.make, prefix or tokens, overflow, tokens[0])
-            else:
-                vs = target_checks.TARGET_CHECKS[inv](tsub.make, prefix, tokens)
-            if vs:
-                raise ViolationError(vs)
-
-        n = self.profile.capacity_examples if inv == "target.capacity" else None
+        n = profile.capacity_examples if inv.id == "target.capacity" else None
         self._settings(search, max_examples=n)()
+        if not result.exercised:
+            result.skip(notes[0] if notes else "no example reached this check")
 
-    def _run_engine(self, check: CheckSpec, result: CheckResult) -> None:
-        case = check.engine
-        assert case is not None
-        inv = check.invariant
-        tol = self.tolerance
-        applicable = [0]
+    # ---- engine cases: one search feeds every invariant --------------------------------
 
-        def record(run: dict[str, Any]) -> None:
-            vs = run.get(inv)
-            if vs is None:
-                return
-            applicable[0] += 1
-            if vs:
-                raise ViolationError(vs)
-            verdict = run.get("lossless-verdict")
-            if inv == "engine.lossless" and verdict is not None and verdict.status == "excused":
-                result.excused += 1
-                if verdict.margin is not None:
-                    result.excused_margins.append(float(verdict.margin))
-
-        if case.kind == "plugin":
-            vocab = case.vocab_size
-            max_prompt = self.profile.max_prompt
-            if case.max_context:
-                max_prompt = min(max_prompt, case.max_context - 1)
-
-            @hypothesis.given(data=st.data())
-            def search(data: st.DataObject) -> None:
-                result.examples += 1
-                prompt = data.draw(contexts(vocab, min_size=1, max_size=max_prompt), label="prompt")
-                n = data.draw(st.integers(1, self.profile.max_new_tokens), label="max_new_tokens")
-                expected, _ = case.greedy(prompt, n, None)  # type: ignore[misc]
-                eos = data.draw(st.none() | st.sampled_from(expected or [0]), label="eos_token_id")
-                record(run_plugin(case, prompt=prompt, max_new_tokens=n, eos=eos, tolerance=tol))
-
+    def _draw_run(self, data: st.DataObject, case: EngineCase) -> EngineRun:
+        """Draw one example for an engine case and run it (cached: the shrink searches reuse runs)."""
+        profile, suite = self.plan.profile, self.plan.suite
+        if case.kind == "builtin":
+            assert suite.target is not None
+            vocab, cap = suite.target.vocab_size, suite.target.max_context
+            k = data.draw(st.integers(0, 8), label="k")
         else:
-            tsub = self.suite.target
-            dsub = self.suite.drafter
-            assert tsub is not None and dsub is not None
-            vocab, cap = tsub.vocab_size, tsub.max_context
-            max_prompt = min(self.profile.max_prompt, cap - 1)
-            reference = tsub.make()
+            vocab, cap = case.vocab_size, case.max_context or 10**9
+            k = case.k if case.k is not None else 4
+        n = data.draw(st.integers(1, profile.max_new_tokens), label="max_new_tokens")
+        max_prompt = max(1, min(profile.max_prompt, cap - 1))
+        near_end = cap <= 4 * profile.max_prompt or data.draw(st.integers(0, 11), label="near max_context") == 0
+        if near_end and data.draw(st.booleans(), label="prompt ends near max_context"):
+            room = data.draw(st.integers(1, max(1, min(10, cap - 1))), label="free context slots")
+            unit = data.draw(contexts(vocab, min_size=1, max_size=6), label="prompt unit")
+            prompt = [unit[i % len(unit)] for i in range(max(1, cap - room))]
+        else:
+            prompt = data.draw(contexts(vocab, min_size=1, max_size=max_prompt), label="prompt")
+        continuation, _ = self._greedy(case, prompt, n, None)
+        eos_kind = data.draw(st.sampled_from(["none", "last block", "anywhere"]), label="eos placement")
+        eos: int | None = None
+        if eos_kind == "last block" and continuation:
+            # EOS among the last k+1 greedy tokens before the budget: inside the last accepted block
+            eos = data.draw(st.sampled_from(continuation[-(k + 1) :]), label="eos_token_id")
+        elif eos_kind == "anywhere" and continuation:
+            eos = data.draw(st.sampled_from(continuation), label="eos_token_id")
+        scripted_ok = vocab >= 2 and (case.kind == "builtin" or case.takes_drafter)
+        kind = data.draw(st.sampled_from(["scripted", "subject"]), label="drafter") if scripted_ok else "subject"
+        plan = data.draw(round_plans(k=k, max_rounds=8), label="round plan") if kind == "scripted" else None
+        return self._execute(case, prompt=prompt, k=k, n=n, eos=eos, plan=plan)
+
+    def _greedy(self, case: EngineCase, prompt: list[int], n: int, eos: int | None) -> tuple[list[int], Any]:
+        if case.kind == "builtin":
+            t = self.plan.suite.target
+            assert t is not None
+            return greedy_continuation(
+                t.make, None, ("target", t.spec), prompt, n, eos, horizon=self.plan.profile.max_new_tokens
+            )
+        return greedy_continuation(
+            case.make_reference,
+            case.greedy_fn,
+            ("plugin", case.token),
+            prompt,
+            n,
+            eos,
+            horizon=self.plan.profile.max_new_tokens,
+        )
+
+    def _execute(
+        self, case: EngineCase, *, prompt: list[int], k: int, n: int, eos: int | None, plan: RoundPlan | None
+    ) -> EngineRun:
+        suite, horizon = self.plan.suite, self.plan.profile.max_new_tokens
+        drafter: Any = None
+        script = None
+        if plan is not None:
+            continuation, _ = self._greedy(case, prompt, n, None)
+            drafter = ScriptedDrafter(prompt, continuation, plan, vocab_size=case.vocab_size or 2)
+            script = plan.describe()
+        if case.kind == "builtin":
+            t, d = suite.target, suite.drafter
+            assert t is not None and d is not None
+            return run_builtin(
+                make_target=t.make,
+                drafter=drafter if drafter is not None else d.make(),
+                drafter_kind=f"scripted:{d.name}" if drafter is not None else f"subject:{d.name}",
+                prompt=prompt,
+                k=k,
+                rollback=case.rollback or "replay",
+                max_new_tokens=n,
+                eos=eos,
+                atol=case.atol,
+                tie_tolerance=case.tie_tolerance,
+                cache_key=("target", t.spec, d.spec),
+                horizon=horizon,
+                script=script,
+            )
+        return run_plugin(
+            case,
+            prompt=prompt,
+            max_new_tokens=n,
+            eos=eos,
+            drafter=drafter,
+            drafter_kind="scripted" if drafter is not None else "engine's own",
+            atol=case.atol,
+            tie_tolerance=case.tie_tolerance,
+            horizon=horizon,
+            script=script,
+        )
+
+    def _explicit(self, case: EngineCase) -> list[dict[str, Any]]:
+        """Hand-picked examples for the known-hard paths, run before the search on every profile."""
+        suite = self.plan.suite
+        vocab = case.vocab_size or (suite.target.vocab_size if suite.target else 0)
+        if vocab < 2 or not (case.kind == "builtin" or case.takes_drafter):
+            return []
+        k = case.k if case.kind == "plugin" and case.k is not None else 3
+        if k < 2:
+            return []
+        full, empty = PlannedRound(draft_length=k, correct=k), PlannedRound(draft_length=0, correct=0)
+        partial, zero = PlannedRound(draft_length=k, correct=1), PlannedRound(draft_length=k, correct=0)
+        prompt = [i % vocab for i in (1, 2, 3, 1, 2)]
+        out = [
+            # a full accept, then an empty draft right after it (stale state after a zero-draft step)
+            {"prompt": prompt, "k": k, "n": 4 * (k + 1), "plan": RoundPlan((full, empty, partial, zero)), "eos": None},
+            # a partial accept and a rejection at 0 (rollback into the middle of a draft, and to the base)
+            {"prompt": prompt, "k": k, "n": 3 * (k + 1), "plan": RoundPlan((partial, zero, full)), "eos": None},
+        ]
+        continuation, _ = self._greedy(case, prompt, 2 * (k + 1), None)
+        if len(continuation) > k:
+            # EOS inside the last fully accepted block, before the length cap
+            eos = continuation[-k]
+            if eos not in continuation[:-k]:
+                out.append({"prompt": prompt, "k": k, "n": 2 * (k + 1), "plan": RoundPlan((full,)), "eos": eos})
+        return out
+
+    def _search(self, case: EngineCase) -> _CaseSearch:
+        found = self._searches.get(case.token)
+        if found is not None:
+            return found
+        found = self._searches[case.token] = _CaseSearch()
+        start = time.perf_counter()
+        try:
+            for ex in self._explicit(case):
+                found.runs.append(
+                    self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
+                )
 
             @hypothesis.given(data=st.data())
             def search(data: st.DataObject) -> None:
-                result.examples += 1
-                k = data.draw(st.integers(0, 8), label="k")
-                n = data.draw(st.integers(1, self.profile.max_new_tokens), label="max_new_tokens")
-                near_end = (
-                    cap <= 4 * self.profile.max_prompt or data.draw(st.integers(0, 15), label="near max_context") == 0
-                )
-                if near_end and data.draw(st.booleans(), label="prompt ends near max_context"):
-                    room = data.draw(st.integers(1, 10), label="free context slots")
-                    unit = data.draw(contexts(vocab, min_size=1, max_size=6), label="prompt unit")
-                    prompt = [unit[i % len(unit)] for i in range(max(1, cap - room))]
-                else:
-                    prompt = data.draw(contexts(vocab, min_size=1, max_size=max_prompt), label="prompt")
-                continuation = list(greedy_decode(reference, prompt, n).tokens)
-                eos = data.draw(st.none() | st.sampled_from(continuation or [0]), label="eos_token_id")
-                kind = data.draw(st.sampled_from(["scripted", "subject"]), label="drafter")
-                script: object = None
-                if kind == "scripted" and vocab >= 2:
-                    plan = data.draw(round_plans(k=k, max_rounds=8), label="round plan")
-                    drafter: Any = ScriptedDrafter(prompt, continuation, plan, vocab_size=vocab)
-                    script = plan.describe()
-                else:
-                    kind = "subject"
-                    drafter = dsub.make()
-                record(
-                    run_builtin(
-                        make_target=tsub.make,
-                        drafter=drafter,
-                        drafter_kind=f"{kind}:{dsub.name}",
-                        prompt=prompt,
-                        k=k,
-                        rollback=case.rollback or "replay",
-                        max_new_tokens=n,
-                        eos=eos,
-                        tolerance=tol,
-                        cache_key=(tsub.spec, dsub.spec),
-                        script=script,
-                    )
-                )
+                found.runs.append(self._draw_run(data, case))
 
-        self._settings(search)()
-        if applicable[0] == 0:
-            result.detail = "not applicable to this engine's output (no steps / no stats)"
-            pytest.skip(result.detail)
+            self._settings(search)()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            found.error = exc
+        found.seconds = time.perf_counter() - start
+        return found
 
-    def _run_stateful(self, check: CheckSpec, result: CheckResult) -> None:
+    def _run_engine_invariant(self, item: CheckItem, result: CheckResult) -> None:
+        case, inv = item.engine, item.invariant
+        assert case is not None and inv.check is not None
+        search = self._search(case)
+        if search.error is not None:
+            raise search.error
+        notes: Counter[str] = Counter()
+        failed = False
+        for run in search.runs:
+            outcome = inv.check(case, run)
+            result.examples += 1
+            result.exercised += outcome.exercised
+            result.paths.update(run.paths)
+            if outcome.note and not outcome.exercised:
+                notes[outcome.note] += 1
+            if outcome.violations:
+                failed = True
+            if inv.id == "engine.lossless" and run.lossless is not None and run.lossless.status == "excused":
+                result.excused += 1
+                if run.lossless.margin is not None:
+                    result.excused_margins.append(float(run.lossless.margin))
+        result.notes = list(case.notes)
+        if failed:
+            self._shrink(item, result)
+        if not result.exercised:
+            reason = notes.most_common(1)[0][0] if notes else "no example reached this check"
+            result.skip(reason)
+
+    def _shrink(self, item: CheckItem, result: CheckResult) -> None:
+        """Search again, failing on this invariant only, so Hypothesis shrinks to a minimal example."""
+        case, inv = item.engine, item.invariant
+        assert case is not None and inv.check is not None
+        for ex in self._explicit(case):  # an explicit example is already minimal: report it as it is
+            run = self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
+            if inv.check(case, run).violations:
+                raise ViolationError(inv.check(case, run).violations)
+
+        @hypothesis.given(data=st.data())
+        def shrink(data: st.DataObject) -> None:
+            outcome = inv.check(case, self._draw_run(data, case))  # type: ignore[misc]
+            if outcome.violations:
+                raise ViolationError(outcome.violations)
+
+        self._settings(shrink)()
+        # the search found a failure that did not come back (a nondeterministic subject)
+        raise ViolationError(
+            [
+                Violation(
+                    invariant=inv.id,
+                    explanation="failed in the search, but not when searched again: the subject is nondeterministic",
+                )
+            ]
+        )
+
+    # ---- the state machines ------------------------------------------------------------
+
+    def _run_rollback_machine(self, item: CheckItem, result: CheckResult) -> None:
         from hypothesis.stateful import run_state_machine_as_test
 
         from specproof.strategies import RollbackMachine
 
-        tsub = self.suite.target
-        assert tsub is not None and check.engine is not None
-        rollback = check.engine.rollback or "replay"
-        machine = RollbackMachine.configure(target_factory=tsub.make, tolerance=tsub.tolerance, rollbacks=(rollback,))
-        counter = [0]
+        tsub = self.plan.suite.target
+        assert tsub is not None and item.engine is not None
+        rollback = item.engine.rollback or "replay"
+        machine = RollbackMachine.configure(target_factory=tsub.make, tolerance=tsub.atol, rollbacks=(rollback,))
 
         class Counted(machine):  # type: ignore[misc, valid-type]
             def __init__(self) -> None:
-                counter[0] += 1
+                result.examples += 1
+                result.exercised += 1
                 super().__init__()
 
-        settings = self.profile.hypothesis_settings(seed=self.seed, max_examples=self.profile.stateful_examples)
+        profile = self.plan.profile
+        settings = profile.hypothesis_settings(seed=self.plan.seed, max_examples=profile.stateful_examples)
         try:
             run_state_machine_as_test(Counted, settings=settings)
         except (AssertionError, SpecproofError) as exc:
+            if isinstance(exc, ViolationError):
+                raise
             text = str(exc) if isinstance(exc, AssertionError) else f"[engine.lossless] {type(exc).__name__}: {exc}"
             inv = text[1 : text.index("]")] if text.startswith("[") and "]" in text else "engine.state-restored"
-            if inv not in CATALOGUE:
-                inv = "engine.state-restored"
             raise ViolationError(
                 [
                     Violation(
-                        invariant=inv,
+                        invariant=inv if "." in inv else "engine.state-restored",
                         explanation=f"RollbackMachine: {text.splitlines()[0]}",
                         example={"machine": text[:2000]},
                     )
                 ]
             ) from exc
-        finally:
-            result.examples = counter[0]
 
-    # ---- results ---------------------------------------------------------------------------
+    def _run_session_machine(self, item: CheckItem, result: CheckResult) -> None:
+        result.skip("the session machine is not available in this build")
 
-    def observe(self, nodeid: str, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
-        result = self.recorder.results.get(nodeid)
-        if result is None:
-            return
-        if report.skipped:
-            result.status = "skip"
-            if not result.detail and call.excinfo is not None:
-                result.detail = str(call.excinfo.value)
-            return
-        if report.passed:
-            result.status = "excused" if result.excused else "pass"
-            if result.excused:
-                lo, hi = min(result.excused_margins, default=0), max(result.excused_margins, default=0)
-                result.detail = f"{result.excused} excused divergence(s), top-2 margins {lo:.3g}..{hi:.3g}"
-            return
-        exc = call.excinfo.value if call.excinfo is not None else None
-        group = getattr(exc, "exceptions", None)  # an exception group (Python 3.10 has no builtin name)
-        if isinstance(group, tuple) and group and all(isinstance(e, ViolationError) for e in group):
-            # Hypothesis' FlakyFailure: a nondeterministic subject failed, then passed on replay
-            exc = ViolationError([v for e in group for v in e.violations])
-        if isinstance(exc, ViolationError):
-            result.status = "fail"
-            result.violations = exc.violations
-            result.detail = str(exc.violations[0]).splitlines()[0]
-        else:
-            result.status = "error"
-            result.detail = f"{type(exc).__name__}: {exc}" if exc is not None else "failed"
-        result.reproduce = self.reproduce_command(result)
+    # ---- results -----------------------------------------------------------------------
 
     def reproduce_command(self, result: CheckResult) -> str:
-        parts = ["specproof", "certify", str(self.specs.get("subject") or "all")]
+        specs = self.plan.specs
+        parts = ["specproof", "certify", str(specs.get("subject") or "all")]
         for key in ("drafter", "target", "engine"):
-            if self.specs.get(key):
-                parts += [f"--{key}", str(self.specs[key])]
-        parts += ["--profile", self.profile.name, "--only", result.invariant]
-        if self.seed is not None:
-            parts += ["--seed", str(self.seed)]
-        if self.tolerance:
-            parts += ["--tie-tolerance", repr(self.tolerance)]
+            if specs.get(key):
+                parts += [f"--{key}", _quote(str(specs[key]))]
+        parts += ["--profile", self.plan.profile.name, "--only", result.invariant]
+        if self.plan.seed is not None:
+            parts += ["--seed", str(self.plan.seed)]
+        if self.plan.tie_tolerance is not None:
+            parts += ["--tie-tolerance", repr(self.plan.tie_tolerance)]
+        if self.plan.atol is not None:
+            parts += ["--atol", repr(self.plan.atol)]
         return " ".join(parts)
 
-    def report(self) -> dict[str, Any]:
-        results = list(self.recorder.results.values())
-        suite = self.suite
-        failed = [r for r in results if r.status in ("fail", "error")]
-        return {
-            "format": "specproof-report/1",
-            "specproof_version": __version__,
-            "verdict": "fail" if failed else "pass",
-            "subjects": {
-                "subject": self.specs.get("subject"),
-                "drafter": {
-                    "spec": suite.drafter.spec,
-                    "name": suite.drafter.name,
-                    "version": _spec_version(suite.drafter.spec),
-                }
-                if suite.drafter
-                else None,
-                "target": {
-                    "spec": suite.target.spec,
-                    "name": suite.target.name,
-                    "description": suite.target.describe(),
-                    "version": _spec_version(suite.target.spec),
-                }
-                if suite.target
-                else None,
-                "engines": [
-                    {
-                        "case": c.id,
-                        "name": c.name,
-                        "kind": c.kind,
-                        "version": _spec_version(self.specs.get("engine")) if c.kind == "plugin" else __version__,
-                    }
-                    for c in suite.engines
-                ],
-            },
-            "profile": self.profile.name,
-            "seed": self.seed,
-            "derandomized": self.seed is None,
-            "tie_tolerance": self.tolerance,
-            "hypothesis_version": hypothesis.__version__,
-            "numpy_version": np.__version__,
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-            "seconds": round(time.perf_counter() - self.started, 3),
-            "results": [r.to_json() for r in results],
-        }
+    def path_coverage(self) -> dict[str, dict[str, int]]:
+        """Rounds by path per engine case (from the one search of each case)."""
+        out: dict[str, dict[str, int]] = {}
+        for case in self.plan.suite.engines:
+            search = self._searches.get(case.token)
+            if search is None:
+                continue
+            total: Counter[str] = Counter()
+            completed = 0
+            for run in search.runs:
+                total.update(run.paths)
+                completed += run.completed
+            out[case.id] = {"generations": len(search.runs), "completed": completed, **{p: total[p] for p in PATHS}}
+        return out
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)

@@ -1,26 +1,41 @@
-"""Running engines for the engine invariants: one run, every invariant's verdict.
+"""Running engines for the engine invariants: one generation, every engine invariant's verdict.
 
-A run is cached by its inputs, so the per-invariant certifying tests (which draw
-the same examples, being one parametrized function) share one generation and one
-greedy reference per example instead of repeating them for every invariant id.
+An ``EngineRun`` is what one example of an engine case produced: whether the generation
+completed (and, if not, which component broke it), each invariant's violations (None:
+not applicable, with the reason), the rounds by path, and how many state comparisons
+were made. Runs and greedy continuations are cached by their inputs, so the one search
+per engine case and the per-invariant shrinking searches share them.
+
+The judges here (the greedy oracle, the state reference) are fresh copies of the model
+fed only by forwards, never restored: a broken restore in the subject cannot hide in them.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import copy
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
 
-from specproof.conformance._invariants import Violation
-from specproof.conformance._subjects import EngineCase
 from specproof.conformance.checks.generation import check_generation
-from specproof.conformance.checks.lossless import compare_lossless
-from specproof.conformance.checks.target import compare_logits, compare_states
-from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Target, greedy_with_margins
+from specproof.contract import Violation, arrays_differ, states_differ
+from specproof.contract.lossless import LosslessVerdict, compare_lossless
+from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, greedy_with_margins
 
-__all__ = ["ENGINE_INVARIANTS", "EngineRun", "StateProbe", "clear_caches", "run_builtin", "run_plugin"]
+__all__ = [
+    "ENGINE_INVARIANTS",
+    "PATHS",
+    "EngineRun",
+    "StateProbe",
+    "classify_rounds",
+    "clear_caches",
+    "greedy_continuation",
+    "run_builtin",
+    "run_plugin",
+]
 
 ENGINE_INVARIANTS: tuple[str, ...] = (
     "engine.lossless",
@@ -33,31 +48,80 @@ ENGINE_INVARIANTS: tuple[str, ...] = (
     "trace.consistency",
 )
 
-EngineRun = dict[str, list[Violation] | None]  # invariant id -> violations (None: not applicable)
+# The rollback paths a round can take (docs/contract.md, "path coverage").
+PATHS: tuple[str, ...] = (
+    "all_accepted",
+    "partial",
+    "rejected_at_0",
+    "empty_draft",
+    "empty_after_full",
+    "eos_in_accepted",
+    "clamped_at_max_context",
+)
+
+
+@attrs.define
+class EngineRun:
+    """One generation of one engine case and every engine invariant's verdict on it."""
+
+    example: dict[str, object]
+    completed: bool
+    error: str | None = None
+    verdicts: dict[str, list[Violation] | None] = attrs.Factory(dict)
+    not_applicable: dict[str, str] = attrs.Factory(dict)
+    paths: Counter[str] = attrs.Factory(Counter)
+    rounds: int = 0
+    state_checks: int = 0
+    lossless: LosslessVerdict | None = None
+
+
+def classify_rounds(
+    steps: Sequence[Step], *, k: int | None, eos: int | None, max_context: int | None, tokens: Sequence[int]
+) -> Counter[str]:
+    """Count the rounds of a generation by the path each took (a round may count under several)."""
+    paths: Counter[str] = Counter()
+    previous_full = False
+    emitted = 0
+    for step in steps:
+        draft, accepted = step.draft, step.accepted
+        j = len(accepted) - 1
+        if not draft:
+            paths["empty_draft"] += 1
+            if previous_full:
+                paths["empty_after_full"] += 1
+        elif j >= len(draft):
+            paths["all_accepted"] += 1
+        elif j == 0:
+            paths["rejected_at_0"] += 1
+        else:
+            paths["partial"] += 1
+        previous_full = bool(draft) and j >= len(draft)
+        if eos is not None and eos in accepted[:-1] and emitted + accepted.index(eos) < len(tokens):
+            paths["eos_in_accepted"] += 1
+        if k is not None and max_context is not None and step.base + 1 + k > max_context:
+            paths["clamped_at_max_context"] += 1
+        emitted += len(accepted)
+    return paths
 
 
 class StateProbe:
-    """Wraps a drafter; at every proposal checks ``engine.state-restored``.
+    """Wraps the drafter the engine is given; at every proposal checks ``engine.state-restored``.
 
-    When the decoder asks for a draft, the previous round's rollback is done, so the
-    target under test must be the target that plain decoding of ``ctx[:-1]`` gives.
-    A trusted reference (a fresh target from the same factory) is fed the new
-    context tokens with plain forwards, and the device states are compared
-    (white-box targets; bitwise at tolerance 0).
+    When the engine asks for a draft, the previous round's rollback is done, so its live
+    target must be the target plain decoding of ``ctx[:-1]`` gives. A trusted reference
+    (a fresh copy of the model) is fed the new context tokens with plain forwards, and the
+    live target's ``state_arrays()`` are compared with it (exact at ``atol`` 0).
     """
 
-    def __init__(
-        self, inner: Drafter, target: Target, reference: Target, *, tolerance: float, prompt_length: int
-    ) -> None:
+    def __init__(self, inner: Drafter, live: object, reference: Target | None, *, atol: float) -> None:
         self.inner = inner
-        self.target = target
+        self.live = live
         self.reference = reference
-        self.tolerance = tolerance
+        self.atol = atol
         self.violations: list[Violation] = []
-        self.rounds_checked = 0
+        self.checks = 0
         self._fed = 0
         self._round = 0
-        self._prompt_length = prompt_length
         self.name = getattr(inner, "name", type(inner).__name__)
 
     def reset(self) -> None:
@@ -65,24 +129,30 @@ class StateProbe:
         if callable(reset):
             reset()
 
+    @property
+    def white_box(self) -> bool:
+        return self.reference is not None and callable(getattr(self.live, "state_arrays", None))
+
     def check(self, context: Sequence[int], *, when: str) -> None:
+        if self.reference is None or self.violations:
+            return
         want = len(context) - 1
         if want > self._fed:
             self.reference.forward(list(context[self._fed : want]))
             self._fed = want
-        if self.violations or not callable(getattr(self.target, "state_arrays", None)):
+        if not self.white_box:
             return
-        self.rounds_checked += 1
-        if self.target.processed != want:
+        if int(self.live.processed) != want:  # type: ignore[attr-defined]
             return  # engine.kv-length reports this; comparing states would only repeat it
-        why = compare_states(self.reference.state_arrays(), self.target.state_arrays(), tolerance=self.tolerance)  # type: ignore[attr-defined]
+        self.checks += 1
+        why = states_differ(self.reference.state_arrays(), self.live.state_arrays(), atol=self.atol)  # type: ignore[attr-defined]
         if why is not None:
             self.violations.append(
                 Violation(
                     invariant="engine.state-restored",
                     round=self._round if when == "round" else None,
-                    explanation=f"{when}: the target is not the target plain decoding of ctx[:-1] gives: {why}",
-                    example={"context_length": len(context), "prompt_length": self._prompt_length},
+                    explanation=f"{when}: the live target is not the target plain decoding of ctx[:-1] gives: {why}",
+                    example={"context_length": len(context)},
                 )
             )
 
@@ -92,54 +162,71 @@ class StateProbe:
         return self.inner.propose(context, k)
 
 
-def _observational(target: Target, reference: Target, context: Sequence[int], tolerance: float) -> str | None:
-    """Forward the pending token on both and compare the rows (changes both; call last)."""
-    if target.processed >= target.max_context or reference.processed >= reference.max_context:
-        return None
-    a = np.asarray(reference.forward([context[-1]]))
-    b = np.asarray(target.forward([context[-1]]))
-    return compare_logits(a, b, tolerance=tolerance)
-
-
-class _LRU(OrderedDict[object, EngineRun]):
+class _LRU(OrderedDict[object, Any]):
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
 
-    def remember(self, key: object, value: EngineRun) -> EngineRun:
+    def remember(self, key: object, value: Any) -> Any:
         self[key] = value
         if len(self) > self.size:
             self.popitem(last=False)
         return value
 
 
-_CACHE = _LRU(512)
+_RUNS = _LRU(1024)
+_GREEDY = _LRU(2048)
 
 
 def clear_caches() -> None:
-    """Forget cached runs (called at the start of every certification: keys hold ``id()`` of live cases)."""
-    _CACHE.clear()
+    """Forget cached runs and continuations (at the start of every certification)."""
+    _RUNS.clear()
     _GREEDY.clear()
 
 
-_GREEDY: OrderedDict[object, tuple[list[int], list[float]]] = OrderedDict()
+def greedy_continuation(
+    make_reference: Callable[[], Target] | None,
+    greedy_fn: Callable[[Sequence[int], int], Sequence[int]] | None,
+    key: object,
+    prompt: Sequence[int],
+    n: int,
+    eos: int | None,
+    *,
+    horizon: int,
+) -> tuple[list[int], list[float] | None]:
+    """Plain greedy after ``prompt``: tokens (cut at ``n`` and the first EOS) and top-2 margins.
+
+    One continuation of ``max(n, horizon)`` tokens per prompt is computed and cached, and every
+    request for that prompt (any ``n``, any EOS) is a prefix of it: greedy is deterministic, so
+    the first ``n`` tokens of a longer continuation are the continuation of length ``n``.
+    """
+    cache_key = (key, tuple(prompt))
+    cached = _GREEDY.get(cache_key)
+    if cached is None or (len(cached[0]) < n and not cached[2]):
+        want = max(n, horizon)
+        if make_reference is not None:
+            gen, margins = greedy_with_margins(make_reference(), prompt, want)
+            full = gen.stop_reason != "max_new_tokens"  # context_full: nothing more will come
+            cached = (list(gen.tokens), list(margins), full)
+        else:
+            assert greedy_fn is not None
+            cached = ([int(t) for t in greedy_fn(list(prompt), want)], None, False)
+        _GREEDY.remember(cache_key, cached)
+    tokens, all_margins, _ = cached
+    tokens = tokens[:n]
+    if eos is not None and eos in tokens:
+        tokens = tokens[: tokens.index(eos) + 1]
+    return tokens, (all_margins[: len(tokens)] if all_margins is not None else None)
 
 
-def _greedy(
-    make_reference: Callable[[], Target], key: object, prompt: Sequence[int], n: int, eos: int | None
-) -> tuple[list[int], list[float]]:
-    k = (key, tuple(prompt), n, eos)
-    if k not in _GREEDY:
-        gen, margins = greedy_with_margins(make_reference(), prompt, n, eos_token_id=eos)
-        _GREEDY[k] = (list(gen.tokens), margins)
-        if len(_GREEDY) > 1024:
-            _GREEDY.popitem(last=False)
-    return _GREEDY[k]
+def _cause(error: BaseException) -> str:
+    cause = error.__cause__ if error.__cause__ is not None else error
+    return f"{type(cause).__name__}: {cause}"
 
 
 def _verdicts(
-    gen: Generation | None,
-    error: Exception | None,
+    run: EngineRun,
+    gen: Generation,
     *,
     prompt: Sequence[int],
     k: int | None,
@@ -150,49 +237,102 @@ def _verdicts(
     final_processed: int | None,
     expected: list[int],
     margins: list[float] | None,
-    tolerance: float,
+    tie_tolerance: float,
     state: list[Violation] | None,
-    example: Mapping[str, object],
-) -> EngineRun:
-    if error is not None or gen is None:
-        # The run did not complete, so only losslessness can be judged (it fails: tokens are
-        # missing); the others are not applicable. The message names the component at fault
-        # (a drafter or target contract breach carries its invariant id).
-        cause = error.__cause__ if error is not None and error.__cause__ is not None else error
-        v = Violation(
-            invariant="engine.lossless",
-            explanation=f"the generation did not complete: {type(cause).__name__}: {cause}",
-            example=dict(example),
-        )
-        failed: EngineRun = dict.fromkeys(ENGINE_INVARIANTS)
-        failed["engine.lossless"] = [v]
-        return failed
-    out: EngineRun = dict.fromkeys(ENGINE_INVARIANTS)
+    state_note: str,
+) -> None:
+    bound = k if k is not None else max((len(s.draft) for s in gen.steps or ()), default=0)
     checked = check_generation(
         gen,
         prompt=prompt,
-        # an engine that does not say its k: bound drafts by the longest one it made (no k+1 bound)
-        k=k if k is not None else max((len(s.draft) for s in gen.steps or ()), default=0),
+        k=bound,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos,
         max_context=max_context,
         rollback=rollback,
         final_processed=final_processed,
     )
+    example = run.example
+    for inv in ENGINE_INVARIANTS:
+        run.verdicts[inv] = None
     for inv, vs in checked.items():
-        out[inv] = [attrs_evolve(v, inv, example) for v in vs]
-    verdict = compare_lossless(list(gen.tokens), expected, expected_margins=margins, tie_tolerance=tolerance)
-    out["engine.lossless"] = (
-        [] if verdict.violation is None else [attrs_evolve(verdict.violation, "engine.lossless", example)]
+        run.verdicts[inv] = [_with_example(v, example) for v in vs]
+    if final_processed is None:
+        # no live target to read processed from: the final-length part of kv-length is not checked
+        run.not_applicable.setdefault("engine.kv-length", "no live target")
+    if gen.steps is None:
+        for inv in ("engine.accept-bounds", "engine.accept-rule", "engine.kv-length", "trace.consistency"):
+            run.not_applicable[inv] = "the engine returns no steps (black-box)"
+    if gen.stats is None:
+        run.not_applicable["engine.cost"] = "the engine returns no stats"
+    elif rollback is None:
+        run.verdicts["engine.cost"] = None
+        run.not_applicable["engine.cost"] = "the engine does not say its rollback strategy"
+    verdict = compare_lossless(list(gen.tokens), expected, expected_margins=margins, tie_tolerance=tie_tolerance)
+    run.lossless = verdict
+    run.verdicts["engine.lossless"] = [] if verdict.violation is None else [_with_example(verdict.violation, example)]
+    run.verdicts["engine.state-restored"] = state
+    if state is None:
+        run.not_applicable["engine.state-restored"] = state_note
+    if gen.steps is not None:
+        run.rounds = len(gen.steps)
+        run.paths = classify_rounds(gen.steps, k=k, eos=eos, max_context=max_context, tokens=gen.tokens)
+        example["drafts"] = [list(s.draft) for s in gen.steps][:16]
+
+
+def _with_example(v: Violation, example: Mapping[str, object]) -> Violation:
+    return attrs.evolve(v, example={**dict(example), **v.example})
+
+
+def _incomplete(example: dict[str, object], error: BaseException, component: str) -> EngineRun:
+    cause = _cause(error)
+    v = Violation(
+        invariant="engine.lossless",
+        explanation=f"the generation did not complete: {component} raised {cause}",
+        example=dict(example),
     )
-    out["lossless-verdict"] = verdict  # type: ignore[assignment]
-    out["engine.state-restored"] = state
-    return out  # ids check_generation did not check (no steps / stats) stay None: not applicable
+    run = EngineRun(example=example, completed=False, error=cause)
+    run.verdicts = dict.fromkeys(ENGINE_INVARIANTS)
+    run.verdicts["engine.lossless"] = [v]
+    return run
 
 
-def attrs_evolve(v: Violation, invariant: str, example: Mapping[str, object] | None = None) -> Violation:
-    merged = {**dict(example or {}), **v.example}
-    return attrs.evolve(v, invariant=invariant, example=merged)
+def _observational(live: Any, reference: Target, context: Sequence[int], atol: float, *, keep: bool) -> str | None:
+    """Forward the pending token on both and compare the rows (advances the reference; ``keep``
+    puts the live target back with its own snapshot/restore, for engines that keep their cache)."""
+    if live.processed >= live.max_context or reference.processed >= reference.max_context:
+        return None
+    want = np.asarray(reference.forward([context[-1]]))
+    snap = live.snapshot() if keep else None
+    try:
+        got = np.asarray(live.forward([context[-1]]))
+    finally:
+        if keep:
+            live.restore(snap)
+    return arrays_differ(want, got, atol=atol, name="the logits row of the pending token")
+
+
+def _final_state_check(
+    probe: StateProbe, live: Any, context: Sequence[int], atol: float, *, observe: bool, keep: bool = False
+) -> list[Violation] | None:
+    """State after the generation: white-box (state arrays), then observational (the next forward)."""
+    if probe.reference is None or live is None:
+        return None
+    probe.check(context, when="after the last round")
+    state = list(probe.violations)
+    if state or int(live.processed) != len(context) - 1:
+        return state if probe.checks or state else None
+    if observe and callable(getattr(live, "forward", None)):
+        why = _observational(live, probe.reference, context, atol, keep=keep)
+        probe.checks += 1
+        if why is not None:
+            state.append(
+                Violation(
+                    invariant="engine.state-restored",
+                    explanation=f"after the generation, the next forward differs from plain decoding's: {why}",
+                )
+            )
+    return state if probe.checks else None
 
 
 def run_builtin(
@@ -205,16 +345,16 @@ def run_builtin(
     rollback: str,
     max_new_tokens: int,
     eos: int | None,
-    tolerance: float,
+    atol: float,
+    tie_tolerance: float,
     cache_key: object,
+    horizon: int,
     script: object = None,
 ) -> EngineRun:
     """Run SpecDecoder on a fresh target with a state probe; every engine invariant's verdict."""
     key = ("builtin", cache_key, tuple(prompt), k, rollback, max_new_tokens, eos, drafter_kind, repr(script))
-    if key in _CACHE:
-        return _CACHE[key]
-    target = make_target()
-    probe = StateProbe(drafter, target, make_target(), tolerance=tolerance, prompt_length=len(prompt))
+    if key in _RUNS:
+        return _RUNS[key]  # type: ignore[no-any-return]
     example: dict[str, object] = {
         "prompt": list(prompt),
         "k": k,
@@ -225,110 +365,131 @@ def run_builtin(
     }
     if script is not None:
         example["script"] = script
-    gen: Generation | None = None
-    error: Exception | None = None
+    target = make_target()
+    probe = StateProbe(drafter, target, make_target(), atol=atol)
     try:
         gen = SpecDecoder(target, probe, k=k, rollback=rollback).generate(prompt, max_new_tokens, eos_token_id=eos)  # type: ignore[arg-type]
     except DecodeError as exc:
-        error = exc
-    expected, margins = _greedy(make_target, cache_key, prompt, max_new_tokens, eos)
-    state: list[Violation] | None = None
-    final = None if gen is None else target.processed  # before the observational probe advances it
-    if gen is not None:
-        ctx = [*prompt, *gen.tokens]
-        probe.check(ctx, when="after the last round")
-        state = list(probe.violations)
-        if not state and target.processed == len(ctx) - 1:
-            why = _observational(target, probe.reference, ctx, tolerance)
-            if why is not None:
-                state.append(
-                    Violation(
-                        invariant="engine.state-restored",
-                        explanation=f"after the generation, the next forward differs from plain decoding's: {why}",
-                    )
-                )
-        example["drafts"] = [list(s.draft) for s in gen.steps or ()][:12]
-    return _CACHE.remember(
-        key,
-        _verdicts(
-            gen,
-            error,
-            prompt=prompt,
-            k=k,
-            max_new_tokens=max_new_tokens,
-            eos=eos,
-            max_context=target.max_context,
-            rollback=rollback,
-            final_processed=final,
-            expected=expected,
-            margins=margins,
-            tolerance=tolerance,
-            state=state,
-            example=example,
-        ),
+        return _RUNS.remember(key, _incomplete(example, exc, "the drafter or the target"))  # type: ignore[no-any-return]
+    expected, margins = greedy_continuation(make_target, None, cache_key, prompt, max_new_tokens, eos, horizon=horizon)
+    final = target.processed  # before the observational probe advances it
+    ctx = [*prompt, *gen.tokens]
+    state = _final_state_check(probe, target, ctx, atol, observe=True)
+    run = EngineRun(example=example, completed=True, state_checks=probe.checks)
+    _verdicts(
+        run,
+        gen,
+        prompt=prompt,
+        k=k,
+        max_new_tokens=max_new_tokens,
+        eos=eos,
+        max_context=target.max_context,
+        rollback=rollback,
+        final_processed=final,
+        expected=expected,
+        margins=margins,
+        tie_tolerance=tie_tolerance,
+        state=state,
+        state_note="the target has no state_arrays() and the pending token could not be probed",
     )
+    return _RUNS.remember(key, run)  # type: ignore[no-any-return]
 
 
 def run_plugin(
-    case: EngineCase, *, prompt: Sequence[int], max_new_tokens: int, eos: int | None, tolerance: float
+    case: Any,
+    *,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    eos: int | None,
+    drafter: Drafter | None,
+    drafter_kind: str,
+    atol: float,
+    tie_tolerance: float,
+    horizon: int,
+    script: object = None,
 ) -> EngineRun:
-    """Run a plug-in engine; white-box invariants where its Generation has steps."""
-    key = ("plugin", case.token, tuple(prompt), max_new_tokens, eos)
-    if key in _CACHE:
-        return _CACHE[key]
+    """Run a plug-in engine (``case`` is an ``EngineCase``) following the engine contract.
+
+    With ``drafter`` the suite's drafter is installed on the engine's ``drafter`` attribute for
+    this generation (wrapped in a state probe when the engine exposes a live target).
+    """
+    key = ("plugin", case.token, tuple(prompt), max_new_tokens, eos, drafter_kind, repr(script))
+    if key in _RUNS:
+        return _RUNS[key]  # type: ignore[no-any-return]
+    example: dict[str, object] = {
+        "prompt": list(prompt),
+        "max_new_tokens": max_new_tokens,
+        "eos_token_id": eos,
+        "drafter": drafter_kind,
+    }
+    if script is not None:
+        example["script"] = script
     engine = case.engine
-    assert engine is not None and case.greedy is not None
-    example: dict[str, object] = {"prompt": list(prompt), "max_new_tokens": max_new_tokens, "eos_token_id": eos}
-    gen: Generation | None = None
-    error: Exception | None = None
+    reset = getattr(engine, "reset", None)
+    if callable(reset):
+        reset()
+    live = case.live_target
+    reference = case.make_reference() if (live is not None and case.make_reference is not None) else None
+    probe = StateProbe(drafter if drafter is not None else _NoDrafter(), live, reference, atol=atol)
+    before = _fingerprint(live)
     try:
+        if drafter is not None:
+            engine.drafter = probe
         gen = engine.generate(list(prompt), max_new_tokens, eos_token_id=eos)
     except Exception as exc:
-        error = exc
-    expected, margins = case.greedy(prompt, max_new_tokens, eos)
-    target = case.target
-    state: list[Violation] | None = None
-    final = None
-    if gen is not None and target is not None and callable(getattr(target, "state_arrays", None)):
-        # white-box state check after the run: compare with a trusted copy fed ctx[:-1]
-        import copy
-
-        ctx = [*prompt, *gen.tokens]
-        final = target.processed
-        if target.processed == len(ctx) - 1:
-            ref = copy.deepcopy(target)
-            ref.reset()
-            ref.forward(ctx[:-1])
-            why = compare_states(ref.state_arrays(), target.state_arrays(), tolerance=tolerance)  # type: ignore[attr-defined]
-            state = (
-                []
-                if why is None
-                else [
-                    Violation(
-                        invariant="engine.state-restored",
-                        explanation=f"after the generation, the target is not what plain decoding of ctx[:-1] gives: "
-                        f"{why}",
-                    )
-                ]
-            )
-    if gen is not None and gen.steps:
-        example["drafts"] = [list(s.draft) for s in gen.steps][:12]
-    return _CACHE.remember(
-        key,
-        _verdicts(
-            gen,
-            error,
-            prompt=prompt,
-            k=case.k,
-            max_new_tokens=max_new_tokens,
-            eos=eos,
-            max_context=case.max_context,
-            rollback=case.rollback,
-            final_processed=final,
-            expected=expected,
-            margins=margins,
-            tolerance=tolerance,
-            state=state,
-            example=example,
-        ),
+        return _RUNS.remember(key, _incomplete(example, exc, f"the engine {case.name}"))  # type: ignore[no-any-return]
+    finally:
+        if drafter is not None:
+            engine.drafter = case.own_drafter
+    if not isinstance(gen, Generation):
+        bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
+        return _RUNS.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
+    if live is not None and case.live_confirmed is None and gen.tokens:
+        # The engine contract: `target` is the target the engine decodes on. One that never moves
+        # during a generation is an oracle of the same model, not the live target.
+        case.confirm_live(_fingerprint(live) != before)
+        live = case.live_target
+        if live is None:
+            probe = StateProbe(probe.inner, None, None, atol=atol)
+    expected, margins = greedy_continuation(
+        case.make_reference, case.greedy_fn, ("plugin", case.token), prompt, max_new_tokens, eos, horizon=horizon
     )
+    final = int(live.processed) if live is not None else None
+    ctx = [*prompt, *gen.tokens]
+    state = _final_state_check(probe, live, ctx, atol, observe=case.observable, keep=True)
+    run = EngineRun(example=example, completed=True, state_checks=probe.checks)
+    _verdicts(
+        run,
+        gen,
+        prompt=prompt,
+        k=case.k,
+        max_new_tokens=max_new_tokens,
+        eos=eos,
+        max_context=case.max_context,
+        rollback=case.rollback,
+        final_processed=final,
+        expected=expected,
+        margins=margins,
+        tie_tolerance=tie_tolerance,
+        state=state,
+        state_note=case.state_note,
+    )
+    return _RUNS.remember(key, run)  # type: ignore[no-any-return]
+
+
+class _NoDrafter:
+    def propose(self, context: Sequence[int], k: int) -> list[int]:  # pragma: no cover - never installed
+        return []
+
+
+def _fingerprint(live: object) -> object:
+    if live is None:
+        return None
+    arrays = getattr(live, "state_arrays", None)
+    state = None
+    if callable(arrays):
+        try:
+            state = {name: np.asarray(a).tobytes() for name, a in arrays().items()}
+        except Exception:
+            state = None
+    return (int(getattr(live, "processed", -1)), copy.deepcopy(state))

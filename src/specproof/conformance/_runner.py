@@ -1,55 +1,66 @@
-"""``certify()``: run the certifying test modules in-process through pytest and collect the report."""
+"""``certify()``: run the certifying test modules in-process through pytest and build the report.
+
+pytest is the one runner (so ``specproof certify`` and ``pytest --pyargs specproof.conformance``
+are one implementation); the checks, their verdicts and the report come from the
+``Certification`` the plan made.
+"""
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import redirect_stdout
 from typing import Any
 
 import pytest
 
-from specproof.conformance._certifying import CertifyContext
+from specproof.conformance._certifying import Certification, Plan
 from specproof.conformance._harness import clear_caches
+from specproof.conformance._results import CheckResult
+from specproof.conformance.reports import build_report
 
 __all__ = ["MODULES", "certify"]
 
-MODULES = ("test_drafter", "test_target", "test_engine", "test_stateful")
+MODULES = ("test_drafter", "test_target", "test_engine")
 
 
 class _Progress:
-    """A pytest plugin that reports each finished certifying test to a callback."""
+    """A pytest plugin that reports each finished check to a callback."""
 
-    def __init__(self, on_collect: Callable[[int], None] | None, on_result: Callable[[str], None] | None) -> None:
-        self.on_collect = on_collect
+    def __init__(self, cert: Certification, on_result: Callable[[CheckResult], None] | None) -> None:
+        self.cert = cert
         self.on_result = on_result
 
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if self.on_collect:
-            self.on_collect(len(session.items))
-
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self.on_result and (report.when == "call" or (report.when == "setup" and report.skipped)):
-            self.on_result(report.nodeid)
+        if self.on_result is None or (report.when != "call" and not (report.when == "setup" and report.skipped)):
+            return
+        check_id = report.nodeid.rpartition("[")[2].rstrip("]")
+        result = self.cert.results.get(check_id)
+        if result is not None:
+            self.on_result(result)
 
 
 def certify(
-    ctx: CertifyContext,
+    plan: Plan,
     *,
-    only: Sequence[str] = (),
-    on_collect: Callable[[int], None] | None = None,
-    on_result: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run every certifying check of ``ctx`` (or those whose id contains one of ``only``); returns the report."""
+    on_start: Callable[[int], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> tuple[Certification, dict[str, Any]]:
+    """Run every check ``plan`` selects; returns the certification and its ``specproof-report/2``."""
     import specproof.conformance as pkg
 
+    cert = Certification(plan)
+    if on_start is not None:
+        on_start(len(cert.all_checks()))
     args = [f"{pkg.__path__[0]}/{m}.py" for m in MODULES]
     args += [
         "-p",
         "no:cacheprovider",
         "-p",
         "no:randomly",
+        "-p",
+        "no:benchmark",
         "-q",
         "--no-header",
         "-rN",
@@ -63,20 +74,37 @@ def certify(
     ]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):  # the pytest11 entry point is not loaded then
         args += ["-p", "specproof.conformance.plugin"]
-    if only:
-        args += ["-k", " or ".join(only)]
 
     class _Inject:
         @pytest.hookimpl(tryfirst=True)
         def pytest_configure(self, config: pytest.Config) -> None:
-            config._specproof_context = ctx  # type: ignore[attr-defined]
+            config._specproof_certification = cert  # type: ignore[attr-defined]
 
     clear_caches()
     sink = io.StringIO()
-    with redirect_stdout(sink):
-        code = pytest.main(args, plugins=[_Inject(), _Progress(on_collect, on_result)])
-    report = ctx.report()
-    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
-        report["verdict"] = "error"
+    try:
+        with redirect_stdout(sink):
+            code = pytest.main(args, plugins=[_Inject(), _Progress(cert, on_result)])
+    except KeyboardInterrupt:
+        code = pytest.ExitCode.INTERRUPTED
+    finally:
+        _close_engines(plan)
+    if code == pytest.ExitCode.INTERRUPTED:
+        cert.interrupted = True
+    report = build_report(cert)
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.INTERRUPTED):
+        report["verdict"] = "fail"
+        report["verdict_reason"] = f"the certifying run itself failed (pytest exit {int(code)})"
         report["pytest_output"] = sink.getvalue()[-4000:]
-    return report
+    return cert, report
+
+
+def _close_engines(plan: Plan) -> None:
+    """Engines that hold a process or a socket (``exec:``, ``tcp:``) are closed when the run ends."""
+    for case in plan.suite.engines:
+        close = getattr(case.engine, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # pragma: no cover - closing is best effort
+                pass

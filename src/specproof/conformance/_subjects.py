@@ -11,16 +11,15 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
+from specproof.contract import validate_tolerance
 from specproof.engine import (
     Drafter,
-    Engine,
     NgramDrafter,
     Target,
-    greedy_with_margins,
     load_target,
     resolve_plugin,
 )
@@ -52,10 +51,11 @@ class TargetSubject:
     spec: str
     prototype: Target
     make: Callable[[], Target]
-    tolerance: float
+    tie_tolerance: float  # the top-2 margin below which a divergence from greedy is excused
+    atol: float  # the absolute tolerance on logits and recurrent state
 
     @classmethod
-    def from_spec(cls, spec: str, *, tolerance: float | None = None) -> TargetSubject:
+    def from_spec(cls, spec: str, *, tie_tolerance: float | None = None, atol: float | None = None) -> TargetSubject:
         proto = load_target(spec)
         make = _copier(proto, lambda: load_target(spec))
 
@@ -64,8 +64,8 @@ class TargetSubject:
             t.reset()  # type: ignore[attr-defined]
             return t  # type: ignore[return-value]
 
-        tol = tolerance if tolerance is not None else float(getattr(proto, "tie_tolerance", 0.0) or 0.0)
-        return cls(spec=spec, prototype=proto, make=fresh, tolerance=tol)
+        tie, tol = declared_tolerances(proto, tie_tolerance=tie_tolerance, atol=atol)
+        return cls(spec=spec, prototype=proto, make=fresh, tie_tolerance=tie, atol=tol)
 
     @property
     def name(self) -> str:
@@ -92,6 +92,23 @@ class TargetSubject:
         return str(describe()) if callable(describe) else self.name
 
 
+def declared_tolerances(
+    component: object, *, tie_tolerance: float | None = None, atol: float | None = None
+) -> tuple[float, float]:
+    """The tolerances in force: the options given, else what the component declares, else 0 (exact).
+
+    A component declares ``tie_tolerance`` (the top-2 margin that excuses a divergence) and
+    ``atol`` (absolute tolerance on logits and state); one that declares only
+    ``tie_tolerance`` gets it as ``atol`` too (the single tolerance of earlier versions).
+    """
+    declared_tie = getattr(component, "tie_tolerance", None)
+    declared_atol = getattr(component, "atol", None)
+    tie = tie_tolerance if tie_tolerance is not None else float(declared_tie or 0.0)
+    if atol is None:
+        atol = float(declared_atol) if declared_atol is not None else float(declared_tie or 0.0)
+    return (validate_tolerance(tie, name="tie_tolerance"), validate_tolerance(atol, name="atol"))
+
+
 @attrs.define
 class DrafterSubject:
     spec: str
@@ -111,73 +128,136 @@ class DrafterSubject:
         return cls(spec=spec, make=make, name=component_name(first))  # type: ignore[arg-type]
 
 
-@attrs.define
+@attrs.define(eq=False)
 class EngineCase:
-    """One engine configuration to run the engine invariants on.
+    """One engine configuration the engine invariants run on (docs/contract.md, "engines").
 
-    ``builtin`` cases are SpecDecoder with a fixed rollback strategy, fed scripted
-    drafts (to reach every rollback path) and the drafter subject's drafts;
-    ``plugin`` cases are an Engine plug-in with its own drafter and k.
+    ``builtin`` cases are SpecDecoder with a fixed rollback strategy on the target subject.
+    ``plugin`` cases follow the engine contract: ``live_target`` is the target the engine
+    decodes on (white-box and per-round state checks), ``make_reference`` gives fresh copies
+    of the model it decodes (its ``oracle``, else a pristine copy of ``target``) for plain
+    greedy and state comparisons, ``greedy_fn`` is its ``greedy()`` where there is no model;
+    ``takes_drafter`` says that the suite can install its scripted drafter on ``drafter``.
     """
 
     id: str
     kind: Literal["builtin", "plugin"]
+    name: str = ""
     rollback: str | None = None
-    engine: Engine | None = None
+    engine: Any = None
     k: int | None = None
-    greedy: Callable[[Sequence[int], int, int | None], tuple[list[int], list[float] | None]] | None = None
-    target: Target | None = None
     vocab_size: int = 0
     max_context: int | None = None
-    name: str = ""
+    live_target: Any = None
+    make_reference: Callable[[], Target] | None = None
+    greedy_fn: Callable[[Sequence[int], int], Sequence[int]] | None = None
+    takes_drafter: bool = False
+    own_drafter: Any = None
+    notes: list[str] = attrs.Factory(list)
+    live_confirmed: bool | None = None
+    tie_tolerance: float = 0.0
+    atol: float = 0.0
     # unique per case for the run cache (an id() can be reused once a case is freed)
     token: int = attrs.field(factory=itertools.count().__next__)
 
+    @property
+    def observable(self) -> bool:
+        """The live target can be probed with a forward (no state arrays to read instead)."""
+        live = self.live_target
+        return (
+            live is not None
+            and not callable(getattr(live, "state_arrays", None))
+            and all(callable(getattr(live, m, None)) for m in ("forward", "snapshot", "restore"))
+        )
 
-def _plugin_engine_case(spec: str) -> EngineCase:
+    @property
+    def state_note(self) -> str:
+        if self.live_target is None:
+            return "the engine exposes no live target (`target`), so its state cannot be read"
+        if self.make_reference is None:
+            return "no model to compare the live target with (expose `oracle`)"
+        return "the live target has no state_arrays() and cannot be probed"
+
+    def confirm_live(self, moved: bool) -> None:
+        self.live_confirmed = moved
+        if not moved:
+            self.notes.append(
+                "engine.target did not change during a generation: it is not the target the engine decodes on, "
+                "so it is used as an oracle of the same model (lossless only); expose it as `oracle`"
+            )
+            self.live_target = None
+
+    def capabilities(self) -> dict[str, object]:
+        return {
+            "steps": None,  # known after the first generation
+            "live_target": self.live_target is not None,
+            "state_arrays": callable(getattr(self.live_target, "state_arrays", None)),
+            "oracle": self.make_reference is not None,
+            "greedy": self.greedy_fn is not None,
+            "suite_drafts": self.takes_drafter,
+            "k": self.k,
+            "rollback": self.rollback,
+        }
+
+
+def _settable(obj: object, name: str) -> bool:
+    if not hasattr(obj, name):
+        return False
+    try:
+        setattr(obj, name, getattr(obj, name))
+    except Exception:
+        return False
+    return True
+
+
+def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float | None) -> EngineCase:
     engine = resolve_plugin(spec, kind="engine")
-    vocab = getattr(engine, "vocab_size", None)
-    target = getattr(engine, "target", None)
-    if vocab is None and target is not None:
-        vocab = getattr(target, "vocab_size", None)
-    if not isinstance(vocab, int):
-        raise PluginError(
-            f"--engine {spec!r}: the engine must expose vocab_size (an int) — DESIGN.md, black-box engines"
-        )
+    live = getattr(engine, "target", None)
+    oracle = getattr(engine, "oracle", None)
     greedy_fn = getattr(engine, "greedy", None)
-    if target is None and not callable(greedy_fn):
+    model = oracle if oracle is not None else live
+    vocab = getattr(engine, "vocab_size", None)
+    if vocab is None and model is not None:
+        vocab = getattr(model, "vocab_size", None)
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        raise PluginError(f"--engine {spec!r}: the engine must expose vocab_size (an int) — docs/contract.md, engines")
+    make_reference: Callable[[], Target] | None = None
+    if model is not None and callable(getattr(model, "forward", None)):
+        pristine = copy.deepcopy(model)
+
+        def make_reference() -> Target:
+            ref = copy.deepcopy(pristine)
+            ref.reset()
+            return ref  # type: ignore[no-any-return]
+
+    if make_reference is None and not callable(greedy_fn):
         raise PluginError(
-            f"--engine {spec!r}: the engine must expose `target` (a Target of the same model) or "
-            "`greedy(prompt, max_new_tokens) -> list[int]` so its output can be compared with plain greedy"
+            f"--engine {spec!r}: the engine must expose an oracle of its model so its output can be compared with "
+            "plain greedy: `oracle` (a Target of the same model), `target` (the live Target it decodes on) or "
+            "`greedy(prompt, max_new_tokens) -> list[int]` — docs/contract.md, engines"
         )
-    if target is not None:
-        trusted = copy.deepcopy(target)
-
-        def greedy(prompt: Sequence[int], n: int, eos: int | None) -> tuple[list[int], list[float] | None]:
-            gen, margins = greedy_with_margins(trusted, prompt, n, eos_token_id=eos)
-            return list(gen.tokens), margins
-    else:
-
-        def greedy(prompt: Sequence[int], n: int, eos: int | None) -> tuple[list[int], list[float] | None]:
-            tokens = [int(t) for t in greedy_fn(list(prompt), n)]  # type: ignore[misc]
-            if eos is not None and eos in tokens:
-                tokens = tokens[: tokens.index(eos) + 1]
-            return tokens, None
-
     k = getattr(engine, "k", None)
+    max_context = getattr(engine, "max_context", None) or getattr(model, "max_context", None)
+    takes = _settable(engine, "drafter")
+    tie, tol = declared_tolerances(
+        engine if hasattr(engine, "tie_tolerance") else model, tie_tolerance=tie_tolerance, atol=atol
+    )
     return EngineCase(
         id=spec.rpartition(":")[2] or spec,
         kind="plugin",
-        engine=engine,  # type: ignore[arg-type]
-        k=k if isinstance(k, int) else None,
-        rollback=getattr(engine, "rollback", None),
-        greedy=greedy,
-        target=target,
-        vocab_size=vocab,
-        max_context=getattr(target, "max_context", None)
-        if target is not None
-        else getattr(engine, "max_context", None),
         name=component_name(engine),
+        rollback=getattr(engine, "rollback", None),
+        engine=engine,
+        k=k if isinstance(k, int) and not isinstance(k, bool) else None,
+        vocab_size=vocab,
+        max_context=int(max_context) if isinstance(max_context, int) else None,
+        live_target=live,
+        make_reference=make_reference,
+        greedy_fn=greedy_fn if make_reference is None else None,
+        takes_drafter=takes,
+        own_drafter=getattr(engine, "drafter", None) if takes else None,
+        tie_tolerance=tie,
+        atol=tol,
     )
 
 
@@ -200,7 +280,8 @@ class Suite:
         drafter: str | None = None,
         target: str | None = None,
         engine: str | None = None,
-        tolerance: float | None = None,
+        tie_tolerance: float | None = None,
+        atol: float | None = None,
     ) -> Suite:
         if subject not in ("drafter", "target", "engine", "all"):
             raise PluginError(f"unknown subject {subject!r}; choose drafter, target, engine or all")
@@ -210,9 +291,9 @@ class Suite:
         tsub: TargetSubject | None = None
         dsub: DrafterSubject | None = None
         if engine is not None:
-            engines.append(_plugin_engine_case(engine))
+            engines.append(_plugin_engine_case(engine, tie_tolerance=tie_tolerance, atol=atol))
         if engine is None or target is not None or drafter is not None:
-            tsub = TargetSubject.from_spec(target or DEFAULT_TARGET, tolerance=tolerance)
+            tsub = TargetSubject.from_spec(target or DEFAULT_TARGET, tie_tolerance=tie_tolerance, atol=atol)
             dsub = DrafterSubject.from_spec(drafter or "ngram")
             if subject in ("all", "engine", "drafter", "target") and engine is None:
                 rollbacks = ["checkpoint", "replay"] if tsub.has_checkpoints else ["replay"]
@@ -225,6 +306,8 @@ class Suite:
                             vocab_size=tsub.vocab_size,
                             max_context=tsub.max_context,
                             name=f"specproof.SpecDecoder(rollback={rb})",
+                            tie_tolerance=tsub.tie_tolerance,
+                            atol=tsub.atol,
                         )
                     )
         certify_drafter = dsub is not None and subject in ("drafter", "all")

@@ -1,11 +1,12 @@
-"""The specproof pytest plugin (registered through the ``pytest11`` entry point).
+"""The specproof pytest plugin (registered through the ``pytest11`` entry point): pytest glue only.
 
 It adds the options that point the certifying test modules at any implementation::
 
     pytest --pyargs specproof.conformance --specproof-drafter mypkg.drafters:make
     pytest --pyargs specproof.conformance -k engine.kv-length --specproof-profile ci
 
-and nothing else: loading it in an unrelated pytest run costs an option group.
+and parametrizes those modules from the invariant registry (one pytest id per check).
+Loading it in an unrelated pytest run costs an option group and nothing else.
 """
 
 from __future__ import annotations
@@ -15,29 +16,16 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specproof.conformance._certifying import CertifyContext
+    from specproof.conformance._certifying import Certification, CheckItem
+
+_AREAS = {"test_drafter": "drafter", "test_target": "target", "test_engine": "engine"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specproof", "specproof conformance (certify drafters, targets, engines)")
-    group.addoption(
-        "--specproof-drafter",
-        default=None,
-        metavar="MODULE:ATTR",
-        help="drafter to certify (a factory or an instance); default: the built-in n-gram drafter",
-    )
-    group.addoption(
-        "--specproof-target",
-        default=None,
-        metavar="SPEC",
-        help="target to certify / run engines on: reference, mlx:..., hf:..., MODULE:ATTR",
-    )
-    group.addoption(
-        "--specproof-engine",
-        default=None,
-        metavar="MODULE:ATTR",
-        help="engine to certify (white-box with steps, or black-box with target/greedy)",
-    )
+    group.addoption("--specproof-drafter", default=None, metavar="SPEC", help="drafter to certify (default: ngram)")
+    group.addoption("--specproof-target", default=None, metavar="SPEC", help="target: reference, mlx:..., MODULE:ATTR")
+    group.addoption("--specproof-engine", default=None, metavar="SPEC", help="engine: MODULE:ATTR, exec:CMD, tcp:H:P")
     group.addoption(
         "--specproof-subject",
         default=None,
@@ -45,60 +33,82 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="what to certify (default: inferred from the options given; 'all' for the built-in stack)",
     )
     group.addoption("--specproof-profile", default="quick", help="quick | ci | release (default quick)")
-    group.addoption(
-        "--specproof-report", default=None, metavar="FILE", help="write a specproof-report/1 JSON report here"
-    )
-    group.addoption(
-        "--specproof-seed",
-        default=None,
-        type=int,
-        help="Hypothesis seed (default: derandomized, the same examples every run)",
-    )
+    group.addoption("--specproof-only", action="append", default=[], metavar="ID", help="invariant ids or globs")
+    group.addoption("--specproof-report", default=None, metavar="FILE", help="write a specproof-report/2 JSON here")
+    group.addoption("--specproof-seed", default=None, type=int, help="Hypothesis seed (default: derandomized)")
     group.addoption(
         "--tie-tolerance",
         dest="specproof_tie_tolerance",
         default=None,
         type=float,
-        help="top-2 logit margin below which a divergence from greedy is excused (default: the "
-        "target's own tie_tolerance, 0 = exact)",
+        help="top-2 logit margin below which a divergence from greedy is excused (default: the subject's own)",
+    )
+    group.addoption(
+        "--atol",
+        dest="specproof_atol",
+        default=None,
+        type=float,
+        help="absolute tolerance on logits and recurrent state (default: the subject's own, 0 = exact)",
     )
 
 
-def _context(config: pytest.Config) -> CertifyContext:
-    ctx = getattr(config, "_specproof_context", None)
-    if ctx is None:
-        from specproof.conformance._certifying import CertifyContext
+def _certification(config: pytest.Config) -> Certification:
+    cert = getattr(config, "_specproof_certification", None)
+    if cert is None:
+        from specproof.conformance._certifying import Certification, Plan
 
-        ctx = CertifyContext.from_pytest_config(config)
-        config._specproof_context = ctx  # type: ignore[attr-defined]
-    return ctx
+        opt = config.getoption
+        plan = Plan.create(
+            opt("--specproof-subject"),
+            drafter=opt("--specproof-drafter"),
+            target=opt("--specproof-target"),
+            engine=opt("--specproof-engine"),
+            profile=opt("--specproof-profile"),
+            seed=opt("--specproof-seed"),
+            tie_tolerance=opt("specproof_tie_tolerance"),
+            atol=opt("specproof_atol"),
+            only=tuple(opt("--specproof-only")),
+        )
+        cert = Certification(plan)
+        config._specproof_certification = cert  # type: ignore[attr-defined]
+    return cert
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not metafunc.module.__name__.startswith("specproof.conformance.test_"):
+    area = _AREAS.get(metafunc.function.__name__)
+    if area is None or not metafunc.module.__name__.startswith("specproof.conformance.test_"):
         return
-    ctx = _context(metafunc.config)
-    params = ctx.parametrize(metafunc.function.__name__)
-    metafunc.parametrize("specproof_check", [p for _, p in params], ids=[i for i, _ in params])
+    items = _certification(metafunc.config).checks(area)  # type: ignore[arg-type]
+    if items:
+        metafunc.parametrize("specproof_check", items, ids=[i.id for i in items])
+    else:
+        metafunc.parametrize("specproof_check", [None], ids=["not-requested"])
 
 
 @pytest.fixture(scope="session")
-def specproof_context(request: pytest.FixtureRequest) -> CertifyContext:
-    return _context(request.config)
+def specproof_certification(request: pytest.FixtureRequest) -> Certification:
+    return _certification(request.config)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    outcome = yield
-    ctx = getattr(item.config, "_specproof_context", None)
-    if ctx is not None and call.when == "call":
-        ctx.observe(item.nodeid, call, outcome.get_result())
+def run_check(cert: Certification, item: CheckItem | None) -> None:
+    """What every certifying test does: run the check, then turn its verdict into pytest's."""
+    from specproof.contract import ViolationError
+
+    if item is None:
+        pytest.skip("not part of this certification (see --specproof-subject / --specproof-only)")
+    result = cert.run(item)
+    if result.status == "skip":
+        pytest.skip(result.detail)
+    if result.status == "fail":
+        raise ViolationError(result.violations)
+    if result.status == "error":
+        raise RuntimeError(result.detail)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    ctx = getattr(session.config, "_specproof_context", None)
+    cert = getattr(session.config, "_specproof_certification", None)
     path = session.config.getoption("--specproof-report", default=None)
-    if ctx is not None and path:
-        from specproof.conformance.reports import write_json_report
+    if cert is not None and path:
+        from specproof.conformance.reports import build_report, write_json_report
 
-        write_json_report(path, ctx.report())
+        write_json_report(path, build_report(cert))

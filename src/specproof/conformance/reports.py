@@ -1,59 +1,240 @@
-"""Certification reports: ``specproof-report/1`` JSON and its Markdown rendering."""
+"""Certification reports: the ``specproof-report/2`` JSON, its Markdown certificate and JUnit XML.
+
+The verdict (docs/contract.md, "verdicts"):
+
+- ``fail``: a check failed or could not run (``error``);
+- ``pass``: nothing failed, and every subject that was requested had at least one check
+  pass on examples that exercised it;
+- ``inconclusive``: nothing failed, but nothing ran or some requested subject had no check
+  that passed (everything skipped): not a pass;
+- ``interrupted``: Ctrl-C; the report holds what finished.
+
+Every file goes through ``write_text_file``: the path is checked before any work
+(``check_output_path``), written atomically, with the usual permissions.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import platform
+import sys
 import tempfile
+import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["render_markdown", "write_json_report", "write_markdown_report"]
+import hypothesis
+import numpy as np
+
+from specproof import __version__
+from specproof.contract import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._certifying import Certification
+
+__all__ = [
+    "EXIT_CODES",
+    "FORMAT",
+    "build_report",
+    "check_output_path",
+    "render_junit",
+    "render_markdown",
+    "write_json_report",
+    "write_markdown_report",
+    "write_text_file",
+]
+
+FORMAT = "specproof-report/2"
+EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 3, "interrupted": 130}
 
 
-def _atomic_write(path: str | os.PathLike[str], text: str) -> None:
+def check_output_path(path: str | os.PathLike[str], *, option: str) -> Path:
+    """The path an option names, if a file can be written there; else a one-line ``UsageError``.
+
+    Nothing is created: a missing parent directory is an error, not made.
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise UsageError(f"{option} {str(path)!r}: is a directory, expected a file path")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {str(path)!r}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"{option} {str(path)!r}: not writable")
+    return target
+
+
+def write_text_file(path: str | os.PathLike[str], text: str) -> None:
+    """Write atomically (a temporary file in the same directory, then a rename), mode 0666 & ~umask."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def _spec_version(spec: str | None) -> str | None:
+    """The version of the package a plug-in spec comes from (``mypkg.x:make`` -> mypkg's version)."""
+    if not spec:
+        return None
+    family = spec.split(":", 1)[0]
+    if family in ("ngram", "reference", "reference-moe", "trained", "coreml", "exec", "tcp", "model", "combined"):
+        return __version__
+    if "." not in family and ":" not in spec:
+        return __version__
+    top = family.split(".")[0]
+    if top in ("mlx", "hf"):
+        dist = {"mlx": "mlx-lm", "hf": "transformers"}[top]
+    else:
+        mod = sys.modules.get(top)
+        version = getattr(mod, "__version__", None)
+        if isinstance(version, str):
+            return version
+        dist = importlib.metadata.packages_distributions().get(top, [top])[0]
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, str]:
+    if cert.interrupted:
+        return "interrupted", "interrupted (Ctrl-C): the report holds the checks that finished"
+    if any(r["status"] in ("fail", "error") for r in results):
+        return "fail", ""
+    if not results:
+        return "inconclusive", "no check ran (the selection is empty for these subjects)"
+    by_subject: dict[str, bool] = {}
+    for r in results:
+        by_subject[r["case"]] = by_subject.get(r["case"], False) or r["status"] in ("pass", "excused")
+    unchecked = [s for s, ok in by_subject.items() if not ok]
+    if unchecked:
+        return "inconclusive", f"no check passed on exercised examples for: {', '.join(unchecked)}"
+    return "pass", ""
+
+
+def build_report(cert: Certification) -> dict[str, Any]:
+    """The ``specproof-report/2`` dict of a finished (or interrupted) certification."""
+    plan, suite = cert.plan, cert.plan.suite
+    results = [r.to_json() for r in cert.results.values()]
+    verdict, why = _verdict(cert, results)
+    checked = {r["case"] for r in results}
+    subjects: dict[str, Any] = {"subject": plan.specs.get("subject")}
+    entry: dict[str, Any]
+    used: list[str] = []
+    if suite.drafter is not None:
+        entry = {"spec": suite.drafter.spec, "name": suite.drafter.name, "version": _spec_version(suite.drafter.spec)}
+        if "drafter" in checked:
+            subjects["drafter"] = entry
+        else:
+            used.append(f"drafter {suite.drafter.spec} (drives the engine cases; not certified)")
+    if suite.target is not None:
+        entry = {
+            "spec": suite.target.spec,
+            "name": suite.target.name,
+            "description": suite.target.describe(),
+            "version": _spec_version(suite.target.spec),
+            "tie_tolerance": suite.target.tie_tolerance,
+            "atol": suite.target.atol,
+        }
+        if "target" in checked:
+            subjects["target"] = entry
+        else:
+            used.append(f"target {suite.target.spec} (the engine cases decode on it; not certified)")
+    subjects["engines"] = [
+        {
+            "case": c.id,
+            "name": c.name,
+            "kind": c.kind,
+            "version": _spec_version(plan.specs.get("engine")) if c.kind == "plugin" else __version__,
+            "capabilities": c.capabilities(),
+            "notes": list(c.notes),
+            "tie_tolerance": c.tie_tolerance,
+            "atol": c.atol,
+        }
+        for c in suite.engines
+        if c.id in checked
+    ]
+    subjects["used"] = used
+    return {
+        "format": FORMAT,
+        "specproof_version": __version__,
+        "verdict": verdict,
+        "verdict_reason": why,
+        "subjects": subjects,
+        "profile": plan.profile.name,
+        "seed": plan.seed,
+        "derandomized": plan.seed is None,
+        "only": list(plan.only),
+        "tie_tolerance": plan.tie_tolerance,
+        "atol": plan.atol,
+        "hypothesis_version": hypothesis.__version__,
+        "numpy_version": np.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "seconds": round(time.perf_counter() - cert.started, 3),
+        "path_coverage": cert.path_coverage(),
+        "results": results,
+    }
+
+
 def write_json_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
-    _atomic_write(path, json.dumps(report, indent=2, default=str) + "\n")
+    write_text_file(path, json.dumps(report, indent=2, default=str) + "\n")
 
 
 def render_markdown(report: dict[str, Any]) -> str:
     subj = report["subjects"]
     lines = [f"# specproof certificate — {report['verdict'].upper()}", ""]
+    if report.get("verdict_reason"):
+        lines += [f"_{report['verdict_reason']}_", ""]
     if subj.get("drafter"):
         lines.append(f"- drafter: `{subj['drafter']['spec']}` ({subj['drafter']['name']})")
     if subj.get("target"):
         lines.append(f"- target: `{subj['target']['spec']}` — {subj['target']['description']}")
     for e in subj.get("engines", []):
         lines.append(f"- engine case `{e['case']}`: {e['name']} ({e['kind']})")
+        lines += [f"  - note: {n}" for n in e.get("notes") or ()]
+    for u in subj.get("used") or ():
+        lines.append(f"- used, not certified: {u}")
     seed = "derandomized" if report.get("derandomized") else f"seed {report.get('seed')}"
     lines += [
-        f"- profile `{report['profile']}`, {seed}, tie tolerance {report['tie_tolerance']}",
+        f"- profile `{report['profile']}`, {seed}, tie tolerance {report['tie_tolerance']}, atol {report['atol']}",
         f"- specproof {report['specproof_version']}, Hypothesis {report['hypothesis_version']}, "
         f"Python {report['python']}, {report['platform']}",
         f"- {report['seconds']} s",
         "",
-        "| invariant | case | status | examples | seconds | detail |",
-        "|---|---|---|---:|---:|---|",
+        "| invariant | case | status | examples | exercised | seconds | detail |",
+        "|---|---|---|---:|---:|---:|---|",
     ]
     for r in report["results"]:
         detail = (r.get("detail") or "").replace("|", "\\|")
         lines.append(
-            f"| `{r['invariant']}` | {r['case']} | {r['status']} | {r['examples']} | {r['seconds']:.2f} | {detail} |"
+            f"| `{r['invariant']}` | {r['case']} | {r['status']} | {r['examples']} | {r['exercised']} | "
+            f"{r['seconds']:.2f} | {detail} |"
         )
-    failures = [r for r in report["results"] if r["status"] in ("fail", "error")]
-    for r in failures:
+    coverage = report.get("path_coverage") or {}
+    if coverage:
+        paths = [p for p in next(iter(coverage.values())) if p not in ("generations", "completed")]
+        lines += ["", "## Path coverage (rounds by path)", ""]
+        lines += ["| case | generations | completed | " + " | ".join(paths) + " |"]
+        lines += ["|---|---:|---:|" + "---:|" * len(paths)]
+        for case, row in coverage.items():
+            cells = " | ".join(str(row[p]) for p in paths)
+            lines.append(f"| {case} | {row['generations']} | {row['completed']} | {cells} |")
+        never = sorted({p for row in coverage.values() for p in paths if not row[p]})
+        if never:
+            lines += ["", f"Never exercised: {', '.join(never)}."]
+    for r in [r for r in report["results"] if r["status"] in ("fail", "error")]:
         lines += ["", f"## {r['invariant']} ({r['case']}) — {r['status']}", ""]
         for v in r.get("violations") or []:
             lines.append(f"- round {v['round']}: {v['explanation']}")
@@ -67,4 +248,35 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def write_markdown_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
-    _atomic_write(path, render_markdown(report))
+    write_text_file(path, render_markdown(report))
+
+
+def render_junit(report: dict[str, Any]) -> str:
+    """JUnit XML for CI test-report viewers: one testcase per check."""
+    results = report["results"]
+    suite = ET.Element(
+        "testsuite",
+        name="specproof certify",
+        tests=str(len(results)),
+        failures=str(sum(r["status"] == "fail" for r in results)),
+        errors=str(sum(r["status"] == "error" for r in results)),
+        skipped=str(sum(r["status"] == "skip" for r in results)),
+        time=f"{report['seconds']:.3f}",
+    )
+    for r in results:
+        case = ET.SubElement(
+            suite, "testcase", classname=f"specproof.{r['case']}", name=r["invariant"], time=f"{r['seconds']:.3f}"
+        )
+        if r["status"] == "fail":
+            text = "\n".join(v["explanation"] for v in r["violations"])
+            if r.get("reproduce"):
+                text += f"\nreproduce: {r['reproduce']}"
+            ET.SubElement(case, "failure", message=r["detail"][:300]).text = text
+        elif r["status"] == "error":
+            ET.SubElement(case, "error", message=r["detail"][:300])
+        elif r["status"] == "skip":
+            ET.SubElement(case, "skipped", message=r["detail"][:300])
+        ET.SubElement(case, "system-out").text = f"examples {r['examples']}, exercised {r['exercised']}"
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,5 +1,7 @@
-"""Certifying tests: drafter invariants (one pytest id per invariant)."""
+"""Certifying tests: the drafter invariants of the registry (one pytest id per check)."""
+
+from specproof.conformance.plugin import run_check
 
 
-def test_drafter(specproof_context, specproof_check, request):
-    specproof_context.run(specproof_check, request.node.nodeid)
+def test_drafter(specproof_certification, specproof_check):
+    run_check(specproof_certification, specproof_check)

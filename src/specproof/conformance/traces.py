@@ -30,7 +30,6 @@ from typing import Literal
 
 import attrs
 
-from specproof.conformance._invariants import Violation
 from specproof.conformance.checks.generation import (
     _round_of_index,
     check_accept_bounds,
@@ -39,7 +38,8 @@ from specproof.conformance.checks.generation import (
     check_stop,
     check_trace_consistency,
 )
-from specproof.conformance.checks.lossless import LosslessVerdict, compare_lossless
+from specproof.contract import Violation
+from specproof.contract.lossless import LosslessVerdict, compare_lossless
 from specproof.engine._protocols import Target
 from specproof.engine._records import STOP_REASONS, Generation, Step
 from specproof.engine.errors import InvalidSettingError, SpecproofError

@@ -16,7 +16,14 @@ from specproof.engine.errors import (
     TokenRangeError,
 )
 
-__all__ = ["component_name", "check_draft", "check_logits", "check_prompt", "check_setting_int"]
+__all__ = [
+    "component_name",
+    "check_draft",
+    "draft_sequence_problem",
+    "check_logits",
+    "check_prompt",
+    "check_setting_int",
+]
 
 
 def component_name(obj: object) -> str:
@@ -53,13 +60,25 @@ def check_prompt(prompt: Sequence[int], *, vocab_size: int, max_context: int) ->
     return [int(t) for t in tokens]
 
 
+def draft_sequence_problem(draft: object) -> str | None:
+    """Why ``draft`` is not a sequence of ids a drafter may return, or None.
+
+    The one rule the decoder and the drafter checks share: a list, tuple, 1-D array or other
+    sized iterable; never a string, bytes, None or a one-shot generator.
+    """
+    if isinstance(draft, (str, bytes)) or not hasattr(draft, "__len__") or not hasattr(draft, "__iter__"):
+        return f"returned {type(draft).__name__}, not a sequence of token ids"
+    if isinstance(draft, np.ndarray) and draft.ndim != 1:
+        return f"returned an array of shape {draft.shape}, expected 1-D"
+    return None
+
+
 def check_draft(draft: object, *, k: int, vocab_size: int, drafter: str, round_index: int) -> list[int]:
     """Return the draft as a list of ints, or raise a DrafterContractError naming the breach."""
     where = f"drafter {drafter} in round {round_index}"
-    if isinstance(draft, (str, bytes)) or not hasattr(draft, "__len__") or not hasattr(draft, "__iter__"):
-        raise DrafterContractError(f"{where} returned {type(draft).__name__}, not a sequence of token ids")
-    if isinstance(draft, np.ndarray) and draft.ndim != 1:
-        raise DrafterContractError(f"{where} returned an array of shape {draft.shape}, expected 1-D")
+    problem = draft_sequence_problem(draft)
+    if problem is not None:
+        raise DrafterContractError(f"{where} {problem} (drafter.token-range)")
     tokens = list(draft)  # type: ignore[call-overload]
     if len(tokens) > k:
         raise DrafterContractError(

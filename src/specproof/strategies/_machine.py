@@ -42,7 +42,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from specproof.conformance._invariants import Violation, ViolationError
+from specproof.contract import Violation, ViolationError
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, longest_accepted_prefix
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts

@@ -25,13 +25,6 @@ from specproof.conformance.checks.generation import (
     check_stop,
     check_trace_consistency,
 )
-from specproof.conformance.checks.lossless import (
-    LosslessStatus,
-    LosslessVerdict,
-    VerdictSummary,
-    compare_lossless,
-    summarise_verdicts,
-)
 from specproof.conformance.checks.target import (
     TARGET_CHECKS,
     check_capacity,
@@ -43,6 +36,13 @@ from specproof.conformance.checks.target import (
     check_shape,
     compare_logits,
     compare_states,
+)
+from specproof.contract.lossless import (
+    LosslessStatus,
+    LosslessVerdict,
+    VerdictSummary,
+    compare_lossless,
+    summarise_verdicts,
 )
 
 __all__ = [

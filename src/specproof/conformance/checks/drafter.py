@@ -7,14 +7,14 @@ context, the same list extended in place) and returns structured violations.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from numbers import Integral
 
 import numpy as np
 
-from specproof.conformance._invariants import Violation
+from specproof.contract import Violation
 from specproof.engine import Drafter
+from specproof.engine._validate import draft_sequence_problem
 
 __all__ = [
     "DRAFTER_CHECKS",
@@ -45,14 +45,8 @@ def _propose(drafter: Drafter, context: list[int], k: int) -> tuple[object, Exce
 
 
 def _as_list(draft: object) -> list[object] | None:
-    if isinstance(draft, (str, bytes)) or draft is None:
-        return None
-    if isinstance(draft, np.ndarray):
-        return list(draft) if draft.ndim == 1 else None
-    try:
-        return list(draft)  # type: ignore[call-overload]
-    except TypeError:
-        return None
+    """The draft as a list, or None where the decoder would reject its shape (generator, None, str)."""
+    return None if draft_sequence_problem(draft) is not None else list(draft)  # type: ignore[call-overload]
 
 
 def _example(context: Sequence[int], k: int) -> dict[str, object]:
@@ -110,7 +104,19 @@ def check_token_range(
                 )
             )
             break
-        for i, tok in enumerate(_as_list(draft) or []):
+        tokens = _as_list(draft)
+        if tokens is None:
+            out.append(
+                Violation(
+                    invariant="drafter.token-range",
+                    explanation=f"propose {draft_sequence_problem(draft)} (the decoder rejects it)",
+                    expected="a list, tuple or 1-D array of int ids",
+                    actual=repr(draft)[:80],
+                    example=_example(prefix, k),
+                )
+            )
+            return out
+        for i, tok in enumerate(tokens):
             if not isinstance(tok, Integral) or isinstance(tok, (bool, np.bool_)) or not 0 <= int(tok) < vocab_size:
                 out.append(
                     Violation(
@@ -130,62 +136,96 @@ def _canonical(tok: object) -> object:
     return int(tok) if isinstance(tok, Integral) else repr(tok)
 
 
-def _run_history(drafter: Drafter, context: Sequence[int], history: list[tuple[int, int]]) -> list[object]:
-    """Drive the drafter as the decoder does: one list, extended in place, proposals at each length."""
+def _walk(
+    drafter: Drafter, context: Sequence[int], positions: Sequence[int], k_at: Callable[[int], int]
+) -> dict[int, object]:
+    """Drive the drafter as a decoder does: one list extended in place, a proposal at each position."""
     live: list[int] = []
-    drafts: list[object] = []
-    for length, k in history:
+    drafts: dict[int, object] = {}
+    for length in positions:
         live.extend(context[len(live) : length])
-        draft, exc = _propose(drafter, live, k)
-        tokens = _as_list(draft) or []
-        drafts.append(("raised", repr(exc)) if exc is not None else [_canonical(t) for t in tokens])
+        draft, exc = _propose(drafter, live, k_at(length))
+        tokens = _as_list(draft)
+        drafts[length] = (
+            ("raised", repr(exc))
+            if exc is not None
+            else ("not a sequence", repr(draft)[:60])
+            if tokens is None
+            else [_canonical(t) for t in tokens]
+        )
     return drafts
 
 
 def check_deterministic(
-    make: Callable[[], Drafter], context: Sequence[int], ks: Sequence[int], *, other: Sequence[int] = ()
-) -> list[Violation]:
-    """Same history → same drafts: two fresh drafters, and one reused after ``reset()``.
+    make: Callable[[], Drafter],
+    context: Sequence[int],
+    ks: Sequence[int],
+    *,
+    other: Sequence[int] = (),
+    called: Sequence[bool] = (),
+    max_compared: int = 12,
+) -> tuple[list[Violation], int]:
+    """The draft depends only on the context passed in and k (docs/contract.md, "drafters").
 
-    ``other`` is an unrelated context the reused drafter sees first, so a drafter
-    whose ``reset()`` forgets nothing (or that keys on stale state) is caught.
+    The answer for ``(context[:L], k)`` is, by definition, what a fresh drafter proposes when
+    asked once. Three drafters must give it at every compared position ``L``:
+
+    - one called at every position (as an engine that drafts every round);
+    - one called only where ``called`` says (an engine skips calls: ``k_eff = 0``, varying k),
+      so a drafter whose draft depends on which earlier calls it saw is caught;
+    - one that first walks the unrelated context ``other``, then ``reset()`` (when it has one:
+      engines call it at the start of every generation), then walks ``context``, so state kept
+      across generations or a cache keyed on less than the whole history is caught.
+
+    The k of a call is a function of the position (``ks[L % len(ks)]``), so a cache keyed on
+    ``(len(context), k)`` meets the same key in ``other`` and in ``context``. Returns the
+    violations (the first difference) and how many proposals were compared.
     """
-    history = drafter_history(context, ks)
-    first = make()
-    second = make()
-    if second is first:  # an instance plug-in: a copy stands in for a second fresh one
-        second = copy.deepcopy(first)
-    a = _run_history(first, context, history)
-    b = _run_history(second, context, history)
+    n = len(context)
+    if n == 0 or not ks:
+        return [], 0
 
-    def first_difference(got: list[object], explanation: str) -> list[Violation]:
-        for i, (x, y) in enumerate(zip(a, got)):
-            if x != y:
-                length, k = history[i]
+    def k_at(length: int) -> int:
+        return int(ks[length % len(ks)])
+
+    every = list(range(1, n + 1))
+    sparse = [p for p in every if p == n or (p - 1 < len(called) and called[p - 1])]
+    step = max(1, len(sparse) // max_compared)
+    compared = sorted({*sparse[::step][:max_compared], n})
+    fresh: dict[int, object] = {}
+    for length in compared:
+        fresh.update(_walk(make(), context, [length], k_at))
+
+    def first_difference(got: dict[int, object], explanation: str) -> list[Violation]:
+        for length in compared:
+            if got[length] != fresh[length]:
                 return [
                     Violation(
                         invariant="drafter.deterministic",
-                        round=i,
-                        explanation=explanation,
-                        expected=x,
-                        actual=y,
-                        example=_example(context[:length], k),
+                        explanation=f"{explanation} than a fresh drafter asked once, at context length {length}",
+                        expected=fresh[length],
+                        actual=got[length],
+                        example={**_example(context[:length], k_at(length)), "called_at": list(sparse)[:64]},
                     )
                 ]
         return []
 
-    out = first_difference(b, "two fresh drafters given the same history proposed different drafts")
-    if out:
-        return out
-    reset = getattr(first, "reset", None)
-    if callable(reset):
-        if other:
-            _run_history(first, other, drafter_history(other, ks))
-        reset()
-        return first_difference(
-            _run_history(first, context, history), "after reset() the drafter did not behave like a fresh one"
+    out = first_difference(_walk(make(), context, every, k_at), "called at every position, it proposed differently")
+    if not out:
+        out = first_difference(
+            _walk(make(), context, sparse, k_at), "called at only some positions, it proposed differently"
         )
-    return []
+    if not out and other:
+        reused = make()
+        _walk(reused, other, list(range(1, len(other) + 1)), k_at)
+        reset = getattr(reused, "reset", None)
+        if callable(reset):
+            reset()
+            why = "after an unrelated generation and reset(), it proposed differently"
+        else:
+            why = "after an unrelated generation (it has no reset()), it proposed differently"
+        out = first_difference(_walk(reused, context, every, k_at), why)
+    return out, len(compared) * (4 if other else 3)
 
 
 def check_no_mutation(drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
@@ -210,7 +250,7 @@ def check_no_mutation(drafter: Drafter, context: Sequence[int], ks: Sequence[int
     return out
 
 
-DRAFTER_CHECKS: dict[str, Callable[..., list[Violation]]] = {
+DRAFTER_CHECKS: dict[str, Callable[..., object]] = {
     "drafter.max-length": check_max_length,
     "drafter.token-range": check_token_range,
     "drafter.deterministic": check_deterministic,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specproof.conformance._invariants import Violation
+from specproof.contract import Violation
 from specproof.engine._records import STOP_REASONS, Generation, Step
 from specproof.engine.errors import InvalidSettingError
 

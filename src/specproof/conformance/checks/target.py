@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from specproof.conformance._invariants import Violation
+from specproof.contract import Violation, arrays_differ, states_differ
 from specproof.engine import Target
 
 __all__ = [
@@ -32,35 +32,15 @@ MakeTarget = Callable[[], Target]
 
 
 def compare_logits(expected: np.ndarray, actual: np.ndarray, *, tolerance: float) -> str | None:
-    """None when equal (bitwise for tolerance 0, else max abs diff <= tolerance); else what differs."""
-    expected = np.asarray(expected)
-    actual = np.asarray(actual)
-    if expected.shape != actual.shape:
-        return f"shape {actual.shape} != {expected.shape}"
-    if tolerance == 0:
-        if np.array_equal(expected, actual):
-            return None
-    else:
-        if np.allclose(expected, actual, rtol=0.0, atol=tolerance):
-            return None
-    diff = np.abs(expected.astype(np.float64) - actual.astype(np.float64))
-    idx = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    first = tuple(int(i) for i in np.argwhere(diff > tolerance)[0]) if (diff > tolerance).any() else idx
-    at = tuple(int(i) for i in idx)
-    return f"max abs diff {float(diff.max()):.3g} at {at} (first at {first}; tolerance {tolerance})"
+    """None when equal under the contract's policy (exact at 0, else ``|a - b| <= tolerance``); else what differs."""
+    return arrays_differ(expected, actual, atol=tolerance, name="logits")
 
 
 def compare_states(
     expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray], *, tolerance: float
 ) -> str | None:
-    """Compare ``state_arrays()`` dicts; None when equal."""
-    if set(expected) != set(actual):
-        return f"state names {sorted(actual)} != {sorted(expected)}"
-    for name in expected:
-        why = compare_logits(np.asarray(expected[name]), np.asarray(actual[name]), tolerance=tolerance)
-        if why is not None:
-            return f"{name}: {why}"
-    return None
+    """Compare ``state_arrays()`` dicts (every array; names first); None when equal."""
+    return states_differ(expected, actual, atol=tolerance)
 
 
 def _prefilled(make: MakeTarget, prefix: Sequence[int]) -> Target:

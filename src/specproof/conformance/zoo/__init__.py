@@ -24,14 +24,32 @@ from typing import Literal
 
 import attrs
 
-from specproof.conformance.zoo._drafters import LookupDrafter, MutatesInput, Nondeterministic, OutOfRange, TooLong
+from specproof.conformance._registry import REGISTRY
+from specproof.conformance.zoo._drafters import (
+    LookupDrafter,
+    MatchPointer,
+    MutatesInput,
+    Nondeterministic,
+    OutOfRange,
+    ReadsPastContext,
+    ReturnsGenerator,
+    StickyCache,
+    TooLong,
+)
 from specproof.conformance.zoo._engines import (
     AcceptsPastMismatch,
     DropsBonusToken,
     EmitsAfterEos,
+    EosMaskedByLengthCap,
     ForgetsRecurrentRestore,
+    GreedyOnlyEngine,
+    OracleOnlyEngine,
+    OwnCopyEngine,
     ProcessedOffByOne,
+    RaisesEveryCall,
+    RefeedsAcceptedFirst,
     StaleStateAfterZeroDraft,
+    VaryingK,
     ZooEngine,
 )
 from specproof.conformance.zoo._targets import (
@@ -47,6 +65,7 @@ from specproof.conformance.zoo._targets import (
 
 __all__ = [
     "CONTROLS",
+    "CORRECT",
     "ZOO",
     "ZOO_CONFIG",
     "ZooMember",
@@ -87,7 +106,7 @@ class ZooMember:
 
     name: str
     kind: Kind
-    invariant: str
+    invariant: str = attrs.field(validator=attrs.validators.in_([inv.id for inv in REGISTRY]))
     description: str
     spec: str
     implementation: type = attrs.field(repr=False)
@@ -167,6 +186,54 @@ def emits_after_eos() -> EmitsAfterEos:
 
 def stale_state_after_zero_draft() -> StaleStateAfterZeroDraft:
     return StaleStateAfterZeroDraft()
+
+
+def sticky_cache() -> StickyCache:
+    return StickyCache()
+
+
+def match_pointer() -> MatchPointer:
+    return MatchPointer()
+
+
+def returns_generator() -> ReturnsGenerator:
+    return ReturnsGenerator()
+
+
+def reads_past_context() -> ReadsPastContext:
+    return ReadsPastContext()
+
+
+def refeeds_accepted_first() -> RefeedsAcceptedFirst:
+    return RefeedsAcceptedFirst()
+
+
+def eos_masked_by_length_cap() -> EosMaskedByLengthCap:
+    return EosMaskedByLengthCap()
+
+
+def raises_every_call() -> RaisesEveryCall:
+    return RaisesEveryCall()
+
+
+def own_copy_engine() -> OwnCopyEngine:
+    """Correct: decodes on its own copy, exposes a same-model ``target`` that never moves."""
+    return OwnCopyEngine()
+
+
+def oracle_only_engine() -> OracleOnlyEngine:
+    """Correct: decodes on its own copy, exposes the model as ``oracle``."""
+    return OracleOnlyEngine()
+
+
+def greedy_only_engine() -> GreedyOnlyEngine:
+    """Correct, black-box: no steps, only ``greedy()``."""
+    return GreedyOnlyEngine()
+
+
+def varying_k_engine() -> VaryingK:
+    """Correct: a different k every round."""
+    return VaryingK()
 
 
 def lookup_drafter() -> LookupDrafter:
@@ -280,8 +347,33 @@ ZOO: dict[str, ZooMember] = {
             "engine.lossless",
             also=("engine.state-restored",),
         ),
+        _member("sticky_cache", "drafter", StickyCache, "drafter.deterministic"),
+        _member("match_pointer", "drafter", MatchPointer, "drafter.deterministic"),
+        _member("returns_generator", "drafter", ReturnsGenerator, "drafter.token-range", also=_ENGINE_RAISES),
+        _member("reads_past_context", "drafter", ReadsPastContext, "drafter.deterministic"),
+        _member(
+            "refeeds_accepted_first",
+            "engine",
+            RefeedsAcceptedFirst,
+            "engine.state-restored",
+            also=("engine.lossless",),
+        ),
+        _member(
+            "eos_masked_by_length_cap",
+            "engine",
+            EosMaskedByLengthCap,
+            "engine.stop",
+            also=("engine.lossless", "trace.consistency"),
+        ),
+        _member("raises_every_call", "engine", RaisesEveryCall, "engine.lossless"),
     )
 }
+
+CORRECT: dict[str, str] = {
+    name: f"{_MODULE}:{name}"
+    for name in ("own_copy_engine", "oracle_only_engine", "greedy_only_engine", "varying_k_engine")
+}
+"""Correct engines that differ from the control in what they expose or how they draft: certification accepts them."""
 
 CONTROLS: dict[Kind, str] = {
     "drafter": f"{_MODULE}:lookup_drafter",

@@ -15,9 +15,13 @@ from collections.abc import Sequence
 __all__ = [
     "DEFAULT_VOCAB",
     "LookupDrafter",
+    "MatchPointer",
     "MutatesInput",
     "Nondeterministic",
     "OutOfRange",
+    "ReadsPastContext",
+    "ReturnsGenerator",
+    "StickyCache",
     "TooLong",
     "lookup_continuation",
 ]
@@ -123,3 +127,99 @@ class MutatesInput(LookupDrafter):
             draft.append(step[0])
             work.append(step[0])
         return draft
+
+
+class StickyCache(LookupDrafter):
+    """``drafter.deterministic``: caches drafts keyed by ``(len(context), k)``; ``reset()`` does nothing.
+
+    Shipped as: a drafter that memoises by position to save work across rounds and
+    forgets to key on the content, with a ``reset()`` stub: the next generation gets the
+    previous generation's drafts wherever the lengths coincide.
+    """
+
+    bug = "drafts cached by (len(context), k); reset() is a no-op"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: dict[tuple[int, int], list[int]] = {}
+
+    def reset(self) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        key = (len(context), k)
+        if key not in self._cache:
+            self._cache[key] = lookup_continuation(context, k)
+        return list(self._cache[key])
+
+
+class MatchPointer(LookupDrafter):
+    """``drafter.deterministic``: resumes the previous call's match instead of looking up again.
+
+    Shipped as: an incremental prompt-lookup drafter that keeps a pointer into the
+    context where its last draft came from and, if the context grew, continues from
+    there. Right when it is called every round; wrong when an engine skips calls
+    (``k_eff = 0`` near the budget, a varying k): the pointer then points at stale text.
+    """
+
+    bug = "drafts from the previous call's match pointer"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pointer: int | None = None
+        self._seen = 0
+
+    def reset(self) -> None:
+        self._pointer, self._seen = None, 0
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        n = len(context)
+        if self._pointer is not None and n > self._seen:
+            start = self._pointer + (n - self._seen)
+        else:
+            last = context[-1] if n else None
+            start = next((i + 1 for i in range(n - 2, -1, -1) if context[i] == last), n)
+        self._pointer, self._seen = start, n
+        return [int(t) for t in context[start : start + max(k, 0)] if start < n]
+
+
+class ReturnsGenerator(LookupDrafter):
+    """``drafter.token-range``: returns a generator of ids, not a sequence.
+
+    Shipped as: ``return (t for t in ...)`` in a drafter; iterating once works, so a naive
+    check passes, but engines need ``len()`` and a second look (the decoder rejects it).
+    """
+
+    bug = "returns a generator"
+
+    def propose(self, context: Sequence[int], k: int) -> object:  # type: ignore[override]
+        return (t for t in lookup_continuation(context, k))
+
+
+class ReadsPastContext(LookupDrafter):
+    """``drafter.deterministic``: looks up in its own buffer, which still holds an older, longer context.
+
+    Shipped as: a drafter that copies the context into a preallocated buffer and searches
+    the whole buffer instead of the valid prefix, so text from an earlier (longer)
+    generation is matched as if it were in the context.
+    """
+
+    bug = "searches a stale buffer past the end of the context"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buffer: list[int] = []
+
+    def reset(self) -> None:
+        pass  # the buffer is "overwritten" by the next context anyway (it is not: it may be shorter)
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        n = len(context)
+        self._buffer[:n] = [int(t) for t in context]
+        if k <= 0 or n < 1:
+            return []
+        last = self._buffer[n - 1]
+        for start in range(len(self._buffer) - 2, -1, -1):
+            if start != n - 1 and self._buffer[start] == last:
+                return self._buffer[start + 1 : start + 1 + k]
+        return []

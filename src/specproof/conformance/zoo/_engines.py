@@ -38,10 +38,17 @@ __all__ = [
     "AcceptsPastMismatch",
     "DropsBonusToken",
     "EmitsAfterEos",
+    "EosMaskedByLengthCap",
     "ForgetsRecurrentRestore",
+    "GreedyOnlyEngine",
     "OracleDrafter",
+    "OracleOnlyEngine",
+    "OwnCopyEngine",
     "ProcessedOffByOne",
+    "RaisesEveryCall",
+    "RefeedsAcceptedFirst",
     "StaleStateAfterZeroDraft",
+    "VaryingK",
     "ZooEngine",
 ]
 
@@ -106,6 +113,9 @@ class ZooEngine:
         self.k = k
         self.rollback = rollback
         self._oracle = copy.deepcopy(self.target)
+        # The engine contract: a settable `drafter` lets the suite drive the engine with its own drafts;
+        # None means the internal oracle drafter below.
+        self.drafter: object = None
         self.name = f"specproof.zoo.{type(self).__name__}(k={k}, rollback={rollback})"
 
     def __repr__(self) -> str:
@@ -134,6 +144,10 @@ class ZooEngine:
     def _commit(self, before: ReferenceSnapshot, draft: list[int]) -> None:
         """Every token fed is kept: the state after verify is already the right one."""
 
+    def _refeed(self, tokens: list[int]) -> list[int]:
+        """The tokens replay feeds after restoring the snapshot: ``[ctx[-1], *draft[:j]]``, in order."""
+        return tokens
+
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
@@ -153,8 +167,12 @@ class ZooEngine:
         ):
             raise TokenRangeError(f"{self.name}: eos_token_id={eos_token_id!r} is not an id in [0, {self.vocab_size})")
         eos = None if eos_token_id is None else int(eos_token_id)
-        continuation = greedy_decode(self._oracle, ctx, max_new_tokens + self.k).tokens
-        drafter = OracleDrafter(ctx, continuation, vocab_size=self.vocab_size)
+        drafter = self.drafter
+        if drafter is None:
+            continuation = greedy_decode(self._oracle, ctx, max_new_tokens + self.k).tokens
+            drafter = OracleDrafter(ctx, continuation, vocab_size=self.vocab_size)
+        elif callable(getattr(drafter, "reset", None)):
+            drafter.reset()  # type: ignore[attr-defined]
         target.reset()
         prefill = 0
         if len(ctx) > 1:
@@ -175,7 +193,7 @@ class ZooEngine:
             k_eff = min(self.k, remaining - 1, room - 1)
             base = target.processed
             before = target.snapshot()
-            draft = drafter.propose(ctx, k_eff) if k_eff > 0 else []
+            draft = [int(t) for t in drafter.propose(ctx, k_eff)] if k_eff > 0 else []  # type: ignore[attr-defined]
             fed = [ctx[-1], *draft]
             checkpoints: list[object] | None = None
             if self.rollback == "checkpoint":
@@ -193,7 +211,7 @@ class ZooEngine:
                 else:
                     self._restore(before)
                     if keep > 0:
-                        target.forward(fed[:keep])
+                        target.forward(self._refeed(fed[:keep]))
                         replay += 1
             else:
                 self._commit(before, draft)
@@ -311,3 +329,133 @@ class StaleStateAfterZeroDraft(ZooEngine):
         if not draft:
             after = self.target.snapshot()
             self.target.restore(attrs.evolve(after, conv_state=before.conv_state, rec_state=before.rec_state))
+
+
+class RefeedsAcceptedFirst(ZooEngine):
+    """Replay rollback that re-feeds the accepted draft tokens *before* the pending token.
+
+    Shipped as: a replay path that rebuilds the tokens to re-feed from the accepted list
+    (``accepted[:-1]``) and then appends the round's first token, instead of feeding
+    ``[ctx[-1], *draft[:j]]`` in order: the KV length is right, the state is not.
+    """
+
+    bug = "replay re-feeds draft[:j] + [pending] instead of [pending] + draft[:j]"
+
+    def __init__(self, *, k: int = 4, rollback: str = "replay", target: ReferenceHybrid | None = None) -> None:
+        super().__init__(k=k, rollback=rollback, target=target)
+
+    def _refeed(self, tokens: list[int]) -> list[int]:
+        return [*tokens[1:], tokens[0]]
+
+
+class EosMaskedByLengthCap(ZooEngine):
+    """Cuts a round at ``max_new_tokens`` first and looks for EOS only in the last emitted token.
+
+    Shipped as: engines whose stop check runs after the length cap and tests only the
+    final token, so an EOS inside the last accepted block is emitted and followed by more.
+    """
+
+    bug = "EOS inside the last accepted block is hidden by the length cap"
+
+    def _emit(self, accepted: list[int], remaining: int, eos: int | None) -> list[int]:
+        emitted = accepted[:remaining]
+        if len(emitted) == remaining:
+            return emitted  # the bug: the budget is reached, so the EOS scan is skipped
+        return super()._emit(accepted, remaining, eos)
+
+
+class VaryingK(ZooEngine):
+    """Correct but unusual: a different k every round (1..k, cycling). Certification must accept it."""
+
+    bug = "none (correct: k varies per round)"
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        inner = self.drafter
+        cycle = [0]
+
+        class _Varying:
+            def reset(self) -> None:
+                cycle[0] = 0
+                if callable(getattr(inner, "reset", None)):
+                    inner.reset()  # type: ignore[attr-defined]
+
+            def propose(self, context: Sequence[int], k: int) -> list[int]:
+                cycle[0] += 1
+                kk = min(k, 1 + cycle[0] % max(k, 1))
+                return list(inner.propose(context, kk)) if inner is not None else []  # type: ignore[attr-defined]
+
+        if inner is None:
+            return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        self.drafter = _Varying()
+        try:
+            return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        finally:
+            self.drafter = inner
+
+
+class OwnCopyEngine(ZooEngine):
+    """Correct: decodes on a private copy of the model and exposes ``target`` as a same-model copy.
+
+    Earlier versions of the contract said ``target`` is "a Target of the same model"; an
+    engine following that must not be failed: the harness sees that ``target`` never moves
+    and uses it as an oracle (lossless only), saying so in the certificate.
+    """
+
+    bug = "none (correct: decodes on its own copy of the model)"
+
+    def __init__(self, *, k: int = 4, rollback: str = "checkpoint", target: ReferenceHybrid | None = None) -> None:
+        super().__init__(k=k, rollback=rollback, target=target)
+        self._live = self.target
+        self.target = copy.deepcopy(self._live)  # what it exposes: a copy it never decodes on
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        exposed, self.target = self.target, self._live
+        try:
+            return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        finally:
+            self.target = exposed
+
+
+class OracleOnlyEngine(OwnCopyEngine):
+    """Correct: decodes on its own copy and exposes the model as ``oracle`` (the contract's way)."""
+
+    bug = "none (correct: exposes `oracle`, no live target)"
+
+    def __init__(self, *, k: int = 4, rollback: str = "checkpoint", target: ReferenceHybrid | None = None) -> None:
+        super().__init__(k=k, rollback=rollback, target=target)
+        self.oracle = self.target
+        del self.target
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        self.target = self._live
+        try:
+            return ZooEngine.generate(self, prompt, max_new_tokens, eos_token_id=eos_token_id)
+        finally:
+            del self.target
+
+
+class GreedyOnlyEngine(OracleOnlyEngine):
+    """Correct, black-box: no steps, no model exposed, only ``greedy(prompt, n)`` as the oracle."""
+
+    bug = "none (correct: black-box with greedy())"
+
+    def __init__(self, *, k: int = 4, rollback: str = "checkpoint", target: ReferenceHybrid | None = None) -> None:
+        super().__init__(k=k, rollback=rollback, target=target)
+        self._greedy_model = self.oracle
+        del self.oracle
+
+    def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        return list(greedy_decode(copy.deepcopy(self._greedy_model), list(prompt), max_new_tokens).tokens)
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        gen = super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        return Generation(tokens=gen.tokens, stop_reason=gen.stop_reason)
+
+
+class RaisesEveryCall(ZooEngine):
+    """``engine.lossless``: ``generate`` raises on every call; nothing may pass on it."""
+
+    bug = "generate always raises"
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        raise RuntimeError("engine crashed (zoo: RaisesEveryCall)")

@@ -18,9 +18,9 @@ from typing import Literal
 
 import attrs
 
-from specproof.conformance._invariants import Violation
-from specproof.engine._records import STOP_REASONS
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract._records import STOP_REASONS
+from specproof.contract._violations import Violation
+from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["LosslessStatus", "LosslessVerdict", "VerdictSummary", "compare_lossless", "summarise_verdicts"]
 

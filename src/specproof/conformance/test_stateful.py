@@ -1,5 +1,0 @@
-"""Certifying tests: stateful invariants (one pytest id per invariant and subject case)."""
-
-
-def test_stateful(specproof_context, specproof_check, request):
-    specproof_context.run(specproof_check, request.node.nodeid)

@@ -1,0 +1,38 @@
+"""specproof.contract: the bottom layer every other part of specproof builds on.
+
+It imports nothing from specproof above it (a test fails on any import cycle):
+
+- the protocols (``Target``, ``Drafter``, ``Engine``, ...) and records (``Step``, ``Stats``,
+  ``Generation``) of the decode convention (docs/contract.md);
+- ``errors`` — every error specproof raises on purpose, including ``UsageError`` (exit 2);
+- ``Violation`` / ``ViolationError`` — one breach of one invariant, as every check reports it;
+- ``compare`` — the one array comparison (exact or within ``atol``; NaN and signed-zero policy);
+- ``lossless`` — the tie-aware ``engine.lossless`` verdict.
+"""
+
+from specproof.contract._protocols import CheckpointingTarget, Drafter, Engine, Target, WhiteBoxTarget
+from specproof.contract._records import STOP_REASONS, Generation, Stats, Step, StopReason
+from specproof.contract._violations import INVARIANT_ID, Violation, ViolationError
+from specproof.contract.compare import arrays_differ, states_differ, validate_tolerance
+from specproof.contract.errors import SpecproofError, UsageError
+
+__all__ = [
+    "INVARIANT_ID",
+    "STOP_REASONS",
+    "CheckpointingTarget",
+    "Drafter",
+    "Engine",
+    "Generation",
+    "SpecproofError",
+    "Stats",
+    "Step",
+    "StopReason",
+    "Target",
+    "UsageError",
+    "Violation",
+    "ViolationError",
+    "WhiteBoxTarget",
+    "arrays_differ",
+    "states_differ",
+    "validate_tolerance",
+]
