@@ -74,3 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+
+
+if __name__ == "__main__":  # python -m specproof.cli
+    raise SystemExit(main())

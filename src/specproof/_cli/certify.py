@@ -122,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
         pass
 
     terminal = sys.stderr.isatty() if args.json else sys.stdout.isatty()
-    console = Console(stderr=args.json, soft_wrap=not terminal, width=None if terminal else 10_000)
+    # bound to the real stream now: the in-process pytest run redirects sys.stdout while it runs
+    console = Console(
+        file=sys.stderr if args.json else sys.stdout, soft_wrap=not terminal, width=None if terminal else 10_000
+    )
     report = _run_with_progress(plan, certify, console, terminal)
     if args.report:
         write_json_report(args.report, report)

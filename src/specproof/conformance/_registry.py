@@ -179,8 +179,20 @@ def _engine_check(invariant_id: str, exercised: Callable[[EngineRun], int]) -> C
 
     def check(case: Any, run: EngineRun) -> Outcome:
         if not run.completed and invariant_id != "engine.lossless":
-            # a generation that did not complete passes nothing (engine.lossless fails it)
-            return Outcome([], exercised=0, note=f"no generation completed ({run.error})")
+            # A generation that did not complete passes nothing: it fails every check that was
+            # asked about it, naming the component that broke it (engine.lossless says the same).
+            (broken,) = run.verdicts["engine.lossless"] or [None]
+            why = broken.explanation if broken is not None else f"the generation did not complete: {run.error}"
+            return Outcome(
+                [
+                    Violation(
+                        invariant=invariant_id,
+                        explanation=f"{why} (so {invariant_id} could not be checked)",
+                        example=dict(run.example),
+                    )
+                ],
+                exercised=1,
+            )
         vs = run.verdicts.get(invariant_id)
         if vs is None:
             return Outcome([], exercised=0, note=run.not_applicable.get(invariant_id, "not applicable"))

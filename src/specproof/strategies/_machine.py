@@ -42,7 +42,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from specproof.contract import Violation, ViolationError
+from specproof.contract import Violation, ViolationError, arrays_differ
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, longest_accepted_prefix
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
@@ -99,31 +99,8 @@ def _fmt(tokens: Sequence[int], limit: int = 16) -> str:
 
 
 def _compare_arrays(name: str, got: np.ndarray, want: np.ndarray, tolerance: float) -> str | None:
-    """None when equal (bitwise if tolerance == 0), else a one-line account of the difference."""
-    a, b = np.asarray(got), np.asarray(want)
-    if a.shape != b.shape:
-        return f"{name} has shape {a.shape}, the reference's has shape {b.shape}"
-    if a.size == 0:
-        return None
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    if tolerance == 0.0 and a.dtype == b.dtype and a.dtype.kind == "f":
-        width = {2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize)
-        bad = a.view(width) != b.view(width) if width is not None else a64 != b64
-    elif tolerance == 0.0:
-        bad = a64 != b64
-    else:
-        with np.errstate(invalid="ignore"):
-            bad = ~(np.abs(a64 - b64) <= tolerance)
-    bad = bad | (np.isnan(a64) != np.isnan(b64))
-    if not bad.any():
-        return None
-    first = tuple(int(i) for i in np.argwhere(bad)[0])
-    with np.errstate(invalid="ignore"):
-        diff = float(np.nanmax(np.abs(a64 - b64))) if np.isfinite(a64).any() else math.nan
-    return (
-        f"{name} differs at index {first}: target {float(a64[first]):.6g} vs reference {float(b64[first]):.6g}; "
-        f"max abs diff {diff:.3g} over {int(bad.sum())} of {a.size} elements (tolerance {tolerance})"
-    )
+    """None when equal under the contract's one comparison policy (``specproof.contract.compare``)."""
+    return arrays_differ(want, got, atol=tolerance, name=name)
 
 
 class RollbackMachine(RuleBasedStateMachine):

@@ -1,0 +1,62 @@
+"""The invariant registry is the one source of truth: the README table, --only and the zoo derive from it."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import pytest
+
+from specproof.cli import main
+from specproof.conformance import REGISTRY, markdown_table
+from specproof.conformance._registry import select
+from specproof.conformance.zoo import ZOO
+from specproof.contract import UsageError
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_table_is_the_registry() -> None:
+    text = README.read_text()
+    block = re.search(r"<!-- invariants:start[^>]*-->\n(.*?)\n<!-- invariants:end -->", text, re.S)
+    assert block is not None, "README has no generated invariant table"
+    assert block.group(1) == markdown_table(), "regenerate it: specproof invariants --markdown"
+
+
+def test_ids_are_unique_and_well_formed() -> None:
+    ids = [inv.id for inv in REGISTRY]
+    assert len(ids) == len(set(ids))
+    assert all(re.fullmatch(r"[a-z]+\.[a-z0-9-]+", i) for i in ids)
+    assert all(inv.summary and inv.draws for inv in REGISTRY)
+
+
+def test_every_zoo_member_names_a_registered_invariant() -> None:
+    ids = {inv.id for inv in REGISTRY}
+    for member in ZOO.values():
+        assert member.invariant in ids and set(member.also) <= ids
+
+
+@pytest.mark.parametrize(
+    ("patterns", "expected"),
+    [
+        (["engine.kv-length,engine.lossless"], ("engine.lossless", "engine.kv-length")),
+        (["engine.kv-length", "engine.lossless"], ("engine.lossless", "engine.kv-length")),
+        (["drafter.*"], ("drafter.max-length", "drafter.token-range", "drafter.deterministic", "drafter.no-mutation")),
+    ],
+)
+def test_select_takes_ids_and_globs(patterns: list[str], expected: tuple[str, ...]) -> None:
+    assert select(patterns) == expected
+
+
+def test_unknown_id_is_a_usage_error_with_the_closest_ids() -> None:
+    with pytest.raises(UsageError, match="did you mean engine.kv-length"):
+        select(["engine.kv-lenght"])
+
+
+def test_invariants_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["invariants", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [d["id"] for d in data] == [inv.id for inv in REGISTRY]
+    assert main(["invariants"]) == 0
+    assert "engine.session" in capsys.readouterr().out
