@@ -50,7 +50,7 @@ def test_select_takes_ids_and_globs(patterns: list[str], expected: tuple[str, ..
 
 
 def test_unknown_id_is_a_usage_error_with_the_closest_ids() -> None:
-    with pytest.raises(UsageError, match="did you mean engine.kv-length"):
+    with pytest.raises(UsageError, match=r"did you mean engine\.kv-length"):
         select(["engine.kv-lenght"])
 
 
