@@ -1,0 +1,364 @@
+"""Engines that keep their cache between requests: a correct one, two that shipped bugs, and unusual controls.
+
+``SessionEngine`` is the correct control. It decodes with the built-in ``SpecDecoder``
+on a small reference target it keeps between ``generate`` calls, and reuses the longest
+common prefix of the new prompt with what the target has processed: it keeps a
+snapshot of the recurrent state (conv, rec) at every 16th position of each prefill,
+at the end of each prompt and at the end of each generation, restores the latest one at
+or before the common prefix, re-feeds the rest, and drops the snapshots the re-feed
+overwrote. Multi-turn (the last context plus a user turn) needs no restore at all;
+regenerate and edits restore a snapshot; a prompt sharing nothing resets.
+
+The members break exactly that reuse, the way real engines did:
+
+- ``StalePrefixCache``: on a prefix hit shorter than the cache it moves the KV pointer
+  back (``processed = common prefix``) but keeps the conv/rec state from the end of the
+  last call (prefix caching for hybrid models that treated the recurrent state like KV);
+- ``SnapshotOnlyLastCall``: keeps recurrent snapshots only from the last request; a hit
+  that reaches further back than all of them restores the earliest it has, with
+  ``processed`` cut to the hit (recurrent-state caches kept for the last batch only).
+
+Correct-but-unusual controls the session machine must pass: ``VaryingKSessionEngine``
+(asks its drafter for a different k every round) and ``GreedyOnlySessionEngine`` (a
+black box: ``generate``, ``vocab_size``, ``max_context`` and ``greedy()``, nothing else).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from specproof.conformance.zoo._targets import small_reference
+from specproof.engine import (
+    ContextView,
+    DecodeSession,
+    Generation,
+    NgramDrafter,
+    ReferenceHybrid,
+    ReferenceSnapshot,
+    SpecDecoder,
+    greedy_decode,
+)
+from specproof.engine._validate import check_prompt, component_name
+from specproof.engine.errors import InvalidSettingError
+
+__all__ = [
+    "GreedyOnlySessionEngine",
+    "SessionEngine",
+    "SnapshotOnlyLastCall",
+    "StalePrefixCache",
+    "VaryingKSessionEngine",
+]
+
+_CHUNK = 16  # prefill chunk: a snapshot at every multiple of it (prefix-cache block granularity)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _ResumedSession(DecodeSession):
+    """A ``DecodeSession`` over a target the engine has already positioned at ``prompt[:-1]``.
+
+    ``DecodeSession.__init__`` resets the target and prefills; a caching engine has fed
+    only the part past the common prefix itself, so this skips both and keeps the rest.
+    """
+
+    def __init__(self, decoder: SpecDecoder, prompt: Sequence[int], *, prefill_forwards: int) -> None:
+        target = decoder.target
+        self.decoder = decoder
+        self._target_name = component_name(target)
+        self._drafter_name = component_name(decoder.drafter)
+        self._ctx = check_prompt(prompt, vocab_size=target.vocab_size, max_context=target.max_context)
+        self._view = ContextView(self._ctx)
+        self._rounds_done = 0
+        self._pending_prefill = prefill_forwards
+        if target.processed != len(self._ctx) - 1:
+            raise InvalidSettingError(
+                f"the target has processed {target.processed} tokens; a prompt of {len(self._ctx)} needs "
+                f"{len(self._ctx) - 1}"
+            )
+        reset = getattr(decoder.drafter, "reset", None)
+        if callable(reset):
+            reset()
+
+
+class SessionEngine:
+    """A correct engine that keeps its cache between requests (the control the members break).
+
+    ``SessionEngine(*, k=4, rollback="checkpoint", target=None, drafter=None)``: ``target``
+    defaults to the zoo's small reference model, ``drafter`` to an ``NgramDrafter``; both
+    are attributes, and ``drafter`` may be replaced between requests (the suite installs
+    its scripted drafter there). ``reset()`` forgets the cache.
+    """
+
+    bug = "none (the correct control)"
+
+    def __init__(
+        self,
+        *,
+        k: int = 4,
+        rollback: str = "checkpoint",
+        target: ReferenceHybrid | None = None,
+        drafter: Any = None,
+    ) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InvalidSettingError(f"{type(self).__name__} k={k!r} must be an integer >= 0")
+        if rollback not in ("checkpoint", "replay"):
+            raise InvalidSettingError(f"{type(self).__name__} rollback={rollback!r} is not 'checkpoint' or 'replay'")
+        self.target = small_reference() if target is None else target
+        self.vocab_size: int = self.target.vocab_size
+        self.max_context: int = self.target.max_context
+        self.k = k
+        self.rollback = rollback
+        self.drafter: Any = NgramDrafter() if drafter is None else drafter
+        self.name = f"specproof.zoo.{type(self).__name__}(k={k}, rollback={rollback})"
+        self._cached: list[int] = []  # the tokens the target has processed, in order
+        self._snapshots: dict[
+            int, ReferenceSnapshot
+        ] = {}  # position -> snapshot with processed == position, on _cached
+        self._call = 0
+        self._taken_in: dict[int, int] = {}  # position -> the call that took its snapshot
+        self.target.reset()
+
+    def __repr__(self) -> str:
+        return f"<{self.name}; cached {len(self._cached)} tokens; bug: {self.bug}>"
+
+    def reset(self) -> None:
+        """Forget every cached token and snapshot."""
+        self.target.reset()
+        self._cached = []
+        self._snapshots.clear()
+        self._taken_in.clear()
+
+    # ------------------------------------------------------------------ the cache
+
+    def _snap(self) -> None:
+        pos = self.target.processed
+        self._snapshots[pos] = self.target.snapshot()
+        self._taken_in[pos] = self._call
+
+    def _drop_after(self, position: int) -> None:
+        """Forget snapshots past ``position``: the next forward overwrites their KV slots."""
+        for pos in [p for p in self._snapshots if p > position]:
+            del self._snapshots[pos]
+            self._taken_in.pop(pos, None)
+
+    def _feed(self, tokens: Sequence[int]) -> int:
+        """Feed ``tokens`` in chunks ending at multiples of ``_CHUNK``, snapshotting at each; the forwards used."""
+        forwards = 0
+        pos = self.target.processed
+        i = 0
+        while i < len(tokens):
+            stop = min(len(tokens), i + _CHUNK - (pos + i) % _CHUNK)
+            self.target.forward(list(tokens[i:stop]))
+            forwards += 1
+            i = stop
+            if self.target.processed % _CHUNK == 0:
+                self._snap()
+        return forwards
+
+    def _rewind(self, common: int) -> int:
+        """Put the target at a position ``m <= common`` with the right state for ``_cached[:m]``; returns ``m``."""
+        usable = [p for p in self._snapshots if p <= common]
+        if not usable:
+            self.target.reset()
+            self._snapshots.clear()
+            self._taken_in.clear()
+            return 0
+        m = max(usable)
+        self.target.restore(self._snapshots[m])
+        self._drop_after(m)
+        return m
+
+    def _position(self, prompt: list[int]) -> int:
+        """Make the target hold ``prompt[:-1]``, reusing the cache; returns the forwards used."""
+        want = prompt[:-1]
+        common = _common_prefix(self._cached, want)
+        if common == len(self._cached) and self.target.processed == common:
+            start = common  # the cache is a prefix of the prompt: just feed the rest (multi-turn)
+        else:
+            start = self._rewind(common)
+        forwards = self._feed(want[start:])
+        self._cached = list(want)
+        self._snap()
+        return forwards
+
+    def _after_call(self) -> None:
+        """Hook: called at the end of every ``generate`` (the correct engine keeps every snapshot)."""
+
+    def _decoder(self) -> SpecDecoder:
+        return SpecDecoder(self.target, self.drafter, k=self.k, rollback=self.rollback)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
+        self._call += 1
+        forwards = self._position(ctx)
+        session = _ResumedSession(self._decoder(), ctx, prefill_forwards=forwards)
+        try:
+            gen = session.generate(max_new_tokens, eos_token_id=eos_token_id)
+        except BaseException:
+            self.reset()  # the session restored its round, but be safe: start cold next time
+            raise
+        self._cached = list(session.context[:-1])
+        self._snap()
+        self._after_call()
+        return gen
+
+
+class StalePrefixCache(SessionEngine):
+    """On a prefix hit shorter than its cache, cuts the KV length but keeps the last call's conv/rec state.
+
+    Shipped as: prefix caching for hybrid models that treated the recurrent state like
+    KV blocks: the attention prefix is reused by pointer, the conv window and the
+    delta-rule state are whatever the last request left.
+    """
+
+    bug = "a prefix hit moves processed back but keeps conv/rec state from the end of the last call"
+
+    def _rewind(self, common: int) -> int:
+        if common == 0:
+            return super()._rewind(0)
+        end = self.target.snapshot()
+        self.target.restore(attrs.evolve(end, processed=common))
+        self._drop_after(common)
+        return common
+
+
+class SnapshotOnlyLastCall(SessionEngine):
+    """Keeps recurrent snapshots from the last request only; a hit on an older one restores the wrong state.
+
+    Shipped as: recurrent-state caches kept for the last batch only, while the prefix
+    index still lists every block it saw: a hit on a prefix whose snapshot came from an
+    older request (the KV is still there) is served with the earliest recurrent state
+    still cached, with the KV length cut to the hit. A hit shorter than every snapshot
+    ever taken is a miss and re-prefills correctly, as do hits on the last request's.
+    """
+
+    bug = "snapshots kept only for the last request; a hit on an older one gets another request's recurrent state"
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._forgotten: set[int] = set()  # positions the index lists whose arrays were dropped
+        super().__init__(**kwargs)
+
+    def reset(self) -> None:
+        super().reset()
+        self._forgotten.clear()
+
+    def _drop_after(self, position: int) -> None:
+        super()._drop_after(position)
+        self._forgotten = {p for p in self._forgotten if p <= position}
+
+    def _after_call(self) -> None:
+        for pos in [p for p, call in self._taken_in.items() if call != self._call]:
+            del self._snapshots[pos]
+            del self._taken_in[pos]
+            self._forgotten.add(pos)
+
+    def _rewind(self, common: int) -> int:
+        kept = [p for p in self._snapshots if p <= common]
+        listed = [p for p in self._forgotten if p <= common]
+        if not listed or not self._snapshots or (kept and max(kept) >= max(listed)):
+            return super()._rewind(common)
+        hit = max(listed)
+        earliest = self._snapshots[min(self._snapshots)]
+        self.target.restore(attrs.evolve(earliest, processed=hit))
+        self._drop_after(hit)
+        return hit
+
+
+class _CyclingK:
+    """A drafter wrapper that asks the wrapped drafter for a different k every round (k, 1, k-1, 2, ...)."""
+
+    def __init__(self, inner: Any, k: int) -> None:
+        self.inner = inner
+        self.schedule = [v for pair in zip(range(k, 0, -1), range(1, k + 1)) for v in pair] or [0]
+        self.calls = 0
+        self.name = f"CyclingK({component_name(inner)})"
+
+    def propose(self, context: Sequence[int], k: int) -> Sequence[int]:
+        k_round = min(k, self.schedule[self.calls % len(self.schedule)])
+        self.calls += 1
+        return self.inner.propose(context, k_round)
+
+    def reset(self) -> None:
+        self.calls = 0
+        reset = getattr(self.inner, "reset", None)
+        if callable(reset):
+            reset()
+
+
+class VaryingKSessionEngine(SessionEngine):
+    """Correct: a session engine whose draft length changes every round (``k`` is the largest it uses)."""
+
+    bug = "none (a correct engine with a different k every round)"
+
+    def _decoder(self) -> SpecDecoder:
+        return SpecDecoder(self.target, _CyclingK(self.drafter, self.k), k=self.k, rollback=self.rollback)  # type: ignore[arg-type]
+
+
+class GreedyOnlySessionEngine:
+    """Correct black box: a ``SessionEngine`` behind ``generate``, ``vocab_size``, ``max_context`` and ``greedy()``.
+
+    No ``target``, ``drafter``, ``k``, ``rollback`` or ``reset``: the suite can judge it
+    only by its tokens against its own ``greedy(prompt, max_new_tokens)``, computed on a
+    private copy of the model it does not decode on.
+    """
+
+    bug = "none (a correct black-box engine exposing only greedy())"
+
+    def __init__(self) -> None:
+        self._engine = SessionEngine()
+        self._oracle = copy.deepcopy(self._engine.target)
+        self.vocab_size: int = self._engine.vocab_size
+        self.max_context: int = self._engine.max_context
+        self.name = f"specproof.zoo.{type(self).__name__}"
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        gen = self._engine.generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        return attrs.evolve(gen, steps=None)
+
+    def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+        return [int(t) for t in greedy_decode(self._oracle, prompt, max_new_tokens).tokens]
+
+
+# ------------------------------------------------------------------ zero-argument factories (for the lead's registry)
+
+
+def session_engine() -> SessionEngine:
+    """The correct session engine (k=4, checkpoint rollback, an n-gram drafter)."""
+    return SessionEngine()
+
+
+def session_engine_replay() -> SessionEngine:
+    """The correct session engine with replay rollback."""
+    return SessionEngine(rollback="replay")
+
+
+def stale_prefix_cache() -> StalePrefixCache:
+    return StalePrefixCache()
+
+
+def snapshot_only_last_call() -> SnapshotOnlyLastCall:
+    return SnapshotOnlyLastCall()
+
+
+def varying_k_session_engine() -> VaryingKSessionEngine:
+    return VaryingKSessionEngine()
+
+
+def greedy_only_session_engine() -> GreedyOnlySessionEngine:
+    return GreedyOnlySessionEngine()
