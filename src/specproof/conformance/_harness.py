@@ -23,7 +23,8 @@ import numpy as np
 from specproof.conformance.checks.generation import check_generation
 from specproof.contract import Violation, arrays_differ, states_differ
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
-from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, greedy_with_margins
+from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
+from specproof.strategies._judges import JUDGES
 
 __all__ = [
     "ENGINE_INVARIANTS",
@@ -113,10 +114,13 @@ class StateProbe:
     live target's ``state_arrays()`` are compared with it (exact at ``atol`` 0).
     """
 
-    def __init__(self, inner: Drafter, live: object, reference: Target | None, *, atol: float) -> None:
+    def __init__(
+        self, inner: Drafter, live: object, make_reference: Callable[[], Target] | None, *, atol: float
+    ) -> None:
         self.inner = inner
         self.live = live
-        self.reference = reference
+        self.make_reference = make_reference
+        self.reference: Target | None = None
         self.atol = atol
         self.violations: list[Violation] = []
         self.checks = 0
@@ -131,13 +135,16 @@ class StateProbe:
 
     @property
     def white_box(self) -> bool:
-        return self.reference is not None and callable(getattr(self.live, "state_arrays", None))
+        return self.make_reference is not None and callable(getattr(self.live, "state_arrays", None))
 
     def check(self, context: Sequence[int], *, when: str) -> None:
-        if self.reference is None or self.violations:
+        if self.make_reference is None or self.violations:
             return
         want = len(context) - 1
-        if want > self._fed:
+        if self.reference is None:
+            self.reference = JUDGES.at(self.make_reference, context[:want])  # fed by forwards only
+            self._fed = want
+        elif want > self._fed:
             self.reference.forward(list(context[self._fed : want]))
             self._fed = want
         if not self.white_box:
@@ -145,7 +152,7 @@ class StateProbe:
         if int(self.live.processed) != want:  # type: ignore[attr-defined]
             return  # engine.kv-length reports this; comparing states would only repeat it
         self.checks += 1
-        why = states_differ(self.reference.state_arrays(), self.live.state_arrays(), atol=self.atol)  # type: ignore[attr-defined]
+        why = states_differ(self.reference.state_arrays(), self.live.state_arrays(), atol=self.atol)  # type: ignore[union-attr,attr-defined]
         if why is not None:
             self.violations.append(
                 Violation(
@@ -182,6 +189,7 @@ def clear_caches() -> None:
     """Forget cached runs and continuations (at the start of every certification)."""
     _RUNS.clear()
     _GREEDY.clear()
+    JUDGES.clear()
 
 
 def greedy_continuation(
@@ -205,9 +213,18 @@ def greedy_continuation(
     if cached is None or (len(cached[0]) < n and not cached[2]):
         want = max(n, horizon)
         if make_reference is not None:
-            gen, margins = greedy_with_margins(make_reference(), prompt, want)
-            full = gen.stop_reason != "max_new_tokens"  # context_full: nothing more will come
-            cached = (list(gen.tokens), list(margins), full)
+            # plain greedy on a judge fed prompt[:-1] by forwards only (memoized: long prompts recur)
+            model = JUDGES.at(make_reference, prompt[:-1])
+            tokens: list[int] = []
+            margins: list[float] = []
+            pending = int(prompt[-1])
+            while len(tokens) < want and model.processed < model.max_context:
+                row = np.asarray(model.forward([pending]))[0]
+                pending = int(np.argmax(row))  # the first maximum: the lowest id wins a tie
+                tokens.append(pending)
+                margins.append(top2_margin(row))
+            full = len(tokens) < want  # context_full: nothing more will come
+            cached = (tokens, margins, full)
         else:
             assert greedy_fn is not None
             cached = ([int(t) for t in greedy_fn(list(prompt), want)], None, False)
@@ -316,13 +333,13 @@ def _final_state_check(
     probe: StateProbe, live: Any, context: Sequence[int], atol: float, *, observe: bool, keep: bool = False
 ) -> list[Violation] | None:
     """State after the generation: white-box (state arrays), then observational (the next forward)."""
-    if probe.reference is None or live is None:
+    if probe.make_reference is None or live is None:
         return None
     probe.check(context, when="after the last round")
     state = list(probe.violations)
     if state or int(live.processed) != len(context) - 1:
         return state if probe.checks or state else None
-    if observe and callable(getattr(live, "forward", None)):
+    if observe and callable(getattr(live, "forward", None)) and probe.reference is not None:
         why = _observational(live, probe.reference, context, atol, keep=keep)
         probe.checks += 1
         if why is not None:
@@ -366,7 +383,7 @@ def run_builtin(
     if script is not None:
         example["script"] = script
     target = make_target()
-    probe = StateProbe(drafter, target, make_target(), atol=atol)
+    probe = StateProbe(drafter, target, make_target, atol=atol)
     try:
         gen = SpecDecoder(target, probe, k=k, rollback=rollback).generate(prompt, max_new_tokens, eos_token_id=eos)  # type: ignore[arg-type]
     except DecodeError as exc:
@@ -429,7 +446,7 @@ def run_plugin(
     if callable(reset):
         reset()
     live = case.live_target
-    reference = case.make_reference() if (live is not None and case.make_reference is not None) else None
+    reference = case.make_reference if live is not None else None
     probe = StateProbe(drafter if drafter is not None else _NoDrafter(), live, reference, atol=atol)
     before = _fingerprint(live)
     try:

@@ -181,8 +181,8 @@ def _engine_check(invariant_id: str, exercised: Callable[[EngineRun], int]) -> C
         if not run.completed and invariant_id != "engine.lossless":
             # A generation that did not complete passes nothing: it fails every check that was
             # asked about it, naming the component that broke it (engine.lossless says the same).
-            (broken,) = run.verdicts["engine.lossless"] or [None]
-            why = broken.explanation if broken is not None else f"the generation did not complete: {run.error}"
+            broken = run.verdicts.get("engine.lossless") or []
+            why = broken[0].explanation if broken else f"the generation did not complete: {run.error}"
             return Outcome(
                 [
                     Violation(

@@ -46,6 +46,7 @@ from specproof.contract import Violation, ViolationError, arrays_differ
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, longest_accepted_prefix
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._judges import JUDGES
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 
 __all__ = ["RollbackMachine", "default_decoder_factory", "run_rollback_machine"]
@@ -279,11 +280,13 @@ class RollbackMachine(RuleBasedStateMachine):
         fed = self._ref_fed
         if len(fed) <= len(tokens) and tokens[: len(fed)] == fed:
             delta = tokens[len(fed) :]
+            if delta:
+                self.reference.forward(list(delta))
         else:
-            self.reference.reset()
-            delta = tokens
-        if delta:
-            self.reference.forward(list(delta))
+            self.reference = JUDGES.at(
+                self.cfg.reference_factory,
+                tokens,
+            )
         self._ref_fed = list(tokens)
 
     def _greedy(self, n: int) -> list[int]:
@@ -291,9 +294,10 @@ class RollbackMachine(RuleBasedStateMachine):
         ctx = self.ctx
         traj = self._traj
         if not (len(ctx) >= self._traj_from and len(traj) >= len(ctx) and traj[: len(ctx)] == ctx):
-            self.oracle.reset()
-            if len(ctx) > 1:
-                self.oracle.forward(ctx[:-1])
+            self.oracle = JUDGES.at(
+                self.cfg.reference_factory,
+                ctx[:-1],
+            )
             traj = self._traj = list(ctx)
             self._traj_from = len(ctx)
         while len(traj) < len(ctx) + n and self.oracle.processed < self.max_context:
