@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--junitxml", default=None, metavar="FILE", help="write JUnit XML (one testcase per check) here")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     p.add_argument(
+        "--replay-session",
+        default=None,
+        metavar="FILE",
+        help="replay a saved specproof-session/1 request history on the engine (what a session failure's "
+        "reproduce command does)",
+    )
+    p.add_argument(
         "--hypothesis-dir",
         default=None,
         metavar="DIR",
@@ -112,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         tie_tolerance=args.tie_tolerance,
         atol=args.atol,
         only=tuple(args.only),
+        replay_session=args.replay_session,
+        storage=str(storage.parent),
     )
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:

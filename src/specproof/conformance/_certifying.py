@@ -42,6 +42,8 @@ class Plan:
     specs: dict[str, str | None]
     tie_tolerance: float | None
     atol: float | None
+    replay_session: str | None = None  # a specproof-session/1 file: engine.session replays it instead of searching
+    storage: str | None = None  # where a failing session's history is saved (default ~/.cache/specproof)
 
     @classmethod
     def create(
@@ -56,6 +58,8 @@ class Plan:
         tie_tolerance: float | None = None,
         atol: float | None = None,
         only: tuple[str, ...] = (),
+        replay_session: str | None = None,
+        storage: str | None = None,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -77,6 +81,12 @@ class Plan:
                 if target and not drafter
                 else "all"
             )
+        if replay_session is not None:
+            from specproof.strategies import SessionHistory
+
+            SessionHistory.load(replay_session)  # a bad file is a usage error before anything runs
+            if not engine:
+                raise UsageError("--replay-session replays a request history on an engine: give --engine")
         if subject in ("drafter", "target") and engine:
             raise UsageError(f"certify {subject} takes no --engine (an engine is certified with `certify engine`)")
         suite = Suite.from_specs(
@@ -95,6 +105,8 @@ class Plan:
             specs={"drafter": drafter, "target": target, "engine": engine, "subject": subject},
             tie_tolerance=tie,
             atol=tol,
+            replay_session=replay_session,
+            storage=storage,
         )
 
 
@@ -137,6 +149,7 @@ class Certification:
         self.started = time.perf_counter()
         self.interrupted = False
         self._searches: dict[int, _CaseSearch] = {}
+        self.session_files: dict[str, str] = {}  # case id -> the saved history of its failing session
 
     # ---- what runs ---------------------------------------------------------------------
 
@@ -154,7 +167,9 @@ class Certification:
             elif subject == "engine":
                 for case in suite.engines:
                     if inv.driver == "rollback-machine" and case.kind != "builtin":
-                        continue
+                        continue  # it drives the built-in decoder round by round
+                    if inv.driver == "session-machine" and case.kind != "plugin":
+                        continue  # SpecDecoder keeps no cache between calls (DecodeSession: rollback machine)
                     items.append(CheckItem(inv, case.id, case))
         return items
 
@@ -472,8 +487,80 @@ class Certification:
                 ]
             ) from exc
 
+    def _session_greedy(self, case: EngineCase) -> Callable[..., Any]:
+        horizon = self.plan.profile.max_new_tokens
+
+        def greedy(prompt: Any, n: int, eos: int | None) -> tuple[list[int], Any]:
+            return greedy_continuation(
+                case.make_reference, case.greedy_fn, ("plugin", case.token), list(prompt), n, eos, horizon=horizon
+            )
+
+        return greedy
+
     def _run_session_machine(self, item: CheckItem, result: CheckResult) -> None:
-        result.skip("the session machine is not available in this build")
+        from hypothesis.stateful import run_state_machine_as_test
+
+        from specproof.strategies import SessionHistory, SessionMachine, replay_session
+
+        case = item.engine
+        assert case is not None and case.make_engine is not None
+        greedy = self._session_greedy(case)
+        if self.plan.replay_session is not None:
+            history = SessionHistory.load(self.plan.replay_session)
+            result.examples = result.exercised = 1
+            violations = replay_session(
+                history,
+                engine_factory=case.make_engine,
+                greedy=greedy,
+                vocab_size=case.vocab_size,
+                tie_tolerance=case.tie_tolerance,
+            )
+            if violations:
+                raise ViolationError(violations)
+            return
+        profile = self.plan.profile
+        machine = SessionMachine.configure(
+            engine_factory=case.make_engine,
+            greedy=greedy,
+            vocab_size=case.vocab_size,
+            max_context=case.max_context,
+            tie_tolerance=case.tie_tolerance,
+            max_prompt=profile.max_prompt,
+            max_new_tokens=min(profile.max_new_tokens, 16),
+            stateful_step_count=profile.stateful_steps,
+        )
+
+        class Counted(machine):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                result.examples += 1
+                result.exercised += 1
+                super().__init__()
+
+        settings = profile.hypothesis_settings(seed=self.plan.seed, max_examples=profile.stateful_examples)
+        try:
+            run_state_machine_as_test(Counted, settings=settings)
+        except ViolationError as exc:
+            self._save_history(case, exc.violations)
+            raise
+
+    def _save_history(self, case: EngineCase, violations: list[Violation]) -> None:
+        """Save a failing session's request history, so the reproduce command replays exactly it."""
+        import hashlib
+        import json as _json
+        from pathlib import Path
+
+        from specproof.strategies import SessionHistory
+
+        for v in violations:
+            if "history" not in v.example:
+                continue
+            history = SessionHistory.from_example(v.example, vocab_size=case.vocab_size)
+            text = _json.dumps(history.to_json(), sort_keys=True)
+            folder = Path(self.plan.storage or Path.home() / ".cache" / "specproof") / "sessions"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"session-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+            history.save(path)
+            self.session_files[case.id] = str(path)
 
     # ---- results -----------------------------------------------------------------------
 
@@ -484,6 +571,9 @@ class Certification:
             if specs.get(key):
                 parts += [f"--{key}", _quote(str(specs[key]))]
         parts += ["--profile", self.plan.profile.name, "--only", result.invariant]
+        replay = self.plan.replay_session or self.session_files.get(result.case)
+        if result.invariant == "engine.session" and replay:
+            parts += ["--replay-session", _quote(replay)]
         if self.plan.seed is not None:
             parts += ["--seed", str(self.plan.seed)]
         if self.plan.tie_tolerance is not None:

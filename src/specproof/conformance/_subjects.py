@@ -21,7 +21,6 @@ from specproof.engine import (
     NgramDrafter,
     Target,
     load_target,
-    resolve_plugin,
 )
 from specproof.engine._plugins import plugin_factory
 from specproof.engine._validate import component_name
@@ -151,6 +150,7 @@ class EngineCase:
     live_target: Any = None
     make_reference: Callable[[], Target] | None = None
     greedy_fn: Callable[[Sequence[int], int], Sequence[int]] | None = None
+    make_engine: Callable[[], Any] | None = None  # a fresh session: reset() the instance, else the factory
     takes_drafter: bool = False
     own_drafter: Any = None
     notes: list[str] = attrs.Factory(list)
@@ -211,7 +211,20 @@ def _settable(obj: object, name: str) -> bool:
 
 
 def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float | None) -> EngineCase:
-    engine = resolve_plugin(spec, kind="engine")
+    factory = plugin_factory(spec, kind="engine")
+    engine = factory()
+    own_drafter = getattr(engine, "drafter", None)
+
+    def make_engine() -> Any:
+        """A fresh session: the instance reset (with its own drafter back), else a new one from the factory."""
+        reset = getattr(engine, "reset", None)
+        if not callable(reset):
+            return factory()
+        if hasattr(engine, "drafter"):
+            engine.drafter = own_drafter
+        reset()
+        return engine
+
     live = getattr(engine, "target", None)
     oracle = getattr(engine, "oracle", None)
     greedy_fn = getattr(engine, "greedy", None)
@@ -248,6 +261,7 @@ def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float |
         name=component_name(engine),
         rollback=getattr(engine, "rollback", None),
         engine=engine,
+        make_engine=make_engine,
         k=k if isinstance(k, int) and not isinstance(k, bool) else None,
         vocab_size=vocab,
         max_context=int(max_context) if isinstance(max_context, int) else None,

@@ -6,6 +6,9 @@
   ``ScriptedDrafter``: drafts that are right for exactly a planned number of tokens;
 - ``EngineSettings``, ``engine_settings(...)``, ``DecodingCase``, ``decoding_cases(target_factory, ...)``:
   whole generations with their expected (plain greedy) output;
+- ``SessionMachine.configure(...)`` / ``run_session_machine(...)`` / ``replay_session(...)``: requests
+  on one live engine (new prompt, regenerate, edits, user turns, earlier prefixes) against plain
+  greedy; ``SessionHistory`` is the ``specproof-session/1`` record a failure saves and replays;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -24,6 +27,17 @@ from specproof.strategies._rounds import (
     planned_round,
     round_plans,
 )
+from specproof.strategies._sessions import (
+    SESSION_FORMAT,
+    SessionFileError,
+    SessionHistory,
+    SessionMachine,
+    SessionRequest,
+    engine_greedy,
+    replay_session,
+    run_session_machine,
+    target_greedy,
+)
 from specproof.strategies._settings import (
     PROMPT_PLACEMENTS,
     DecodingCase,
@@ -41,14 +55,23 @@ __all__ = [
     "PlannedRound",
     "RollbackMachine",
     "RoundPlan",
+    "SESSION_FORMAT",
+    "SessionFileError",
+    "SessionHistory",
+    "SessionMachine",
+    "SessionRequest",
     "ScriptMismatchError",
     "ScriptedDrafter",
     "contexts",
     "decoding_cases",
+    "engine_greedy",
     "default_decoder_factory",
     "engine_settings",
     "planned_round",
+    "replay_session",
     "round_plans",
     "run_rollback_machine",
+    "run_session_machine",
+    "target_greedy",
     "text_tokens",
 ]
