@@ -393,6 +393,8 @@ class _SessionRunner:
         vocab_size: int,
         tie_tolerance: float,
         set_drafter: SetDrafter | None,
+        memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] | None = None,
+        ask_at_least: int = 0,
     ) -> None:
         self.engine = engine
         self.greedy = greedy
@@ -405,7 +407,9 @@ class _SessionRunner:
         self.can_choose_own = set_drafter is None and self.settable
         self.can_reset = callable(getattr(engine, "reset", None))
         self.history: list[SessionRequest] = []
-        self._greedy_memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = {}
+        # plain greedy is a function of the prompt: one memo may serve every example of a run
+        self._greedy_memo = {} if memo is None else memo
+        self.ask_at_least = ask_at_least  # ask the oracle for this many tokens at least (fewer calls)
 
     @property
     def plan_k(self) -> int:
@@ -421,10 +425,11 @@ class _SessionRunner:
         if memo is not None and (memo[0] >= n or len(memo[1]) < memo[0]):
             _, tokens, margins = memo
             return tokens[:n], None if margins is None else margins[:n]
-        tokens, margins = self.greedy(list(prompt), n, None)
+        ask = max(n, self.ask_at_least)
+        tokens, margins = self.greedy(list(prompt), ask, None)
         tokens = [int(t) for t in tokens]
         margins = None if margins is None else [float(m) for m in margins]
-        self._greedy_memo[key] = (n, tokens, margins)
+        self._greedy_memo[key] = (ask, tokens, margins)
         return tokens[:n], None if margins is None else margins[:n]
 
     def _install(self, req: SessionRequest, continuation: list[int]) -> None:
@@ -567,7 +572,12 @@ def replay_session(
         )
     tol = _check_tolerance(tie_tolerance, "replay_session()")
     runner = _SessionRunner(
-        engine_factory(), greedy=greedy, vocab_size=vocab_size, tie_tolerance=tol, set_drafter=set_drafter
+        engine_factory(),
+        greedy=greedy,
+        vocab_size=vocab_size,
+        tie_tolerance=tol,
+        set_drafter=set_drafter,
+        ask_at_least=max((r.max_new_tokens for r in history.requests), default=0),
     )
     for req in history.requests:
         _, violation = runner.run(req)
@@ -596,6 +606,11 @@ class _SessionConfig:
     max_new_tokens: int
     set_drafter: SetDrafter | None
     context_kinds: tuple[str, ...]
+    # greedy continuations by prompt, shared by every example of the configured class (shrinking
+    # replays the same prompts hundreds of times); the oracle is deterministic, so this is safe
+    greedy_memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = attrs.field(
+        factory=dict, eq=False, repr=False
+    )
 
 
 def _switched_on(name: str) -> Callable[[SessionMachine], bool]:
@@ -720,6 +735,8 @@ class SessionMachine(RuleBasedStateMachine):
             vocab_size=cfg.vocab_size,
             tie_tolerance=cfg.tie_tolerance,
             set_drafter=cfg.set_drafter,
+            memo=cfg.greedy_memo,
+            ask_at_least=cfg.max_new_tokens,
         )
         self.disabled: frozenset[str] = frozenset()
         self.contexts: list[list[int]] = []  # every context (prompt + output) so far, oldest first
