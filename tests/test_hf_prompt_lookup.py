@@ -37,7 +37,7 @@ def engine() -> HFPromptLookupEngine:
 def test_is_a_pluggable_black_box_engine(engine: HFPromptLookupEngine) -> None:
     plugged = resolve_plugin("specproof.engine.adapters.hf_prompt_lookup:make", kind="engine")
     assert isinstance(plugged, HFPromptLookupEngine) and isinstance(plugged, Engine)
-    assert isinstance(engine.target, HFTarget) and engine.target.model is engine.model
+    assert isinstance(engine.oracle, HFTarget) and engine.oracle.model is engine.model
     assert engine.vocab_size == 256
     gen = engine.generate(PROMPTS[0], 5)
     assert gen.steps is None and len(gen.tokens) == 5 and gen.stop_reason == "max_new_tokens"
@@ -46,8 +46,8 @@ def test_is_a_pluggable_black_box_engine(engine: HFPromptLookupEngine) -> None:
 @pytest.mark.parametrize("k", [2, 4])
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["repetitive", "abc", "hello", "random"])
 def test_prompt_lookup_equals_greedy_on_lfm2(engine: HFPromptLookupEngine, prompt: list[int], k: int) -> None:
-    eng = HFPromptLookupEngine(engine.target, prompt_lookup_num_tokens=k)
-    greedy, margins = greedy_with_margins(eng.target, prompt, 40)
+    eng = HFPromptLookupEngine(engine.oracle, prompt_lookup_num_tokens=k)
+    greedy, margins = greedy_with_margins(eng.oracle, prompt, 40)
     got = eng.generate(prompt, 40).tokens
     div = next((i for i, (a, b) in enumerate(zip(greedy.tokens, got)) if a != b), None)
     assert div is None and len(got) == 40, (
@@ -56,7 +56,7 @@ def test_prompt_lookup_equals_greedy_on_lfm2(engine: HFPromptLookupEngine, promp
 
 
 def test_eos_and_errors(engine: HFPromptLookupEngine) -> None:
-    greedy = greedy_with_margins(engine.target, PROMPTS[0], 20)[0].tokens
+    greedy = greedy_with_margins(engine.oracle, PROMPTS[0], 20)[0].tokens
     eos = greedy[6]
     gen = engine.generate(PROMPTS[0], 20, eos_token_id=eos)
     assert gen.stop_reason == "eos" and gen.tokens == greedy[: greedy.index(eos) + 1]
@@ -66,7 +66,7 @@ def test_eos_and_errors(engine: HFPromptLookupEngine) -> None:
     with pytest.raises(TokenRangeError):
         engine.generate([1, 2], 3, eos_token_id=256)
     with pytest.raises(InvalidSettingError):
-        HFPromptLookupEngine(engine.target, prompt_lookup_num_tokens=0)
+        HFPromptLookupEngine(engine.oracle, prompt_lookup_num_tokens=0)
 
 
 def test_transformers_refuses_prompt_lookup_on_qwen3_5() -> None:

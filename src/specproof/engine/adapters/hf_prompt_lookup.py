@@ -29,7 +29,8 @@ class HFPromptLookupEngine:
     """A black-box ``Engine`` over ``model.generate(prompt_lookup_num_tokens=...)``.
 
     ``HFPromptLookupEngine(target, *, prompt_lookup_num_tokens=4, max_matching_ngram_size=None)``:
-    ``target`` is the ``HFTarget`` whose ``.model`` is decoded (and the certifier's greedy oracle).
+    ``target`` is the ``HFTarget`` whose ``.model`` is decoded; it is exposed as ``oracle`` (the
+    certifier's greedy oracle: ``model.generate`` keeps its own cache, so it is not a live target).
     """
 
     def __init__(
@@ -44,7 +45,9 @@ class HFPromptLookupEngine:
             if max_matching_ngram_size is None
             else check_setting_int(max_matching_ngram_size, name="max_matching_ngram_size", minimum=1)
         )
-        self.target = target
+        # the engine contract: the model it decodes, exposed as an oracle (model.generate keeps its own
+        # cache, so this HFTarget is never the live target)
+        self.oracle = target
         self.model: Any = target.model
         self.vocab_size: int = target.vocab_size
         self.max_context: int = target.max_context
@@ -67,7 +70,7 @@ class HFPromptLookupEngine:
         n_eff = min(n, room)
         if n_eff <= 0:
             return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
-        ids = torch.tensor([ctx], dtype=torch.long, device=self.target._device)
+        ids = torch.tensor([ctx], dtype=torch.long, device=self.oracle._device)
         kwargs: dict[str, Any] = {
             "do_sample": False,
             "prompt_lookup_num_tokens": self.k,

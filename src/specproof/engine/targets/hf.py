@@ -52,6 +52,28 @@ TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny", "llama-tiny"
 _DEFAULT_MAX_CONTEXT: Final = 512
 
 
+_THREADS_SET = False
+
+
+def _set_threads(torch: Any) -> None:
+    """One torch thread unless ``SPECPROOF_TORCH_THREADS`` says otherwise (set once per process).
+
+    Tiny models gain nothing from intra-op threads, and on a machine where another job holds
+    a core torch's default (one thread per core) makes every forward wait for the busy core:
+    measured 2x slower certification on a busy 2-core machine. One thread keeps certify's time
+    independent of what else the machine runs.
+    """
+    global _THREADS_SET
+    if _THREADS_SET:
+        return
+    import os
+
+    wanted = os.environ.get("SPECPROOF_TORCH_THREADS", "1")
+    if wanted.isdigit() and int(wanted) > 0:
+        torch.set_num_threads(int(wanted))
+    _THREADS_SET = True
+
+
 def require_hf() -> tuple[Any, Any]:
     """``(torch, transformers)``, or ``MissingDependencyError`` saying which extra to install."""
     try:
@@ -62,6 +84,7 @@ def require_hf() -> tuple[Any, Any]:
         raise MissingDependencyError(
             f"the Hugging Face targets need torch and transformers ({exc}); install specproof[hf]"
         ) from exc
+    _set_threads(torch)
     if not hasattr(cache_utils, "LinearAttentionCacheLayerMixin"):
         raise MissingDependencyError(
             f"HFTarget needs the transformers 5 cache API (LinearAttentionLayer); transformers "
