@@ -222,3 +222,24 @@ def test_unreadable_bundles_exit_2(kind: str, tmp_path: Path, capsys: pytest.Cap
 def test_bad_k_is_a_usage_error(bundles: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bundle", "inspect", str(bundles["good"]), "--k", "0"]) == 2
     assert "k=0" in capsys.readouterr().err
+
+
+def test_inspect_prints_no_coremltools_import_noise(bundles: dict[str, Path]) -> None:
+    """A fresh process: coremltools' import-time warnings (8 lines on Linux) are not shown."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "specproof.cli", "bundle", "inspect", str(bundles["good"]), "--k", "4"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Failed to load" not in proc.stderr and "Failed to load" not in proc.stdout
+
+
+def test_inspect_json_errors_are_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bundle", "inspect", str(tmp_path / "missing.mlpackage"), "--json"]) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert data["exit_code"] == 2 and "no such file" in data["error"]

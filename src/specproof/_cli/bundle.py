@@ -128,11 +128,17 @@ def _print_report(report: Any) -> None:
 
 def run_inspect(args: argparse.Namespace) -> int:
     from specproof.coreml import BundleReadError, inspect_bundle
+    from specproof.engine.errors import MissingDependencyError
 
     try:
         report = inspect_bundle(args.path, k=args.k)
-    except BundleReadError as exc:
-        print(f"specproof bundle inspect: not a readable bundle: {exc}", file=sys.stderr)
+    except (BundleReadError, MissingDependencyError) as exc:
+        what = "not a readable bundle" if isinstance(exc, BundleReadError) else "missing dependency"
+        if args.json:  # a JSON consumer gets JSON, errors included
+            error = {"format": "specproof-bundle-inspect/1", "path": str(args.path), "error": f"{what}: {exc}"}
+            print(json.dumps({**error, "exit_code": 2}, indent=2))
+        else:
+            print(f"specproof bundle inspect: {what}: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report.to_json(), indent=2))

@@ -33,7 +33,8 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from specproof.engine.errors import InvalidSettingError, MissingDependencyError
+from specproof.engine.errors import InvalidSettingError
+from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
 __all__ = [
@@ -68,11 +69,7 @@ _NEG: Final = -30000.0  # masked attention score: exp underflows to exactly 0 in
 
 
 def _coremltools() -> Any:
-    try:
-        import coremltools as ct
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError("Core ML export needs coremltools: pip install 'specproof[coreml]'") from exc
-    return ct
+    return import_coremltools("Core ML export")
 
 
 def check_exportable(config: ReferenceConfig) -> None:

@@ -26,7 +26,8 @@ from typing import Any, Final
 
 import attrs
 
-from specproof.engine.errors import InvalidSettingError, MissingDependencyError, SpecproofError
+from specproof.engine.errors import InvalidSettingError, SpecproofError
+from specproof.engine.targets.coreml import import_coremltools
 
 __all__ = [
     "BundleReadError",
@@ -186,10 +187,7 @@ class BundleReport:
 
 
 def _load_spec(path: Path) -> Any:
-    try:
-        import coremltools as ct
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingDependencyError("bundle inspect needs coremltools: pip install 'specproof[coreml]'") from exc
+    ct = import_coremltools("bundle inspect")
     if not path.exists():
         raise BundleReadError(f"{str(path)!r}: no such file or directory")
     if path.is_dir():

@@ -56,6 +56,32 @@ def _macos_version() -> tuple[int, ...]:
         return ()
 
 
+def import_coremltools(purpose: str) -> Any:
+    """``import coremltools`` without its import-time noise, or ``MissingDependencyError`` naming the extra.
+
+    On Linux coremltools logs a warning per native library it cannot load (eight lines of
+    ``Failed to load _MLModelProxy`` ...) before every command that reads or writes a bundle;
+    those are about ``predict``, which specproof never calls there, so they are silenced.
+    """
+    import contextlib
+    import io
+    import logging
+    import warnings
+
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            previous = logging.root.manager.disable
+            logging.disable(logging.WARNING)
+            try:
+                import coremltools as ct
+            finally:
+                logging.disable(previous)
+    except ImportError as exc:
+        raise MissingDependencyError(f"{purpose} needs coremltools: pip install 'specproof[coreml]'") from exc
+    return ct
+
+
 def _require_coreml() -> Any:
     if sys.platform != "darwin":
         raise CoreMLUnavailableError(f"CoreMLTarget {_NEEDS}; this is {platform.system() or sys.platform}")
@@ -63,8 +89,8 @@ def _require_coreml() -> Any:
     if version and version < (15,):
         raise CoreMLUnavailableError(f"CoreMLTarget {_NEEDS}; this is macOS {'.'.join(map(str, version))}")
     try:
-        import coremltools as ct
-    except ImportError as exc:
+        ct = import_coremltools("CoreMLTarget")
+    except MissingDependencyError as exc:
         raise CoreMLUnavailableError(f"CoreMLTarget {_NEEDS}: pip install 'specproof[coreml]'") from exc
     major = int(str(ct.__version__).split(".")[0])
     if major < 9:
