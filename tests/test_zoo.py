@@ -12,6 +12,7 @@ documented invariants.
 from __future__ import annotations
 
 import itertools
+import shlex
 import json
 import re
 from typing import Any
@@ -133,6 +134,10 @@ def test_certify_rejects_member(name: str) -> None:
         assert result["violations"], result
         assert all(v["invariant"] == member.invariant for v in result["violations"])
         assert f"--only {member.invariant}" in result["reproduce"] and member.spec in result["reproduce"]
+    # the printed reproduce command fails again, the same way, when a user pastes it
+    command = shlex.split(failing[member.invariant][0]["reproduce"])
+    assert command[0] == "specproof"
+    assert main(command[1:]) == 1
 
 
 @pytest.mark.parametrize("kind", sorted(CONTROLS))

@@ -364,6 +364,18 @@ class Certification:
             # a partial accept and a rejection at 0 (rollback into the middle of a draft, and to the base)
             {"prompt": prompt, "k": k, "n": 3 * (k + 1), "plan": RoundPlan((partial, zero, full)), "eos": None},
         ]
+        cap = case.max_context or (suite.target.max_context if suite.target else None)
+        if cap is not None and cap > k + 3:
+            # a prompt that ends within k + 1 of max_context: the round bound is clamped by the context
+            out.append(
+                {
+                    "prompt": [prompt[i % len(prompt)] for i in range(cap - 2)],
+                    "k": k,
+                    "n": 4,
+                    "plan": RoundPlan((full, partial)),
+                    "eos": None,
+                }
+            )
         continuation, _ = self._greedy(case, prompt, 2 * (k + 1), None)
         if len(continuation) > k:
             # EOS inside the last fully accepted block, before the length cap
