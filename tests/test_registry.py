@@ -9,8 +9,7 @@ import re
 import pytest
 
 from specproof.cli import main
-from specproof.conformance import REGISTRY, markdown_table
-from specproof.conformance._registry import select
+from specproof.conformance import REGISTRY, markdown_table, select
 from specproof.conformance.zoo import ZOO
 from specproof.contract import UsageError
 

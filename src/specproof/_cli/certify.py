@@ -88,8 +88,8 @@ def _hypothesis_dir(arg: str | None) -> Path:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from specproof.conformance._certifying import Plan
-    from specproof.conformance._runner import certify
+    from specproof.conformance import Plan
+    from specproof.conformance import run_plan as certify
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,

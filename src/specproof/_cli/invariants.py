@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from specproof.conformance._registry import REGISTRY, markdown_table, registry_json
+    from specproof.conformance import REGISTRY, markdown_table, registry_json
 
     if args.json:
         print(registry_json())

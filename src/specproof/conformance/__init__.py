@@ -16,10 +16,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from specproof.conformance._registry import REGISTRY, Invariant, Outcome, markdown_table
+from specproof.conformance._certifying import Certification, CheckItem, Plan
+from specproof.conformance._registry import REGISTRY, Invariant, Outcome, markdown_table, registry_json, select
+from specproof.conformance._results import CheckResult
+from specproof.conformance._runner import certify as run_plan
 from specproof.contract import Violation, ViolationError
 
-__all__ = ["REGISTRY", "Invariant", "Outcome", "Violation", "ViolationError", "certify", "markdown_table"]
+__all__ = [
+    "REGISTRY",
+    "Certification",
+    "CheckItem",
+    "CheckResult",
+    "Invariant",
+    "Outcome",
+    "Plan",
+    "Violation",
+    "ViolationError",
+    "certify",
+    "check",
+    "markdown_table",
+    "parametrize_with_checks",
+    "registry_json",
+    "run_plan",
+    "select",
+]
 
 
 def certify(
@@ -53,3 +73,32 @@ def certify(
         only=only,
     )
     return run(plan)[1]
+
+
+def parametrize_with_checks(**options: Any) -> Any:
+    """A ``pytest.mark.parametrize`` over every check ``certify(**options)`` would run, one id per check.
+
+    For a third party's own test suite (scikit-learn's ``parametrize_with_checks``)::
+
+        from specproof.conformance import check, parametrize_with_checks
+
+        @parametrize_with_checks(engine="mypkg.engine:make", profile="ci")
+        def test_specproof(specproof_check):
+            check(specproof_check)
+
+    The checks come from the same generator as ``certify`` (the registry and the plan), and
+    options are validated when the decorator is built.
+    """
+    import pytest
+
+    cert = Certification(Plan.create(options.pop("subject", None), **options))
+    items = cert.all_checks()
+    return pytest.mark.parametrize("specproof_check", [pytest.param((cert, i), id=i.id) for i in items])
+
+
+def check(specproof_check: tuple[Certification, CheckItem]) -> None:
+    """Run one check from ``parametrize_with_checks`` and turn its verdict into pytest's (skip / fail)."""
+    from specproof.conformance.plugin import run_check
+
+    cert, item = specproof_check
+    run_check(cert, item)

@@ -23,7 +23,7 @@ import numpy as np
 from specproof.conformance.checks.generation import check_generation
 from specproof.contract import Violation, arrays_differ, states_differ
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
-from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
+from specproof.engine import CapacityError, DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
 from specproof.strategies._judges import JUDGES
 
 __all__ = [
@@ -141,12 +141,18 @@ class StateProbe:
         if self.make_reference is None or self.violations:
             return
         want = len(context) - 1
-        if self.reference is None:
-            self.reference = JUDGES.at(self.make_reference, context[:want])  # fed by forwards only
-            self._fed = want
-        elif want > self._fed:
-            self.reference.forward(list(context[self._fed : want]))
-            self._fed = want
+        try:
+            if self.reference is None:
+                self.reference = JUDGES.at(self.make_reference, context[:want])  # fed by forwards only
+                self._fed = want
+            elif want > self._fed:
+                self.reference.forward(list(context[self._fed : want]))
+                self._fed = want
+        except CapacityError:
+            # the engine ran its context past max_context: engine.stop and engine.kv-length say so;
+            # there is no plain-decoding state to compare with
+            self.make_reference = None
+            return
         if not self.white_box:
             return
         if int(self.live.processed) != want:  # type: ignore[attr-defined]
