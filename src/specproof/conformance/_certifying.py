@@ -165,9 +165,14 @@ class Certification:
             elif subject == "target" and suite.certify_target:
                 items.append(CheckItem(inv, "target"))
             elif subject == "engine":
+                builtin = [c for c in suite.engines if c.kind == "builtin"]
                 for case in suite.engines:
-                    if inv.driver == "rollback-machine" and case.kind != "builtin":
-                        continue  # it drives the built-in decoder round by round
+                    if inv.driver == "rollback-machine":
+                        # one machine drives the built-in decoder with every rollback strategy (drawn per
+                        # conversation): half the cost of a machine per strategy, the same rules
+                        if builtin and case is builtin[0]:
+                            items.append(CheckItem(inv, "+".join(c.id for c in builtin), case))
+                        continue
                     if inv.driver == "session-machine" and case.kind != "plugin":
                         continue  # SpecDecoder keeps no cache between calls (DecodeSession: rollback machine)
                     items.append(CheckItem(inv, case.id, case))
@@ -268,7 +273,7 @@ class Certification:
             k = case.k if case.k is not None else 4
         n = data.draw(st.integers(1, profile.max_new_tokens), label="max_new_tokens")
         max_prompt = max(1, min(profile.max_prompt, cap - 1))
-        near_end = cap <= 4 * profile.max_prompt or data.draw(st.integers(0, 11), label="near max_context") == 0
+        near_end = cap <= 4 * profile.max_prompt or data.draw(st.integers(0, 23), label="near max_context") == 0
         if near_end and data.draw(st.booleans(), label="prompt ends near max_context"):
             room = data.draw(st.integers(1, max(1, min(10, cap - 1))), label="free context slots")
             unit = data.draw(contexts(vocab, min_size=1, max_size=6), label="prompt unit")
@@ -471,8 +476,8 @@ class Certification:
 
         tsub = self.plan.suite.target
         assert tsub is not None and item.engine is not None
-        rollback = item.engine.rollback or "replay"
-        machine = RollbackMachine.configure(target_factory=tsub.make, tolerance=tsub.atol, rollbacks=(rollback,))
+        rollbacks = tuple(c.rollback or "replay" for c in self.plan.suite.engines if c.kind == "builtin")
+        machine = RollbackMachine.configure(target_factory=tsub.make, tolerance=tsub.atol, rollbacks=rollbacks)
 
         class Counted(machine):  # type: ignore[misc, valid-type]
             def __init__(self) -> None:

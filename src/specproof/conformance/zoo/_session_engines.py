@@ -53,7 +53,7 @@ __all__ = [
     "VaryingKSessionEngine",
 ]
 
-_CHUNK = 16  # prefill chunk: a snapshot at every multiple of it (prefix-cache block granularity)
+_CHUNK = 8  # prefill chunk: a snapshot at every multiple of it (prefix-cache block granularity)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -271,8 +271,8 @@ class SnapshotOnlyLastCall(SessionEngine):
         if not listed or not self._snapshots or (kept and max(kept) >= max(listed)):
             return super()._rewind(common)
         hit = max(listed)
-        earliest = self._snapshots[min(self._snapshots)]
-        self.target.restore(attrs.evolve(earliest, processed=hit))
+        latest = self._snapshots[max(self._snapshots)]
+        self.target.restore(attrs.evolve(latest, processed=hit))
         self._drop_after(hit)
         return hit
 
