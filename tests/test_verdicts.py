@@ -124,3 +124,13 @@ def test_a_run_where_everything_skips_is_inconclusive(tmp_path: Path) -> None:
     assert code == 3 and report is not None and report["verdict"] == "inconclusive"
     (row,) = report["results"]
     assert row["status"] == "skip" and "black-box" in row["detail"]
+
+
+def test_report_files_get_the_usual_permissions(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        code, _ = _run(["--only", "drafter.max-length"], tmp_path)
+    finally:
+        os.umask(old)
+    assert code == 0
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
