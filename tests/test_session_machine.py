@@ -98,10 +98,11 @@ def test_buggy_session_engine_fails_with_its_history(factory, phases, tmp_path):
     assert replay_session(loaded, engine_factory=zoo.session_engine, greedy=oracle(), vocab_size=VOCAB) == []
 
 
-def test_the_stale_prefix_cache_shrinks_to_a_regenerate():
+def test_the_stale_prefix_cache_shrinks_to_the_same_prompt_twice():
     [violation] = caught(zoo.stale_prefix_cache, tuple(NO_EXPLAIN)).violations
     history = SessionHistory.from_example(violation.example)
-    assert [r.kind for r in history.requests] == ["new_prompt", "regenerate"]
+    first, second = history.requests  # a prompt, then the same prompt again (a regenerate, however drawn)
+    assert first.kind == "new_prompt" and second.prompt == first.prompt
 
 
 def test_snapshot_only_last_call_needs_two_call_boundaries():
@@ -122,12 +123,81 @@ def test_snapshot_only_last_call_needs_two_call_boundaries():
     assert violation.example["failing_request"] == 2
 
 
+def test_white_box_check_sees_a_stale_state_the_tokens_hide():
+    """A hit served with another request's state, then 7 tokens re-fed: the tokens recover, the KV does not."""
+    prompt = (
+        3,
+        60,
+        5,
+        39,
+        50,
+        21,
+        21,
+        29,
+        1,
+        25,
+        29,
+        51,
+        44,
+        45,
+        58,
+        34,
+        0,
+        49,
+        16,
+        26,
+        54,
+        7,
+        61,
+        46,
+        25,
+        52,
+        62,
+        45,
+        53,
+    )
+    greedy = oracle()
+    first = SessionRequest(kind="new_prompt", prompt=prompt, max_new_tokens=8)
+    context = (*prompt, *greedy(list(prompt), 8, None)[0])
+    history = SessionHistory(
+        requests=(
+            first,
+            SessionRequest(kind="multi_turn", prompt=(*context, 1, 2), max_new_tokens=4),
+            SessionRequest(kind="edit", prompt=(*prompt[:20], 42, 58, 3, 29), max_new_tokens=8),
+        ),
+        vocab_size=VOCAB,
+    )
+    kwargs = {"greedy": greedy, "vocab_size": VOCAB}
+    assert replay_session(history, engine_factory=zoo.snapshot_only_last_call, **kwargs) == []
+    [violation] = replay_session(
+        history, engine_factory=zoo.snapshot_only_last_call, reference_factory=small_reference, **kwargs
+    )
+    assert violation.invariant == "engine.session" and "does not hold the context" in violation.explanation
+    assert violation.example["failing_request"] == 2
+    assert replay_session(history, engine_factory=zoo.session_engine, reference_factory=small_reference, **kwargs) == []
+
+
+def test_white_box_check_needs_the_target_at_the_context():
+    class LeavesTargetBehind(zoo.SessionEngine):
+        def generate(self, prompt, max_new_tokens, *, eos_token_id=None):
+            gen = super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+            self.reset()  # correct tokens, but the live target no longer holds the context
+            return gen
+
+    history = SessionHistory(requests=(SessionRequest(kind="new_prompt", prompt=(1, 2, 3), max_new_tokens=4),))
+    [violation] = replay_session(
+        history, engine_factory=LeavesTargetBehind, greedy=oracle(), vocab_size=VOCAB, reference_factory=small_reference
+    )
+    assert "has processed 0 tokens" in violation.explanation
+
+
 # --------------------------------------------------------------------------- correct engines pass
 
 
 @pytest.mark.parametrize("factory", [zoo.session_engine, zoo.session_engine_replay, zoo.varying_k_session_engine])
 def test_correct_session_engines_pass(factory):
-    machine = run(factory, max_examples=25, steps=10)
+    # with the white-box check too: a correct engine's live target holds exactly ctx[:-1] after every request
+    machine = run(factory, max_examples=25, steps=10, reference_factory=small_reference)
     seen = machine.observed
     for tag in ("request:new_prompt", "request:regenerate", "request:multi_turn", "request:earlier_prefix"):
         assert seen[tag] > 0, tag
@@ -302,6 +372,8 @@ def test_missing_history_file(tmp_path):
         ({"tie_tolerance": -1.0}, "tie_tolerance=-1.0 must be a finite number >= 0"),
         ({"set_drafter": "x"}, "set_drafter='x' must be callable or None"),
         ({"context_kinds": ["nope"]}, "unknown kind 'nope'"),
+        ({"reference_factory": 1}, "reference_factory=1 must be callable or None"),
+        ({"atol": float("nan")}, "atol=nan must be a finite number >= 0"),
     ],
 )
 def test_configure_validates_up_front(kwargs, message):

@@ -54,7 +54,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
-from specproof.contract import UsageError, Violation, ViolationError
+from specproof.contract import STOP_REASONS, UsageError, Violation, ViolationError, states_differ
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
 from specproof.engine.errors import InvalidSettingError
@@ -81,8 +81,8 @@ SESSION_INVARIANT = "engine.session"
 
 # Request kinds, in the order the machine's rules are listed. "reset" carries no prompt.
 REQUEST_KINDS: tuple[str, ...] = ("new_prompt", "regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
-# Rules a run may switch off (swarm testing); new_prompt always stays on.
-_SWITCHABLE: tuple[str, ...] = ("regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
+# Rules a run may switch off (swarm testing: a run with new_prompt and reset off is one long session).
+_SWITCHABLE: tuple[str, ...] = ("new_prompt", "regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
 _DRAFTERS: tuple[str, ...] = ("scripted", "engine")
 _DEFAULT_K = 4  # the plan's draft budget for an engine that does not say its k
 
@@ -395,6 +395,8 @@ class _SessionRunner:
         set_drafter: SetDrafter | None,
         memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] | None = None,
         ask_at_least: int = 0,
+        reference: Any = None,
+        atol: float = 0.0,
     ) -> None:
         self.engine = engine
         self.greedy = greedy
@@ -410,6 +412,11 @@ class _SessionRunner:
         # plain greedy is a function of the prompt: one memo may serve every example of a run
         self._greedy_memo = {} if memo is None else memo
         self.ask_at_least = ask_at_least  # ask the oracle for this many tokens at least (fewer calls)
+        # white-box: the live target's state after each request against a fresh reference's
+        live = getattr(engine, "target", None)
+        self.live = live if reference is not None and callable(getattr(live, "state_arrays", None)) else None
+        self.reference: Any = reference if self.live is not None else None
+        self.atol = atol
 
     @property
     def plan_k(self) -> int:
@@ -487,14 +494,14 @@ class _SessionRunner:
             expected,
             expected_margins=expected_margins,
             tie_tolerance=self.tie_tolerance,
-            actual_stop_reason=stop if isinstance(stop, str) and stop != "error" else None,
+            actual_stop_reason=stop if stop in STOP_REASONS and stop != "error" else None,
             expected_stop_reason=expected_stop,
         )
         if verdict.status == "fail":
             return tokens, self._violation(index, verdict.explanation, expected, tokens, stop=expected_stop)
         if verdict.status == "excused":
             event("SessionMachine: an excused near-tie")
-            return tokens, None
+            return tokens, self._check_state(index, [*prompt, *tokens])
         if len(tokens) != len(expected):
             return tokens, self._violation(
                 index,
@@ -512,14 +519,48 @@ class _SessionRunner:
                 tokens,
                 stop=expected_stop,
             )
-        return tokens, None
+        return tokens, self._check_state(index, [*prompt, *tokens])
+
+    def _check_state(self, index: int, ctx: list[int]) -> Violation | None:
+        """White-box (a reference given, the engine's live target has ``state_arrays``): the target holds ``ctx[:-1]``.
+
+        The decode convention leaves the target at every token but the pending one after a
+        generation; its state must equal a fresh reference's fed ``ctx[:-1]`` with plain
+        forwards (bitwise, or within ``atol``). A stale recurrent state that the next tokens
+        happen not to reveal (a short conv window refilled, a decaying recurrent state) shows here.
+        """
+        if self.live is None:
+            return None
+        processed = int(self.live.processed)
+        if processed != len(ctx) - 1:
+            return self._violation(
+                index,
+                f"after the request the engine's target has processed {processed} tokens; the context has "
+                f"{len(ctx)}, so it must be {len(ctx) - 1} (every token but the pending one)",
+                len(ctx) - 1,
+                processed,
+            )
+        ref = self.reference
+        ref.reset()
+        if len(ctx) > 1:
+            ref.forward(ctx[:-1])
+        problem = states_differ(ref.state_arrays(), self.live.state_arrays(), atol=self.atol)
+        if problem is None:
+            return None
+        return self._violation(
+            index,
+            f"the tokens equal plain greedy's, but the engine's target does not hold the context: {problem} "
+            f"(the reference was fed ctx[:-1], {len(ctx) - 1} tokens, with plain forwards)",
+            None,
+            None,
+        )
 
     def _violation(
         self,
         index: int,
         why: str,
-        expected: list[int] | None,
-        actual: list[int] | None,
+        expected: list[int] | int | None,
+        actual: list[int] | int | None,
         *,
         stop: str | None = None,
     ) -> Violation:
@@ -554,12 +595,16 @@ def replay_session(
     vocab_size: int,
     tie_tolerance: float = 0.0,
     set_drafter: SetDrafter | None = None,
+    reference_factory: Callable[[], Any] | None = None,
+    atol: float = 0.0,
 ) -> list[Violation]:
     """Replay ``history`` request by request on a fresh ``engine_factory()``; the violations found (at most one).
 
     Scripted requests get the same ``ScriptedDrafter`` (same plan, continuation from
     ``greedy``) or the same ``set_drafter`` call as when recorded. The replay stops at
     the first failing request (later requests build on a context it got wrong).
+    Pass the same ``reference_factory`` / ``atol`` as the run that recorded the history:
+    a failure found by the white-box state check needs it to fail again.
     """
     if not isinstance(history, SessionHistory):
         raise InvalidSettingError(f"replay_session: history must be a SessionHistory, got {type(history).__name__}")
@@ -571,6 +616,8 @@ def replay_session(
             f"the engine has {vocab_size}"
         )
     tol = _check_tolerance(tie_tolerance, "replay_session()")
+    if reference_factory is not None and not callable(reference_factory):
+        raise InvalidSettingError(f"replay_session: reference_factory={reference_factory!r} must be callable or None")
     runner = _SessionRunner(
         engine_factory(),
         greedy=greedy,
@@ -578,6 +625,8 @@ def replay_session(
         tie_tolerance=tol,
         set_drafter=set_drafter,
         ask_at_least=max((r.max_new_tokens for r in history.requests), default=0),
+        reference=None if reference_factory is None else reference_factory(),
+        atol=_check_tolerance(atol, "replay_session()", name="atol"),
     )
     for req in history.requests:
         _, violation = runner.run(req)
@@ -589,9 +638,9 @@ def replay_session(
 # --------------------------------------------------------------------------- the machine
 
 
-def _check_tolerance(value: object, where: str) -> float:
+def _check_tolerance(value: object, where: str, name: str = "tie_tolerance") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InvalidArgument(f"{where}: tie_tolerance={value!r} must be a finite number >= 0")
+        raise InvalidArgument(f"{where}: {name}={value!r} must be a finite number >= 0")
     return float(value)
 
 
@@ -606,6 +655,8 @@ class _SessionConfig:
     max_new_tokens: int
     set_drafter: SetDrafter | None
     context_kinds: tuple[str, ...]
+    reference_factory: Callable[[], Any] | None
+    atol: float
     # greedy continuations by prompt, shared by every example of the configured class (shrinking
     # replays the same prompts hundreds of times); the oracle is deterministic, so this is safe
     greedy_memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = attrs.field(
@@ -641,6 +692,8 @@ class SessionMachine(RuleBasedStateMachine):
         set_drafter: SetDrafter | None = None,
         context_kinds: Iterable[str] | None = None,
         stateful_step_count: int = 10,
+        reference_factory: Callable[[], Any] | None = None,
+        atol: float = 0.0,
         name: str | None = None,
     ) -> type[SessionMachine]:
         """A runnable subclass for one engine under test.
@@ -651,6 +704,10 @@ class SessionMachine(RuleBasedStateMachine):
         defaults to the engine's ``max_context`` (prompts stay within
         ``max_context - max_new_tokens``); ``set_drafter(engine, prompt, continuation, plan)``
         installs a scripted drafter where setting ``engine.drafter`` is not the way.
+        ``reference_factory()`` (optional) builds a fresh Target of the same model: where the
+        engine exposes its live ``target`` with ``state_arrays()``, the target must hold
+        exactly the context after every request (``processed == len(ctx) - 1`` and the state
+        arrays of a reference fed ``ctx[:-1]``, bitwise or within ``atol``).
         """
         where = "SessionMachine.configure()"
         if not callable(engine_factory):
@@ -659,6 +716,8 @@ class SessionMachine(RuleBasedStateMachine):
             raise InvalidArgument(f"{where}: greedy={greedy!r} must be callable (prompt, n, eos) -> (tokens, margins)")
         if set_drafter is not None and not callable(set_drafter):
             raise InvalidArgument(f"{where}: set_drafter={set_drafter!r} must be callable or None")
+        if reference_factory is not None and not callable(reference_factory):
+            raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
         for opt, value, minimum in (
             ("vocab_size", vocab_size, 2),
             ("max_prompt", max_prompt, 1),
@@ -683,6 +742,8 @@ class SessionMachine(RuleBasedStateMachine):
             max_new_tokens=max_new_tokens,
             set_drafter=set_drafter,
             context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
+            reference_factory=reference_factory,
+            atol=_check_tolerance(atol, where, name="atol"),
         )
         sub: type[SessionMachine] = type(
             name or f"{cls.__name__}For_{getattr(engine_factory, '__name__', 'engine')}",
@@ -737,9 +798,13 @@ class SessionMachine(RuleBasedStateMachine):
             set_drafter=cfg.set_drafter,
             memo=cfg.greedy_memo,
             ask_at_least=cfg.max_new_tokens,
+            reference=None if cfg.reference_factory is None else cfg.reference_factory(),
+            atol=cfg.atol,
         )
         self.disabled: frozenset[str] = frozenset()
         self.contexts: list[list[int]] = []  # every context (prompt + output) so far, oldest first
+        self.prompt_lengths: list[int] = []  # the prompt length of each context
+        self.since_cold = 0  # requests since the last reset or unrelated prompt
         self.last_prompt: list[int] = []
 
     # ----------------------------------------------------------------- requests
@@ -753,13 +818,15 @@ class SessionMachine(RuleBasedStateMachine):
         runner = self.runner
         k = runner.plan_k
         # "max" first: failures shrink toward the full budget; "zero" positions the cache and emits nothing
-        budget_kind = data.draw(st.sampled_from(("max", "any", "zero")), label="budget kind")
+        budget_kind = data.draw(st.sampled_from(("max", "any", "max", "any", "zero")), label="budget kind")
         n = {"max": cfg.max_new_tokens, "zero": 0}.get(budget_kind)
         if n is None:
             n = data.draw(st.integers(1, cfg.max_new_tokens), label="max_new_tokens")
         continuation, _ = runner.continuation(prompt, n)
         eos: int | None = None
-        eos_kind = data.draw(st.sampled_from(("none", "last_k_plus_1", "anywhere")), label="eos placement")
+        eos_kind = data.draw(
+            st.sampled_from(("none", "last_k_plus_1", "anywhere", "last_k_plus_1")), label="eos placement"
+        )
         if eos_kind != "none" and continuation:
             pool = continuation[-(k + 1) :] if eos_kind == "last_k_plus_1" else continuation
             eos = data.draw(st.sampled_from(pool), label="eos_token_id")
@@ -782,7 +849,9 @@ class SessionMachine(RuleBasedStateMachine):
         if violation is not None:
             _raise(violation)
         self.contexts.append([*prompt, *tokens])
+        self.prompt_lengths.append(len(prompt))
         self.last_prompt = list(prompt)
+        self.since_cold += 1
 
     def _fresh_prompt(self, data: Any) -> tuple[list[int], str]:
         cfg = self.cfg
@@ -804,15 +873,19 @@ class SessionMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def first_request(self, data: Any) -> None:
         """Draw which rules this run uses (swarm testing), then the session's first prompt."""
-        off = data.draw(st.sets(st.sampled_from(_SWITCHABLE), max_size=len(_SWITCHABLE) - 1), label="rules off")
+        # at most two rules off: a run left with one rule (only regenerate, only new prompts) tests little
+        off = data.draw(st.sets(st.sampled_from(_SWITCHABLE), max_size=0), label="rules off")
         self.disabled = frozenset(off)
         prompt, note = self._fresh_prompt(data)
         self._request(data, "new_prompt", prompt, note)
 
+    # not straight after a cold start either: sessions of a single request test nothing a fresh engine does not
+    @precondition(lambda self: "new_prompt" not in self.disabled and self.since_cold >= 2)
     @rule(data=st.data())
     def new_prompt(self, data: Any) -> None:
         """A new prompt: ordinary, long, or sharing nothing with any earlier context."""
         prompt, note = self._fresh_prompt(data)
+        self.since_cold = 0
         self._request(data, "new_prompt", prompt, note)
 
     @precondition(_switched_on("regenerate"))
@@ -855,11 +928,28 @@ class SessionMachine(RuleBasedStateMachine):
         note = f"the last context ({prompt_len} prompt + {len(base) - prompt_len} output tokens) cut at {cut} ({where})"
         self._request(data, "edit", prompt, note + f", then {len(suffix)} new token(s)")
 
-    @precondition(lambda self: "multi_turn" not in self.disabled and len(self.contexts[-1]) < self.prompt_limit)
+    def _fits_a_turn(self) -> bool:
+        return any(len(c) < self.prompt_limit for c in self.contexts)
+
+    @precondition(lambda self: "multi_turn" not in self.disabled and self._fits_a_turn())
     @rule(data=st.data())
     def multi_turn(self, data: Any) -> None:
-        """The last context (prompt + output) and a user turn of 1..8 tokens."""
-        base = self.contexts[-1]
+        """A context (prompt + output) and a user turn of 1..8 tokens.
+
+        Usually the last context; sometimes an earlier one (a branch: the user goes back and
+        writes another turn there), which reaches behind the last call's snapshots.
+        """
+        fits = [i for i, c in enumerate(self.contexts) if len(c) < self.prompt_limit]
+        last = len(self.contexts) - 1
+        which = "last" if last in fits else "earlier"
+        if which == "last" and len(fits) > 1:
+            which = data.draw(st.sampled_from(("last", "earlier")), label="turn on which context")
+        if which == "earlier":
+            earlier = [i for i in fits if i != last]
+            back = data.draw(st.sampled_from(earlier[::-1]), label="earlier context (latest first)")
+        else:
+            back = last
+        base = self.contexts[back]
         turn = data.draw(
             contexts(
                 self.cfg.vocab_size,
@@ -870,19 +960,38 @@ class SessionMachine(RuleBasedStateMachine):
             label="user turn",
         )
         prompt = [*base, *(int(t) for t in turn)]
-        self._request(data, "multi_turn", prompt, f"the last context ({len(base)} tokens) + a {len(turn)}-token turn")
+        self._count(f"multi_turn:{which}")
+        where = "the last context" if back == last else f"context {back} of {len(self.contexts)}"
+        self._request(data, "multi_turn", prompt, f"{where} ({len(base)} tokens) + a {len(turn)}-token turn")
 
     @precondition(_switched_on("earlier_prefix"))
     @rule(data=st.data())
     def earlier_prefix(self, data: Any) -> None:
-        """A prefix of an earlier context (the oldest first when shrinking): a rollback past the last call."""
-        back = data.draw(st.integers(0, len(self.contexts) - 1), label="which earlier context (0 = oldest)")
+        """A prefix of an earlier context: a rollback past the last call's snapshots.
+
+        Most often exactly an earlier request's prompt (a user going back to regenerate an
+        older turn: the engine's snapshot from that call is the one it needs), else a drawn cut.
+        """
+        # the context before the last one is where a rollback crosses two call boundaries
+        which = "any"
+        if len(self.contexts) >= 2:
+            which = data.draw(st.sampled_from(("any", "before_last")), label="which context")
+        if which == "before_last":
+            back = len(self.contexts) - 2
+        else:
+            back = data.draw(st.integers(0, len(self.contexts) - 1), label="which earlier context (0 = oldest)")
         ctx = self.contexts[back]
-        cut = data.draw(st.integers(1, min(len(ctx), self.prompt_limit)), label="prefix length")
-        note = f"the first {cut} tokens of context {back} of {len(self.contexts)} ({len(ctx)} tokens)"
+        where = data.draw(st.sampled_from(("its_prompt", "anywhere", "its_prompt")), label="prefix kind")
+        if where == "its_prompt" and self.prompt_lengths[back] <= self.prompt_limit:
+            cut = self.prompt_lengths[back]
+        else:
+            cut = data.draw(st.integers(1, min(len(ctx), self.prompt_limit)), label="prefix length")
+        self._count(f"earlier_prefix:{where}")
+        note = f"the first {cut} tokens of context {back} of {len(self.contexts)} ({len(ctx)} tokens; {where})"
         self._request(data, "earlier_prefix", ctx[:cut], note)
 
-    @precondition(lambda self: "reset" not in self.disabled and self.runner.can_reset)
+    # not straight after a cold start: a reset there tests nothing a fresh engine does not
+    @precondition(lambda self: "reset" not in self.disabled and self.runner.can_reset and self.since_cold >= 2)
     @rule()
     def reset(self) -> None:
         """``engine.reset()``: the engine must forget its caches (the next request starts cold)."""
@@ -890,6 +999,7 @@ class SessionMachine(RuleBasedStateMachine):
         _, violation = self.runner.run(SessionRequest(kind="reset"))
         if violation is not None:
             _raise(violation)
+        self.since_cold = 0
 
 
 def run_session_machine(
@@ -904,6 +1014,8 @@ def run_session_machine(
     set_drafter: SetDrafter | None = None,
     context_kinds: Iterable[str] | None = None,
     stateful_step_count: int = 10,
+    reference_factory: Callable[[], Any] | None = None,
+    atol: float = 0.0,
     settings: Settings | None = None,
 ) -> type[SessionMachine]:
     """Configure a ``SessionMachine`` and run it (``run_state_machine_as_test``).
@@ -923,6 +1035,8 @@ def run_session_machine(
         set_drafter=set_drafter,
         context_kinds=context_kinds,
         stateful_step_count=stateful_step_count,
+        reference_factory=reference_factory,
+        atol=atol,
     )
     run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
     return machine

@@ -3,7 +3,7 @@
 ``SessionEngine`` is the correct control. It decodes with the built-in ``SpecDecoder``
 on a small reference target it keeps between ``generate`` calls, and reuses the longest
 common prefix of the new prompt with what the target has processed: it keeps a
-snapshot of the recurrent state (conv, rec) at every 16th position of each prefill,
+snapshot of the recurrent state (conv, rec) at every 8th position of each prefill,
 at the end of each prompt and at the end of each generation, restores the latest one at
 or before the common prefix, re-feeds the rest, and drops the snapshots the re-feed
 overwrote. Multi-turn (the last context plus a user turn) needs no restore at all;
@@ -15,8 +15,9 @@ The members break exactly that reuse, the way real engines did:
   back (``processed = common prefix``) but keeps the conv/rec state from the end of the
   last call (prefix caching for hybrid models that treated the recurrent state like KV);
 - ``SnapshotOnlyLastCall``: keeps recurrent snapshots only from the last request; a hit
-  that reaches further back than all of them restores the earliest it has, with
-  ``processed`` cut to the hit (recurrent-state caches kept for the last batch only).
+  on a snapshot position of an older request (two call boundaries back) is served with the
+  latest recurrent state it still has, ``processed`` cut to the hit (recurrent-state caches
+  kept for the last batch only, while the prefix index lists every block).
 
 Correct-but-unusual controls the session machine must pass: ``VaryingKSessionEngine``
 (asks its drafter for a different k every round) and ``GreedyOnlySessionEngine`` (a
@@ -240,8 +241,8 @@ class SnapshotOnlyLastCall(SessionEngine):
 
     Shipped as: recurrent-state caches kept for the last batch only, while the prefix
     index still lists every block it saw: a hit on a prefix whose snapshot came from an
-    older request (the KV is still there) is served with the earliest recurrent state
-    still cached, with the KV length cut to the hit. A hit shorter than every snapshot
+    older request (the KV is still there) is served with the latest recurrent state
+    still cached (the last request's), with the KV length cut to the hit. A hit shorter than every snapshot
     ever taken is a miss and re-prefills correctly, as do hits on the last request's.
     """
 
