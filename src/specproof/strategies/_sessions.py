@@ -818,7 +818,7 @@ class SessionMachine(RuleBasedStateMachine):
         runner = self.runner
         k = runner.plan_k
         # "max" first: failures shrink toward the full budget; "zero" positions the cache and emits nothing
-        budget_kind = data.draw(st.sampled_from(("max", "any", "max", "any", "zero")), label="budget kind")
+        budget_kind = data.draw(st.sampled_from(("max", "any", "max", "any", "max", "zero")), label="budget kind")
         n = {"max": cfg.max_new_tokens, "zero": 0}.get(budget_kind)
         if n is None:
             n = data.draw(st.integers(1, cfg.max_new_tokens), label="max_new_tokens")
