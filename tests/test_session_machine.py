@@ -28,6 +28,7 @@ from specproof.strategies._sessions import (
     engine_greedy,
     replay_session,
     run_session_machine,
+    shrink_history,
     target_greedy,
 )
 
@@ -103,6 +104,32 @@ def test_the_stale_prefix_cache_shrinks_to_the_same_prompt_twice():
     history = SessionHistory.from_example(violation.example)
     first, second = history.requests  # a prompt, then the same prompt again (a regenerate, however drawn)
     assert first.kind == "new_prompt" and second.prompt == first.prompt
+
+
+@pytest.mark.parametrize("factory", [zoo.stale_prefix_cache, zoo.snapshot_only_last_call])
+@pytest.mark.parametrize("white_box", [False, True])
+def test_shrink_history_keeps_a_failing_session(factory, white_box):
+    """Found without Hypothesis's (slow) shrinking, then shrunk by replays: shorter, still failing, the failure last."""
+    ref = small_reference if white_box else None
+    with pytest.raises(ViolationError) as info:
+        run(factory, max_examples=4, steps=10, phases=list(FIND_ONLY), reference_factory=ref)
+    found = SessionHistory.from_example(info.value.violations[0].example)
+    kwargs = {"greedy": oracle(), "vocab_size": VOCAB, "reference_factory": ref}
+    shrunk = shrink_history(found, engine_factory=factory, **kwargs)
+    assert 2 <= len(shrunk.requests) <= len(found.requests)
+    assert shrunk.failing_request == len(shrunk.requests) - 1
+    [violation] = replay_session(shrunk, engine_factory=factory, **kwargs)
+    assert violation.example["failing_request"] == shrunk.failing_request
+    assert replay_session(shrunk, engine_factory=zoo.session_engine, **kwargs) == []
+    assert all(r.note for r in shrunk.requests)  # re-described for the shrunk history
+
+
+def test_shrink_history_returns_a_passing_history_unchanged():
+    history = SessionHistory(requests=(SessionRequest(kind="new_prompt", prompt=(1, 2, 3), max_new_tokens=4),))
+    kwargs = {"greedy": oracle(), "vocab_size": VOCAB}
+    assert shrink_history(history, engine_factory=zoo.stale_prefix_cache, **kwargs) is history
+    with pytest.raises(InvalidSettingError, match="max_replays=0"):
+        shrink_history(history, engine_factory=zoo.stale_prefix_cache, max_replays=0, **kwargs)
 
 
 def test_snapshot_only_last_call_needs_two_call_boundaries():
@@ -197,7 +224,7 @@ def test_white_box_check_needs_the_target_at_the_context():
 @pytest.mark.parametrize("factory", [zoo.session_engine, zoo.session_engine_replay, zoo.varying_k_session_engine])
 def test_correct_session_engines_pass(factory):
     # with the white-box check too: a correct engine's live target holds exactly ctx[:-1] after every request
-    machine = run(factory, max_examples=25, steps=10, reference_factory=small_reference)
+    machine = run(factory, max_examples=15, steps=10, reference_factory=small_reference)
     seen = machine.observed
     for tag in ("request:new_prompt", "request:regenerate", "request:multi_turn", "request:earlier_prefix"):
         assert seen[tag] > 0, tag

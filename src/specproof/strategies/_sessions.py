@@ -73,6 +73,7 @@ __all__ = [
     "engine_greedy",
     "replay_session",
     "run_session_machine",
+    "shrink_history",
     "target_greedy",
 ]
 
@@ -606,33 +607,224 @@ def replay_session(
     Pass the same ``reference_factory`` / ``atol`` as the run that recorded the history:
     a failure found by the white-box state check needs it to fail again.
     """
-    if not isinstance(history, SessionHistory):
-        raise InvalidSettingError(f"replay_session: history must be a SessionHistory, got {type(history).__name__}")
-    if not callable(engine_factory) or not callable(greedy):
-        raise InvalidSettingError("replay_session: engine_factory and greedy must be callable")
-    if history.vocab_size is not None and history.vocab_size != vocab_size:
-        raise UsageError(
-            f"replay_session: the history was recorded with vocab_size={history.vocab_size}; "
-            f"the engine has {vocab_size}"
-        )
-    tol = _check_tolerance(tie_tolerance, "replay_session()")
-    if reference_factory is not None and not callable(reference_factory):
-        raise InvalidSettingError(f"replay_session: reference_factory={reference_factory!r} must be callable or None")
-    runner = _SessionRunner(
-        engine_factory(),
+    replay = _Replayer.make(
+        history,
+        "replay_session()",
+        engine_factory=engine_factory,
         greedy=greedy,
         vocab_size=vocab_size,
-        tie_tolerance=tol,
+        tie_tolerance=tie_tolerance,
         set_drafter=set_drafter,
-        ask_at_least=max((r.max_new_tokens for r in history.requests), default=0),
-        reference=None if reference_factory is None else reference_factory(),
-        atol=_check_tolerance(atol, "replay_session()", name="atol"),
+        reference_factory=reference_factory,
+        atol=atol,
     )
-    for req in history.requests:
-        _, violation = runner.run(req)
-        if violation is not None:
-            return [violation]
-    return []
+    violation = replay(history.requests)
+    return [] if violation is None else [violation]
+
+
+def shrink_history(
+    history: SessionHistory,
+    *,
+    engine_factory: Callable[[], Any],
+    greedy: GreedyOracle,
+    vocab_size: int,
+    tie_tolerance: float = 0.0,
+    set_drafter: SetDrafter | None = None,
+    reference_factory: Callable[[], Any] | None = None,
+    atol: float = 0.0,
+    max_replays: int = 200,
+) -> SessionHistory:
+    """A shorter history that still fails on a fresh engine (the history itself when it does not fail).
+
+    Cheap next to Hypothesis's shrinker (which re-runs whole sessions for every choice it
+    simplifies): cut after the failing request; drop requests one at a time while the
+    replay still fails; then, per request, no EOS and a smaller ``max_new_tokens``. Prompts
+    are left as they are (their shared prefixes are what the failure is about). At most
+    ``max_replays`` replays, each on a fresh ``engine_factory()``.
+    """
+    replay = _Replayer.make(
+        history,
+        "shrink_history()",
+        engine_factory=engine_factory,
+        greedy=greedy,
+        vocab_size=vocab_size,
+        tie_tolerance=tie_tolerance,
+        set_drafter=set_drafter,
+        reference_factory=reference_factory,
+        atol=atol,
+    )
+    if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 1:
+        raise InvalidSettingError(f"shrink_history: max_replays={max_replays!r} must be an integer >= 1")
+    budget = [max_replays]
+
+    def failing_prefix(requests: Sequence[SessionRequest]) -> list[SessionRequest] | None:
+        """The requests up to the one that fails, or None when the replay passes (or the budget is spent)."""
+        if budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        violation = replay(requests)
+        if violation is None:
+            return None
+        index = violation.example.get("failing_request")
+        return list(requests[: int(index) + 1]) if isinstance(index, int) else list(requests)
+
+    current = failing_prefix(history.requests)
+    if current is None:
+        return history
+    changed = True
+    while changed and budget[0] > 0:
+        changed = False
+        i = len(current) - 2  # latest first: the requests right before the failure matter most
+        while i >= 0 and budget[0] > 0:
+            candidate = failing_prefix([*current[:i], *current[i + 1 :]])
+            if candidate is not None:
+                current, changed = candidate, True
+            i = min(i - 1, len(current) - 2)
+    for i in range(len(current)):
+        for simplify in _SIMPLIFICATIONS:
+            simpler = simplify(current[i])
+            if simpler is None or simpler == current[i]:
+                continue
+            candidate = failing_prefix([*current[:i], simpler, *current[i + 1 :]])
+            if candidate is not None and len(candidate) == len(current):
+                current[i] = simpler
+    return SessionHistory(
+        requests=tuple(_renote(current, replay.continuation)),
+        vocab_size=history.vocab_size if history.vocab_size is not None else vocab_size,
+        engine=history.engine,
+        failing_request=len(current) - 1,
+    )
+
+
+def _renote(
+    requests: Sequence[SessionRequest], continuation: Callable[[Sequence[int], int], list[int]]
+) -> list[SessionRequest]:
+    """Notes that say how each request relates to the one before it in the *shrunk* history.
+
+    The recorded notes name contexts of the original run ("context 4 of 6"), which the
+    shrunk history no longer has; the previous context is the previous prompt plus its
+    plain-greedy output (what a correct engine emitted).
+    """
+    out: list[SessionRequest] = []
+    previous: list[int] | None = None
+    prev_prompt: tuple[int, ...] = ()
+    for req in requests:
+        if req.kind == "reset":
+            out.append(attrs.evolve(req, note="the engine forgets its caches"))
+            previous = None
+            continue
+        prompt = list(req.prompt)
+        if previous is None:
+            note = "a cold start" if out else "the first request"
+        else:
+            common = next(
+                (i for i, (a, b) in enumerate(zip(previous, prompt)) if a != b), min(len(previous), len(prompt))
+            )
+            if req.prompt == prev_prompt:
+                note = "the previous prompt again"
+            elif common == 0:
+                note = "shares nothing with the previous context"
+            else:
+                note = f"shares its first {common} tokens with the previous context ({len(prev_prompt)} prompt + "
+                note += f"{len(previous) - len(prev_prompt)} output tokens)"
+        out.append(attrs.evolve(req, note=note))
+        output = continuation(prompt, req.max_new_tokens)
+        if req.eos_token_id is not None and req.eos_token_id in output:
+            output = output[: output.index(req.eos_token_id) + 1]
+        previous, prev_prompt = [*prompt, *output], req.prompt
+    return out
+
+
+def _without_eos(req: SessionRequest) -> SessionRequest | None:
+    return None if req.kind == "reset" else attrs.evolve(req, eos_token_id=None)
+
+
+def _budget_to(fraction: float) -> Callable[[SessionRequest], SessionRequest | None]:
+    def smaller(req: SessionRequest) -> SessionRequest | None:
+        if req.kind == "reset":
+            return None
+        return attrs.evolve(req, max_new_tokens=int(req.max_new_tokens * fraction))
+
+    return smaller
+
+
+def _first_planned_round(req: SessionRequest) -> SessionRequest | None:
+    return None if req.plan is None else attrs.evolve(req, plan=req.plan[:1])
+
+
+# tried in order on each request of a shrunk history, each kept if the replay still fails there
+_SIMPLIFICATIONS: tuple[Callable[[SessionRequest], SessionRequest | None], ...] = (
+    _without_eos,
+    _budget_to(0.0),
+    _budget_to(0.5),
+    _first_planned_round,
+)
+
+
+class _Replayer:
+    """Replays request lists on fresh engines, sharing one greedy memo (shrinking replays the same prompts)."""
+
+    def __init__(self, make_runner: Callable[[], _SessionRunner]) -> None:
+        self.make_runner = make_runner
+        self._oracle: _SessionRunner | None = None
+
+    def continuation(self, prompt: Sequence[int], n: int) -> list[int]:
+        """Plain greedy's first ``n`` tokens after ``prompt`` (from the shared memo)."""
+        if self._oracle is None:
+            self._oracle = self.make_runner()
+        return self._oracle.continuation(prompt, n)[0]
+
+    @classmethod
+    def make(
+        cls,
+        history: SessionHistory,
+        where: str,
+        *,
+        engine_factory: Callable[[], Any],
+        greedy: GreedyOracle,
+        vocab_size: int,
+        tie_tolerance: float,
+        set_drafter: SetDrafter | None,
+        reference_factory: Callable[[], Any] | None,
+        atol: float,
+    ) -> _Replayer:
+        if not isinstance(history, SessionHistory):
+            raise InvalidSettingError(f"{where}: history must be a SessionHistory, got {type(history).__name__}")
+        if not callable(engine_factory) or not callable(greedy):
+            raise InvalidSettingError(f"{where}: engine_factory and greedy must be callable")
+        if history.vocab_size is not None and history.vocab_size != vocab_size:
+            raise UsageError(
+                f"{where}: the history was recorded with vocab_size={history.vocab_size}; the engine has {vocab_size}"
+            )
+        tol = _check_tolerance(tie_tolerance, where)
+        state_atol = _check_tolerance(atol, where, name="atol")
+        if reference_factory is not None and not callable(reference_factory):
+            raise InvalidSettingError(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+        memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = {}
+        ask = max((r.max_new_tokens for r in history.requests), default=0)
+
+        def make_runner() -> _SessionRunner:
+            return _SessionRunner(
+                engine_factory(),
+                greedy=greedy,
+                vocab_size=vocab_size,
+                tie_tolerance=tol,
+                set_drafter=set_drafter,
+                memo=memo,
+                ask_at_least=ask,
+                reference=None if reference_factory is None else reference_factory(),
+                atol=state_atol,
+            )
+
+        return cls(make_runner)
+
+    def __call__(self, requests: Sequence[SessionRequest]) -> Violation | None:
+        runner = self.make_runner()
+        for req in requests:
+            _, violation = runner.run(req)
+            if violation is not None:
+                return violation
+        return None
 
 
 # --------------------------------------------------------------------------- the machine
