@@ -12,9 +12,9 @@ documented invariants.
 from __future__ import annotations
 
 import itertools
-import shlex
 import json
 import re
+import shlex
 from typing import Any
 
 import pytest
