@@ -15,25 +15,33 @@ The machine holds ONE engine instance for a whole run and issues requests to it:
 - ``regenerate``: the last request's prompt again (maybe with another budget and EOS);
 - ``edit``: the last context (prompt + output) cut at a drawn point — inside the prompt,
   inside the output, or right at its end — then a diverging suffix;
-- ``multi_turn``: the last context plus a user turn;
-- ``earlier_prefix``: a prefix of an *earlier* context (not necessarily the last), so
-  the engine must reach further back than the last call's snapshots;
-- ``reset``: ``engine.reset()``, where the engine has one.
+- ``multi_turn``: the last context plus a user turn (sometimes an earlier context plus
+  a turn: a branch);
+- ``earlier_prefix``: a prefix of an *earlier* context (most often exactly an earlier
+  request's prompt), so the engine must reach further back than the last call's snapshots;
+- ``reset``: ``engine.reset()``, where the engine has one (never straight after a cold start,
+  and no ``new_prompt`` there either: a one-request session tests what a fresh engine does).
 
 Each request draws its ``max_new_tokens`` and an EOS (none, among the greedy
 continuation's tokens, or — most often — among its last ``k + 1`` tokens before the
 budget, where an EOS lands inside the last accepted block). Where the engine has a
 settable ``drafter`` (or the harness passes a ``set_drafter`` hook), the machine draws a
 ``RoundPlan`` and installs a ``ScriptedDrafter`` for the request, so the engine is driven
-down every rollback path on any target. Rules are switched on and off per run (swarm
-testing: a drawn set of disabled rules), so each run stresses a different mix.
+down every rollback path on any target. Up to two rules are switched off per run (swarm
+testing on top of Hypothesis's own), so each run stresses a different mix.
 
 Every request's tokens are compared with plain greedy from the oracle, tie-aware
-(``compare_lossless``), and its length and stop reason are checked. A failure raises
+(``compare_lossless``), and its length and stop reason are checked. Given a
+``reference_factory`` and an engine whose live ``target`` has ``state_arrays()``, the
+target must also hold exactly the context after each request (a stale state that the next
+tokens do not reveal — a short conv window refilled, a decaying recurrent state, a zero
+budget — shows there). A failure raises
 ``ViolationError`` with one ``engine.session`` violation whose ``example`` holds the whole
 request history (``{"history": [...], "failing_request": i}``); ``SessionHistory``
 saves it as a ``specproof-session/1`` file, and ``replay_session`` replays it on a fresh
-engine, installing the same scripted drafts, so it fails again.
+engine, installing the same scripted drafts, so it fails again. ``shrink_history``
+shortens a failing history by replays (drop requests, then simplify EOS, budget and plan):
+far cheaper than Hypothesis's shrinker, which re-runs whole sessions for every choice.
 """
 
 from __future__ import annotations
