@@ -11,7 +11,6 @@ from specproof._cli.common import (
     add_target_argument,
     decode_tokens,
     encode_prompt,
-    make_drafter,
     make_target,
     parse_ids,
 )
@@ -41,7 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="use a `specproof bench` workload's prompt: code-edit, retrieval-qa, structured, free-text",
     )
     add_target_argument(p)
-    p.add_argument("--drafter", default="ngram", help="ngram, ngram:MIN_N,MAX_N[,earliest], or MODULE:ATTR")
+    p.add_argument(
+        "--drafter",
+        default="ngram",
+        help="ngram, ngram:MIN_N,MAX_N[,earliest], model:TARGET (a draft model: model:trained-small, "
+        "model:reference:d_model=32), combined:TARGET (prompt lookup, else the draft model), or MODULE:ATTR",
+    )
     p.add_argument("-k", type=int, default=4, help="draft length per round (default 4)")
     p.add_argument(
         "--rollback",
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specproof.contract import UsageError
     from specproof.engine import SpecDecoder, greedy_decode
+    from specproof.engine.drafters import load_drafter
 
     sources = [
         name
@@ -83,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.workload is not None:
         text = _workload_prompt(args.workload)
     target = make_target(args.target, seed=args.seed)
-    drafter = make_drafter(args.drafter)
+    drafter = load_drafter(args.drafter)
     prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(target, text)
     if args.rollback is None:
         args.rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"

@@ -1,0 +1,49 @@
+"""Prompt lookup first, a draft model otherwise: the combination many engines ship."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specproof.engine.drafters.model import ModelDrafter
+from specproof.engine.drafters.ngram import NgramDrafter
+
+__all__ = ["CombinedDrafter"]
+
+
+class CombinedDrafter:
+    """Propose the prompt-lookup draft when the lookup finds a match, else the draft model's.
+
+    ``lookup`` defaults to ``NgramDrafter(min_n=3, max_n=4)``: on a byte vocabulary a match
+    of one or two tokens is found almost everywhere and says little, so only a match of at
+    least three tokens overrides the model. Both parts are pure functions of the context
+    (``ModelDrafter`` keeps its model in step by itself, even across calls it was not asked
+    to draft), so the combination is too. ``reset()`` resets both. ``lookup_drafts`` and
+    ``model_drafts`` count which part proposed.
+    """
+
+    def __init__(self, model: ModelDrafter, lookup: NgramDrafter | None = None) -> None:
+        self.model = model
+        self.lookup = lookup if lookup is not None else NgramDrafter(min_n=3, max_n=4)
+        self.vocab_size = model.vocab_size
+        self.name = f"specproof.CombinedDrafter({self.lookup.name}, {model.name})"
+        self.lookup_drafts = 0
+        self.model_drafts = 0
+
+    def __repr__(self) -> str:
+        return f"CombinedDrafter({self.lookup!r}, {self.model!r})"
+
+    def reset(self) -> None:
+        self.lookup.reset()
+        self.model.reset()
+        self.lookup_drafts = 0
+        self.model_drafts = 0
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        if k <= 0:
+            return []
+        draft = self.lookup.propose(context, k)
+        if draft:
+            self.lookup_drafts += 1
+            return draft
+        self.model_drafts += 1
+        return self.model.propose(context, k)
