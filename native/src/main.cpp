@@ -1,0 +1,735 @@
+// specproof-engine: a native (C++17, standard library only) speculative decoding engine for
+// the specproof `trained` fixture, speaking specproof-engine/1 (JSON Lines) on stdio or TCP.
+//
+//   specproof-engine --weights trained.safetensors [--k 4] [--rollback checkpoint|replay]
+//                    [--bug NAME] [--listen PORT] [--max-context N]
+//   specproof-engine --weights W --logits IN.json OUT.f32      (test hook: raw logits of a forward)
+//   specproof-engine --weights W --bench PROMPT_FILE [--tokens N] (in-process speed figures, JSON)
+//
+// See native/README.md and docs/protocol.md.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "json.hpp"
+#include "model.hpp"
+
+namespace sp {
+
+static const char* kVersion = "0.1.0";
+static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
+                              "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos"};
+
+using Clock = std::chrono::steady_clock;
+static double us_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// --------------------------------------------------------------------------- line channel
+
+class Channel {
+   public:
+    Channel(int in_fd, int out_fd) : in_(in_fd), out_(out_fd) {}
+    // false at end of input
+    bool read_line(std::string& line) {
+        for (;;) {
+            size_t nl = buf_.find('\n', scan_);
+            if (nl != std::string::npos) {
+                line.assign(buf_, 0, nl);
+                buf_.erase(0, nl + 1);
+                scan_ = 0;
+                if (!line.empty() && line.back() == '\r') line.pop_back();
+                return true;
+            }
+            scan_ = buf_.size();
+            char tmp[65536];
+            ssize_t n = ::read(in_, tmp, sizeof tmp);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                if (!buf_.empty()) {
+                    line.swap(buf_);
+                    buf_.clear();
+                    scan_ = 0;
+                    return true;
+                }
+                return false;
+            }
+            buf_.append(tmp, static_cast<size_t>(n));
+        }
+    }
+    bool write_line(const std::string& line) {
+        std::string s = line + "\n";
+        size_t off = 0;
+        while (off < s.size()) {
+            ssize_t n = ::write(out_, s.data() + off, s.size() - off);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) return false;
+            off += static_cast<size_t>(n);
+        }
+        return true;
+    }
+
+   private:
+    int in_, out_;
+    std::string buf_;
+    size_t scan_ = 0;
+};
+
+// --------------------------------------------------------------------------- base64
+
+static std::string base64(const void* data, size_t n) {
+    static const char* tbl = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const unsigned char* p = static_cast<const unsigned char*>(data);
+    std::string out;
+    out.reserve((n + 2) / 3 * 4);
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        unsigned v = (p[i] << 16) | (p[i + 1] << 8) | p[i + 2];
+        out += tbl[v >> 18];
+        out += tbl[(v >> 12) & 63];
+        out += tbl[(v >> 6) & 63];
+        out += tbl[v & 63];
+    }
+    if (n - i == 1) {
+        unsigned v = p[i] << 16;
+        out += tbl[v >> 18];
+        out += tbl[(v >> 12) & 63];
+        out += "==";
+    } else if (n - i == 2) {
+        unsigned v = (p[i] << 16) | (p[i + 1] << 8);
+        out += tbl[v >> 18];
+        out += tbl[(v >> 12) & 63];
+        out += tbl[(v >> 6) & 63];
+        out += '=';
+    }
+    return out;
+}
+
+// --------------------------------------------------------------------------- engine
+
+struct RequestError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+struct PeerGone : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct Options {
+    std::string weights;
+    int k = 4;
+    std::string rollback = "checkpoint";
+    std::set<std::string> bugs;
+    int listen_port = -1;
+    int max_context = 0;
+    int ngram_max = 3;
+    int max_snapshots = 64;
+};
+
+struct StatsCounter {
+    int rounds = 0, emitted = 0, prefill = 0, verify = 0, replay = 0, drafted = 0, accepted = 0;
+    std::vector<int> attempts, accepts;
+};
+
+class Engine {
+   public:
+    Engine(Model& model, const Options& opt) : m_(model), opt_(opt) {
+        if (opt.max_context > 0) {
+            if (opt.max_context > m_.cfg.max_context)
+                throw ModelError("--max-context " + std::to_string(opt.max_context) + " exceeds the model's " +
+                                 std::to_string(m_.cfg.max_context));
+            max_context_ = opt.max_context;
+        } else {
+            max_context_ = m_.cfg.max_context;
+        }
+    }
+
+    bool bug(const char* name) const { return opt_.bugs.count(name) > 0; }
+
+    std::string hello() const {
+        std::ostringstream o;
+        o << "{\"type\":\"hello\",\"protocol\":\"specproof-engine/1\",\"engine\":{\"name\":\"specproof-native\",\"version\":\""
+          << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
+          << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
+          << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\"]";
+        if (!m_.model_spec.empty()) o << ",\"model\":" << json_quote(m_.model_spec);
+        o << ",\"atol\":0.0005,\"tie_tolerance\":0.001";
+        if (!opt_.bugs.empty()) {
+            std::string names = "planted bugs:";
+            for (const auto& b : opt_.bugs) names += " " + b;
+            o << ",\"notes\":" << json_quote(names);
+        }
+        o << "}";
+        return o.str();
+    }
+
+    void reset() {
+        m_.reset();
+        fed_.clear();
+        snaps_.clear();
+    }
+
+    // One request: generate (spec) or greedy. Writes round/state/propose/final messages.
+    void run(Channel& ch, const Json& req, bool greedy) {
+        const long long id = req.get("id")->integer;
+        std::vector<int> prompt = int_list(req.get("prompt"), "prompt");
+        const Json* mnt = req.get("max_new_tokens");
+        const int max_new = static_cast<int>(mnt->integer);
+        int eos = -1;
+        if (const Json* e = req.get("eos_token_id"); e && e->kind == Json::Number) eos = static_cast<int>(e->integer);
+        bool suite = false, state = false;
+        if (!greedy) {
+            if (const Json* d = req.get("drafts")) suite = d->str == "suite";
+            if (const Json* s = req.get("state")) state = s->boolean;
+        }
+        if (prompt.empty()) throw RequestError("the prompt is empty: a generation needs at least one token (the pending one)");
+        for (size_t i = 0; i < prompt.size(); ++i)
+            if (prompt[i] < 0 || prompt[i] >= m_.cfg.vocab_size)
+                throw RequestError("prompt[" + std::to_string(i) + "]=" + std::to_string(prompt[i]) + " is outside [0, " +
+                                   std::to_string(m_.cfg.vocab_size) + ")");
+        if (eos >= m_.cfg.vocab_size) throw RequestError("eos_token_id is outside the vocabulary");
+        if (static_cast<int>(prompt.size()) > max_context_)
+            throw RequestError("the prompt has " + std::to_string(prompt.size()) + " tokens, more than max_context=" +
+                               std::to_string(max_context_));
+        const auto t0 = Clock::now();
+        StatsCounter st;
+        st.attempts.assign(opt_.k, 0);
+        st.accepts.assign(opt_.k, 0);
+        begin(prompt, st);
+        std::vector<int> ctx = prompt, out;
+        std::string stop = "max_new_tokens";
+        const int k = greedy ? 0 : opt_.k;
+        int round = 0;
+        std::vector<float> logits, ck, before;
+        while (static_cast<int>(out.size()) < max_new) {
+            const int room = max_context_ - m_.processed;
+            if (room < 1) {
+                stop = "context_full";
+                break;
+            }
+            const int remaining = max_new - static_cast<int>(out.size());
+            const int k_eff = std::max(0, std::min({k, remaining - 1, room - 1}));
+            if (state) send_state(ch, id);
+            std::vector<int> draft;
+            if (k_eff > 0) draft = suite ? ask_draft(ch, id, round, static_cast<int>(ctx.size()), k_eff) : ngram(ctx, k_eff);
+            std::vector<int> fed = {ctx.back()};
+            fed.insert(fed.end(), draft.begin(), draft.end());
+            const int q = static_cast<int>(fed.size());
+            const int base = m_.processed;
+            const bool checkpoint = opt_.rollback == "checkpoint";
+            if (!checkpoint) before = m_.conv_state;
+            logits.resize(static_cast<size_t>(q) * m_.cfg.vocab_size);
+            m_.forward(fed.data(), q, logits.data(), checkpoint ? &ck : nullptr);
+            ++st.verify;
+            std::vector<int> argmax(q);
+            for (int r = 0; r < q; ++r) {
+                const float* row = &logits[static_cast<size_t>(r) * m_.cfg.vocab_size];
+                argmax[r] = static_cast<int>(std::max_element(row, row + m_.cfg.vocab_size) - row);  // first max
+            }
+            int j = 0;
+            while (j < static_cast<int>(draft.size()) && draft[j] == argmax[j]) ++j;
+            int bonus_row = j;
+            if (bug("bonus-from-wrong-row") && j + 1 < q) bonus_row = j + 1;
+            std::vector<int> accepted(draft.begin(), draft.begin() + j);
+            accepted.push_back(argmax[bonus_row]);
+            std::vector<int> emitted(accepted.begin(), accepted.begin() + std::min(remaining, static_cast<int>(accepted.size())));
+            if (eos >= 0 && !bug("tokens-after-eos")) {
+                auto it = std::find(emitted.begin(), emitted.end(), eos);
+                if (it != emitted.end()) emitted.erase(it + 1, emitted.end());
+            }
+            const int keep = std::max(1, std::min(static_cast<int>(emitted.size()), q));
+            if (keep < q) rollback(fed, base, keep, j, draft.empty(), checkpoint, ck, before, st);
+            if (bug("processed-off-by-one") && keep < q) m_.processed -= 1;
+            fed_.resize(base);
+            fed_.insert(fed_.end(), fed.begin(), fed.begin() + keep);
+            fed_.resize(m_.processed);
+            ++st.rounds;
+            st.drafted += static_cast<int>(draft.size());
+            st.accepted += j;
+            for (int p = 0; p < static_cast<int>(draft.size()); ++p) {
+                ++st.attempts[p];
+                if (p < j) ++st.accepts[p];
+            }
+            if (!greedy) {
+                std::ostringstream o;
+                o << "{\"type\":\"round\",\"id\":" << id << ",\"round\":" << round << ",\"base\":" << base
+                  << ",\"draft\":" << json_int_list(draft) << ",\"argmax\":" << json_int_list(argmax)
+                  << ",\"accepted\":" << json_int_list(accepted) << ",\"processed\":" << m_.processed << "}";
+                send(ch, o.str());
+            }
+            ctx.insert(ctx.end(), emitted.begin(), emitted.end());
+            out.insert(out.end(), emitted.begin(), emitted.end());
+            ++round;
+            if (eos >= 0 && std::find(emitted.begin(), emitted.end(), eos) != emitted.end()) {
+                stop = "eos";
+                break;
+            }
+        }
+        if (static_cast<int>(out.size()) > max_new && !bug("tokens-after-eos")) out.resize(max_new);
+        if (static_cast<int>(fed_.size()) == m_.processed) keep_snapshot();
+        if (state) send_state(ch, id);
+        st.emitted = static_cast<int>(out.size());
+        std::ostringstream o;
+        o << "{\"type\":\"final\",\"id\":" << id << ",\"tokens\":" << json_int_list(out) << ",\"stop_reason\":\"" << stop
+          << "\",\"processed\":" << m_.processed;
+        if (!greedy)
+            o << ",\"stats\":{\"rounds\":" << st.rounds << ",\"emitted\":" << st.emitted
+              << ",\"prefill_forwards\":" << st.prefill << ",\"verify_forwards\":" << st.verify
+              << ",\"replay_forwards\":" << st.replay << ",\"drafted\":" << st.drafted << ",\"accepted\":" << st.accepted
+              << ",\"position_attempts\":" << json_int_list(st.attempts)
+              << ",\"position_accepts\":" << json_int_list(st.accepts) << "}";
+        o << ",\"elapsed_us\":" << static_cast<long long>(us_since(t0) - io_us_) << "}";
+        io_us_ = 0;
+        send(ch, o.str());
+    }
+
+    // ---- in-process use (bench)
+    Model& model() { return m_; }
+    int max_context() const { return max_context_; }
+    std::vector<int> ngram(const std::vector<int>& ctx, int k) const {
+        const int size = static_cast<int>(ctx.size());
+        for (int n = std::min(opt_.ngram_max, size); n >= 1; --n) {
+            for (int s = size - n - 1; s >= 0; --s) {
+                if (std::equal(ctx.begin() + s, ctx.begin() + s + n, ctx.end() - n)) {
+                    const int start = s + n, end = std::min(size, start + k);
+                    return std::vector<int>(ctx.begin() + start, ctx.begin() + end);
+                }
+            }
+        }
+        return {};
+    }
+
+   private:
+    Model& m_;
+    Options opt_;
+    int max_context_;
+    std::vector<int> fed_;                      // the tokens whose KV / conv state the model holds
+    std::map<int, std::vector<float>> snaps_;   // processed -> conv_state kept for prefix reuse
+    double io_us_ = 0;                          // time spent waiting for the client inside a request
+
+    static std::vector<int> int_list(const Json* v, const char* what) {
+        std::vector<int> out;
+        if (!v || v->kind != Json::Array) throw RequestError(std::string(what) + " must be a list of token ids");
+        for (const Json& t : v->items) {
+            if (!t.is_int()) throw RequestError(std::string(what) + " must be a list of integer token ids");
+            out.push_back(static_cast<int>(t.integer));
+        }
+        return out;
+    }
+
+    void send(Channel& ch, const std::string& line) {
+        if (!ch.write_line(line)) throw PeerGone("the client closed the connection");
+    }
+
+    void keep_snapshot() {
+        snaps_[m_.processed] = m_.conv_state;
+        while (static_cast<int>(snaps_.size()) > opt_.max_snapshots) snaps_.erase(snaps_.begin());
+    }
+
+    // Session start: reuse the longest processed prefix shared with the new prompt, from a kept
+    // snapshot of the recurrent state (KV needs none: it is append-only), then prefill the rest.
+    void begin(const std::vector<int>& prompt, StatsCounter& st) {
+        const int want = static_cast<int>(prompt.size()) - 1;
+        int c = 0;
+        const int limit = std::min(static_cast<int>(fed_.size()), want);
+        while (c < limit && fed_[c] == prompt[c]) ++c;
+        if (c == static_cast<int>(fed_.size()) && c == m_.processed) {
+            // everything processed is a prefix of the new prompt: the live state is right as it is
+        } else if (bug("prefix-reuse-stale-state")) {
+            m_.processed = c;  // moves the KV pointer back but keeps the conv state of the old context
+        } else {
+            int s = 0;
+            auto it = snaps_.upper_bound(c);
+            const std::vector<float>* snap = nullptr;
+            if (it != snaps_.begin()) {
+                --it;
+                s = it->first;
+                snap = &it->second;
+            }
+            if (snap) {
+                m_.conv_state = *snap;
+                m_.processed = s;
+            } else {
+                m_.reset();
+            }
+            c = m_.processed;
+        }
+        fed_.resize(m_.processed);
+        snaps_.erase(snaps_.upper_bound(m_.processed), snaps_.end());
+        if (want > m_.processed) {
+            std::vector<float> logits(static_cast<size_t>(want - m_.processed) * m_.cfg.vocab_size);
+            const int start = m_.processed;
+            m_.forward(prompt.data() + start, want - start, logits.data());
+            fed_.insert(fed_.end(), prompt.begin() + start, prompt.begin() + want);
+            st.prefill = 1;
+        }
+        keep_snapshot();
+    }
+
+    void rollback(const std::vector<int>& fed, int base, int keep, int j, bool empty_draft, bool checkpoint,
+                  const std::vector<float>& ck, const std::vector<float>& before, StatsCounter& st) {
+        (void)empty_draft;
+        const bool skip = bug("skip-restore-when-zero-accepted") && j == 0;
+        if (checkpoint) {
+            if (!bug("stale-conv") && !skip)
+                std::copy(ck.begin() + static_cast<long>((keep - 1) * m_.conv_size()),
+                          ck.begin() + static_cast<long>(keep * m_.conv_size()), m_.conv_state.begin());
+            m_.processed = base + keep;
+            return;
+        }
+        if (skip) {  // keeps the state after the whole verify forward
+            m_.processed = base + keep;
+            return;
+        }
+        if (!bug("stale-conv")) m_.conv_state = before;
+        m_.processed = base;
+        std::vector<float> logits(static_cast<size_t>(keep) * m_.cfg.vocab_size);
+        m_.forward(fed.data(), keep, logits.data());
+        ++st.replay;
+    }
+
+    void send_state(Channel& ch, long long id) {
+        std::ostringstream o;
+        o << "{\"type\":\"state\",\"id\":" << id << ",\"processed\":" << m_.processed << ",\"arrays\":{";
+        bool first = true;
+        for (const auto& kv : m_.state_arrays()) {
+            if (!first) o << ',';
+            first = false;
+            o << json_quote(kv.first) << ":{\"dtype\":\"float32\",\"shape\":" << json_int_list(kv.second.shape)
+              << ",\"data\":\"" << base64(kv.second.data.data(), kv.second.data.size() * 4) << "\"}";
+        }
+        o << "}}";
+        send(ch, o.str());
+    }
+
+    std::vector<int> ask_draft(Channel& ch, long long id, int round, int ctx_len, int k) {
+        std::ostringstream o;
+        o << "{\"type\":\"propose\",\"id\":" << id << ",\"round\":" << round << ",\"context_length\":" << ctx_len
+          << ",\"k\":" << k << "}";
+        send(ch, o.str());
+        const auto t0 = Clock::now();
+        std::string line;
+        if (!ch.read_line(line)) throw PeerGone("the client closed the connection while the engine waited for a draft");
+        io_us_ += us_since(t0);
+        Json msg;
+        try {
+            msg = parse_json(line);
+        } catch (const JsonError& e) {
+            throw RequestError(std::string("expected a draft message, got invalid JSON: ") + e.what());
+        }
+        const Json* type = msg.get("type");
+        if (!type || type->str != "draft") throw RequestError("expected a draft message in answer to propose");
+        std::vector<int> draft = int_list(msg.get("tokens"), "draft tokens");
+        if (static_cast<int>(draft.size()) > k)
+            throw RequestError("the draft has " + std::to_string(draft.size()) + " tokens, more than k=" + std::to_string(k));
+        for (int t : draft)
+            if (t < 0 || t >= m_.cfg.vocab_size) throw RequestError("a draft token is outside the vocabulary");
+        return draft;
+    }
+};
+
+// --------------------------------------------------------------------------- serving
+
+static std::string error_message(long long id, bool has_id, const std::string& msg) {
+    std::ostringstream o;
+    o << "{\"type\":\"error\",\"id\":";
+    if (has_id) o << id;
+    else o << "null";
+    o << ",\"message\":" << json_quote(msg) << "}";
+    return o.str();
+}
+
+// Serve one client until shutdown (returns true) or end of input (returns false).
+static bool serve(Engine& engine, Channel& ch) {
+    if (!ch.write_line(engine.hello())) return false;
+    std::string line;
+    while (ch.read_line(line)) {
+        if (line.empty()) continue;
+        long long id = 0;
+        bool has_id = false;
+        try {
+            Json req;
+            try {
+                req = parse_json(line);
+            } catch (const JsonError& e) {
+                throw RequestError(std::string("invalid JSON: ") + e.what());
+            }
+            const Json* idv = req.get("id");
+            if (idv && idv->is_int()) {
+                id = idv->integer;
+                has_id = true;
+            }
+            const Json* type = req.get("type");
+            if (!type || type->kind != Json::String) throw RequestError("a request needs a string 'type'");
+            if (!has_id) throw RequestError("a request needs an integer 'id'");
+            const std::string& t = type->str;
+            if (t == "generate" || t == "greedy") {
+                const Json* mnt = req.get("max_new_tokens");
+                if (!mnt || !mnt->is_int() || mnt->integer < 0) throw RequestError("max_new_tokens must be an integer >= 0");
+                try {
+                    engine.run(ch, req, t == "greedy");
+                } catch (const RequestError&) {
+                    engine.reset();  // a request that failed half-way leaves no usable session
+                    throw;
+                }
+            } else if (t == "reset") {
+                engine.reset();
+                ch.write_line("{\"type\":\"ok\",\"id\":" + std::to_string(id) + "}");
+            } else if (t == "shutdown") {
+                ch.write_line("{\"type\":\"ok\",\"id\":" + std::to_string(id) + "}");
+                return true;
+            } else {
+                throw RequestError("unknown request type '" + t + "'");
+            }
+        } catch (const RequestError& e) {
+            if (!ch.write_line(error_message(id, has_id, e.what()))) return false;
+        } catch (const PeerGone&) {
+            return false;
+        }
+    }
+    return false;
+}
+
+static int listen_loop(Engine& engine, int port) {
+    int srv = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (srv < 0) {
+        std::perror("socket");
+        return 1;
+    }
+    int one = 1;
+    ::setsockopt(srv, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(srv, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 || ::listen(srv, 4) < 0) {
+        std::perror("bind/listen");
+        return 1;
+    }
+    socklen_t len = sizeof addr;
+    ::getsockname(srv, reinterpret_cast<sockaddr*>(&addr), &len);
+    // the first stdout line says where to connect (port 0 picks a free one)
+    std::printf("listening 127.0.0.1:%d\n", ntohs(addr.sin_port));
+    std::fflush(stdout);
+    for (;;) {
+        int fd = ::accept(srv, nullptr, nullptr);
+        if (fd < 0) {
+            if (errno == EINTR) continue;
+            std::perror("accept");
+            return 1;
+        }
+        int nodelay = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &nodelay, sizeof nodelay);
+        Channel ch(fd, fd);
+        engine.reset();  // every connection starts a new session
+        bool shutdown = serve(engine, ch);
+        ::close(fd);
+        if (shutdown) break;
+    }
+    ::close(srv);
+    return 0;
+}
+
+// --------------------------------------------------------------------------- test / bench modes
+
+static int logits_mode(Model& m, const std::string& in_path, const std::string& out_path) {
+    std::ifstream f(in_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    Json req = parse_json(ss.str());
+    std::vector<int> toks;
+    for (const Json& t : req.get("tokens")->items) toks.push_back(static_cast<int>(t.integer));
+    int chunk = static_cast<int>(toks.size());
+    if (const Json* c = req.get("chunk")) chunk = std::max(1, static_cast<int>(c->integer));
+    std::vector<float> all(toks.size() * m.cfg.vocab_size);
+    m.reset();
+    for (size_t i = 0; i < toks.size(); i += chunk) {
+        int q = static_cast<int>(std::min(toks.size() - i, static_cast<size_t>(chunk)));
+        m.forward(toks.data() + i, q, all.data() + i * m.cfg.vocab_size);
+    }
+    std::ofstream out(out_path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
+    // and the state after the whole sequence, for state comparisons
+    std::ofstream st(out_path + ".state", std::ios::binary);
+    for (const auto& kv : m.state_arrays())
+        st.write(reinterpret_cast<const char*>(kv.second.data.data()), static_cast<std::streamsize>(kv.second.data.size() * 4));
+    return 0;
+}
+
+static double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// Speed figures without the protocol: greedy vs speculative (own n-gram drafter) per rollback,
+// and the one-token step vs (k+1)-token verify forward time.
+static int bench_mode(Model& m, const Options& opt, const std::string& prompt_path, int tokens) {
+    std::ifstream f(prompt_path, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<int> prompt(text.begin(), text.end());
+    for (int& t : prompt) t &= 0xFF;
+    std::ostringstream o;
+    o << "{\"prompt_tokens\":" << prompt.size() << ",\"max_new_tokens\":" << tokens << ",\"k\":" << opt.k;
+    std::vector<float> logits(static_cast<size_t>(opt.k + 1) * m.cfg.vocab_size);
+    // step vs verify: same prefix, forward then roll back, alternating
+    {
+        m.reset();
+        std::vector<float> pl(prompt.size() * m.cfg.vocab_size);
+        m.forward(prompt.data(), static_cast<int>(prompt.size()) - 1, pl.data());
+        const int base = m.processed;
+        std::vector<float> snap = m.conv_state;
+        std::vector<double> step, verify;
+        std::vector<int> fed(prompt.end() - (opt.k + 1), prompt.end());
+        for (int it = 0; it < 200; ++it) {
+            auto t0 = Clock::now();
+            m.forward(fed.data(), 1, logits.data());
+            step.push_back(us_since(t0));
+            m.conv_state = snap;
+            m.processed = base;
+            t0 = Clock::now();
+            m.forward(fed.data(), opt.k + 1, logits.data());
+            verify.push_back(us_since(t0));
+            m.conv_state = snap;
+            m.processed = base;
+        }
+        o << ",\"step_us_median\":" << median(step) << ",\"verify_us_median\":" << median(verify);
+    }
+    for (int mode = 0; mode < 3; ++mode) {
+        Options o2 = opt;
+        o2.rollback = mode == 2 ? "replay" : "checkpoint";
+        Engine e(m, o2);
+        e.reset();
+        std::ostringstream req;
+        req << "{\"type\":\"" << (mode == 0 ? "greedy" : "generate") << "\",\"id\":1,\"prompt\":" << json_int_list(prompt)
+            << ",\"max_new_tokens\":" << tokens << ",\"drafts\":\"engine\"}";
+        // run through the engine without a client: capture the final line
+        int fds[2];
+        if (::pipe(fds) != 0) return 1;
+        Channel out(-1, fds[1]);
+        auto t0 = Clock::now();
+        e.run(out, parse_json(req.str()), mode == 0);
+        double us = us_since(t0);
+        ::close(fds[1]);
+        std::string all;
+        char buf[65536];
+        ssize_t n;
+        while ((n = ::read(fds[0], buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
+        ::close(fds[0]);
+        std::string last = all.substr(all.rfind('\n', all.size() - 2) + 1);
+        Json fin = parse_json(last.substr(0, last.find('\n')));
+        const int emitted = static_cast<int>(fin.get("tokens")->items.size());
+        int rounds = emitted;
+        if (const Json* s = fin.get("stats")) rounds = static_cast<int>(s->get("rounds")->integer);
+        const char* name = mode == 0 ? "greedy" : (mode == 1 ? "spec_checkpoint" : "spec_replay");
+        o << ",\"" << name << "\":{\"tokens\":" << emitted << ",\"rounds\":" << rounds << ",\"seconds\":" << us / 1e6
+          << ",\"tokens_per_s\":" << emitted / (us / 1e6) << ",\"tokens_per_round\":" << static_cast<double>(emitted) / rounds;
+        if (const Json* s = fin.get("stats")) o << ",\"replay_forwards\":" << s->get("replay_forwards")->integer;
+        o << "}";
+    }
+    o << "}";
+    std::cout << o.str() << std::endl;
+    return 0;
+}
+
+}  // namespace sp
+
+static void usage() {
+    std::cerr << "usage: specproof-engine --weights FILE.safetensors [--k N] [--rollback checkpoint|replay]\n"
+                 "                        [--bug NAME]... [--listen PORT] [--max-context N]\n"
+                 "       specproof-engine --weights FILE --logits IN.json OUT.f32\n"
+                 "       specproof-engine --weights FILE --bench PROMPT_FILE [--tokens N] [--k N]\n"
+                 "bugs:";
+    for (const char* b : sp::kBugs) std::cerr << " " << b;
+    std::cerr << "\n";
+}
+
+int main(int argc, char** argv) {
+    std::signal(SIGPIPE, SIG_IGN);
+    sp::Options opt;
+    std::string logits_in, logits_out, bench;
+    int bench_tokens = 256;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        auto next = [&](const char* what) -> std::string {
+            if (i + 1 >= argc) {
+                std::cerr << "specproof-engine: " << a << " needs " << what << "\n";
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        try {
+            if (a == "--weights") opt.weights = next("a file");
+            else if (a == "--k") opt.k = std::stoi(next("an integer"));
+            else if (a == "--rollback") opt.rollback = next("checkpoint or replay");
+            else if (a == "--bug") opt.bugs.insert(next("a bug name"));
+            else if (a == "--listen") opt.listen_port = std::stoi(next("a port"));
+            else if (a == "--max-context") opt.max_context = std::stoi(next("an integer"));
+            else if (a == "--logits") {
+                logits_in = next("IN.json");
+                logits_out = next("OUT.f32");
+            } else if (a == "--bench") bench = next("a prompt file");
+            else if (a == "--tokens") bench_tokens = std::stoi(next("an integer"));
+            else if (a == "--help" || a == "-h") {
+                usage();
+                return 0;
+            } else {
+                std::cerr << "specproof-engine: unknown argument '" << a << "'\n";
+                usage();
+                return 2;
+            }
+        } catch (const std::exception&) {
+            std::cerr << "specproof-engine: bad value for " << a << "\n";
+            return 2;
+        }
+    }
+    if (opt.weights.empty()) {
+        usage();
+        return 2;
+    }
+    if (opt.k < 0 || (opt.rollback != "checkpoint" && opt.rollback != "replay")) {
+        std::cerr << "specproof-engine: --k must be >= 0 and --rollback checkpoint or replay\n";
+        return 2;
+    }
+    for (const auto& b : opt.bugs) {
+        bool known = false;
+        for (const char* k : sp::kBugs) known |= b == k;
+        if (!known) {
+            std::cerr << "specproof-engine: unknown --bug '" << b << "'\n";
+            usage();
+            return 2;
+        }
+    }
+    try {
+        sp::Model model(opt.weights);
+        std::cerr << "specproof-engine " << sp::kVersion << ": " << model.cfg.layers.size() << " blocks, d_model "
+                  << model.cfg.d_model << ", vocab " << model.cfg.vocab_size << ", k=" << opt.k << ", rollback=" << opt.rollback;
+        for (const auto& b : opt.bugs) std::cerr << ", bug " << b;
+        std::cerr << std::endl;
+        if (!logits_in.empty()) return sp::logits_mode(model, logits_in, logits_out);
+        if (!bench.empty()) return sp::bench_mode(model, opt, bench, bench_tokens);
+        sp::Engine engine(model, opt);
+        if (opt.listen_port >= 0) return sp::listen_loop(engine, opt.listen_port);
+        sp::Channel ch(0, 1);
+        sp::serve(engine, ch);
+        return 0;
+    } catch (const std::exception& e) {
+        std::cerr << "specproof-engine: " << e.what() << std::endl;
+        return 1;
+    }
+}

@@ -1,0 +1,63 @@
+"""The ``specproof-engine/1`` JSON Schemas (package data) and validation with ``jsonschema``."""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any, Final
+
+from specproof.wire._errors import EngineProtocolError
+
+__all__ = ["CLIENT_MESSAGES", "ENGINE_MESSAGES", "PROTOCOL", "load_schema", "message_errors", "validate_message"]
+
+PROTOCOL: Final = "specproof-engine/1"
+# What the engine sends, and what the client (the suite) sends.
+ENGINE_MESSAGES: Final[tuple[str, ...]] = ("hello", "propose", "round", "state", "final", "ok", "error")
+CLIENT_MESSAGES: Final[tuple[str, ...]] = ("generate", "greedy", "reset", "shutdown", "draft")
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of message type ``name`` (a fresh copy)."""
+    if name not in ENGINE_MESSAGES + CLIENT_MESSAGES:
+        raise KeyError(f"no specproof-engine/1 message type {name!r}")
+    text = resources.files("specproof.wire").joinpath("schemas", f"{name}.json").read_text(encoding="utf-8")
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+@functools.lru_cache(maxsize=1)
+def _validators() -> dict[str, Any]:
+    try:
+        import jsonschema
+    except ImportError as exc:  # pragma: no cover - a core dependency of the wire package
+        raise EngineProtocolError("specproof.wire needs the jsonschema package: pip install jsonschema") from exc
+    out: dict[str, Any] = {}
+    for name in ENGINE_MESSAGES + CLIENT_MESSAGES:
+        schema = load_schema(name)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        out[name] = jsonschema.Draft202012Validator(schema)
+    return out
+
+
+def message_errors(message: object) -> list[str]:
+    """Every reason ``message`` is not a valid specproof-engine/1 message ([] when it is)."""
+    if not isinstance(message, dict):
+        return [f"a message must be a JSON object, got {type(message).__name__}"]
+    kind = message.get("type")
+    validators = _validators()
+    if not isinstance(kind, str) or kind not in validators:
+        known = ", ".join(ENGINE_MESSAGES + CLIENT_MESSAGES)
+        return [f"'type' is {kind!r}, not a message type of {PROTOCOL} ({known})"]
+    errors = sorted(validators[kind].iter_errors(message), key=lambda e: list(e.absolute_path))
+    return [f"{kind}{''.join(f'[{p!r}]' for p in e.absolute_path)}: {e.message}" for e in errors]
+
+
+def validate_message(message: object, *, expect: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Return ``message`` when it is valid (and of a type in ``expect``); raise ``EngineProtocolError``."""
+    problems = message_errors(message)
+    if problems:
+        raise EngineProtocolError("schema violation: " + "; ".join(problems[:5]))
+    assert isinstance(message, dict)
+    if expect is not None and message["type"] not in expect:
+        raise EngineProtocolError(f"unexpected message type {message['type']!r} (expected {' or '.join(expect)})")
+    return message
