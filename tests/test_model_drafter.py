@@ -157,7 +157,11 @@ def test_combined_uses_lookup_when_it_matches_else_the_model() -> None:
     assert combined.propose(ctx, 3) == NgramDrafter(min_n=3, max_n=4).propose(ctx, 3) == list(b"gh ")
     novel = list(b"qwertyuiop")
     assert combined.propose(novel, 3) == fresh_draft(novel, 3)
-    assert (combined.lookup_drafts, combined.model_drafts) == (1, 1)
+    # a match near the end of the context: the lookup gives one token, the model completes the draft
+    run = list(b"xy      ")
+    assert NgramDrafter(min_n=3, max_n=4).propose(run, 4) == [32]
+    assert combined.propose(run, 4) == [32, *fresh_draft([*run, 32], 3)]
+    assert (combined.lookup_drafts, combined.completed_drafts, combined.model_drafts) == (1, 1, 1)
     assert combined.propose(novel, 0) == []
     combined.reset()
     assert combined.model.forwards == 0

@@ -8,7 +8,8 @@ Drafter specs (``--drafter``):
   ``model:trained-small`` (the small draft model of the ``trained`` fixture),
   ``model:reference:d_model=32``, ``model:mlx:lfm2-tiny``, ``model:mypkg.targets:make``;
 - ``combined:TARGET`` — ``CombinedDrafter``: prompt lookup (a match of >= 3 tokens) when it
-  finds one, else ``model:TARGET``; ``combined:trained-small``;
+  finds one, the draft model ``TARGET`` otherwise, and the model completes a lookup draft
+  shorter than k; ``combined:trained-small``;
 - ``MODULE:ATTRIBUTE`` — any plug-in (a factory or an instance).
 
 ``ngram``, ``model`` and ``combined`` are reserved prefixes: a plug-in module of that name

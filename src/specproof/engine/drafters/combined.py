@@ -11,14 +11,20 @@ __all__ = ["CombinedDrafter"]
 
 
 class CombinedDrafter:
-    """Propose the prompt-lookup draft when the lookup finds a match, else the draft model's.
+    """Prompt lookup when it finds a match, the draft model otherwise, and the model completes short matches.
+
+    - the lookup's draft has ``k`` tokens: propose it (the draft model is not run);
+    - it has fewer (the match sits near the end of the context: a run of one byte, the end
+      of a copied span): propose it followed by the draft model's continuation of
+      ``context + lookup draft``, up to ``k`` tokens;
+    - no match: the draft model's draft.
 
     ``lookup`` defaults to ``NgramDrafter(min_n=3, max_n=4)``: on a byte vocabulary a match
     of one or two tokens is found almost everywhere and says little, so only a match of at
     least three tokens overrides the model. Both parts are pure functions of the context
     (``ModelDrafter`` keeps its model in step by itself, even across calls it was not asked
-    to draft), so the combination is too. ``reset()`` resets both. ``lookup_drafts`` and
-    ``model_drafts`` count which part proposed.
+    to draft), so the combination is too. ``reset()`` resets both. ``lookup_drafts``,
+    ``completed_drafts`` and ``model_drafts`` count which path proposed.
     """
 
     def __init__(self, model: ModelDrafter, lookup: NgramDrafter | None = None) -> None:
@@ -27,6 +33,7 @@ class CombinedDrafter:
         self.vocab_size = model.vocab_size
         self.name = f"specproof.CombinedDrafter({self.lookup.name}, {model.name})"
         self.lookup_drafts = 0
+        self.completed_drafts = 0
         self.model_drafts = 0
 
     def __repr__(self) -> str:
@@ -36,14 +43,18 @@ class CombinedDrafter:
         self.lookup.reset()
         self.model.reset()
         self.lookup_drafts = 0
+        self.completed_drafts = 0
         self.model_drafts = 0
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         if k <= 0:
             return []
-        draft = self.lookup.propose(context, k)
-        if draft:
+        draft = [int(t) for t in self.lookup.propose(context, k)]
+        if len(draft) >= k:
             self.lookup_drafts += 1
             return draft
-        self.model_drafts += 1
-        return self.model.propose(context, k)
+        if not draft:
+            self.model_drafts += 1
+            return self.model.propose(context, k)
+        self.completed_drafts += 1
+        return draft + self.model.propose([*context, *draft], k - len(draft))

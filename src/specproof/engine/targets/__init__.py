@@ -30,6 +30,7 @@ TARGET_FAMILIES: dict[str, str] = {
     "mlx": "specproof.engine.targets.mlx:load_spec",
     "hf": "specproof.engine.targets.hf:load_spec",
     "trained": "specproof.fixtures._trained:load_trained_target",
+    "trained-small": "specproof.fixtures._trained_small:load_trained_small_target",
 }
 
 

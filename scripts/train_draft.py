@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""Distil ``trained-small``: a small byte-level draft model for the ``trained`` fixture.
+
+The student has the reference architecture (``HybridLM`` from ``scripts/train_fixture.py``,
+imported unchanged: that script's sha256 is recorded in ``trained.json``), the same byte
+vocabulary and much fewer parameters. It is trained on the same data mix as the teacher
+(stdlib text, input-grounded examples, the copy curriculum; the same held-out split and the
+bench files excluded) against a mix of the teacher's next-byte distribution (``trained``,
+loaded from the committed npz) and the data's next byte, so it learns to predict what the
+teacher would emit, which is what a draft model is for.
+
+Writes ``trained-small.npz`` and ``trained-small.json`` (config, weights sha256, command,
+seed, steps, time, held-out bits per byte, top-1 agreement with the teacher).
+
+    python scripts/train_draft.py --budget-minutes 8.5 --steps 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import train_fixture as tf
+
+torch = tf.torch
+F = tf.F
+
+DRAFT_CONFIG: dict[str, Any] = {
+    "vocab_size": 256,
+    "d_model": 48,
+    "layers": ["conv", "attn"],
+    "n_heads": 2,
+    "n_kv_heads": 1,
+    "head_dim": 24,
+    "ffn_dim": 96,
+    "conv_kernel": 4,
+    "rope_theta": 10000.0,
+    "norm_eps": 1e-5,
+    "max_context": 4096,
+    "tie_embeddings": True,
+}
+MAX_NPZ_BYTES = 1024 * 1024
+
+
+def load_teacher() -> Any:
+    meta = json.loads((tf.DATA_DIR / "trained.json").read_text())
+    model = tf.torch_from_npz(meta["config"], tf.DATA_DIR / "trained.npz")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, meta
+
+
+@torch.no_grad()
+def agreement(student: Any, teacher: Any, windows: Any, batch: int = 16) -> float:
+    """Fraction of held-out positions where the student's argmax equals the teacher's."""
+    student.eval()
+    same = total = 0
+    for i in range(0, windows.shape[0], batch):
+        w = windows[i : i + batch, :-1]
+        same += int((student(w).argmax(-1) == teacher(w).argmax(-1)).sum())
+        total += w.numel()
+    student.train()
+    return same / total
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=4321)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=100000)
+    p.add_argument("--budget-minutes", type=float, default=8.5, help="hard wall-clock limit on the training loop")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--lr", type=float, default=4e-3)
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--alpha", type=float, default=0.8, help="weight of the teacher's distribution in the target")
+    p.add_argument("--grounded-fraction", type=float, default=0.7)
+    p.add_argument("--copy-fraction", type=float, default=0.3)
+    p.add_argument("--eval-bytes", type=int, default=1024 * 192)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--out", default=str(tf.DATA_DIR))
+    args = p.parse_args(argv)
+
+    t_start = time.monotonic()
+    tf.seed_everything(args.seed, args.threads)
+    teacher, teacher_meta = load_teacher()
+    corpus = tf.load_corpus(Path(sysconfig.get_paths()["stdlib"]))
+    sampler = tf.Sampler(corpus, args.seq_len, args.seed, args.grounded_fraction, args.copy_fraction, 1.0)
+    held = tf.heldout_windows(corpus, 1024, args.eval_bytes)
+    quick_held = held[:: max(1, held.shape[0] // 8)][:8]
+    cfg = dict(DRAFT_CONFIG)
+    model = tf.HybridLM(cfg)
+    model.init_weights()
+    n_params = sum(x.numel() for x in model.parameters())
+    teacher_params = sum(x.numel() for x in teacher.parameters())
+    decay = [x for x in model.parameters() if x.ndim >= 2]
+    no_decay = [x for x in model.parameters() if x.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
+    budget_s = args.budget_minutes * 60.0
+    print(
+        f"student {n_params:,} params (teacher {teacher_params:,}); setup {time.monotonic() - t_start:.1f}s; "
+        f"load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    t0 = time.monotonic()
+    stopped_by = "steps"
+    step = 0
+    for step in range(args.steps):
+        elapsed = time.monotonic() - t0
+        if elapsed >= budget_s:
+            stopped_by = "budget"
+            break
+        progress = max(step / args.steps, elapsed / budget_s)
+        for group in opt.param_groups:
+            group["lr"] = tf.lr_at(progress, step, args.lr, args.warmup)
+        batch, _ = sampler.batch(args.batch_size)
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            soft = F.softmax(teacher(inputs).float(), dim=-1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(inputs)
+        logp = F.log_softmax(logits.float(), dim=-1)
+        hard = F.one_hot(labels, 256).float()
+        target = args.alpha * soft + (1.0 - args.alpha) * hard
+        loss = -(target * logp).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % args.log_every == 0:
+            line = f"step {step} loss {float(loss.detach()):.3f} elapsed {time.monotonic() - t0:.0f}s"
+            if step % (args.log_every * 10) == 0:
+                line += f" held-out(quick) {tf.bits_per_byte(model, quick_held):.3f} bpb"
+            print(line, flush=True)
+    else:
+        step = args.steps
+    train_s = time.monotonic() - t0
+    load_after = os.getloadavg()
+    print(f"trained {step} steps in {train_s:.0f}s ({stopped_by}); evaluating", flush=True)
+    heldout_bpb = tf.bits_per_byte(model, held)
+    agree = agreement(model, teacher, held)
+    print(f"held-out {heldout_bpb:.4f} bits/byte; top-1 agreement with trained {agree:.4f}", flush=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    npz = out / "trained-small.npz"
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    tf.np.savez_compressed(npz, **state)
+    if npz.stat().st_size > MAX_NPZ_BYTES:
+        raise SystemExit(f"train_draft: {npz} is {npz.stat().st_size} bytes (limit {MAX_NPZ_BYTES})")
+    check = tf.compare_with_reference(cfg, npz, [bytes(w[:200].tolist()) for w in held[:4]], greedy_tokens=24)
+    print(f"torch vs ReferenceHybrid: {check}", flush=True)
+    meta = {
+        "name": "trained-small",
+        "description": "byte-level draft model for the trained fixture: LFM2-style conv + attention, distilled "
+        "from trained by scripts/train_draft.py",
+        "config": cfg,
+        "weights": {
+            "file": npz.name,
+            "dtype": "float32",
+            "bytes": npz.stat().st_size,
+            "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
+            "parameters": n_params,
+            "teacher_parameters": teacher_params,
+        },
+        "data": {
+            "source": teacher_meta["data"]["source"],
+            "split": teacher_meta["data"]["split"],
+            "grounded_fraction": args.grounded_fraction,
+            "copy_fraction": args.copy_fraction,
+            "teacher": "trained (sha256 " + teacher_meta["weights"]["sha256"] + ")",
+            "objective": f"cross-entropy against {args.alpha} * teacher softmax + {1 - args.alpha:.1f} * next byte",
+        },
+        "training": {
+            "seed": args.seed,
+            "threads": args.threads,
+            "steps": step,
+            "stopped_by": stopped_by,
+            "batch_size": args.batch_size,
+            "seq_len": args.seq_len,
+            "lr": args.lr,
+            "budget_minutes": args.budget_minutes,
+            "train_seconds": round(train_s, 1),
+            "total_seconds": round(time.monotonic() - t_start, 1),
+            "load_average_after_training": [round(x, 2) for x in load_after],
+            "torch": torch.__version__,
+            "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+            "train_fixture_sha256": hashlib.sha256(Path(tf.__file__).read_bytes()).hexdigest(),
+            "command": "python scripts/train_draft.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        },
+        "heldout": {
+            "bits_per_byte": round(heldout_bpb, 4),
+            "teacher_bits_per_byte": teacher_meta["heldout"]["bits_per_byte"],
+            "top1_agreement_with_teacher": round(agree, 4),
+            "windows": int(held.shape[0]),
+            "window_bytes": 1024,
+            "files": len(corpus.heldout_files),
+        },
+        "torch_vs_reference": check,
+    }
+    (out / "trained-small.json").write_text(json.dumps(meta, indent=1) + "\n")
+    print(f"wrote {npz} ({npz.stat().st_size:,} bytes); total {time.monotonic() - t_start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
