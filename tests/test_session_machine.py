@@ -226,7 +226,8 @@ def test_correct_session_engines_pass(factory):
     # with the white-box check too: a correct engine's live target holds exactly ctx[:-1] after every request
     machine = run(factory, max_examples=15, steps=10, reference_factory=small_reference)
     seen = machine.observed
-    for tag in ("request:new_prompt", "request:regenerate", "request:multi_turn", "request:earlier_prefix"):
+    kinds = ("new_prompt", "regenerate", "multi_turn", "earlier_prefix")
+    for tag in (*(f"request:{kind}" for kind in kinds), "branch_back"):
         assert seen[tag] > 0, tag
     assert seen["request:edit"] > 0 and seen["drafter:scripted"] > 0 and seen["eos:last_k_plus_1"] > 0
 

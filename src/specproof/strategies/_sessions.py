@@ -91,7 +91,15 @@ SESSION_INVARIANT = "engine.session"
 # Request kinds, in the order the machine's rules are listed. "reset" carries no prompt.
 REQUEST_KINDS: tuple[str, ...] = ("new_prompt", "regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
 # Rules a run may switch off (swarm testing: a run with new_prompt and reset off is one long session).
-_SWITCHABLE: tuple[str, ...] = ("new_prompt", "regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
+_SWITCHABLE: tuple[str, ...] = (
+    "branch_back",
+    "new_prompt",
+    "regenerate",
+    "edit",
+    "multi_turn",
+    "earlier_prefix",
+    "reset",
+)
 _DRAFTERS: tuple[str, ...] = ("scripted", "engine")
 _DEFAULT_K = 4  # the plan's draft budget for an engine that does not say its k
 
@@ -1127,6 +1135,32 @@ class SessionMachine(RuleBasedStateMachine):
         self._count(f"edit:{where}")
         note = f"the last context ({prompt_len} prompt + {len(base) - prompt_len} output tokens) cut at {cut} ({where})"
         self._request(data, "edit", prompt, note + f", then {len(suffix)} new token(s)")
+
+    # Named to sort first: Hypothesis lists rules alphabetically and its simplest program repeats
+    # the first, so even the first (simplest) example of a run crosses two call boundaries.
+    @precondition(lambda self: "branch_back" not in self.disabled and len(self.contexts[-1]) < self.prompt_limit)
+    @rule(data=st.data())
+    def branch_back(self, data: Any) -> None:
+        """A user turn on the last context, then the prompt before it again: back across two call boundaries.
+
+        What a chat user does who goes on, then returns to regenerate the earlier answer;
+        the engine needs the state it had at the end of that earlier prompt, two requests back.
+        """
+        before = list(self.last_prompt)
+        base = self.contexts[-1]
+        turn = data.draw(
+            contexts(
+                self.cfg.vocab_size,
+                min_size=1,
+                max_size=min(8, self.prompt_limit - len(base)),
+                kinds=self.cfg.context_kinds,
+            ),
+            label="user turn",
+        )
+        prompt = [*base, *(int(t) for t in turn)]
+        self._request(data, "multi_turn", prompt, f"the last context ({len(base)} tokens) + a {len(turn)}-token turn")
+        self._count("branch_back")
+        self._request(data, "earlier_prefix", before, "back to the prompt before that turn (two calls back)")
 
     def _fits_a_turn(self) -> bool:
         return any(len(c) < self.prompt_limit for c in self.contexts)
