@@ -391,6 +391,10 @@ class SessionHistory:
         return cls.from_json(obj, source=source)
 
 
+def _count_of(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _fmt(tokens: Sequence[int], limit: int = 12) -> str:
     seq = list(tokens)
     return str(seq) if len(seq) <= limit else f"<{len(seq)} tokens: {seq[:6]} ... {seq[-4:]}>"
@@ -1076,7 +1080,7 @@ class SessionMachine(RuleBasedStateMachine):
             free = [t for t in range(cfg.vocab_size) if t not in firsts]
             if free and prompt[0] in firsts:
                 prompt[0] = free[prompt[0] % len(free)]
-        return prompt, f"a new prompt ({shape}, {len(prompt)} tokens)"
+        return prompt, f"a new prompt ({shape}, {_count_of(len(prompt), 'token')})"
 
     @initialize(data=st.data())
     def first_request(self, data: Any) -> None:
@@ -1134,7 +1138,7 @@ class SessionMachine(RuleBasedStateMachine):
         prompt = [*base[:cut], *suffix]
         self._count(f"edit:{where}")
         note = f"the last context ({prompt_len} prompt + {len(base) - prompt_len} output tokens) cut at {cut} ({where})"
-        self._request(data, "edit", prompt, note + f", then {len(suffix)} new token(s)")
+        self._request(data, "edit", prompt, note + f", then {_count_of(len(suffix), 'new token')}")
 
     # Named to sort first: Hypothesis lists rules alphabetically and its simplest program repeats
     # the first, so even the first (simplest) example of a run crosses two call boundaries.
