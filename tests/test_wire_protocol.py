@@ -1,0 +1,269 @@
+"""specproof-engine/1: the schemas, and the client's clear errors for misbehaving engines (never a hang)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specproof.engine import PluginError, resolve_plugin
+from specproof.wire import (
+    CLIENT_MESSAGES,
+    ENGINE_MESSAGES,
+    EngineProtocolError,
+    EngineRequestError,
+    ExecEngine,
+    engine_from_spec,
+    load_schema,
+    message_errors,
+    validate_message,
+)
+
+FAKE = Path(__file__).with_name("_wire_fake_engine.py")
+B64_ONE = "AACAPw=="  # float32 1.0, little-endian
+
+VALID: dict[str, dict[str, object]] = {
+    "hello": {
+        "type": "hello",
+        "protocol": "specproof-engine/1",
+        "engine": {"name": "x", "version": "1"},
+        "vocab_size": 256,
+        "max_context": 128,
+        "k": 4,
+        "rollback": "checkpoint",
+        "capabilities": ["greedy", "suite_drafts", "state", "sessions"],
+        "model": "trained",
+        "atol": 1e-4,
+        "tie_tolerance": 1e-3,
+    },
+    "generate": {
+        "type": "generate",
+        "id": 1,
+        "prompt": [1, 2],
+        "max_new_tokens": 3,
+        "eos_token_id": None,
+        "drafts": "suite",
+        "state": True,
+    },
+    "greedy": {"type": "greedy", "id": 2, "prompt": [5], "max_new_tokens": 0},
+    "reset": {"type": "reset", "id": 3},
+    "shutdown": {"type": "shutdown", "id": 4},
+    "draft": {"type": "draft", "id": 1, "round": 0, "tokens": [7, 8]},
+    "propose": {"type": "propose", "id": 1, "round": 0, "context_length": 2, "k": 2},
+    "round": {
+        "type": "round",
+        "id": 1,
+        "round": 0,
+        "base": 1,
+        "draft": [7, 8],
+        "argmax": [7, 9, 3],
+        "accepted": [7, 9],
+        "processed": 3,
+    },
+    "state": {
+        "type": "state",
+        "id": 1,
+        "processed": 1,
+        "arrays": {"conv_state": {"dtype": "float32", "shape": [1, 1, 1], "data": B64_ONE}},
+    },
+    "final": {
+        "type": "final",
+        "id": 1,
+        "tokens": [7, 9],
+        "stop_reason": "max_new_tokens",
+        "processed": 3,
+        "stats": {
+            "rounds": 1,
+            "emitted": 2,
+            "prefill_forwards": 1,
+            "verify_forwards": 1,
+            "replay_forwards": 0,
+            "drafted": 2,
+            "accepted": 1,
+            "position_attempts": [1, 1],
+            "position_accepts": [1, 0],
+        },
+        "elapsed_us": 12.5,
+    },
+    "ok": {"type": "ok", "id": 3},
+    "error": {"type": "error", "id": None, "message": "invalid JSON"},
+}
+
+# (message type, a change that makes it invalid, what the error names)
+INVALID = [
+    ("hello", {"protocol": "specproof-engine/2"}, "protocol"),
+    ("hello", {"rollback": "rewind"}, "rollback"),
+    ("hello", {"capabilities": ["telepathy"]}, "capabilities"),
+    ("hello", {"k": -1}, "k"),
+    ("generate", {"prompt": []}, "prompt"),
+    ("generate", {"drafts": "oracle"}, "drafts"),
+    ("generate", {"max_new_tokens": "3"}, "max_new_tokens"),
+    ("draft", {"tokens": [1.5]}, "tokens"),
+    ("propose", {"k": 0}, "k"),
+    ("round", {"accepted": []}, "accepted"),
+    ("round", {"processed": -1}, "processed"),
+    ("state", {"arrays": {"x": {"dtype": "float16", "shape": [1], "data": ""}}}, "dtype"),
+    ("final", {"stop_reason": "tired"}, "stop_reason"),
+    ("final", {"extra": 1}, "extra"),
+    ("error", {"message": ""}, "message"),
+]
+
+
+def test_every_message_type_has_a_schema_and_a_valid_example() -> None:
+    assert set(VALID) == set(ENGINE_MESSAGES) | set(CLIENT_MESSAGES)
+    for name, example in VALID.items():
+        schema = load_schema(name)
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+        assert message_errors(example) == [], name
+        assert validate_message(example) == example
+
+
+@pytest.mark.parametrize(("kind", "change", "field"), INVALID, ids=[f"{k}-{f}" for k, _, f in INVALID])
+def test_invalid_messages_are_rejected_naming_the_field(kind: str, change: dict[str, object], field: str) -> None:
+    bad = {**VALID[kind], **change}
+    problems = message_errors(bad)
+    assert problems, bad
+    assert any(field in p for p in problems), problems
+    with pytest.raises(EngineProtocolError, match="schema violation"):
+        validate_message(bad)
+
+
+@pytest.mark.parametrize("kind", sorted(VALID))
+def test_a_missing_required_field_is_rejected(kind: str) -> None:
+    required = [f for f in load_schema(kind)["required"] if f != "type"]
+    if not required:
+        pytest.skip(f"{kind} has no required field besides type")
+    bad = {k: v for k, v in VALID[kind].items() if k != required[0]}
+    assert any(required[0] in p for p in message_errors(bad))
+
+
+def test_unknown_type_and_unexpected_type() -> None:
+    assert "not a message type" in message_errors({"type": "gossip"})[0]
+    assert "JSON object" in message_errors([1, 2])[0]
+    with pytest.raises(EngineProtocolError, match="unexpected message type 'ok'"):
+        validate_message(VALID["ok"], expect=("final",))
+
+
+def fake(mode: str, *, timeout: float = 5.0) -> ExecEngine:
+    return ExecEngine([sys.executable, str(FAKE), mode], timeout=timeout)
+
+
+def test_fake_engine_ok_handshake_and_requests() -> None:
+    with fake("ok") as engine:
+        assert (engine.vocab_size, engine.max_context, engine.k, engine.rollback) == (256, 64, 0, "replay")
+        assert engine.capabilities == {"greedy"}
+        assert engine.oracle is None and not hasattr(engine, "target")
+        assert engine.greedy([3, 4], 3) == [4, 4, 4]
+        gen = engine.generate([3, 4], 1)
+        assert gen.tokens == (4,) and gen.steps is not None and len(gen.steps) == 1
+        engine.reset()
+        assert "fake engine starting" in engine.stderr_tail
+    assert engine.returncode == 0  # shut down cleanly by close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "what"),
+    [
+        ("invalid-json", "invalid JSON"),
+        ("schema-violation", "schema violation"),
+        ("unexpected-message", "unexpected message type 'hello'"),
+        ("wrong-id", "answers request #101, not #1"),
+        ("exit-mid-generation", "exited with status 139"),
+        ("hang", "no message within the timeout of 1.5 s"),
+    ],
+)
+def test_misbehaving_engine_gives_a_clear_error_within_the_timeout(mode: str, what: str) -> None:
+    engine = fake(mode, timeout=1.5)
+    start = time.monotonic()
+    with pytest.raises(EngineProtocolError) as info:
+        engine.generate([3, 4], 2)
+    assert time.monotonic() - start < 5.0
+    text = str(info.value)
+    assert what in text
+    assert FAKE.name in text  # the engine command
+    assert "request generate #1 (prompt of 2 tokens [3, 4], max_new_tokens=2)" in text
+    last = text.split("Last message received:")[1]  # the offending message, or the valid round before it
+    assert '"type": "round"' in last or mode in ("schema-violation", "unexpected-message", "wrong-id")
+    assert '"type"' in last
+    assert "fake engine starting in mode" in text  # the stderr tail
+    assert "fake engine starting" in info.value.stderr_tail
+    # the engine is marked unusable: later requests fail fast, and close() never hangs
+    with pytest.raises(EngineProtocolError, match="unusable after an earlier failure"):
+        engine.generate([3, 4], 2)
+    start = time.monotonic()
+    engine.close(timeout=1.0)
+    assert time.monotonic() - start < 5.0
+    assert engine.returncode is not None
+
+
+def test_exit_mid_generation_reports_stderr() -> None:
+    with fake("exit-mid-generation") as engine, pytest.raises(EngineProtocolError) as info:
+        engine.greedy([1], 2)
+    assert "segmentation fault (pretend)" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("mode", "what"),
+    [
+        ("hello-invalid", "schema violation"),
+        ("hello-hang", "no message within the timeout"),
+        ("hello-exit", "exited with status 3"),
+    ],
+)
+def test_broken_handshake(mode: str, what: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(EngineProtocolError, match=what) as info:
+        fake(mode, timeout=1.5)
+    assert time.monotonic() - start < 6.0
+    assert "the handshake" in str(info.value)
+    if mode == "hello-exit":
+        assert "cannot load weights" in str(info.value)
+
+
+def test_engine_error_message_is_a_request_error_and_the_engine_stays_usable() -> None:
+    with fake("error") as engine:
+        with pytest.raises(EngineRequestError, match="no model loaded"):
+            engine.generate([1, 2], 2)
+        engine.reset()  # still talking
+        with pytest.raises(EngineRequestError, match="no model loaded"):
+            engine.greedy([1, 2], 2)
+
+
+def test_suite_drafts_need_the_capability() -> None:
+    with fake("ok") as engine:
+        engine.drafter = object()
+        with pytest.raises(EngineRequestError, match="does not take drafts from the suite"):
+            engine.generate([1, 2], 2)
+
+
+def test_specs_and_plugins() -> None:
+    with pytest.raises(EngineProtocolError, match="tcp:HOST:PORT"):
+        engine_from_spec("tcp:localhost")
+    with pytest.raises(EngineProtocolError, match="empty"):
+        engine_from_spec("exec:")
+    with pytest.raises(PluginError, match="cannot start it"):
+        resolve_plugin("exec:/nonexistent/specproof-engine --weights x", kind="engine")
+    with pytest.raises(PluginError, match="cannot connect"):
+        resolve_plugin("tcp:127.0.0.1:1", kind="engine")
+    command = shlex.join([sys.executable, str(FAKE), "ok"])
+    engine = resolve_plugin(f"exec:{command}", kind="engine")
+    try:
+        assert engine.greedy([9], 1) == [9]  # type: ignore[attr-defined]
+    finally:
+        engine.close()  # type: ignore[attr-defined]
+    quoted = engine_from_spec("exec:" + shlex.quote(command))()  # exec:'CMD ARGS' with the quotes kept
+    quoted.close()
+
+
+def test_schemas_are_json_files_with_ids() -> None:
+    names = set()
+    for name in ENGINE_MESSAGES + CLIENT_MESSAGES:
+        schema = load_schema(name)
+        assert schema["$id"].endswith(f"/specproof-engine/1/{name}.json")
+        assert schema["properties"]["type"] == {"const": name}
+        names.add(json.dumps(schema["required"]))
+    assert names
