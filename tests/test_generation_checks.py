@@ -307,7 +307,6 @@ def test_cost_passes_honest_counts():
     ("rollback", "stats", "phrase"),
     [
         ("checkpoint", {"replay_forwards": 1}, "restoring a checkpoint costs no forward"),
-        ("checkpoint", {"prefill_forwards": 2}, "2 prefill forwards"),
         ("replay", {"replay_forwards": 2}, "only 1 round(s) needed a rollback"),
         ("replay", {"verify_forwards": 3}, "each round is exactly one verify"),
         (None, {"emitted": 3}, "stats.emitted is 3"),
@@ -320,6 +319,13 @@ def test_cost_catches(rollback, stats, phrase):
     vs = check_cost(_gen([1, 5, 3, 8], REJECTING, **stats), rollback=rollback)
     assert vs and all(v.invariant == "engine.cost" for v in vs)
     assert any(phrase in v.explanation for v in vs), [v.explanation for v in vs]
+
+
+def test_cost_allows_a_chunked_prefill_but_not_more_forwards_than_tokens():
+    gen = _gen([1, 5, 3, 8], REJECTING, prefill_forwards=3)
+    assert check_cost(gen, rollback="checkpoint", prompt_length=4) == []  # 3 tokens fed in 3 chunks
+    vs = check_cost(_gen([1, 5, 3, 8], REJECTING, prefill_forwards=4), rollback="checkpoint", prompt_length=4)
+    assert any("4 prefill forwards for a 4-token prompt" in v.explanation for v in vs)
 
 
 def test_cost_catches_a_round_that_emits_nothing():

@@ -62,6 +62,8 @@ EXPECTED = {
     "refeeds_accepted_first": ("engine", "engine.state-restored"),
     "eos_masked_by_length_cap": ("engine", "engine.stop"),
     "raises_every_call": ("engine", "engine.lossless"),
+    "stale_prefix_cache": ("engine", "engine.session"),
+    "snapshot_only_last_call": ("engine", "engine.session"),
 }
 IDS = {inv.id for inv in REGISTRY}
 

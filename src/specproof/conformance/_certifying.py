@@ -515,33 +515,34 @@ class Certification:
         return greedy
 
     def _run_session_machine(self, item: CheckItem, result: CheckResult) -> None:
+        from hypothesis import Phase
         from hypothesis.stateful import run_state_machine_as_test
 
-        from specproof.strategies import SessionHistory, SessionMachine, replay_session
+        from specproof.strategies import SessionHistory, SessionMachine, replay_session, shrink_history
 
         case = item.engine
         assert case is not None and case.make_engine is not None
-        greedy = self._session_greedy(case)
+        # white-box after every request where the live target shows its state
+        white_box = callable(getattr(case.live_target, "state_arrays", None)) and case.make_reference is not None
+        judge = {
+            "engine_factory": case.make_engine,
+            "greedy": self._session_greedy(case),
+            "vocab_size": case.vocab_size,
+            "tie_tolerance": case.tie_tolerance,
+            "reference_factory": case.make_reference if white_box else None,
+            "atol": case.atol,
+        }
         if self.plan.replay_session is not None:
             history = SessionHistory.load(self.plan.replay_session)
             result.examples = result.exercised = 1
-            violations = replay_session(
-                history,
-                engine_factory=case.make_engine,
-                greedy=greedy,
-                vocab_size=case.vocab_size,
-                tie_tolerance=case.tie_tolerance,
-            )
+            violations = replay_session(history, **judge)  # type: ignore[arg-type]
             if violations:
                 raise ViolationError(violations)
             return
         profile = self.plan.profile
         machine = SessionMachine.configure(
-            engine_factory=case.make_engine,
-            greedy=greedy,
-            vocab_size=case.vocab_size,
+            **judge,  # type: ignore[arg-type]
             max_context=case.max_context,
-            tie_tolerance=case.tie_tolerance,
             max_prompt=profile.max_prompt,
             max_new_tokens=min(profile.max_new_tokens, 16),
             stateful_step_count=profile.stateful_steps,
@@ -554,30 +555,34 @@ class Certification:
                 super().__init__()
 
         settings = profile.hypothesis_settings(seed=self.plan.seed, max_examples=profile.stateful_examples)
+        # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
+        # shrink_history replays the found history on fresh engines instead (well under a second)
+        settings = hypothesis.settings(settings, phases=[p for p in settings.phases if p is not Phase.shrink])
         try:
             run_state_machine_as_test(Counted, settings=settings)
         except ViolationError as exc:
-            self._save_history(case, exc.violations)
-            raise
+            found = next((v for v in exc.violations if "history" in v.example), None)
+            if found is None:
+                raise
+            history = SessionHistory.from_example(found.example, vocab_size=case.vocab_size)
+            history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
+            shorter = shrink_history(history, **judge)  # type: ignore[arg-type]
+            violations = replay_session(shorter, **judge) or exc.violations  # type: ignore[arg-type]
+            self._save_history(shorter, case)
+            raise ViolationError(violations) from exc
 
-    def _save_history(self, case: EngineCase, violations: list[Violation]) -> None:
+    def _save_history(self, history: Any, case: EngineCase) -> None:
         """Save a failing session's request history, so the reproduce command replays exactly it."""
         import hashlib
         import json as _json
         from pathlib import Path
 
-        from specproof.strategies import SessionHistory
-
-        for v in violations:
-            if "history" not in v.example:
-                continue
-            history = SessionHistory.from_example(v.example, vocab_size=case.vocab_size)
-            text = _json.dumps(history.to_json(), sort_keys=True)
-            folder = Path(self.plan.storage or Path.home() / ".cache" / "specproof") / "sessions"
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"session-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
-            history.save(path)
-            self.session_files[case.id] = str(path)
+        text = _json.dumps(history.to_json(), sort_keys=True)
+        folder = Path(self.plan.storage or Path.home() / ".cache" / "specproof") / "sessions"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"session-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+        history.save(path)
+        self.session_files[case.id] = str(path)
 
     # ---- results -----------------------------------------------------------------------
 

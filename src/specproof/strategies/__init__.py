@@ -36,6 +36,7 @@ from specproof.strategies._sessions import (
     engine_greedy,
     replay_session,
     run_session_machine,
+    shrink_history,
     target_greedy,
 )
 from specproof.strategies._settings import (
@@ -72,6 +73,7 @@ __all__ = [
     "round_plans",
     "run_rollback_machine",
     "run_session_machine",
+    "shrink_history",
     "target_greedy",
     "text_tokens",
 ]

@@ -52,6 +52,16 @@ from specproof.conformance.zoo._engines import (
     VaryingK,
     ZooEngine,
 )
+from specproof.conformance.zoo._session_engines import (
+    SnapshotOnlyLastCall,
+    StalePrefixCache,
+    greedy_only_session_engine,
+    session_engine,
+    session_engine_replay,
+    snapshot_only_last_call,
+    stale_prefix_cache,
+    varying_k_session_engine,
+)
 from specproof.conformance.zoo._targets import (
     ZOO_CONFIG,
     CapacityWraps,
@@ -75,6 +85,23 @@ __all__ = [
     "chunked_forward_differs",
     "drops_bonus_token",
     "emits_after_eos",
+    "eos_masked_by_length_cap",
+    "greedy_only_engine",
+    "greedy_only_session_engine",
+    "match_pointer",
+    "oracle_only_engine",
+    "own_copy_engine",
+    "raises_every_call",
+    "reads_past_context",
+    "refeeds_accepted_first",
+    "returns_generator",
+    "session_engine",
+    "session_engine_replay",
+    "snapshot_only_last_call",
+    "stale_prefix_cache",
+    "sticky_cache",
+    "varying_k_engine",
+    "varying_k_session_engine",
     "forgets_recurrent_restore",
     "lookup_drafter",
     "mutates_input",
@@ -368,12 +395,23 @@ ZOO: dict[str, ZooMember] = {
             also=("engine.lossless", "trace.consistency"),
         ),
         _member("raises_every_call", "engine", RaisesEveryCall, "engine.lossless"),
+        _member("stale_prefix_cache", "engine", StalePrefixCache, "engine.session"),
+        _member("snapshot_only_last_call", "engine", SnapshotOnlyLastCall, "engine.session"),
     )
 }
 
 CORRECT: dict[str, str] = {
     name: f"{_MODULE}:{name}"
-    for name in ("own_copy_engine", "oracle_only_engine", "greedy_only_engine", "varying_k_engine")
+    for name in (
+        "own_copy_engine",
+        "oracle_only_engine",
+        "greedy_only_engine",
+        "varying_k_engine",
+        "session_engine",
+        "session_engine_replay",
+        "varying_k_session_engine",
+        "greedy_only_session_engine",
+    )
 }
 """Correct engines that differ from the control in what they expose or how they draft: certification accepts them."""
 
