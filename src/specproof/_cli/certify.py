@@ -227,7 +227,10 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
     for u in subj.get("used") or ():
         console.print(f"used, not certified: {u}", markup=False)
     for r in [r for r in report["results"] if r["status"] in ("fail", "error")]:
-        console.rule(f"[bold red]{r['invariant']} ({r['case']})")
+        if console.is_terminal:
+            console.rule(f"[bold red]{r['invariant']} ({r['case']})")
+        else:  # a log: a short header, not a rule as wide as the (unbounded) log width
+            console.print(f"──── {r['invariant']} ({r['case']}) ────", markup=False)
         for v in r.get("violations") or []:
             where = f" in round {v['round']}" if v.get("round") is not None else ""
             console.print(f"[{v['invariant']}]{where}: {v['explanation']}", markup=False)

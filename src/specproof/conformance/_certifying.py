@@ -445,10 +445,6 @@ class Certification:
         """Search again, failing on this invariant only, so Hypothesis shrinks to a minimal example."""
         case, inv = item.engine, item.invariant
         assert case is not None and inv.check is not None
-        for ex in self._explicit(case):  # an explicit example is already minimal: report it as it is
-            run = self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
-            if inv.check(case, run).violations:
-                raise ViolationError(inv.check(case, run).violations)
 
         @hypothesis.given(data=st.data())
         def shrink(data: st.DataObject) -> None:
@@ -456,7 +452,11 @@ class Certification:
             if outcome.violations:
                 raise ViolationError(outcome.violations)
 
-        self._settings(shrink)()
+        self._settings(shrink)()  # raises the minimal failing example when the search finds one
+        for ex in self._explicit(case):  # only an explicit example failed: it is small already
+            run = self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
+            if inv.check(case, run).violations:
+                raise ViolationError(inv.check(case, run).violations)
         # the search found a failure that did not come back (a nondeterministic subject)
         raise ViolationError(
             [
