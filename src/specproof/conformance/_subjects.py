@@ -18,12 +18,12 @@ import attrs
 from specproof.contract import validate_tolerance
 from specproof.engine import (
     Drafter,
-    NgramDrafter,
     Target,
     load_target,
 )
 from specproof.engine._plugins import plugin_factory
 from specproof.engine._validate import component_name
+from specproof.engine.drafters import drafter_factory
 from specproof.engine.errors import PluginError
 
 __all__ = ["DEFAULT_TARGET", "DrafterSubject", "EngineCase", "Suite", "TargetSubject"]
@@ -116,9 +116,7 @@ class DrafterSubject:
 
     @classmethod
     def from_spec(cls, spec: str) -> DrafterSubject:
-        if spec == "ngram":
-            return cls(spec=spec, make=NgramDrafter, name=NgramDrafter().name)
-        factory = plugin_factory(spec, kind="drafter")
+        factory = drafter_factory(spec)  # ngram[:...], model:TARGET, combined:TARGET, MODULE:ATTR
         first = factory()
         if factory() is first:  # an instance plug-in: copies stand in for fresh drafters
             make = _copier(first, None)
