@@ -21,7 +21,7 @@ import pytest
 
 from specproof.cli import main
 from specproof.conformance import REGISTRY, certify
-from specproof.conformance.zoo import CONTROLS, CORRECT, ZOO, ZooEngine
+from specproof.conformance.zoo import CONTROLS, CORRECT, CORRECT_DRAFTERS, ZOO, ZooEngine
 from specproof.engine import SpecproofError, resolve_plugin
 
 
@@ -64,6 +64,10 @@ EXPECTED = {
     "raises_every_call": ("engine", "engine.lossless"),
     "stale_prefix_cache": ("engine", "engine.session"),
     "snapshot_only_last_call": ("engine", "engine.session"),
+    "model_drafter_no_rollback": ("drafter", "drafter.deterministic"),
+    "model_drafter_kv_only_rollback": ("drafter", "drafter.deterministic"),
+    "model_drafter_kv_only_rollback_gdn": ("drafter", "drafter.deterministic"),
+    "model_drafter_reset_keeps_state": ("drafter", "drafter.deterministic"),
 }
 IDS = {inv.id for inv in REGISTRY}
 
@@ -203,6 +207,13 @@ def test_certify_accepts_correct_but_different_engines(name: str) -> None:
     if name == "own_copy_engine":
         (engine,) = report["subjects"]["engines"]
         assert any("oracle" in note for note in engine["notes"])  # the certificate says what it did
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT_DRAFTERS))
+def test_certify_accepts_correct_model_drafters(name: str) -> None:
+    """Draft-model drafters with checkpoint, replay or no rollback at all: PASS on the drafter checks."""
+    report = _certify("drafter", CORRECT_DRAFTERS[name], only=("drafter.*",))
+    assert report["verdict"] == "pass", _failing(report)
 
 
 def test_suite_drives_a_plugin_engine_down_every_path() -> None:

@@ -52,6 +52,18 @@ from specproof.conformance.zoo._engines import (
     VaryingK,
     ZooEngine,
 )
+from specproof.conformance.zoo._model_drafters import (
+    DraftKVOnlyRollback,
+    DraftNoRollback,
+    DraftResetKeepsModel,
+    model_drafter_checkpoint,
+    model_drafter_kv_only_rollback,
+    model_drafter_kv_only_rollback_gdn,
+    model_drafter_no_rollback,
+    model_drafter_replay,
+    model_drafter_reprefill,
+    model_drafter_reset_keeps_state,
+)
 from specproof.conformance.zoo._session_engines import (
     SnapshotOnlyLastCall,
     StalePrefixCache,
@@ -76,6 +88,7 @@ from specproof.conformance.zoo._targets import (
 __all__ = [
     "CONTROLS",
     "CORRECT",
+    "CORRECT_DRAFTERS",
     "ZOO",
     "ZOO_CONFIG",
     "ZooMember",
@@ -89,6 +102,13 @@ __all__ = [
     "greedy_only_engine",
     "greedy_only_session_engine",
     "match_pointer",
+    "model_drafter_checkpoint",
+    "model_drafter_kv_only_rollback",
+    "model_drafter_kv_only_rollback_gdn",
+    "model_drafter_no_rollback",
+    "model_drafter_replay",
+    "model_drafter_reprefill",
+    "model_drafter_reset_keeps_state",
     "oracle_only_engine",
     "own_copy_engine",
     "raises_every_call",
@@ -396,6 +416,10 @@ ZOO: dict[str, ZooMember] = {
         ),
         _member("raises_every_call", "engine", RaisesEveryCall, "engine.lossless"),
         _member("stale_prefix_cache", "engine", StalePrefixCache, "engine.session"),
+        _member("model_drafter_no_rollback", "drafter", DraftNoRollback, "drafter.deterministic"),
+        _member("model_drafter_kv_only_rollback", "drafter", DraftKVOnlyRollback, "drafter.deterministic"),
+        _member("model_drafter_kv_only_rollback_gdn", "drafter", DraftKVOnlyRollback, "drafter.deterministic"),
+        _member("model_drafter_reset_keeps_state", "drafter", DraftResetKeepsModel, "drafter.deterministic"),
         _member("snapshot_only_last_call", "engine", SnapshotOnlyLastCall, "engine.session"),
     )
 }
@@ -414,6 +438,12 @@ CORRECT: dict[str, str] = {
     )
 }
 """Correct engines that differ from the control in what they expose or how they draft: certification accepts them."""
+
+CORRECT_DRAFTERS: dict[str, str] = {
+    name: f"{_MODULE}:{name}"
+    for name in ("model_drafter_checkpoint", "model_drafter_replay", "model_drafter_reprefill")
+}
+"""Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""
 
 CONTROLS: dict[Kind, str] = {
     "drafter": f"{_MODULE}:lookup_drafter",
