@@ -208,6 +208,23 @@ def _settable(obj: object, name: str) -> bool:
     return True
 
 
+def _case_id(spec: str) -> str:
+    """A short id for an engine spec (the pytest id and report row): the attribute, the program, the address."""
+    kind, _, rest = spec.partition(":")
+    if kind == "exec":
+        import os
+        import shlex
+
+        try:
+            argv = shlex.split(rest)
+        except ValueError:
+            argv = rest.split()
+        return os.path.basename(argv[0]) if argv else "exec"
+    if kind == "tcp":
+        return "tcp-" + rest.replace(":", "-")
+    return spec.rpartition(":")[2] or spec
+
+
 def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float | None) -> EngineCase:
     factory = plugin_factory(spec, kind="engine")
     engine = factory()
@@ -254,7 +271,7 @@ def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float |
         engine if hasattr(engine, "tie_tolerance") else model, tie_tolerance=tie_tolerance, atol=atol
     )
     return EngineCase(
-        id=spec.rpartition(":")[2] or spec,
+        id=_case_id(spec),
         kind="plugin",
         name=component_name(engine),
         rollback=getattr(engine, "rollback", None),
