@@ -34,3 +34,30 @@ def test_propose(benchmark, context):
     benchmark.name = f"ngram @ {context // 1024}K"
     benchmark.extra_info.update({"context": context, "append": APPEND, "k": 4})
     benchmark.pedantic(drafter.propose, setup=setup, rounds=ROUNDS, iterations=1)
+
+
+@pytest.mark.parametrize("spec", ["model:trained-small", "combined:trained-small"])
+def test_model_drafter_propose(benchmark, spec):
+    """A draft-model proposal along a decoding: the draft model catches up on the accepted tokens in one
+    forward, then drafts k = 4 tokens (3 one-token forwards); never a re-prefill of the 1K context."""
+    from specproof.engine.drafters import ModelDrafter, load_drafter
+
+    context = 1024
+    stream = stdlib_token_stream(context + (ROUNDS + 5) * APPEND)
+    buf = list(stream[:context])
+    view = ContextView(buf)
+    drafter = load_drafter(spec)
+    drafter.propose(view, 4)  # prefill once, untimed
+    pos = [context]
+
+    def setup():
+        buf.extend(stream[pos[0] : pos[0] + APPEND])
+        pos[0] += APPEND
+        return (view, 4), {}
+
+    benchmark.group = "drafter-propose"
+    benchmark.name = f"{spec} @ 1K"
+    benchmark.extra_info.update({"context": context, "append": APPEND, "k": 4})
+    benchmark.pedantic(drafter.propose, setup=setup, rounds=100, iterations=1)
+    model_drafter = drafter if isinstance(drafter, ModelDrafter) else drafter.model
+    assert model_drafter.restarts == 1  # the prefill only

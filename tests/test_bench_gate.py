@@ -297,3 +297,50 @@ def test_real_slowed_drafter_is_caught(baseline_run):
     bad = {f.key.rsplit("/", 1)[1] for f in compare(base, result.to_json()).regressions}
     assert {"speedup", "efficiency"} <= bad
     assert "forwards_per_token" not in bad  # the same proposals: the counts are unchanged
+
+
+# --------------------------------------------------------------------------- drafter comparison and peers
+
+
+def test_drafter_comparison_cells_and_their_gated_figures(baseline_run):
+    result, base = baseline_run
+    cells = {c.drafter: c for c in result.drafter_cells}
+    assert set(cells) == {"ngram", "model:trained-small", "combined:trained-small"}
+    assert all(c.lossless and c.workload == "code-edit" and c.k == 4 for c in cells.values())
+    lookup, model = cells["ngram"], cells["model:trained-small"]
+    assert lookup.draft_forwards_per_round == 0 and lookup.projected_speedup == lookup.projected_speedup_target_only
+    # a draft model is charged its bytes: the projection drops below the target-only figure
+    assert 0.05 < model.draft_bytes_ratio < 0.2
+    assert model.projected_speedup < model.projected_speedup_target_only
+    assert 1 <= model.draft_forwards_per_round <= 4  # one catch-up + k - 1 one-token forwards at most
+    assert model.proposal_cost > 0 and len(model.acceptance_by_position) == 4
+    keys = [k for k in base["figures"] if k.startswith("drafters/")]
+    assert len(keys) == 3 * 2 and all(base["figures"][k]["kind"] == "machine_independent" for k in keys)
+    data = result.to_json()
+    assert len(data["drafter_cells"]) == 3
+
+
+def test_peer_comparison_is_warm_alternating_and_reports_spread():
+    from specproof.bench._measure import _compare_engines, peer_lines
+    from specproof.engine import greedy_decode, load_target
+
+    calls: list[int] = []
+    peer_target = load_target("reference:d_model=32,max_context=512")
+
+    def peer_generate(prompt, n):  # type: ignore[no-untyped-def]
+        calls.append(n)
+        return greedy_decode(peer_target, prompt, n).tokens
+
+    config = BenchConfig(mode="quick", peer_tokens=64, peer_repeats=7, peers=True)
+    target = load_target("reference:d_model=32,max_context=512")
+    row = _compare_engines(config, target, peer_generate, NgramDrafter)
+    assert row["status"] == "ok" and row["tokens"] == 64 and row["pairs"] == 7 and row["warmup"] == 1
+    assert len(calls) == 1 + 7  # one warm-up, then one per pair
+    assert row["ratio_min"] <= row["tokens_per_second_ratio"] <= row["ratio_max"]
+    assert row["ratio_spread"] >= 0 and len(row["ratios"]) == 7 and row["outputs_equal"]
+    assert row["specproof_forwards"] >= 1 and row["peer_forwards"] is None  # no torch model to count
+    line = peer_lines({"peers": [{"peer": "p", "target": "t", **row}]})[0]
+    assert "median" in line and "7 alternating pairs of 64 tokens" in line
+    doc = make_baseline({**_result(), "peers": [{"peer": "p", "target": "t", **row}]})
+    assert doc["peers"][0]["pairs"] == 7 and "ratios" not in doc["peers"][0]
+    assert compare(doc, _result()).passed  # informational: never gated

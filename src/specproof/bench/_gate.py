@@ -10,6 +10,8 @@ Two kinds of figure, gated differently:
   interleaved, so the machine's speed cancels out, but scheduling noise does not; the
   threshold sits above the run-to-run spread measured on the 2-core development
   machine (see ``RATIO_TOLERANCE`` and docs/bench.md);
+- **drafter comparison** (``drafters/WORKLOAD/TARGET/DRAFTER/kK/...``): tokens per round and
+  the projected speedup with the draft model's bytes counted, machine-independent;
 - **mean in-run ratios** (``mean/TARGET/ROLLBACK/kK/speedup`` and ``.../efficiency``:
   geometric means over the workloads): less noisy, so a tighter threshold
   (``MEAN_RATIO_TOLERANCE``) catches a smaller slowdown that hits every workload.
@@ -93,6 +95,15 @@ def figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             # geometric mean: ratios multiply; a 0 (a broken cell) makes the mean 0
             mean = math.exp(sum(math.log(v) for v in values) / len(values)) if all(v > 0 for v in values) else 0.0
             out[f"{prefix}/{name}"] = {"value": mean, "kind": "mean_ratio", "better": "higher"}
+    # the drafter comparison: counts, deterministic on the reference targets (the wall-time proposal
+    # cost is informational: a draft model's numpy forwards are not what a device runs)
+    for cell in result.get("drafter_cells", []):
+        for name in ("tokens_per_round", "projected_speedup"):
+            out[f"drafters/{cell['key']}/{name}"] = {
+                "value": float(cell[name]),
+                "kind": "machine_independent",
+                "better": "higher",
+            }
     drafter = result.get("drafter") or {}
     if "scaling" in drafter:
         out["drafter/scaling"] = {"value": float(drafter["scaling"]), "kind": "ratio", "better": "lower"}
@@ -121,7 +132,33 @@ def make_baseline(
         },
         "noise": NOISE_MEASUREMENT,
         "figures": figures(result),
+        # informational, never gated (the peers' extras are not installed everywhere the gate runs)
+        "peers": [_peer_record(p) for p in result.get("peers", []) if p.get("status") == "ok"],
     }
+
+
+_PEER_FIELDS: Final = (
+    "peer",
+    "target",
+    "drafter",
+    "tokens",
+    "pairs",
+    "warmup",
+    "torch_threads",
+    "tokens_per_second_ratio",
+    "ratio_min",
+    "ratio_max",
+    "ratio_spread",
+    "specproof_forwards",
+    "peer_forwards",
+    "load_before",
+    "load_after",
+    "outputs_equal",
+)
+
+
+def _peer_record(peer: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: peer[name] for name in _PEER_FIELDS if name in peer}
 
 
 def save_baseline(path: str | os.PathLike[str], result: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,18 @@ Per workload x target x rollback strategy x k (one *cell*):
 - ``efficiency``: ``speedup / tokens_per_round``;
 - ``lossless``: the speculative tokens equal the greedy oracle's.
 
+**Drafter comparison** (``drafter_cells``): on the bench target, each drafter of
+``BenchConfig.drafters`` (prompt lookup, the ``trained-small`` draft model, the two
+combined) on every workload at the first k: tokens per round, acceptance by position,
+draft-model forwards per round, the median wall time of a proposal over that of a one-token
+target step, and the projected speedup that charges every draft-model forward its weight
+bytes (``draft bytes / target bytes`` per forward, counted at the draft model).
+
+**Peers**: the same model decoded by the peer and by specproof's engine, ``peer_tokens``
+tokens each, after one warm-up run of both, ``peer_repeats`` pairs alternating which goes
+first, torch on one thread; the median tokens/s ratio and its spread over the pairs, with
+the load average before and after.
+
 Beside the cells: the drafter's cost per proposal at 1K/8K/64K tokens of context
 (incremental, as the engine uses it), ``specproof certify --profile ci`` wall time,
 and peer engines on the same model when their extras are installed.
@@ -48,6 +60,7 @@ from specproof import __version__
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
 from specproof.engine import ContextView, NgramDrafter, SpecDecoder, greedy_decode, load_target
 from specproof.engine._protocols import Drafter, Target
+from specproof.engine.drafters import CombinedDrafter, ModelDrafter, load_drafter
 from specproof.engine.errors import InvalidSettingError, SpecproofError
 
 __all__ = [
@@ -57,7 +70,9 @@ __all__ = [
     "BenchResult",
     "Cell",
     "CountingTarget",
+    "DRAFTER_COMPARISON",
     "DecoderFactory",
+    "DrafterCell",
     "GreedyCount",
     "count_greedy",
     "count_spec",
@@ -70,6 +85,9 @@ __all__ = [
 DEFAULT_TARGET: Final = "trained"
 # Reported beside any reference-family target: the verify-reads-more-experts case.
 MOE_COMPANION: Final = "reference-moe"
+# The drafters compared on every workload (the bench target only): prompt lookup, the
+# trained fixture's small draft model, and prompt lookup falling back to that model.
+DRAFTER_COMPARISON: Final = ("ngram", "model:trained-small", "combined:trained-small")
 
 DecoderFactory = Callable[..., Any]  # (target, drafter, *, k, rollback) -> an object with start(prompt)
 ProgressHook = Callable[[str], None]
@@ -99,9 +117,10 @@ class BenchConfig:
     drafter_contexts: tuple[int, ...] = (1024, 8192, 65536)
     drafter_reps: int = 200
     certify: bool = False
+    drafters: tuple[str, ...] = DRAFTER_COMPARISON
     peers: bool = True
-    peer_tokens: int = 16  # the peers' tiny models are slow on CPU (transformers: ~2 tokens/s here)
-    peer_repeats: int = 1
+    peer_tokens: int = 128  # tokens per engine per pair (at least 64: shorter runs are mostly noise here)
+    peer_repeats: int = 9  # alternating pairs after one warm-up of each engine (at least 7)
 
     def __attrs_post_init__(self) -> None:
         _check_ints("ks", self.ks, 1)
@@ -134,8 +153,8 @@ class BenchConfig:
             verify_reps=25,
             drafter_reps=400,
             certify=True,
-            peer_tokens=48,
-            peer_repeats=3,
+            peer_tokens=128,
+            peer_repeats=15,
         )
 
     @property
@@ -252,11 +271,45 @@ class Cell:
 
 
 @attrs.frozen(kw_only=True)
+class DrafterCell:
+    """One drafter on one workload (the bench target, the first k, one rollback strategy)."""
+
+    workload: str
+    target: str
+    drafter: str
+    rollback: str
+    k: int
+    emitted: int
+    rounds: int
+    tokens_per_round: float
+    acceptance_by_position: tuple[float, ...]
+    draft_forwards_per_round: float  # draft-model forwards per round (0 for prompt lookup)
+    draft_bytes_ratio: float  # weight bytes of one draft-model forward over one target step (0 without a model)
+    projected_speedup: float  # greedy bytes / (target bytes + draft-model bytes) for the same tokens
+    projected_speedup_target_only: float  # the same, not charging the draft model (the cells' figure)
+    proposal_seconds: float  # median wall time of one propose call (informational)
+    target_step_seconds: float  # median wall time of one one-token target forward (informational)
+    proposal_cost: float  # proposal_seconds / target_step_seconds
+    lossless: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.workload}/{self.target}/{self.drafter}/k{self.k}"
+
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = attrs.asdict(self)
+        data["acceptance_by_position"] = list(self.acceptance_by_position)
+        data["key"] = self.key
+        return data
+
+
+@attrs.frozen(kw_only=True)
 class BenchResult:
     """Everything one run measured, plus where and with what it ran."""
 
     config: BenchConfig
     cells: tuple[Cell, ...]
+    drafter_cells: tuple[DrafterCell, ...]
     workloads: tuple[Workload, ...]
     drafter: Mapping[str, Any]
     certify: Mapping[str, Any]
@@ -272,6 +325,7 @@ class BenchResult:
             "config": self.config.to_json(),
             "workloads": [w.to_json() for w in self.workloads],
             "cells": [c.to_json() for c in self.cells],
+            "drafter_cells": [c.to_json() for c in self.drafter_cells],
             "drafter": dict(self.drafter),
             "certify": dict(self.certify),
             "peers": [dict(p) for p in self.peers],
@@ -456,6 +510,7 @@ def count_spec(
         "forwards_per_round": len(log) / n_rounds,
         "replay_per_round": replay / n_rounds,
         "projected_speedup": greedy.decode_bytes / spec_bytes if spec_bytes else 0.0,
+        "spec_bytes": spec_bytes,
         "verify_bytes_ratio": statistics.mean(verify_bytes) / greedy.one_token_bytes if verify_bytes else 1.0,
         "lossless": tuple(tokens) == greedy.tokens,
     }
@@ -558,6 +613,152 @@ def _measure_target(
     return cells
 
 
+# --------------------------------------------------------------------------- drafter comparison
+
+
+class _TimedDrafter:
+    """Times every ``propose`` of the drafter it wraps (and passes ``reset`` through)."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", type(inner).__name__)
+        self.times: list[float] = []
+
+    def reset(self) -> None:
+        reset = getattr(self.inner, "reset", None)
+        if callable(reset):
+            reset()
+
+    def propose(self, context: Sequence[int], k: int) -> Sequence[int]:
+        t0 = time.perf_counter()
+        out = self.inner.propose(context, k)
+        self.times.append(time.perf_counter() - t0)
+        return out
+
+
+def comparison_drafter(spec: str) -> tuple[Drafter, CountingTarget | None]:
+    """The drafter a spec names; for ``model:`` / ``combined:`` specs, with its draft model wrapped in a
+    ``CountingTarget`` (returned too) so its forwards and the bytes they read are counted."""
+    prefix, _, rest = spec.partition(":")
+    if prefix in ("model", "combined"):
+        model = CountingTarget(load_target(rest))
+        drafter = ModelDrafter(model, name=f"ModelDrafter({rest})")  # type: ignore[arg-type]
+        return (drafter if prefix == "model" else CombinedDrafter(drafter)), model
+    return load_drafter(spec), None
+
+
+def _measure_drafters(
+    spec: str,
+    target: Target,
+    workloads: Sequence[Workload],
+    config: BenchConfig,
+    *,
+    decoder_factory: DecoderFactory,
+    tick: ProgressHook,
+) -> list[DrafterCell]:
+    """The drafter comparison on one target: every drafter of ``config.drafters`` on every workload."""
+    k = config.ks[0]
+    rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
+    pb = getattr(target, "parameter_bytes", None)
+    target_bytes = float(pb()["dense"]) if callable(pb) else 1.0
+    out: list[DrafterCell] = []
+    for wl in workloads:
+        prompt = encode_text(target, wl.text)
+        oracle = count_greedy(target, prompt, config.decode_tokens)
+        # the wall time of a one-token target step, from the prompt's state
+        _prefill(target, prompt)
+        step_times: list[float] = []
+        pending = prompt[-1]
+        for _ in range(4):
+            t, got = _greedy_chunk(target, pending, 8)
+            pending = got[-1]
+            step_times.append(t / 8)
+        step = statistics.median(step_times)
+        for dspec in config.drafters:
+            inner, model = comparison_drafter(dspec)
+            timed = _TimedDrafter(inner)
+            fig = count_spec(
+                target,
+                prompt,
+                oracle,
+                k=k,
+                rollback=rollback,
+                chunks=config.chunks,
+                chunk_tokens=config.chunk_tokens,
+                drafter_factory=lambda timed=timed: timed,  # type: ignore[misc]
+                decoder_factory=decoder_factory,
+            )
+            rounds = max(int(fig["rounds"]), 1)
+            # the draft model's prefill of the prompt is not charged, as the target's is not
+            draft_log = model.log[1:] if model is not None else []
+            draft_bytes = sum(b for _, b in draft_log)
+            draft_one = model._dense if model is not None else 0.0
+            spec_bytes = float(fig["spec_bytes"])
+            proposal = statistics.median(timed.times) if timed.times else 0.0
+            out.append(
+                DrafterCell(
+                    workload=wl.name,
+                    target=spec,
+                    drafter=dspec,
+                    rollback=rollback,
+                    k=k,
+                    emitted=fig["emitted"],
+                    rounds=fig["rounds"],
+                    tokens_per_round=float(fig["tokens_per_round"]),
+                    acceptance_by_position=fig["acceptance_by_position"],
+                    draft_forwards_per_round=len(draft_log) / rounds,
+                    draft_bytes_ratio=draft_one / target_bytes,
+                    projected_speedup=oracle.decode_bytes / (spec_bytes + draft_bytes) if spec_bytes else 0.0,
+                    projected_speedup_target_only=float(fig["projected_speedup"]),
+                    proposal_seconds=proposal,
+                    target_step_seconds=step,
+                    proposal_cost=proposal / step if step > 0 else 0.0,
+                    lossless=bool(fig["lossless"]),
+                )
+            )
+            tick(f"{wl.name} {spec} drafter {dspec}")
+    return out
+
+
+def drafter_table_lines(result: Mapping[str, Any]) -> list[str]:
+    """The drafter comparison of a bench result (``BenchResult.to_json()``) as plain text lines."""
+    cells = result.get("drafter_cells") or []
+    if not cells:
+        return []
+    k = cells[0]["k"]
+    lines = [
+        f"drafters on {cells[0]['target']} (k={k}, {cells[0]['rollback']}): tok/round | accepted by position | "
+        "draft fwd/round | proposal / target step (wall) | projected (draft bytes counted) | target-only | lossless"
+    ]
+    for c in cells:
+        acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"])
+        lines.append(
+            f"  {c['workload']:<13} {c['drafter']:<24} {c['tokens_per_round']:5.2f} | {acc} | "
+            f"{c['draft_forwards_per_round']:4.2f} | {c['proposal_cost']:6.2f}x | {c['projected_speedup']:5.2f}x | "
+            f"{c['projected_speedup_target_only']:5.2f}x | {'yes' if c['lossless'] else 'NO'}"
+        )
+    return lines
+
+
+def peer_lines(result: Mapping[str, Any]) -> list[str]:
+    """The peer comparison of a bench result as plain text lines (median, spread, pairs, load)."""
+    out = []
+    for peer in result.get("peers") or []:
+        if peer.get("status") != "ok":
+            out.append(f"peer {peer.get('peer')}: {peer.get('status')} - {peer.get('reason')}")
+            continue
+        out.append(
+            f"peer {peer['peer']} on {peer['target']}: specproof/peer tokens/s median "
+            f"{peer['tokens_per_second_ratio']:.2f}x "
+            f"(min {peer['ratio_min']:.2f}, max {peer['ratio_max']:.2f}, spread {peer['ratio_spread']:.0%}) over "
+            f"{peer['pairs']} alternating pairs of {peer['tokens']} tokens after a warm-up, torch threads "
+            f"{peer.get('torch_threads')}, load {peer['load_before']:.2f} -> {peer['load_after']:.2f}; forwards after "
+            f"prefill: specproof {peer.get('specproof_forwards')}, peer {peer.get('peer_forwards')}; "
+            f"outputs equal: {'yes' if peer['outputs_equal'] else 'NO'}"
+        )
+    return out
+
+
 # --------------------------------------------------------------------------- peers
 
 
@@ -582,8 +783,24 @@ def _peer_hf(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dic
     k = 4 if 4 in config.ks else config.ks[0]
     peer = make(prompt_lookup_num_tokens=k)
     # the same model instance the peer drives, so both engines decode the same weights
-    target = getattr(peer, "target", None) or _load_family("hf:lfm2-tiny", "specproof.engine.targets.hf")
-    return {**row, **_compare_engines(config, target, peer.generate, drafter_factory)}
+    target = (
+        getattr(peer, "oracle", None)
+        or getattr(peer, "target", None)
+        or _load_family("hf:lfm2-tiny", "specproof.engine.targets.hf")
+    )
+    if drafter_factory is NgramDrafter:
+        # a rejected draft costs a replay forward on this target (transformers exposes no per-position conv
+        # states, so no checkpoints): specproof's prompt lookup drafts only on a match of >= 2 tokens here
+        drafter_factory = _replay_lookup
+    return {
+        **row,
+        **_compare_engines(config, target, peer.generate, drafter_factory, peer_model=getattr(peer, "model", None)),
+    }
+
+
+def _replay_lookup() -> Drafter:
+    """Prompt lookup for a replay-rollback target: a match of at least 2 tokens (``ngram:2,3``)."""
+    return NgramDrafter(min_n=2, max_n=3)
 
 
 def _peer_mlx(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dict[str, Any]:
@@ -610,38 +827,118 @@ def _peer_mlx(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> di
     return {**row, **_compare_engines(config, target, mlx_greedy, drafter_factory)}
 
 
+def _torch_threads(n: int | None) -> int | None:
+    """Set torch's intra-op threads to ``n`` (when torch is loaded) and return the previous count."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    before = int(torch.get_num_threads())
+    if n is not None:
+        torch.set_num_threads(n)
+    return before
+
+
 def _compare_engines(
-    config: BenchConfig, target: Target, peer_generate: Callable[..., Any], drafter_factory: Callable[[], Drafter]
+    config: BenchConfig,
+    target: Target,
+    peer_generate: Callable[..., Any],
+    drafter_factory: Callable[[], Drafter],
+    *,
+    peer_model: Any = None,
 ) -> dict[str, Any]:
-    """Tokens/s of specproof's engine over the peer's, interleaved, and whether the outputs are equal."""
+    """Tokens/s of specproof's engine over the peer's on one model: a sound comparison.
+
+    One warm-up run of each engine (untimed: first-call allocation, lazy imports, kernel
+    selection), then ``peer_repeats`` pairs, alternating which engine goes first, each
+    decoding ``peer_tokens`` tokens from the same prompt, torch on one thread. The figure is
+    the median of the per-pair ratios; min, max and spread ((max - min) / median) are
+    reported with the load average before and after, so a noisy run shows as one. The
+    warm-up runs also count model forwards on both sides (specproof's at the target; the
+    peer's with a forward hook on ``peer_model`` when it is a torch module): the
+    machine-independent part of the comparison.
+    """
+    import os
+
     wl = build_workloads(("code-edit",), prompt_chars=config.prompt_chars)[0]
     n = min(config.peer_tokens, target.max_context // 4)
     # tiny peer models have short contexts: keep the prompt's end (the request) and room for n tokens
     prompt = encode_text(target, wl.text)[-(target.max_context - n - 1) :]
     k = 4 if 4 in config.ks else config.ks[0]
-    ours_t, peer_t, ratios = [], [], []
-    ours_tokens: tuple[int, ...] = ()
-    peer_tokens: tuple[int, ...] = ()
     rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
-    for _ in range(config.peer_repeats):
-        t0 = time.perf_counter()
-        got = peer_generate(prompt, n)
-        tp = time.perf_counter() - t0
-        peer_tokens = tuple(int(t) for t in getattr(got, "tokens", got))
-        t0 = time.perf_counter()
-        ours_tokens = _default_decoder(target, drafter_factory(), k=k, rollback=rollback).generate(prompt, n).tokens
-        to = time.perf_counter() - t0
-        peer_t.append(tp)
-        ours_t.append(to)
-        ratios.append((len(ours_tokens) / to) / (len(peer_tokens) / tp) if peer_tokens and to > 0 else 0.0)
+    threads_before = _torch_threads(1)
+    try:
+        decoder = _default_decoder(target, drafter_factory(), k=k, rollback=rollback)
+
+        def ours() -> tuple[float, tuple[int, ...]]:
+            t0 = time.perf_counter()
+            toks = decoder.generate(prompt, n).tokens
+            return time.perf_counter() - t0, tuple(toks)
+
+        def theirs() -> tuple[float, tuple[int, ...]]:
+            t0 = time.perf_counter()
+            got = peer_generate(prompt, n)
+            return time.perf_counter() - t0, tuple(int(t) for t in getattr(got, "tokens", got))
+
+        # warm-up (untimed), counting forwards: ours at a counting wrapper, the peer's at its model
+        counting = CountingTarget(target)
+        drafter = drafter_factory()
+        counted = _default_decoder(counting, drafter, k=k, rollback=rollback).generate(prompt, n)  # type: ignore[arg-type]
+        ours_forwards = len(counting.decode_log(len(prompt)))
+        peer_calls: list[int] = []
+        hook = None
+        if callable(getattr(peer_model, "register_forward_hook", None)):
+            hook = peer_model.register_forward_hook(lambda *_args: peer_calls.append(1))
+        try:
+            theirs()
+        finally:
+            if hook is not None:
+                hook.remove()
+        peer_forwards = len(peer_calls) - 1 if peer_calls else None  # less its prefill
+        ours()
+        load_before = os.getloadavg()[0]
+        ratios: list[float] = []
+        ours_t: list[float] = []
+        peer_t: list[float] = []
+        ours_tokens: tuple[int, ...] = ()
+        peer_tokens: tuple[int, ...] = ()
+        for i in range(config.peer_repeats):
+            if i % 2 == 0:
+                tp, peer_tokens = theirs()
+                to, ours_tokens = ours()
+            else:
+                to, ours_tokens = ours()
+                tp, peer_tokens = theirs()
+            peer_t.append(tp)
+            ours_t.append(to)
+            ratios.append((len(ours_tokens) / to) / (len(peer_tokens) / tp) if peer_tokens and to > 0 else 0.0)
+        load_after = os.getloadavg()[0]
+        threads = _torch_threads(None)
+    finally:
+        if threads_before is not None:
+            _torch_threads(threads_before)
+    median = statistics.median(ratios)
     return {
         "status": "ok",
         "workload": wl.name,
         "k": k,
         "rollback": rollback,
-        "tokens_per_second_ratio": statistics.median(ratios),
+        "tokens": n,
+        "pairs": len(ratios),
+        "warmup": 1,
+        "torch_threads": threads,
+        "drafter": getattr(drafter, "name", type(drafter).__name__),
+        "specproof_forwards": ours_forwards,
+        "specproof_tokens_per_round": counted.stats.mean_tokens_per_round if counted.stats else None,
+        "peer_forwards": peer_forwards,
+        "tokens_per_second_ratio": median,
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratio_spread": (max(ratios) - min(ratios)) / median if median else 0.0,
+        "ratios": ratios,
         "specproof_tokens_per_second": len(ours_tokens) / statistics.median(ours_t),
         "peer_tokens_per_second": len(peer_tokens) / statistics.median(peer_t),
+        "load_before": load_before,
+        "load_after": load_after,
         "outputs_equal": ours_tokens == peer_tokens,
     }
 
@@ -668,7 +965,8 @@ def _run_peer(fn: Callable[..., dict[str, Any]], config: BenchConfig, drafter_fa
 def plan_size(config: BenchConfig) -> int:
     """Progress steps of a run: one per cell, one per drafter context, certify, peers."""
     cells = len(config.targets) * len(config.workloads) * len(config.rollbacks) * len(config.ks)
-    return cells + 1 + int(config.certify) + (2 if config.peers else 0)
+    drafters = len(config.workloads) * len(config.drafters)
+    return cells + drafters + 1 + int(config.certify) + (2 if config.peers else 0)
 
 
 def run_bench(
@@ -687,6 +985,7 @@ def run_bench(
     t_start = time.perf_counter()
     workloads = build_workloads(config.workloads, prompt_chars=config.prompt_chars)
     cells: list[Cell] = []
+    drafter_cells: list[DrafterCell] = []
     for spec in config.targets:
         pair = (load_target(spec), load_target(spec))
         cells.extend(
@@ -700,6 +999,10 @@ def run_bench(
                 tick=tick,
             )
         )
+        if spec == config.target and config.drafters:
+            drafter_cells.extend(
+                _measure_drafters(spec, pair[0], workloads, config, decoder_factory=decoder_factory, tick=tick)
+            )
     drafter = _drafter_cost(drafter_factory, config.drafter_contexts, k=max(config.ks), reps=config.drafter_reps)
     tick("drafter cost")
     certify: dict[str, Any] = {"status": "skip", "reason": "skipped by --quick: it takes about 2 minutes here"}
@@ -714,6 +1017,7 @@ def run_bench(
     return BenchResult(
         config=config,
         cells=tuple(cells),
+        drafter_cells=tuple(drafter_cells),
         workloads=tuple(workloads),
         drafter=drafter,
         certify=certify,
