@@ -207,6 +207,7 @@ class Engine {
             throw RequestError("the prompt has " + std::to_string(prompt.size()) + " tokens, more than max_context=" +
                                std::to_string(max_context_));
         const auto t0 = Clock::now();
+        io_us_ = 0;
         StatsCounter st;
         st.attempts.assign(opt_.k, 0);
         st.accepts.assign(opt_.k, 0);

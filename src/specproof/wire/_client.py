@@ -114,7 +114,7 @@ class _ProcessTransport(_Transport):
                 stderr=subprocess.PIPE,
                 cwd=cwd,
                 env=env,
-                bufsize=0,
+                bufsize=-1,  # buffered: readline on an unbuffered pipe reads one byte per call
             )
         except OSError as exc:
             raise EngineProtocolError(f"engine {self.describe}: cannot start it: {exc}") from exc

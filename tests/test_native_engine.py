@@ -1,0 +1,367 @@
+"""The native C++ engine (native/) over specproof-engine/1: its forward against the numpy
+``trained`` target, lossless rounds on both rollbacks with scripted suite drafts, sessions,
+TCP, and every planted ``--bug`` caught.
+
+The engine is built on first use (cmake, or g++ directly); without a C++ toolchain the
+tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specproof.bench._workloads import build_workloads, encode_text
+from specproof.conformance.checks.generation import check_generation
+from specproof.engine import Generation, NgramDrafter, greedy_decode, load_target
+from specproof.engine.targets.reference import ReferenceHybrid
+from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, round_plans
+from specproof.wire import ExecEngine, NativeBuildError, TcpEngine, build_native, export_weights, native_binary
+
+LOGIT_ATOL = 1e-4  # measured: 1.5e-5 over 300 positions of a bench prompt
+BUGS = (
+    "stale-conv",
+    "processed-off-by-one",
+    "skip-restore-when-zero-accepted",
+    "bonus-from-wrong-row",
+    "prefix-reuse-stale-state",
+    "tokens-after-eos",
+)
+
+
+def _stale(binary: Path) -> bool:
+    if not binary.is_file():
+        return True
+    src = binary.parents[1]
+    newest = max(p.stat().st_mtime for p in [*src.glob("src/*"), src / "CMakeLists.txt"])
+    return binary.stat().st_mtime < newest
+
+
+@pytest.fixture(scope="session")
+def native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(engine binary, weights file): built and exported once per session, or skip."""
+    binary = native_binary()
+    if _stale(binary):
+        try:
+            build_native(quiet=True)
+        except NativeBuildError as exc:
+            pytest.skip(f"the native engine is not built and cannot be built here: {exc}")
+    weights = tmp_path_factory.mktemp("native") / "trained.safetensors"
+    export_weights(weights, target="trained")
+    return binary, weights
+
+
+@pytest.fixture(scope="session")
+def start(native: tuple[Path, Path]) -> Callable[..., ExecEngine]:
+    binary, weights = native
+
+    def make(*args: str) -> ExecEngine:
+        return ExecEngine([str(binary), "--weights", str(weights), *args], timeout=30.0)
+
+    return make
+
+
+@pytest.fixture(scope="module", params=["checkpoint", "replay"])
+def engine(request: pytest.FixtureRequest, start: Callable[..., ExecEngine]) -> Iterator[ExecEngine]:
+    with start("--rollback", request.param) as e:
+        yield e
+
+
+_REFERENCE: dict[str, ReferenceHybrid] = {}
+
+
+def reference(role: str = "greedy") -> ReferenceHybrid:
+    """One numpy ``trained`` target per role (greedy oracle, state reference), reused."""
+    if role not in _REFERENCE:
+        target = load_target("trained")
+        assert isinstance(target, ReferenceHybrid)
+        _REFERENCE[role] = target
+    return _REFERENCE[role]
+
+
+def greedy(prompt: Sequence[int], n: int, eos: int | None = None) -> list[int]:
+    return list(greedy_decode(reference(), prompt, n, eos_token_id=eos).tokens)
+
+
+def bench_prompts() -> dict[str, list[int]]:
+    return {w.name: encode_text(reference(), w.text) for w in build_workloads(prompt_chars=400)}
+
+
+# --------------------------------------------------------------------------- the forward
+
+
+Arrays = tuple[np.ndarray, np.ndarray]
+
+
+def run_logits(native: tuple[Path, Path], tmp_path: Path, tokens: list[int], chunk: int) -> Arrays:
+    """Logits ``[len(tokens), vocab]`` of the engine's forward in chunks of ``chunk``, and its flat state."""
+    binary, weights = native
+    (tmp_path / "in.json").write_text(json.dumps({"tokens": tokens, "chunk": chunk}))
+    out = tmp_path / f"out{chunk}.f32"
+    command = [binary, "--weights", weights, "--logits", tmp_path / "in.json", out]
+    subprocess.run(command, check=True, capture_output=True)
+    logits = np.fromfile(out, dtype=np.float32).reshape(len(tokens), -1)
+    return logits, np.fromfile(str(out) + ".state", dtype=np.float32)
+
+
+def test_logits_and_state_agree_with_the_numpy_target(native: tuple[Path, Path], tmp_path: Path) -> None:
+    tokens = bench_prompts()["code-edit"][:300]
+    got, state = run_logits(native, tmp_path, tokens, chunk=300)
+    target = load_target("trained")
+    want = target.forward(tokens)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < LOGIT_ATOL
+    assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+    ref = target.state_arrays()  # type: ignore[attr-defined]
+    flat = np.concatenate([ref[name].ravel() for name in ("key_cache", "value_cache", "conv_state", "rec_state")])
+    assert state.shape == flat.shape and np.abs(state - flat).max() < LOGIT_ATOL
+    # the C++ forward is exactly batch-invariant: one-token steps give the same bits
+    one, _ = run_logits(native, tmp_path, tokens, chunk=1)
+    assert one.tobytes() == got.tobytes()
+
+
+def test_greedy_and_speculative_equal_numpy_greedy_on_the_bench_prompts(engine: ExecEngine) -> None:
+    engine.drafter = None
+    for name, prompt in bench_prompts().items():
+        want = greedy(prompt, 48)
+        assert engine.greedy(prompt, 48) == want, name
+        engine.reset()
+        gen = engine.generate(prompt, 48)
+        assert list(gen.tokens) == want, name
+        assert_clean(gen, prompt, engine, 48)
+        assert gen.stats is not None and gen.stats.accepted > 0, name  # the n-gram drafter was used
+        engine.reset()
+
+
+def test_handshake(engine: ExecEngine) -> None:
+    assert engine.engine_name == "specproof-native"
+    assert engine.vocab_size == 256 and engine.k == 4 and engine.max_context == 4096
+    assert engine.capabilities == {"greedy", "suite_drafts", "state", "sessions"}
+    assert engine.model == "trained" and isinstance(engine.oracle, ReferenceHybrid)
+    assert 0 < engine.atol <= 1e-3 and engine.tie_tolerance > 0
+    assert "specproof-engine" in engine.stderr_tail
+
+
+# --------------------------------------------------------------------------- rounds with suite drafts
+
+
+def assert_clean(gen: Generation, prompt: Sequence[int], engine: ExecEngine, n: int, eos: int | None = None) -> None:
+    results = check_generation(
+        gen,
+        prompt=prompt,
+        k=engine.k,
+        max_new_tokens=n,
+        eos_token_id=eos,
+        max_context=engine.max_context,
+        rollback=engine.rollback,
+        final_processed=engine.target.processed,
+    )
+    assert {k: v for k, v in results.items() if v} == {}
+
+
+class StateChecking:
+    """Wraps a drafter: at every proposal compares the engine's reported state with a fresh
+    reference fed ``ctx[:-1]`` (the previous round's rollback is done by then)."""
+
+    def __init__(self, inner: object, engine: ExecEngine) -> None:
+        self.inner = inner
+        self.engine = engine
+        self.problems: list[str] = []
+        self.checks = 0
+
+    def reset(self) -> None:
+        reset = getattr(self.inner, "reset", None)
+        if callable(reset):
+            reset()
+
+    def check(self, context: Sequence[int], when: str) -> None:
+        view = self.engine.target
+        if view.processed != len(context) - 1:
+            self.problems.append(f"{when}: processed {view.processed} != len(ctx) - 1 = {len(context) - 1}")
+            return
+        ref = reference("state")
+        ref.reset()
+        if len(context) > 1:
+            ref.forward(list(context[:-1]))
+        want = ref.state_arrays()
+        got = view.state_arrays()
+        self.checks += 1
+        for name, array in want.items():
+            if name not in got or got[name].shape != array.shape:
+                self.problems.append(f"{when}: {name} shape")
+            elif not np.allclose(got[name], array, rtol=0, atol=self.engine.atol):
+                self.problems.append(f"{when}: {name} differs by {np.abs(got[name] - array).max():.3g}")
+
+    def propose(self, context: Sequence[int], k: int) -> Sequence[int]:
+        self.check(context, f"round at context length {len(context)}")
+        return self.inner.propose(context, k)  # type: ignore[attr-defined,no-any-return]
+
+
+PROMPTS = [list(b"def indent(text, prefix):\n    return "), list(b"The quick brown fox"), [10]]
+
+
+@settings(max_examples=10)
+@given(
+    prompt=st.sampled_from(PROMPTS),
+    plan=round_plans(k=4, max_rounds=6),
+    n=st.integers(1, 24),
+    use_eos=st.booleans(),
+)
+def test_scripted_rounds_are_lossless_with_the_state_restored(
+    engine: ExecEngine, prompt: list[int], plan: RoundPlan, n: int, use_eos: bool
+) -> None:
+    want_full = greedy(prompt, n)
+    eos = want_full[len(want_full) // 2] if use_eos else None
+    want = greedy(prompt, n, eos)
+    scripted = ScriptedDrafter(prompt, want_full, plan, vocab_size=256)
+    probe = StateChecking(scripted, engine)
+    engine.reset()
+    engine.drafter = probe
+    try:
+        gen = engine.generate(prompt, n, eos_token_id=eos)
+    finally:
+        engine.drafter = None
+    assert list(gen.tokens) == want
+    assert_clean(gen, prompt, engine, n, eos)
+    probe.check([*prompt, *gen.tokens], "after the generation")
+    assert probe.problems == []
+
+
+def test_sessions_reuse_the_prefix_and_stay_lossless(engine: ExecEngine) -> None:
+    engine.reset()
+    engine.drafter = None
+    prompt = bench_prompts()["structured"]
+    first = engine.generate(prompt, 16)
+    assert first.stats is not None and first.stats.prefill_forwards == 1
+    # the next turn: the whole previous context plus a user message
+    turn = [*prompt, *first.tokens, *b"\nnext: "]
+    second = engine.generate(turn, 16)
+    assert list(second.tokens) == greedy(turn, 16)
+    # regenerate with an edited tail: the shared prefix ends before the kept snapshots
+    edited = [*prompt[:-30], *b"# edited\n"]
+    third = engine.generate(edited, 16)
+    assert list(third.tokens) == greedy(edited, 16)
+    probe = StateChecking(NgramDrafter(), engine)
+    probe.check([*edited, *third.tokens], "after the edited request")
+    assert probe.problems == []
+
+
+def test_a_drafter_that_raises_leaves_the_engine_usable(engine: ExecEngine) -> None:
+    class Broken:
+        def propose(self, context: Sequence[int], k: int) -> list[int]:
+            raise RuntimeError("drafter exploded")
+
+    engine.reset()
+    engine.drafter = Broken()
+    try:
+        with pytest.raises(RuntimeError, match="drafter exploded"):
+            engine.generate(PROMPTS[0], 8)
+    finally:
+        engine.drafter = None
+    assert engine.greedy(PROMPTS[0], 8) == greedy(PROMPTS[0], 8)
+
+
+def test_tcp_listen(native: tuple[Path, Path]) -> None:
+    binary, weights = native
+    proc = subprocess.Popen(
+        [binary, "--weights", weights, "--listen", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        with TcpEngine("127.0.0.1", port, timeout=30.0) as engine:
+            prompt = PROMPTS[1]
+            gen = engine.generate(prompt, 20)
+            assert list(gen.tokens) == greedy(prompt, 20)
+            assert engine.target.processed == len(prompt) + 19
+        assert proc.wait(timeout=10) == 0  # close() sent shutdown
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# --------------------------------------------------------------------------- planted bugs
+
+
+def findings(engine: ExecEngine) -> list[str]:
+    """Run scenarios that reach every rollback path; every way the run went wrong."""
+    found: list[str] = []
+    prompt = PROMPTS[0]
+    n = 20
+    full = greedy(prompt, n)
+    plans = [
+        RoundPlan((PlannedRound(4, 0), PlannedRound(4, 2), PlannedRound(0, 0), PlannedRound(4, 4))),
+        RoundPlan((PlannedRound(4, 4),)),
+    ]
+    for plan, eos in ((plans[0], None), (plans[1], full[5])):
+        probe = StateChecking(ScriptedDrafter(prompt, full, plan, vocab_size=256), engine)
+        engine.reset()
+        engine.drafter = probe
+        try:
+            gen = engine.generate(prompt, n, eos_token_id=eos)
+        finally:
+            engine.drafter = None
+        if list(gen.tokens) != greedy(prompt, n, eos):
+            found.append(f"tokens differ from greedy (eos={eos})")
+        results = check_generation(
+            gen,
+            prompt=prompt,
+            k=engine.k,
+            max_new_tokens=n,
+            eos_token_id=eos,
+            rollback=engine.rollback,
+            final_processed=engine.target.processed,
+        )
+        found += [f"{inv}: {v[0].explanation}" for inv, v in results.items() if v]
+        probe.check([*prompt, *gen.tokens], "after the generation")
+        found += probe.problems
+    # a session: a second request sharing only part of the first one's prompt
+    engine.reset()
+    long_prompt = bench_prompts()["code-edit"][:60]
+    engine.generate(long_prompt, 4)
+    edited = [*long_prompt[:30], *b"changed tail"]
+    gen = engine.generate(edited, 12)
+    if list(gen.tokens) != greedy(edited, 12):
+        found.append("session: tokens differ from greedy after prefix reuse")
+    probe = StateChecking(NgramDrafter(), engine)
+    probe.check([*edited, *gen.tokens], "session: after the generation")
+    found += probe.problems
+    return found
+
+
+@pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
+def test_the_correct_engine_has_no_findings(start: Callable[..., ExecEngine], rollback: str) -> None:
+    with start("--rollback", rollback) as engine:
+        assert findings(engine) == []
+
+
+@pytest.mark.parametrize("bug", BUGS)
+@pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
+def test_every_planted_bug_is_caught(start: Callable[..., ExecEngine], bug: str, rollback: str) -> None:
+    with start("--rollback", rollback, "--bug", bug) as engine:
+        assert f"planted bugs: {bug}" in json.dumps(engine.hello)
+        assert findings(engine), f"--bug {bug} ({rollback}) went unnoticed"
+
+
+def test_unknown_bug_is_refused(native: tuple[Path, Path]) -> None:
+    binary, weights = native
+    done = subprocess.run([binary, "--weights", weights, "--bug", "nope"], capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown --bug 'nope'" in done.stderr
+
+
+def test_refuses_weights_it_cannot_run(native: tuple[Path, Path], tmp_path: Path) -> None:
+    binary, _ = native
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    done = subprocess.run([binary, "--weights", bad], capture_output=True, text=True, input="")
+    assert done.returncode == 1 and "__metadata__.config" in done.stderr
