@@ -249,3 +249,13 @@ def test_the_bugs_cost_acceptance_not_losslessness() -> None:
     good_gen = SpecDecoder(load_target("trained:max_context=512"), good, k=4).generate(prompt, 32)
     assert good_gen.tokens == gen.tokens
     assert good_gen.stats.accepted >= gen.stats.accepted
+
+
+@pytest.mark.parametrize("factory", ["model_drafter_hf", "model_drafter_mlx"])
+def test_draft_model_on_a_framework_target_passes(factory: str) -> None:
+    """Correct, different: the draft model is transformers' / mlx-lm's LFM2 (replay rollback, not batch-invariant)."""
+    pytest.importorskip("transformers" if factory.endswith("hf") else "mlx_lm")
+    make = getattr(zoo, factory)
+    assert make().rollback == "replay"
+    violations, compared = check_deterministic(make, CONTEXT[:40], [4, 2], other=OTHER, called=CALLED)
+    assert compared and not violations
