@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "json.hpp"
@@ -212,6 +213,7 @@ class Engine {
         st.attempts.assign(opt_.k, 0);
         st.accepts.assign(opt_.k, 0);
         begin(prompt, st);
+        const double prefill_us = us_since(t0);
         std::vector<int> ctx = prompt, out;
         std::string stop = "max_new_tokens";
         const int k = greedy ? 0 : opt_.k;
@@ -294,7 +296,8 @@ class Engine {
               << ",\"replay_forwards\":" << st.replay << ",\"drafted\":" << st.drafted << ",\"accepted\":" << st.accepted
               << ",\"position_attempts\":" << json_int_list(st.attempts)
               << ",\"position_accepts\":" << json_int_list(st.accepts) << "}";
-        o << ",\"elapsed_us\":" << static_cast<long long>(us_since(t0) - io_us_) << "}";
+        o << ",\"elapsed_us\":" << static_cast<long long>(us_since(t0) - io_us_)
+          << ",\"prefill_us\":" << static_cast<long long>(prefill_us) << "}";
         io_us_ = 0;
         send(ch, o.str());
     }
@@ -611,35 +614,44 @@ static int bench_mode(Model& m, const Options& opt, const std::string& prompt_pa
         }
         o << ",\"step_us_median\":" << median(step) << ",\"verify_us_median\":" << median(verify);
     }
-    for (int mode = 0; mode < 3; ++mode) {
+    // mode -1: prefill only; the rates are decode-only (the engine reports prefill_us separately)
+    for (int mode = -1; mode < 3; ++mode) {
         Options o2 = opt;
         o2.rollback = mode == 2 ? "replay" : "checkpoint";
         Engine e(m, o2);
         e.reset();
         std::ostringstream req;
-        req << "{\"type\":\"" << (mode == 0 ? "greedy" : "generate") << "\",\"id\":1,\"prompt\":" << json_int_list(prompt)
-            << ",\"max_new_tokens\":" << tokens << ",\"drafts\":\"engine\"}";
-        // run through the engine without a client: capture the final line
+        req << "{\"type\":\"" << (mode <= 0 ? "greedy" : "generate") << "\",\"id\":1,\"prompt\":" << json_int_list(prompt)
+            << ",\"max_new_tokens\":" << (mode < 0 ? 0 : tokens) << ",\"drafts\":\"engine\"}";
+        // run through the engine without a client: its messages go to a pipe, the final line is read back
         int fds[2];
         if (::pipe(fds) != 0) return 1;
         Channel out(-1, fds[1]);
-        auto t0 = Clock::now();
-        e.run(out, parse_json(req.str()), mode == 0);
-        double us = us_since(t0);
-        ::close(fds[1]);
         std::string all;
-        char buf[65536];
-        ssize_t n;
-        while ((n = ::read(fds[0], buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
+        std::thread drain([&] {
+            char buf[65536];
+            ssize_t n;
+            while ((n = ::read(fds[0], buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
+        });
+        e.run(out, parse_json(req.str()), mode <= 0);
+        ::close(fds[1]);
+        drain.join();
         ::close(fds[0]);
-        std::string last = all.substr(all.rfind('\n', all.size() - 2) + 1);
-        Json fin = parse_json(last.substr(0, last.find('\n')));
+        const size_t end = all.find_last_not_of('\n');
+        const size_t start = all.rfind('\n', end);
+        Json fin = parse_json(all.substr(start == std::string::npos ? 0 : start + 1, end - start));
+        const double us = fin.get("elapsed_us")->number - fin.get("prefill_us")->number;
+        if (mode < 0) {
+            o << ",\"prefill_us\":" << fin.get("prefill_us")->number;
+            continue;
+        }
         const int emitted = static_cast<int>(fin.get("tokens")->items.size());
         int rounds = emitted;
         if (const Json* s = fin.get("stats")) rounds = static_cast<int>(s->get("rounds")->integer);
+        const double decode_s = us / 1e6;
         const char* name = mode == 0 ? "greedy" : (mode == 1 ? "spec_checkpoint" : "spec_replay");
-        o << ",\"" << name << "\":{\"tokens\":" << emitted << ",\"rounds\":" << rounds << ",\"seconds\":" << us / 1e6
-          << ",\"tokens_per_s\":" << emitted / (us / 1e6) << ",\"tokens_per_round\":" << static_cast<double>(emitted) / rounds;
+        o << ",\"" << name << "\":{\"tokens\":" << emitted << ",\"rounds\":" << rounds << ",\"decode_seconds\":" << decode_s
+          << ",\"tokens_per_s\":" << emitted / decode_s << ",\"tokens_per_round\":" << static_cast<double>(emitted) / rounds;
         if (const Json* s = fin.get("stats")) o << ",\"replay_forwards\":" << s->get("replay_forwards")->integer;
         o << "}";
     }

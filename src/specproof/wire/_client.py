@@ -289,7 +289,9 @@ class WireEngine:
         self.name = f"{self.engine_name} {self.engine_version} via {self.spec}".replace("  ", " ")
         #: send state dumps with every round (capability ``state``); turn off to time the engine
         self.send_state = state and "state" in self.capabilities
+        #: the engine's own time for the last generate (``final.elapsed_us``) and its prefill part
         self.last_elapsed_us: float | None = None
+        self.last_prefill_us: float | None = None
         self.oracle: Target | None = None
         if self.model is not None:
             try:
@@ -437,6 +439,7 @@ class WireEngine:
                 )
             else:
                 self.last_elapsed_us = msg.get("elapsed_us")
+                self.last_prefill_us = msg.get("prefill_us")
                 self.last_wall_us = (time.perf_counter() - started) * 1e6
                 stats = msg.get("stats")
                 return Generation(
