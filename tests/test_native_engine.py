@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -23,7 +24,15 @@ from specproof.conformance.checks.generation import check_generation
 from specproof.engine import Generation, NgramDrafter, greedy_decode, load_target
 from specproof.engine.targets.reference import ReferenceHybrid
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, round_plans
-from specproof.wire import ExecEngine, NativeBuildError, TcpEngine, build_native, export_weights, native_binary
+from specproof.wire import (
+    EngineRequestError,
+    ExecEngine,
+    NativeBuildError,
+    TcpEngine,
+    build_native,
+    export_weights,
+    native_binary,
+)
 
 LOGIT_ATOL = 1e-4  # measured: 1.5e-5 over 300 positions of a bench prompt
 BUGS = (
@@ -365,3 +374,38 @@ def test_refuses_weights_it_cannot_run(native: tuple[Path, Path], tmp_path: Path
     bad.write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     done = subprocess.run([binary, "--weights", bad], capture_output=True, text=True, input="")
     assert done.returncode == 1 and "__metadata__.config" in done.stderr
+
+
+def test_context_full_and_request_errors(start: Callable[..., ExecEngine]) -> None:
+    with start("--max-context", "40") as engine:
+        assert engine.max_context == 40 and engine.model == "trained:max_context=40"
+        assert engine.oracle is not None and engine.oracle.max_context == 40
+        prompt = list(b"The quick brown fox jumps over the ")
+        gen = engine.generate(prompt, 20)
+        assert gen.stop_reason == "context_full" and len(gen.tokens) == 40 - len(prompt) + 1
+        assert list(gen.tokens) == greedy(prompt, 20)[: len(gen.tokens)]
+        assert_clean(gen, prompt, engine, 20)
+        with pytest.raises(EngineRequestError, match="more than max_context=40"):
+            engine.generate(list(range(41)), 1)
+        with pytest.raises(EngineRequestError, match="outside"):
+            engine.greedy([300], 1)
+        assert engine.greedy(prompt, 3) == greedy(prompt, 3)  # still usable
+
+
+def test_cli_native_spec_and_export(native: tuple[Path, Path], tmp_path: Path) -> None:
+    safe_open = pytest.importorskip("safetensors").safe_open
+
+    weights = tmp_path / "w.safetensors"
+    done = subprocess.run(
+        [sys.executable, "-m", "specproof.wire", "native-spec", "--weights", str(weights), "--", "--bug", "stale-conv"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    spec = done.stdout.strip()
+    assert spec.startswith("exec:") and spec.endswith("--bug stale-conv") and str(weights) in spec
+    with safe_open(str(weights), framework="numpy") as f:
+        meta = f.metadata()
+        assert meta["format"] == "specproof-weights/1" and meta["model"] == "trained"
+        assert json.loads(meta["config"])["layers"] == ["conv", "attn", "conv", "attn"]
+        assert len(list(f.keys())) == len(reference().weights)

@@ -168,7 +168,13 @@ class Engine {
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
           << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\"]";
-        if (!m_.model_spec.empty()) o << ",\"model\":" << json_quote(m_.model_spec);
+        if (!m_.model_spec.empty()) {
+            // the oracle must have the same capacity: trained -> trained:max_context=N
+            std::string spec = m_.model_spec;
+            if (max_context_ != m_.cfg.max_context && spec.find(':') == std::string::npos)
+                spec += ":max_context=" + std::to_string(max_context_);
+            o << ",\"model\":" << json_quote(spec);
+        }
         o << ",\"atol\":0.0005,\"tie_tolerance\":0.001";
         if (!opt_.bugs.empty()) {
             std::string names = "planted bugs:";
