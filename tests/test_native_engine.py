@@ -292,7 +292,11 @@ def test_tcp_listen(native: tuple[Path, Path]) -> None:
             gen = engine.generate(prompt, 20)
             assert list(gen.tokens) == greedy(prompt, 20)
             assert engine.target.processed == len(prompt) + 19
-        assert proc.wait(timeout=10) == 0  # close() sent shutdown
+        assert proc.poll() is None  # close() only disconnected: the engine listens for the next session
+        engine = TcpEngine("127.0.0.1", port, timeout=30.0)
+        assert engine.greedy(PROMPTS[0], 5) == greedy(PROMPTS[0], 5)
+        engine.shutdown()
+        assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

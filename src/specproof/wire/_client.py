@@ -513,11 +513,25 @@ class WireEngine:
         if isinstance(view, WireTargetView):
             view.clear()
 
+    #: whether ``close()`` asks the engine to exit (a process we started) or only disconnects
+    shutdown_on_close = True
+
     def close(self, *, timeout: float = 5.0) -> None:
-        """Ask the engine to shut down, wait ``timeout`` seconds, then kill it. Idempotent."""
+        """End the conversation; idempotent.
+
+        ``ExecEngine``: send ``shutdown``, wait ``timeout`` seconds, then kill the process.
+        ``TcpEngine``: only disconnect (the engine goes on listening for the next session);
+        ``shutdown()`` stops it.
+        """
         if self._closed:
             return
-        if self._broken is None:
+        if self.shutdown_on_close:
+            self.shutdown(timeout=timeout)
+        self._kill(timeout)
+
+    def shutdown(self, *, timeout: float = 5.0) -> None:
+        """Send ``shutdown`` and wait up to ``timeout`` seconds for its ``ok``; then close."""
+        if self._broken is None and not self._closed:
             with contextlib.suppress(Exception):
                 rid = self._new_id()
                 self._transport.send(json.dumps({"type": "shutdown", "id": rid}))
@@ -582,7 +596,12 @@ class ExecEngine(WireEngine):
 
 
 class TcpEngine(WireEngine):
-    """Connect to an engine listening on ``host:port`` (a device on the network, or loopback in tests)."""
+    """Connect to an engine listening on ``host:port`` (a device on the network, or loopback in tests).
+
+    ``close()`` disconnects and leaves the engine running; ``shutdown()`` stops it.
+    """
+
+    shutdown_on_close = False
 
     def __init__(self, host: str, port: int, *, timeout: float = DEFAULT_TIMEOUT, state: bool = True) -> None:
         super().__init__(_SocketTransport(host, int(port), timeout=timeout), timeout=timeout, state=state)
