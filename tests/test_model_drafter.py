@@ -259,3 +259,18 @@ def test_draft_model_on_a_framework_target_passes(factory: str) -> None:
     assert make().rollback == "replay"
     violations, compared = check_deterministic(make, CONTEXT[:40], [4, 2], other=OTHER, called=CALLED)
     assert compared and not violations
+
+
+def test_a_multi_turn_session_never_re_prefills_the_draft_model() -> None:
+    """User turns between generations are caught up in one forward each; the prompt is prefilled once."""
+    target = load_target("reference:d_model=32,max_context=512")
+    drafter = ModelDrafter(small_model(max_context=512), rollback="replay")
+    session = SpecDecoder(target, drafter, k=3, rollback="replay").start(list(b"User: hi\nBot:"))
+    for turn in (b"\nUser: and then?\nBot:", b"\nUser: ok\nBot:"):
+        session.generate(12)
+        session.extend(list(turn))
+    session.generate(12)
+    assert drafter.restarts == 1
+    assert drafter.catchup_forwards <= drafter.proposals
+    ctx = list(session.context)
+    assert ModelDrafter(small_model(max_context=512)).propose(ctx, 3) == drafter.propose(ctx, 3)
