@@ -1,6 +1,7 @@
 """specproof.bench: the benchmark workloads, the figures, the speed gate and the plot.
 
-``run_bench(BenchConfig.quick())`` measures; ``save_baseline``/``load_baseline`` and
+``run_bench(BenchConfig.quick())`` measures (``drafter_table_lines`` and ``peer_lines`` render the
+drafter comparison and the peer rows of a result as text); ``save_baseline``/``load_baseline`` and
 ``compare`` gate a run against a committed baseline; ``plot_result`` draws speedup vs
 k. ``specproof bench`` is the command-line front end (docs/bench.md).
 """
@@ -22,11 +23,16 @@ from specproof.bench._gate import (
 )
 from specproof.bench._measure import (
     DEFAULT_TARGET,
+    DRAFTER_COMPARISON,
     MOE_COMPANION,
     BenchConfig,
     BenchResult,
     Cell,
     CountingTarget,
+    DrafterCell,
+    comparison_drafter,
+    drafter_table_lines,
+    peer_lines,
     plan_size,
     platform_info,
     run_bench,
@@ -37,6 +43,7 @@ from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads
 __all__ = [
     "BASELINE_SCHEMA",
     "DEFAULT_TARGET",
+    "DRAFTER_COMPARISON",
     "MEAN_RATIO_TOLERANCE",
     "MI_TOLERANCE",
     "MOE_COMPANION",
@@ -47,15 +54,19 @@ __all__ = [
     "BenchResult",
     "Cell",
     "CountingTarget",
+    "DrafterCell",
     "Finding",
     "GateReport",
     "Workload",
     "build_workloads",
     "compare",
+    "comparison_drafter",
+    "drafter_table_lines",
     "encode_text",
     "figures",
     "load_baseline",
     "make_baseline",
+    "peer_lines",
     "plan_size",
     "platform_info",
     "plot_result",

@@ -26,7 +26,7 @@ Per workload x target x rollback strategy x k (one *cell*):
 
 **Drafter comparison** (``drafter_cells``): on the bench target, each drafter of
 ``BenchConfig.drafters`` (prompt lookup, the ``trained-small`` draft model, the two
-combined) on every workload at the first k: tokens per round, acceptance by position,
+combined) on every workload at k = 4 (or the run's first k): tokens per round, acceptance by position,
 draft-model forwards per round, the median wall time of a proposal over that of a one-token
 target step, and the projected speedup that charges every draft-model forward its weight
 bytes (``draft bytes / target bytes`` per forward, counted at the draft model).
@@ -73,6 +73,9 @@ __all__ = [
     "DRAFTER_COMPARISON",
     "DecoderFactory",
     "DrafterCell",
+    "comparison_drafter",
+    "drafter_table_lines",
+    "peer_lines",
     "GreedyCount",
     "count_greedy",
     "count_spec",
@@ -656,8 +659,9 @@ def _measure_drafters(
     decoder_factory: DecoderFactory,
     tick: ProgressHook,
 ) -> list[DrafterCell]:
-    """The drafter comparison on one target: every drafter of ``config.drafters`` on every workload."""
-    k = config.ks[0]
+    """The drafter comparison on one target: every drafter of ``config.drafters`` on every workload (k = 4 when
+    the run has it, else its first k)."""
+    k = 4 if 4 in config.ks else config.ks[0]
     rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
     pb = getattr(target, "parameter_bytes", None)
     target_bytes = float(pb()["dense"]) if callable(pb) else 1.0
