@@ -9,6 +9,8 @@ tests skip and say so.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -413,3 +415,47 @@ def test_cli_native_spec_and_export(native: tuple[Path, Path], tmp_path: Path) -
         assert meta["format"] == "specproof-weights/1" and meta["model"] == "trained"
         assert json.loads(meta["config"])["layers"] == ["conv", "attn", "conv", "attn"]
         assert len(list(f.keys())) == len(reference().weights)
+
+
+# --------------------------------------------------------------------------- certify over the wire
+
+# Each planted bug and the invariant `specproof certify` must fail it on (quick profile).
+CAUGHT_BY = {
+    "stale-conv": "engine.state-restored",
+    "processed-off-by-one": "engine.kv-length",
+    "skip-restore-when-zero-accepted": "engine.state-restored",
+    "bonus-from-wrong-row": "engine.accept-rule",
+    "prefix-reuse-stale-state": "engine.session",
+    "tokens-after-eos": "engine.stop",
+}
+slow_certify = pytest.mark.skipif(
+    os.environ.get("SPECPROOF_NATIVE_CERTIFY") != "1",
+    reason="certify runs over the wire take ~5 s each; set SPECPROOF_NATIVE_CERTIFY=1 (the tox native env does)",
+)
+
+
+def certify(native: tuple[Path, Path], *engine_args: str, only: str | None = None) -> subprocess.CompletedProcess[str]:
+    binary, weights = native
+    spec = "exec:" + shlex.join([str(binary), "--weights", str(weights), *engine_args])
+    command = [sys.executable, "-m", "specproof", "certify", "engine", "--engine", spec, "--profile", "quick"]
+    if only is not None:
+        command += ["--only", only]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@slow_certify
+@pytest.mark.parametrize("bug", sorted(CAUGHT_BY))
+def test_certify_rejects_every_planted_bug_on_its_invariant(native: tuple[Path, Path], bug: str) -> None:
+    invariant = CAUGHT_BY[bug]
+    done = certify(native, "--bug", bug, only=invariant)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert any(line.startswith("fail") and invariant in line for line in done.stdout.splitlines()), done.stdout
+    assert "reproduce: specproof certify engine --engine" in done.stdout and f"--bug {bug}" in done.stdout
+
+
+@slow_certify
+@pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
+def test_certify_passes_the_correct_engine(native: tuple[Path, Path], rollback: str) -> None:
+    done = certify(native, "--rollback", rollback)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "verdict: PASS" in done.stdout
