@@ -792,10 +792,6 @@ def _peer_hf(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dic
         or getattr(peer, "target", None)
         or _load_family("hf:lfm2-tiny", "specproof.engine.targets.hf")
     )
-    if drafter_factory is NgramDrafter:
-        # a rejected draft costs a replay forward on this target (transformers exposes no per-position conv
-        # states, so no checkpoints): specproof's prompt lookup drafts only on a match of >= 2 tokens here
-        drafter_factory = _replay_lookup
     return {
         **row,
         **_compare_engines(config, target, peer.generate, drafter_factory, peer_model=getattr(peer, "model", None)),
@@ -869,6 +865,10 @@ def _compare_engines(
     prompt = encode_text(target, wl.text)[-(target.max_context - n - 1) :]
     k = 4 if 4 in config.ks else config.ks[0]
     rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
+    if rollback == "replay" and drafter_factory is NgramDrafter:
+        # a rejected draft costs a replay forward on a target without checkpoints (the hf: and mlx: targets:
+        # the frameworks expose no per-position conv states): prompt lookup drafts only on a match of >= 2 tokens
+        drafter_factory = _replay_lookup
     threads_before = _torch_threads(1)
     try:
         decoder = _default_decoder(target, drafter_factory(), k=k, rollback=rollback)
