@@ -262,7 +262,7 @@ class Engine {
                 if (it != emitted.end()) emitted.erase(it + 1, emitted.end());
             }
             const int keep = std::max(1, std::min(static_cast<int>(emitted.size()), q));
-            if (keep < q) rollback(fed, base, keep, j, draft.empty(), checkpoint, ck, before, st);
+            if (keep < q) rollback(fed, base, keep, j, checkpoint, ck, before, st);
             if (bug("processed-off-by-one") && keep < q) m_.processed -= 1;
             fed_.resize(base);
             fed_.insert(fed_.end(), fed.begin(), fed.begin() + keep);
@@ -391,9 +391,10 @@ class Engine {
         keep_snapshot();
     }
 
-    void rollback(const std::vector<int>& fed, int base, int keep, int j, bool empty_draft, bool checkpoint,
-                  const std::vector<float>& ck, const std::vector<float>& before, StatsCounter& st) {
-        (void)empty_draft;
+    // Roll back to base + keep processed tokens: the KV pointer moves; the conv state becomes
+    // checkpoint keep - 1 (checkpoint) or the pre-verify snapshot plus a replay of fed[:keep] (replay).
+    void rollback(const std::vector<int>& fed, int base, int keep, int j, bool checkpoint, const std::vector<float>& ck,
+                  const std::vector<float>& before, StatsCounter& st) {
         const bool skip = bug("skip-restore-when-zero-accepted") && j == 0;
         if (checkpoint) {
             if (!bug("stale-conv") && !skip)
