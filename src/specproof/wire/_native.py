@@ -17,11 +17,16 @@ class NativeBuildError(SpecproofError):
 
 
 def native_dir() -> Path:
-    """``$SPECPROOF_NATIVE_DIR``, else ``native/`` of the source checkout this package runs from."""
+    """The engine's folder: ``$SPECPROOF_NATIVE_DIR``, else ``native/`` of the source checkout this
+    package runs from (an editable install), else ``./native`` (an installed wheel run from a checkout)."""
     env = os.environ.get("SPECPROOF_NATIVE_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "native"
+    beside = Path(__file__).resolve().parents[3] / "native"
+    if (beside / "src" / "main.cpp").is_file():
+        return beside
+    here = Path.cwd() / "native"
+    return here if (here / "src" / "main.cpp").is_file() else beside
 
 
 def native_binary() -> Path:
