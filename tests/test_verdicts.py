@@ -134,3 +134,15 @@ def test_report_files_get_the_usual_permissions(tmp_path: Path) -> None:
         os.umask(old)
     assert code == 0
     assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_generate_runs_an_engine_plugin_and_prints_its_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["generate", "--engine", f"{ZOO}:zoo_engine", "--ids", "1,2,3", "--max-new-tokens", "8", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and len(out["tokens"]) == 8 and out["rounds"] and "accepted" in out["rounds"][0]
+
+
+def test_bench_and_generate_check_output_paths_first(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--ids", "1,2", "--trace", "/nonexistent/t.jsonl"]) == 2
+    assert main(["bench", "--quick", "--json", "/nonexistent/b.json"]) == 2
+    assert "does not exist" in capsys.readouterr().err

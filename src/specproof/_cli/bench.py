@@ -39,8 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specproof.bench import BenchConfig, compare, load_baseline, plan_size, plot_result, run_bench, save_baseline
+    from specproof.contract.files import check_output_path, write_text_file
 
-    # every usage problem before minutes of measuring
+    # every usage problem before minutes of measuring: output paths first (nothing is created)
+    for option, path in (("--json", args.json), ("--plot", args.plot), ("--save-baseline", args.save_baseline)):
+        if path:
+            check_output_path(path, option=option)
     baseline = load_baseline(args.gate) if args.gate else None
     config = BenchConfig.quick(target=args.target) if args.quick else BenchConfig.full(target=args.target)
     if baseline is not None:
@@ -75,9 +79,7 @@ def run(args: argparse.Namespace) -> int:
     data = result.to_json()
     _print_tables(console, data)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
+        write_text_file(args.json, json.dumps(data, indent=2) + "\n")
     if args.plot:
         plot_result(data, args.plot)
         console.print(f"plot written to {args.plot}")
@@ -154,14 +156,10 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
         console.print(f"specproof certify --profile ci: {cert['seconds']:.1f} s wall ({cert['status']})")
     else:
         console.print(escape(f"specproof certify --profile ci: not measured ({cert.get('reason')})"))
-    for peer in data["peers"]:
-        if peer.get("status") == "ok":
-            console.print(
-                f"peer {peer['peer']} on {peer['target']}: specproof/peer tokens/s = "
-                f"{peer['tokens_per_second_ratio']:.2f}x, outputs equal: {'yes' if peer['outputs_equal'] else 'NO'}"
-            )
-        else:
-            console.print(escape(f"peer {peer.get('peer')}: {peer.get('status')} — {peer.get('reason')}"))
+    from specproof.bench import drafter_table_lines, peer_lines
+
+    for line in [*drafter_table_lines(data), *peer_lines(data)]:
+        console.print(line, markup=False, highlight=False)
     console.print(f"bench wall time {data['seconds']:.1f} s")
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from specproof.engine import Drafter, NgramDrafter, Target, load_target, resolve_plugin
+from specproof.engine import Target, load_target
 from specproof.engine.errors import PluginError
 
-__all__ = ["add_target_argument", "decode_tokens", "encode_prompt", "make_drafter", "make_target", "parse_ids"]
+__all__ = ["add_target_argument", "decode_tokens", "encode_prompt", "make_target", "parse_ids"]
 
 DEFAULT_TARGET = "reference"
 
@@ -31,21 +31,6 @@ def make_target(spec: str, *, seed: int | None = None) -> Target:
         head, _, rest = spec.partition(":")
         spec = f"{head}:{rest + ',' if rest else ''}seed={seed}"
     return load_target(spec)
-
-
-def make_drafter(spec: str) -> Drafter:
-    """``ngram`` / ``ngram:MIN,MAX[,earliest]`` or ``MODULE:ATTR``."""
-    head, _, rest = spec.partition(":")
-    if head == "ngram":
-        parts = [p for p in rest.split(",") if p] if rest else []
-        try:
-            nums = [int(p) for p in parts if p not in ("recent", "earliest")]
-        except ValueError:
-            raise PluginError(f"--drafter {spec!r}: expected ngram:MIN_N,MAX_N[,recent|earliest]") from None
-        prefer = "earliest" if "earliest" in parts else "recent"
-        min_n, max_n = (nums + [1, 3][len(nums) :])[:2] if nums else (1, 3)
-        return NgramDrafter(min_n=min_n, max_n=max_n, prefer=prefer)  # type: ignore[arg-type]
-    return resolve_plugin(spec, kind="drafter")  # type: ignore[return-value]
 
 
 def parse_ids(text: str) -> list[int]:

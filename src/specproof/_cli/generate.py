@@ -6,6 +6,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from specproof._cli.common import (
     add_target_argument,
@@ -59,6 +60,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--compare-greedy", action="store_true", help="also run plain greedy: equality and both wall times")
     p.add_argument("--trace", default=None, metavar="FILE", help="write a specproof-trace/1 JSON Lines trace")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
+    p.add_argument(
+        "--engine",
+        default=None,
+        metavar="SPEC",
+        help="run this engine instead of SpecDecoder (MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT) and print its "
+        "rounds; --target is then only used to encode the prompt and, with --compare-greedy, as the oracle when "
+        "the engine exposes none",
+    )
     p.set_defaults(func=run)
 
 
@@ -82,11 +91,17 @@ def run(args: argparse.Namespace) -> int:
     ]
     if len(sources) > 1:
         raise UsageError(f"give one prompt, not {' and '.join(sources)}")
+    if args.trace:
+        from specproof.contract.files import check_output_path
+
+        check_output_path(args.trace, option="--trace")  # before any decoding; nothing is created
     text = DEFAULT_PROMPT if args.prompt is None else args.prompt
     if args.prompt_file is not None:
         text = _read_prompt_file(args.prompt_file)
     elif args.workload is not None:
         text = _workload_prompt(args.workload)
+    if args.engine is not None:
+        return _run_engine(args, text)
     target = make_target(args.target, seed=args.seed)
     drafter = load_drafter(args.drafter)
     prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(target, text)
@@ -198,3 +213,69 @@ def _workload_prompt(name: str) -> str:
     if name not in WORKLOAD_NAMES:
         raise UsageError(f"--workload {name!r}: not a bench workload; choose one of {', '.join(WORKLOAD_NAMES)}")
     return build_workloads([name])[0].text
+
+
+def _run_engine(args: argparse.Namespace, text: str) -> int:
+    """``generate --engine SPEC``: one generation of an engine plug-in, its rounds printed as they were recorded."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from specproof.engine import greedy_decode, resolve_plugin
+
+    engine: Any = resolve_plugin(args.engine, kind="engine")
+    try:
+        oracle = getattr(engine, "oracle", None) or getattr(engine, "target", None)
+        encoder = oracle if oracle is not None else make_target(args.target, seed=args.seed)
+        prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(encoder, text)
+        t0 = time.perf_counter()
+        gen = engine.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
+        seconds = time.perf_counter() - t0
+        steps = list(gen.steps or ())
+        summary: dict[str, object] = {
+            "engine": args.engine,
+            "prompt_tokens": len(prompt),
+            "tokens": list(gen.tokens),
+            "text": decode_tokens(encoder, gen.tokens),
+            "stop_reason": gen.stop_reason,
+            "rounds": [s.to_json() for s in steps],
+            "seconds": seconds,
+        }
+        equal = True
+        if args.compare_greedy:
+            greedy_fn = getattr(engine, "greedy", None)
+            if oracle is not None:
+                ref = list(greedy_decode(oracle, prompt, args.max_new_tokens, eos_token_id=args.eos).tokens)
+            elif callable(greedy_fn):
+                ref = [int(t) for t in greedy_fn(list(prompt), args.max_new_tokens)]
+                if args.eos is not None and args.eos in ref:
+                    ref = ref[: ref.index(args.eos) + 1]
+            else:
+                ref = list(greedy_decode(encoder, prompt, args.max_new_tokens, eos_token_id=args.eos).tokens)
+            equal = ref == list(gen.tokens)
+            summary["equal_to_greedy"] = equal
+    finally:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0 if equal else 1
+    console = Console()
+    console.print(summary["text"], markup=False, highlight=False, soft_wrap=True)
+    table = Table(title=f"specproof generate --engine {args.engine}")
+    for col in ("round", "base", "draft", "argmax", "accepted", "processed"):
+        table.add_column(col, justify="right" if col in ("round", "base", "processed") else "left")
+    for i, s in enumerate(steps):
+        table.add_row(
+            str(i), str(s.base), str(list(s.draft)), str(list(s.argmax)), str(list(s.accepted)), str(s.processed)
+        )
+    console.print(table)
+    rounds = len(steps) or "-"
+    per_round = f"{len(gen.tokens) / len(steps):.2f}" if steps else "-"
+    console.print(
+        f"{len(gen.tokens)} tokens (stop: {gen.stop_reason}) in {rounds} rounds, {per_round} tokens per round, "
+        f"{seconds * 1e3:.1f} ms"
+        + ("" if not args.compare_greedy else f"; equal to greedy: {'yes' if equal else 'NO'}"),
+        markup=False,
+    )
+    return 0 if equal else 1

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import attrs
 
+from specproof.contract.files import write_text_file
 from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
@@ -163,9 +164,7 @@ def _peer_record(peer: Mapping[str, Any]) -> dict[str, Any]:
 
 def save_baseline(path: str | os.PathLike[str], result: Mapping[str, Any]) -> dict[str, Any]:
     doc = make_baseline(result)
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=2, sort_keys=True)
-        fh.write("\n")
+    write_text_file(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return doc
 
 

@@ -20,17 +20,15 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hypothesis
 import numpy as np
 
 from specproof import __version__
-from specproof.contract import UsageError
+from specproof.contract.files import check_output_path, write_text_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._certifying import Certification
@@ -49,38 +47,6 @@ __all__ = [
 
 FORMAT = "specproof-report/2"
 EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 3, "interrupted": 130}
-
-
-def check_output_path(path: str | os.PathLike[str], *, option: str) -> Path:
-    """The path an option names, if a file can be written there; else a one-line ``UsageError``.
-
-    Nothing is created: a missing parent directory is an error, not made.
-    """
-    target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise UsageError(f"{option} {str(path)!r}: is a directory, expected a file path")
-    if not parent.is_dir():
-        raise UsageError(f"{option} {str(path)!r}: the directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UsageError(f"{option} {str(path)!r}: not writable")
-    return target
-
-
-def write_text_file(path: str | os.PathLike[str], text: str) -> None:
-    """Write atomically (a temporary file in the same directory, then a rename), mode 0666 & ~umask."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _spec_version(spec: str | None) -> str | None:

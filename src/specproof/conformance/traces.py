@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -39,6 +38,7 @@ from specproof.conformance.checks.generation import (
     check_trace_consistency,
 )
 from specproof.contract import Violation
+from specproof.contract.files import write_text_file
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
 from specproof.engine._protocols import Target
 from specproof.engine._records import STOP_REASONS, Generation, Step
@@ -377,26 +377,11 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 
 
 def _write_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path`` and rename it over: never a half-written file."""
-    target = Path(path)
+    """Write ``text`` through the one atomic writer: never a half-written trace."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        write_text_file(path, text)
     except OSError as exc:
         raise TraceWriteError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise TraceWriteError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from exc
-        raise
 
 
 def write_trace(

@@ -33,6 +33,7 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
+from specproof.contract.files import write_text_file
 from specproof.engine.errors import InvalidSettingError
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
@@ -344,7 +345,7 @@ def write_golden(path: str | Path, target: Any, *, target_spec: str, **options: 
     # one case per line: diffs of a regenerated file show which prompt changed
     head = json.dumps({"format": doc["format"], "target": doc["target"]})[:-1]
     body = ",\n  ".join(json.dumps(case) for case in doc["cases"])
-    Path(path).write_text(f'{head}, "cases": [\n  {body}\n]}}\n', encoding="utf-8")
+    write_text_file(path, f'{head}, "cases": [\n  {body}\n]}}\n')
     return doc
 
 

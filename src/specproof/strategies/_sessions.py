@@ -63,6 +63,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from specproof.contract import STOP_REASONS, UsageError, Violation, ViolationError, states_differ
+from specproof.contract.files import write_text_file
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
 from specproof.engine.errors import InvalidSettingError
@@ -369,7 +370,7 @@ class SessionHistory:
         requests = data.pop("requests")
         head = json.dumps(data, indent=1)[:-2]  # the object without its closing brace
         body = ",\n".join("  " + json.dumps(r, separators=(", ", ": ")) for r in requests)  # type: ignore[attr-defined]
-        out.write_text(f'{head},\n "requests": [\n{body}\n ]\n}}\n', encoding="utf-8")
+        write_text_file(out, f'{head},\n "requests": [\n{body}\n ]\n}}\n')
         return out
 
     @classmethod
