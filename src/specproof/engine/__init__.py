@@ -15,7 +15,7 @@ from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_ma
 from specproof.engine._plugins import resolve_plugin
 from specproof.engine._protocols import CheckpointingTarget, Drafter, Engine, Target, WhiteBoxTarget
 from specproof.engine._records import STOP_REASONS, Generation, Stats, Step, StopReason
-from specproof.engine.drafters import NgramDrafter
+from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter, load_drafter
 from specproof.engine.errors import (
     CapacityError,
     ContractError,
@@ -39,6 +39,7 @@ __all__ = [
     "STOP_REASONS",
     "CapacityError",
     "CheckpointingTarget",
+    "CombinedDrafter",
     "ContextView",
     "ContractError",
     "DecodeError",
@@ -50,6 +51,7 @@ __all__ = [
     "Generation",
     "InvalidSettingError",
     "MissingDependencyError",
+    "ModelDrafter",
     "NgramDrafter",
     "PluginError",
     "PromptTooLongError",
@@ -68,6 +70,7 @@ __all__ = [
     "WhiteBoxTarget",
     "greedy_decode",
     "greedy_with_margins",
+    "load_drafter",
     "load_target",
     "longest_accepted_prefix",
     "register_target_family",
