@@ -121,14 +121,14 @@ def test_weights_that_do_not_match_their_metadata_are_refused(monkeypatch: pytes
         blob = real(name)
         return blob + b"\0" if name.endswith(".npz") else blob
 
-    _trained._weights.cache_clear()
+    _trained.TRAINED.clear_cache()
     monkeypatch.setattr(_trained, "_data_bytes", tampered)
     try:
         with pytest.raises(FixtureDataError, match="different training runs"):
             load_trained_weights()
     finally:
         monkeypatch.undo()
-        _trained._weights.cache_clear()
+        _trained.TRAINED.clear_cache()
     assert load_trained_weights()  # the untouched file still loads
 
 
