@@ -104,6 +104,24 @@ def _compare_arrays(name: str, got: np.ndarray, want: np.ndarray, tolerance: flo
     return arrays_differ(want, got, atol=tolerance, name=name)
 
 
+def configured_machine(
+    base: type[Any], name: str, attributes: dict[str, object], *, stateful_step_count: int
+) -> type[Any]:
+    """A runnable subclass of a state machine carrying its configuration (shared by both machines).
+
+    No explain phase: it re-runs the failing program under a tracer, which takes minutes on a
+    numpy model; the shrunk program and the invariant message already say what broke.
+    """
+    sub: Any = type(name, (base,), {**attributes, "__module__": base.__module__})
+    sub.TestCase.settings = Settings(
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        stateful_step_count=stateful_step_count,
+        phases=tuple(p for p in Settings().phases if p is not Phase.explain),
+    )
+    return sub
+
+
 class RollbackMachine(RuleBasedStateMachine):
     """A stateful fuzzer for lossless speculative decoding with rollback (abstract: use ``configure``).
 
@@ -195,20 +213,12 @@ class RollbackMachine(RuleBasedStateMachine):
             max_prompt=max_prompt,
             context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
         )
-        sub: type[RollbackMachine] = type(
+        return configured_machine(
+            cls,
             name or f"{cls.__name__}For_{getattr(target_factory, '__name__', 'target')}",
-            (cls,),
-            {"_rollback_config": config, "observed_paths": Counter(), "__module__": cls.__module__},
-        )
-        # No explain phase: it re-runs the failing program under a tracer, which takes minutes on a
-        # numpy model; the shrunk program and the invariant message already say what broke.
-        sub.TestCase.settings = Settings(
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
+            {"_rollback_config": config, "observed_paths": Counter()},
             stateful_step_count=stateful_step_count,
-            phases=tuple(p for p in Settings().phases if p is not Phase.explain),
         )
-        return sub
 
     # ----------------------------------------------------------------- set-up
 

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import attrs
-from hypothesis import HealthCheck, Phase, event
+from hypothesis import event
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -68,6 +68,7 @@ from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._machine import configured_machine
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, round_plans
 
 __all__ = [
@@ -958,20 +959,12 @@ class SessionMachine(RuleBasedStateMachine):
             reference_factory=reference_factory,
             atol=_check_tolerance(atol, where, name="atol"),
         )
-        sub: type[SessionMachine] = type(
+        return configured_machine(
+            cls,
             name or f"{cls.__name__}For_{getattr(engine_factory, '__name__', 'engine')}",
-            (cls,),
-            {"_session_config": config, "observed": Counter(), "__module__": cls.__module__},
-        )
-        # No explain phase: it re-runs the failing program under a tracer (minutes on a numpy model);
-        # the history in the failure already says what happened.
-        sub.TestCase.settings = Settings(
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
+            {"_session_config": config, "observed": Counter()},
             stateful_step_count=stateful_step_count,
-            phases=tuple(p for p in Settings().phases if p is not Phase.explain),
         )
-        return sub
 
     # ----------------------------------------------------------------- set-up
 
