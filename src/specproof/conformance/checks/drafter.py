@@ -149,7 +149,7 @@ def _walk(
         drafts[length] = (
             ("raised", repr(exc))
             if exc is not None
-            else ("not a sequence", repr(draft)[:60])
+            else ("not a sequence", type(draft).__name__)
             if tokens is None
             else [_canonical(t) for t in tokens]
         )

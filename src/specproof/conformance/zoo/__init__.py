@@ -398,7 +398,13 @@ ZOO: dict[str, ZooMember] = {
         ),
         _member("sticky_cache", "drafter", StickyCache, "drafter.deterministic"),
         _member("match_pointer", "drafter", MatchPointer, "drafter.deterministic"),
-        _member("returns_generator", "drafter", ReturnsGenerator, "drafter.token-range", also=_ENGINE_RAISES),
+        _member(
+            "returns_generator",
+            "drafter",
+            ReturnsGenerator,
+            "drafter.token-range",
+            also=("drafter.max-length", *_ENGINE_RAISES),
+        ),
         _member("reads_past_context", "drafter", ReadsPastContext, "drafter.deterministic"),
         _member(
             "refeeds_accepted_first",
