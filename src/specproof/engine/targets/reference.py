@@ -37,6 +37,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
+from specproof.contract.compare import arrays_differ
 from specproof.engine.errors import (
     CapacityError,
     InvalidSettingError,
@@ -493,8 +494,9 @@ _Block = _ConvBlock | _AttnBlock | _GdnBlock
 # --------------------------------------------------------------------------- snapshot
 
 
-def _bitwise_equal(a: _Arr, b: _Arr) -> bool:
-    return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+def _exactly_equal(a: _Arr, b: _Arr) -> bool:
+    """Exact equality under the contract's one comparison policy (``specproof.contract.compare``), same dtype."""
+    return bool(a.dtype == b.dtype and arrays_differ(a, b, atol=0.0) is None)
 
 
 def _shape_repr(a: _Arr) -> str:
@@ -505,15 +507,16 @@ def _shape_repr(a: _Arr) -> str:
 class ReferenceSnapshot:
     """The recurrent state and ``processed`` of a ``ReferenceHybrid`` (the KV cache is not copied).
 
-    Two snapshots are ``==`` when ``processed`` and both state arrays are bitwise equal
-    (whichever target took them). ``target_id`` and ``write_clock`` let ``restore``
-    refuse a snapshot of another target or one whose KV prefix was overwritten since.
+    Two snapshots are ``==`` when ``processed`` and both state arrays are exactly equal
+    under the contract's comparison policy (whichever target took them). ``target_id`` and
+    ``write_clock`` let ``restore`` refuse a snapshot of another target or one whose KV prefix
+    was overwritten since.
     The arrays are read-only.
     """
 
     processed: int
-    conv_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_bitwise_equal), hash=False, repr=_shape_repr)
-    rec_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_bitwise_equal), hash=False, repr=_shape_repr)
+    conv_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_exactly_equal), hash=False, repr=_shape_repr)
+    rec_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_exactly_equal), hash=False, repr=_shape_repr)
     target_id: int = attrs.field(eq=False, repr=False)
     write_clock: int = attrs.field(eq=False, repr=False)
 
