@@ -216,6 +216,12 @@ def test_certify_accepts_correct_model_drafters(name: str) -> None:
     assert report["verdict"] == "pass", _failing(report)
 
 
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_correct_engines_pass_at_ci_too(name: str) -> None:
+    report = certify("engine", engine=CORRECT[name], profile="ci")
+    assert report["verdict"] == "pass", _failing(report)
+
+
 def test_suite_drives_a_plugin_engine_down_every_path() -> None:
     """An engine taking the suite's drafter shows every rollback path in its certificate, on a random target."""
     report = _certify("engine", "specproof.conformance.zoo:zoo_engine")
