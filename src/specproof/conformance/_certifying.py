@@ -239,8 +239,10 @@ class Certification:
 
     def _run_examples(self, item: CheckItem, result: CheckResult) -> None:
         inv, case, profile = item.invariant, self._case(item), self.plan.profile
-        if inv.id == "target.checkpoints" and not case.has_checkpoints:
-            result.skip("the target has no forward_with_checkpoints (replay rollback only)")
+        subject = getattr(case, "prototype", None)  # a target subject: what it exposes decides what applies
+        missing = [need for need in inv.needs if subject is not None and not callable(getattr(subject, need, None))]
+        if missing:
+            result.skip(f"the target has no {', '.join(missing)}() (needed by {inv.id})")
             return
         assert inv.draw is not None and inv.check is not None
         notes: list[str] = []
@@ -255,7 +257,7 @@ class Certification:
             if outcome.violations:
                 raise ViolationError(outcome.violations)
 
-        n = profile.capacity_examples if inv.id == "target.capacity" else None
+        n = profile.capacity_examples if inv.budget == "capacity" else None
         self._settings(search, max_examples=n)()
         if not result.exercised:
             result.skip(notes[0] if notes else "no example reached this check")

@@ -73,6 +73,7 @@ class Invariant:
     needs: tuple[str, ...] = ()
     draws: str
     driver: Driver = "examples"
+    budget: Literal["examples", "capacity"] = "examples"  # capacity: a few examples (filling a target is costly)
     check: Callable[[Any, Any], Outcome] | None = attrs.field(default=None, eq=False, repr=False)
     draw: Callable[[st.DataObject, Any, Profile], Any] | None = attrs.field(default=None, eq=False, repr=False)
 
@@ -317,6 +318,7 @@ REGISTRY: tuple[Invariant, ...] = (
         subject="target",
         summary="a forward past `max_context` raises a clear error and changes nothing",
         draws="a filling pattern and 2-5 tokens of overflow (few examples: filling is costly)",
+        budget="capacity",
         check=_check_capacity,
         draw=_draw_target_example,
     ),
