@@ -24,13 +24,15 @@ __all__ = ["arrays_differ", "states_differ", "validate_tolerance"]
 
 
 def validate_tolerance(value: object, *, name: str) -> float:
-    """A tolerance is a finite float >= 0; anything else is a ``ValueError`` naming the option."""
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}") from None
+    """A tolerance is a finite real number >= 0; anything else is a ``ValueError`` naming it and its value.
+
+    The one validator for every tolerance option (the CLI's, ``Plan.create``'s, the state machines').
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+    number = float(value)
     if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
     return number
 
 

@@ -22,7 +22,6 @@ broken ``restore`` in the target family cannot hide itself in the judges.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -42,7 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from specproof.contract import Violation, ViolationError, arrays_differ
+from specproof.contract import Violation, ViolationError, arrays_differ, validate_tolerance
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, longest_accepted_prefix
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
@@ -102,6 +101,14 @@ def _fmt(tokens: Sequence[int], limit: int = 16) -> str:
 def _compare_arrays(name: str, got: np.ndarray, want: np.ndarray, tolerance: float) -> str | None:
     """None when equal under the contract's one comparison policy (``specproof.contract.compare``)."""
     return arrays_differ(want, got, atol=tolerance, name=name)
+
+
+def check_tolerance(value: object, *, where: str, name: str) -> float:
+    """The contract's tolerance validator, raising Hypothesis' ``InvalidArgument`` as strategies do."""
+    try:
+        return validate_tolerance(value, name=name)
+    except ValueError as exc:
+        raise InvalidArgument(f"{where}: {exc}") from None
 
 
 def configured_machine(
@@ -191,13 +198,7 @@ class RollbackMachine(RuleBasedStateMachine):
                 raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
         if isinstance(stateful_step_count, bool) or not isinstance(stateful_step_count, int) or stateful_step_count < 1:
             raise InvalidArgument(f"{where}: stateful_step_count={stateful_step_count!r} must be an integer >= 1")
-        if (
-            isinstance(tolerance, bool)
-            or not isinstance(tolerance, (int, float))
-            or not math.isfinite(tolerance)
-            or tolerance < 0
-        ):
-            raise InvalidArgument(f"{where}: tolerance={tolerance!r} must be a finite number >= 0")
+        tolerance = check_tolerance(tolerance, where=where, name="tolerance")
         if isinstance(rollbacks, str):
             raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
         chosen = tuple(dict.fromkeys(rollbacks))

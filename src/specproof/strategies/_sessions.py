@@ -47,7 +47,6 @@ far cheaper than Hypothesis's shrinker, which re-runs whole sessions for every c
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -68,7 +67,7 @@ from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
-from specproof.strategies._machine import configured_machine
+from specproof.strategies._machine import check_tolerance, configured_machine
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, round_plans
 
 __all__ = [
@@ -853,9 +852,7 @@ class _Replayer:
 
 
 def _check_tolerance(value: object, where: str, name: str = "tie_tolerance") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InvalidArgument(f"{where}: {name}={value!r} must be a finite number >= 0")
-    return float(value)
+    return check_tolerance(value, where=where, name=name)
 
 
 @attrs.frozen(kw_only=True)
