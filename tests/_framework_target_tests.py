@@ -44,7 +44,7 @@ __all__ = [
     "test_chunk_invariance_within_tolerance",
     "test_encode_decode_and_describe",
     "test_local_path_loads_offline",
-    "test_no_checkpoint_rollback",
+    "test_checkpoint_rollback_only_where_the_state_allows_it",
     "test_oracle_drafts_all_and_partial_acceptance",
     "test_processed_and_restore_to_zero",
     "test_seed_override_changes_the_model",
@@ -126,10 +126,30 @@ def test_oracle_drafts_all_and_partial_acceptance(target: Any, wrong: int | None
         assert gen.stats.replay_forwards >= len(rejecting)  # each of those rounds rolled back
 
 
-def test_no_checkpoint_rollback(target: Any) -> None:
-    assert not hasattr(target, "forward_with_checkpoints")
-    with pytest.raises(InvalidSettingError, match="forward_with_checkpoints"):
-        SpecDecoder(target, NgramDrafter(), rollback="checkpoint")
+def test_checkpoint_rollback_only_where_the_state_allows_it(target: Any) -> None:
+    """Checkpoints where the framework's state can be had per position (transformers' LFM2), else refused."""
+    if not callable(getattr(target, "forward_with_checkpoints", None)):
+        with pytest.raises(InvalidSettingError, match="forward_with_checkpoints"):
+            SpecDecoder(target, NgramDrafter(), rollback="checkpoint")
+        return
+    toks = REPETITIVE[:12]
+    for i in range(6):
+        target.reset()
+        target.forward(toks[:3])
+        _, checkpoints = target.forward_with_checkpoints(toks[3:9])
+        assert [c.processed for c in checkpoints] == [4, 5, 6, 7, 8, 9]
+        target.restore(checkpoints[i])
+        fresh = copy.deepcopy(target)
+        fresh.reset()
+        fresh.forward(toks[: 4 + i])
+        mine, theirs = target.state_arrays(), fresh.state_arrays()
+        assert set(mine) == set(theirs)
+        for name in mine:
+            np.testing.assert_allclose(mine[name], theirs[name], atol=1e-4, err_msg=f"checkpoint {i}: {name}")
+        np.testing.assert_allclose(target.forward([toks[4 + i]]), fresh.forward([toks[4 + i]]), atol=1e-4)
+    gen = SpecDecoder(target, NgramDrafter(), k=4, rollback="checkpoint").generate(REPETITIVE[:20], 24)
+    assert list(gen.tokens) == list(greedy_decode(copy.deepcopy(target), REPETITIVE[:20], 24).tokens)
+    assert gen.stats is not None and gen.stats.replay_forwards == 0
 
 
 def test_chunk_invariance_within_tolerance(target: Any) -> None:
@@ -177,7 +197,8 @@ def test_capacity_and_token_range_change_nothing(proto: Any) -> None:
 def test_encode_decode_and_describe(target: Any, family: str) -> None:
     assert target.decode(target.encode("héllo")) == "héllo"
     framework = {"mlx": "mlx-lm", "hf": "transformers"}[family]
-    assert framework in target.describe() and "rollback=replay" in target.describe()
+    rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
+    assert framework in target.describe() and f"rollback={rollback}" in target.describe()
 
 
 def test_spec_errors_are_clear(family: str) -> None:

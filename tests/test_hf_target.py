@@ -22,7 +22,7 @@ from specproof.engine import (  # noqa: E402
     greedy_decode,
     load_target,
 )
-from specproof.engine.targets.hf import TINY_MODELS, HFTarget  # noqa: E402
+from specproof.engine.targets.hf import TINY_MODELS, HFTarget, load_spec  # noqa: E402
 
 # transformers' kernels are not batch-invariant: a q-token forward differs from q one-token forwards
 # by up to ~4e-5 on these float32 models (the chunked vs recurrent delta rule, gemm vs gemv), so the
@@ -105,3 +105,10 @@ def test_stale_and_foreign_snapshots_are_refused(target: HFTarget) -> None:
     assert target.processed == 4
     with pytest.raises(TargetContractError):
         target.restore(object())
+
+
+def test_lfm2_has_checkpoints_and_gated_deltanet_does_not() -> None:
+    """LFM2's conv window after each position is in the verify forward; a delta-rule state is not."""
+    assert callable(getattr(load_spec("lfm2-tiny"), "forward_with_checkpoints", None))
+    assert not hasattr(load_spec("qwen3_5-tiny"), "forward_with_checkpoints")
+    assert "rollback=checkpoint" in load_spec("lfm2-tiny").describe()

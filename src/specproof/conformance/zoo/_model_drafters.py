@@ -158,7 +158,7 @@ def model_drafter_reprefill() -> ReprefillDrafter:
 
 
 def model_drafter_hf() -> ModelDrafter:
-    """Correct, different: the draft model is transformers' LFM2 (``hf:lfm2-tiny``, replay rollback)."""
+    """Correct, different: the draft model is transformers' LFM2 (``hf:lfm2-tiny``, checkpoint rollback)."""
     return ModelDrafter(load_target("hf:lfm2-tiny"), name="specproof.zoo.ModelDrafter(hf:lfm2-tiny)")
 
 

@@ -12,9 +12,12 @@ short-conv or a Qwen3.5 / Qwen3-Next Gated DeltaNet layer. Rollback uses only th
 ``Cache.crop`` itself is not enough for these models: on a linear-attention layer it only works
 with "past recording" on, and never for a recurrent state (``is_croppable`` is False).
 
-**No ``forward_with_checkpoints``.** The models return only the state after the last position of
-a forward (the chunked delta rule and the conv kernels never expose per-position states), so
-this target runs with ``rollback="replay"``.
+**``forward_with_checkpoints`` for LFM2 only.** The models return only the state after the last
+position of a forward. For LFM2 that state is the short conv's window of its input, and the
+forward builds that input for every position (the previous window followed by this forward's
+columns), so the window after each position is a slice of it: ``HFTarget`` captures it from the
+cache's ``update_conv_state`` and returns a checkpoint per position. A Gated-DeltaNet state
+(Qwen3.5) cannot be had per position that way, so those models run with ``rollback="replay"``.
 
 Target specs (``load_spec``): ``hf:lfm2-tiny`` (the seeded tiny reference LFM2 converted with
 ``reference_to_hf_lfm2``), ``hf:qwen3_5-tiny`` (a seeded tiny Qwen3.5, the same weights as
@@ -146,6 +149,12 @@ class HFTarget:
         self._clock = KVClock(self.max_context)
         self._cache = self._new_cache()
         self._processed = 0
+        if self.model_type == "lfm2":
+            # LFM2's only recurrent state is the short conv's window of its input, and the verify
+            # forward computes that input for every position: the state after each position is a
+            # slice of it, so checkpoint rollback costs no extra forward. (Gated DeltaNet states
+            # are not recoverable per position: those models stay replay-only.)
+            self.forward_with_checkpoints = self._forward_with_checkpoints
 
     def _new_cache(self) -> Any:
         cache = self._dynamic_cache(config=self.model.config)
@@ -198,6 +207,60 @@ class HFTarget:
                 f"{self.name}: the KV cache holds {seen} tokens after a forward, expected {total}"
             )
         return logits
+
+    def _forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[npt.NDArray[np.float32], list[object]]:
+        """``forward`` plus the snapshot after each position (``checkpoints[i]`` == snapshot after ``tokens[:i+1]``).
+
+        The conv windows are sliced from the full conv input transformers builds for the causal
+        conv (previous window ++ this forward's inputs), captured from the cache's
+        ``update_conv_state``; the KV needs nothing (a checkpoint's ``processed`` crops it).
+        """
+        toks = list(tokens)
+        if len(toks) <= 1:  # a one-token forward takes transformers' fused path: the state after it is current
+            logits = self.forward(toks)
+            return logits, [self.snapshot()] if toks else []
+        captured: dict[int, Any] = {}
+        originals: list[int] = []
+        for i, layer in enumerate(self._cache.layers):
+            if type(layer) is self._linear_layer:
+                original = layer.update_conv_state
+
+                def capture(conv_states: Any, *args: Any, _i: int = i, _orig: Any = original, **kwargs: Any) -> Any:
+                    full = _orig(conv_states, *args, **kwargs)
+                    captured[_i] = full.detach().clone()
+                    return full
+
+                originals.append(i)
+                layer.update_conv_state = capture
+        try:
+            logits = self.forward(toks)
+        finally:
+            for i in originals:
+                del self._cache.layers[i].update_conv_state  # back to the class's method
+        after = self.snapshot()
+        q, base = len(toks), self._processed - len(toks)
+        checkpoints: list[object] = []
+        torch = self._torch
+        for pos in range(q):
+            states: list[Any] = []
+            for i, state in enumerate(after.states):
+                if state is None:
+                    states.append(None)
+                    continue
+                current = state["conv"][0]
+                full = captured[i]
+                width = current.shape[-1]
+                end = full.shape[-1] - (q - 1 - pos)  # the window ends at this position's column
+                window = full[..., max(0, end - width) : end]
+                if window.shape[-1] < width:
+                    window = torch.nn.functional.pad(window, (width - window.shape[-1], 0))
+                states.append({**state, "conv": {0: window.clone()}})
+            checkpoints.append(
+                FrameworkSnapshot(
+                    processed=base + pos + 1, states=tuple(states), target_id=self._id, write_clock=after.write_clock
+                )
+            )
+        return logits, checkpoints
 
     def snapshot(self) -> FrameworkSnapshot:
         """``processed`` and clones of every conv / recurrent state tensor (transformers writes them in place)."""
@@ -294,6 +357,8 @@ class HFTarget:
         clone._cache = copy.deepcopy(self._cache, memo)
         clone._clock = copy.deepcopy(self._clock, memo)
         clone._id = next_target_id()
+        if "forward_with_checkpoints" in clone.__dict__:  # a bound method: bind it to the clone
+            clone.forward_with_checkpoints = clone._forward_with_checkpoints
         return clone
 
     # ----------------------------------------------------------------- info
@@ -305,7 +370,8 @@ class HFTarget:
         dtype = self._dtype_name()
         return (
             f"{self.name}: transformers {type(self.model).__name__} layers={kinds} vocab={self.vocab_size} "
-            f"max_context={self.max_context} params={params:,} dtype={dtype} rollback=replay"
+            f"max_context={self.max_context} params={params:,} dtype={dtype} "
+            f"rollback={'checkpoint' if 'forward_with_checkpoints' in self.__dict__ else 'replay'}"
         )
 
     def __repr__(self) -> str:
