@@ -866,8 +866,8 @@ def _compare_engines(
     k = 4 if 4 in config.ks else config.ks[0]
     rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
     if rollback == "replay" and drafter_factory is NgramDrafter:
-        # a rejected draft costs a replay forward on a target without checkpoints (the hf: and mlx: targets:
-        # the frameworks expose no per-position conv states): prompt lookup drafts only on a match of >= 2 tokens
+        # a rejected draft costs a replay forward on a target without checkpoints (mlx: targets, and hf: models
+        # with a delta-rule state): prompt lookup drafts only on a match of >= 2 tokens
         drafter_factory = _replay_lookup
     threads_before = _torch_threads(1)
     try:
