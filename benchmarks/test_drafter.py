@@ -16,19 +16,27 @@ APPEND = 4
 ROUNDS = 300
 
 
-@pytest.mark.parametrize("context", [1024, 8192, 65536])
-def test_propose(benchmark, context):
-    stream = stdlib_token_stream(context + (ROUNDS + 5) * APPEND)
+def _growing_context(drafter, context, rounds):  # type: ignore[no-untyped-def]
+    """A view of ``context`` stdlib tokens the drafter has seen once (untimed), and a pytest-benchmark
+    ``setup`` that appends APPEND tokens to it before each timed proposal."""
+    stream = stdlib_token_stream(context + (rounds + 5) * APPEND)
     buf = list(stream[:context])
     view = ContextView(buf)
-    drafter = NgramDrafter()
-    drafter.propose(view, 4)  # index once, untimed
+    drafter.propose(view, 4)  # index / prefill once, untimed
     pos = [context]
 
-    def setup():
+    def setup():  # type: ignore[no-untyped-def]
         buf.extend(stream[pos[0] : pos[0] + APPEND])
         pos[0] += APPEND
         return (view, 4), {}
+
+    return setup
+
+
+@pytest.mark.parametrize("context", [1024, 8192, 65536])
+def test_propose(benchmark, context):
+    drafter = NgramDrafter()
+    setup = _growing_context(drafter, context, ROUNDS)
 
     benchmark.group = "drafter-propose"
     benchmark.name = f"ngram @ {context // 1024}K"
@@ -43,17 +51,8 @@ def test_model_drafter_propose(benchmark, spec):
     from specproof.engine.drafters import ModelDrafter, load_drafter
 
     context = 1024
-    stream = stdlib_token_stream(context + (ROUNDS + 5) * APPEND)
-    buf = list(stream[:context])
-    view = ContextView(buf)
     drafter = load_drafter(spec)
-    drafter.propose(view, 4)  # prefill once, untimed
-    pos = [context]
-
-    def setup():
-        buf.extend(stream[pos[0] : pos[0] + APPEND])
-        pos[0] += APPEND
-        return (view, 4), {}
+    setup = _growing_context(drafter, context, 100)
 
     benchmark.group = "drafter-propose"
     benchmark.name = f"{spec} @ 1K"

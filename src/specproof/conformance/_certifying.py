@@ -510,16 +510,6 @@ class Certification:
                 ]
             ) from exc
 
-    def _session_greedy(self, case: EngineCase) -> Callable[..., Any]:
-        horizon = self.plan.profile.max_new_tokens
-
-        def greedy(prompt: Any, n: int, eos: int | None) -> tuple[list[int], Any]:
-            return greedy_continuation(
-                case.make_reference, case.greedy_fn, ("plugin", case.token), list(prompt), n, eos, horizon=horizon
-            )
-
-        return greedy
-
     def _run_session_machine(self, item: CheckItem, result: CheckResult) -> None:
         from hypothesis import Phase
         from hypothesis.stateful import run_state_machine_as_test
@@ -532,7 +522,8 @@ class Certification:
         white_box = callable(getattr(case.live_target, "state_arrays", None)) and case.make_reference is not None
         judge = {
             "engine_factory": case.make_engine,
-            "greedy": self._session_greedy(case),
+            # the same memoized continuations the engine-case search uses
+            "greedy": lambda prompt, n, eos: self._greedy(case, list(prompt), n, eos),
             "vocab_size": case.vocab_size,
             "tie_tolerance": case.tie_tolerance,
             "reference_factory": case.make_reference if white_box else None,
