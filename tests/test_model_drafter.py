@@ -159,7 +159,7 @@ def test_combined_uses_lookup_when_it_matches_else_the_model() -> None:
     assert combined.propose(novel, 3) == fresh_draft(novel, 3)
     # a match near the end of the context: the lookup gives one token, the model completes the draft
     run = list(b"xy      ")
-    assert NgramDrafter(min_n=3, max_n=4).propose(run, 4) == [32]
+    assert NgramDrafter(min_n=3, max_n=4, extend=False).propose(run, 4) == [32]
     assert combined.propose(run, 4) == [32, *fresh_draft([*run, 32], 3)]
     assert (combined.lookup_drafts, combined.completed_drafts, combined.model_drafts) == (1, 1, 1)
     assert combined.propose(novel, 0) == []

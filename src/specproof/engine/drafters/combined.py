@@ -19,7 +19,8 @@ class CombinedDrafter:
       ``context + lookup draft``, up to ``k`` tokens;
     - no match: the draft model's draft.
 
-    ``lookup`` defaults to ``NgramDrafter(min_n=3, max_n=4)``: on a byte vocabulary a match
+    ``lookup`` defaults to ``NgramDrafter(min_n=3, max_n=4, extend=False)`` (a draft cut at
+    the end of the context is completed by the model, not by repeating the match's period): on a byte vocabulary a match
     of one or two tokens is found almost everywhere and says little, so only a match of at
     least three tokens overrides the model. Both parts are pure functions of the context
     (``ModelDrafter`` keeps its model in step by itself, even across calls it was not asked
@@ -29,7 +30,7 @@ class CombinedDrafter:
 
     def __init__(self, model: ModelDrafter, lookup: NgramDrafter | None = None) -> None:
         self.model = model
-        self.lookup = lookup if lookup is not None else NgramDrafter(min_n=3, max_n=4)
+        self.lookup = lookup if lookup is not None else NgramDrafter(min_n=3, max_n=4, extend=False)
         self.vocab_size = model.vocab_size
         self.name = f"specproof.CombinedDrafter({self.lookup.name}, {model.name})"
         self.lookup_drafts = 0

@@ -18,6 +18,11 @@ class NgramDrafter:
     For n from ``max_n`` down to ``min_n``, find the last n context tokens earlier in
     the context; propose up to ``k`` tokens that followed its most recent
     (``prefer="recent"``) or first (``prefer="earliest"``) earlier occurrence.
+    When that continuation runs into the end of the context (the match is ``p``
+    tokens back and ``p < k``), it is extended by the match's period ``p``: the
+    context is read as repeating, so a run of one token proposes ``k`` copies and a
+    period-3 loop ``k`` tokens of the loop. ``extend=False`` keeps the cut draft
+    (``CombinedDrafter`` lets its draft model complete it instead).
 
     The index maps each n-gram to where its continuation starts and is updated
     with only the tokens added since the last call, so a proposal costs the same
@@ -25,7 +30,7 @@ class NgramDrafter:
     seen (a new conversation without ``reset()``) is detected and the index rebuilt.
     """
 
-    def __init__(self, min_n: int = 1, max_n: int = 3, prefer: Prefer = "recent") -> None:
+    def __init__(self, min_n: int = 1, max_n: int = 3, prefer: Prefer = "recent", *, extend: bool = True) -> None:
         for field, value in (("min_n", min_n), ("max_n", max_n)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidSettingError(f"NgramDrafter {field} must be an integer >= 1, got {value!r}")
@@ -33,14 +38,19 @@ class NgramDrafter:
             raise InvalidSettingError(f"NgramDrafter min_n={min_n} must not exceed max_n={max_n}")
         if prefer not in ("recent", "earliest"):
             raise InvalidSettingError(f"NgramDrafter prefer={prefer!r} is not 'recent' or 'earliest'")
+        if not isinstance(extend, bool):
+            raise InvalidSettingError(f"NgramDrafter extend must be True or False, got {extend!r}")
         self.min_n = min_n
         self.max_n = max_n
         self.prefer: Prefer = prefer
-        self.name = f"specproof.NgramDrafter(min_n={min_n}, max_n={max_n}, prefer={prefer})"
+        self.extend = extend
+        suffix = "" if extend else ", extend=False"
+        self.name = f"specproof.NgramDrafter(min_n={min_n}, max_n={max_n}, prefer={prefer}{suffix})"
         self.reset()
 
     def __repr__(self) -> str:
-        return f"NgramDrafter(min_n={self.min_n}, max_n={self.max_n}, prefer={self.prefer!r})"
+        suffix = "" if self.extend else ", extend=False"
+        return f"NgramDrafter(min_n={self.min_n}, max_n={self.max_n}, prefer={self.prefer!r}{suffix})"
 
     def reset(self) -> None:
         self._tokens: list[int] = []
@@ -81,14 +91,28 @@ class NgramDrafter:
         for n in range(min(self.max_n, size), self.min_n - 1, -1):
             start = self._index[n - self.min_n].get(tuple(tokens[size - n :]))
             if start is not None:
-                return tokens[start : start + k]
+                period = size - start  # the earlier occurrence ends `period` tokens back
+                if period >= k or not self.extend:
+                    return tokens[start : start + k]
+                loop = tokens[start:size]
+                return (loop * (k // period + 1))[:k]
         return []
 
 
 def naive_ngram_propose(
-    context: Sequence[int], k: int, *, min_n: int = 1, max_n: int = 3, prefer: Prefer = "recent"
+    context: Sequence[int],
+    k: int,
+    *,
+    min_n: int = 1,
+    max_n: int = 3,
+    prefer: Prefer = "recent",
+    extend: bool = True,
 ) -> list[int]:
-    """The same rule as ``NgramDrafter`` by a full rescan: the oracle its tests compare with."""
+    """The same rule as ``NgramDrafter`` by a full rescan: the oracle its tests compare with.
+
+    Extension by the period is written token by token: draft token ``i`` is the
+    token ``period`` positions before it in context + draft.
+    """
     tokens = list(context)
     size = len(tokens)
     if k <= 0:
@@ -98,5 +122,11 @@ def naive_ngram_propose(
         starts = [s for s in range(0, size - n) if tokens[s : s + n] == suffix]
         if starts:
             s = starts[-1] if prefer == "recent" else starts[0]
-            return tokens[s + n : s + n + k]
+            period = size - (s + n)
+            if not extend:
+                return tokens[s + n : s + n + k]
+            extended = list(tokens)
+            for _ in range(k):
+                extended.append(extended[-period])
+            return extended[size:]
     return []
