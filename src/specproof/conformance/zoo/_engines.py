@@ -39,6 +39,7 @@ __all__ = [
     "DropsBonusToken",
     "EmitsAfterEos",
     "EosMaskedByLengthCap",
+    "LengthCapHidesEosInBlock",
     "ForgetsRecurrentRestore",
     "GreedyOnlyEngine",
     "OracleDrafter",
@@ -123,6 +124,10 @@ class ZooEngine:
 
     # ------------------------------------------------------------------ the hooks (correct here)
 
+    def _round_bound(self, remaining: int, room: int) -> int:
+        """k_eff: a round never drafts past the token budget nor past max_context."""
+        return min(self.k, remaining - 1, room - 1)
+
     def _accept(self, draft: list[int], argmax: list[int]) -> list[int]:
         j = 0
         while j < len(draft) and draft[j] == argmax[j]:
@@ -190,7 +195,7 @@ class ZooEngine:
                 stop = "context_full"
                 break
             remaining = max_new_tokens - len(out)
-            k_eff = min(self.k, remaining - 1, room - 1)
+            k_eff = self._round_bound(remaining, room)
             base = target.processed
             before = target.snapshot()
             draft = [int(t) for t in drafter.propose(ctx, k_eff)] if k_eff > 0 else []  # type: ignore[attr-defined]
@@ -362,6 +367,35 @@ class EosMaskedByLengthCap(ZooEngine):
         if len(emitted) == remaining:
             return emitted  # the bug: the budget is reached, so the EOS scan is skipped
         return super()._emit(accepted, remaining, eos)
+
+
+class LengthCapHidesEosInBlock(ZooEngine):
+    """Drafts full blocks past ``max_new_tokens``; a block the cap cuts is checked for EOS at its first token only.
+
+    Shipped as: SGLang's speculative decoding ("the length cap masks the stop token"): the
+    finish check, written for one new token per step, tests the block's first token for
+    EOS, and a verified block that crosses ``max_new_tokens`` is then finished by length,
+    so an EOS accepted *later in the block but inside the budget* is emitted and followed
+    by more tokens. It needs a block that crosses the cap with EOS past its first token
+    and before the cut: derandomized ``quick`` draws no such example (random seeds and
+    campaigns do; ``EosMaskedByLengthCap`` is the variant ``quick`` catches).
+    """
+
+    bug = "a block crossing max_new_tokens is cut by length after checking only its first token for EOS"
+
+    def _round_bound(self, remaining: int, room: int) -> int:
+        return min(self.k, room - 1)  # drafts past the budget: the block may cross max_new_tokens
+
+    def _emit(self, accepted: list[int], remaining: int, eos: int | None) -> list[int]:
+        if len(accepted) > remaining and accepted[0] != eos:
+            return accepted[:remaining]  # the bug: finished by length, the rest of the block is not scanned
+        return super()._emit(accepted, remaining, eos)
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        gen = super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        if gen.stop_reason == "eos" and gen.tokens and gen.tokens[-1] != eos_token_id:
+            gen = attrs.evolve(gen, stop_reason="max_new_tokens")  # it believes it finished by length
+        return gen
 
 
 class VaryingK(ZooEngine):
