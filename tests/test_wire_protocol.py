@@ -173,7 +173,7 @@ def test_fake_engine_ok_handshake_and_requests() -> None:
         ("unexpected-message", "unexpected message type 'hello'"),
         ("wrong-id", "answers request #101, not #1"),
         ("exit-mid-generation", "exited with status 139"),
-        ("hang", "no message within the timeout of 1.5 s"),
+        ("hang", "timed out after 1.5 s: no message"),
     ],
 )
 def test_misbehaving_engine_gives_a_clear_error_within_the_timeout(mode: str, what: str) -> None:
@@ -191,9 +191,22 @@ def test_misbehaving_engine_gives_a_clear_error_within_the_timeout(mode: str, wh
     assert '"type"' in last
     assert "fake engine starting in mode" in text  # the stderr tail
     assert "fake engine starting" in info.value.stderr_tail
-    # the engine is marked unusable: later requests fail fast, and close() never hangs
-    with pytest.raises(EngineProtocolError, match="unusable after an earlier failure"):
+    # the next request restarts the engine (a new process) and gets its own verdict
+    engine.reset()
+    assert engine.restarts == 1 and engine.faults == [engine.faults[0]]
+    assert engine.faults[0].startswith("request generate #1") and what in engine.faults[0]
+    assert engine.returncode is None  # the new process answered the reset
+    with pytest.raises(EngineProtocolError, match="request generate #3"):
         engine.generate([3, 4], 2)
+    assert engine.restarts == 1 and len(engine.faults) == 2
+    # past max_restarts every request fails at once, naming the first failure once (no nesting)
+    engine.max_restarts = 1
+    start = time.monotonic()
+    with pytest.raises(EngineProtocolError) as later:
+        engine.reset()
+    assert time.monotonic() - start < 1.0
+    assert "restarted 1 times (max_restarts=1)" in str(later.value)
+    assert str(later.value).count("request generate #1 ") == 1 and str(later.value).count("failed") == 1
     start = time.monotonic()
     engine.close(timeout=1.0)
     assert time.monotonic() - start < 5.0
@@ -210,7 +223,7 @@ def test_exit_mid_generation_reports_stderr() -> None:
     ("mode", "what"),
     [
         ("hello-invalid", "schema violation"),
-        ("hello-hang", "no message within the timeout"),
+        ("hello-hang", "timed out after 1.5 s"),
         ("hello-exit", "exited with status 3"),
     ],
 )

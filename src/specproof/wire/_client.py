@@ -25,19 +25,31 @@ import json
 import os
 import queue
 import shlex
+import signal
 import socket
 import subprocess
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
 from specproof.engine import Generation, Stats, Step, Target, load_target
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
+from specproof.wire._limits import (
+    HANDSHAKE_LINE_BYTES,
+    NO_STATE_LINE_BYTES,
+    STATE_LINE_BYTES,
+    LineTooLong,
+    check_array_shape,
+    check_handshake_sizes,
+    message_kind,
+    parse_line,
+    state_line_bytes,
+)
 from specproof.wire._schemas import validate_message
 
 __all__ = ["DEFAULT_TIMEOUT", "ExecEngine", "TcpEngine", "WireEngine", "WireTargetView", "engine_from_spec"]
@@ -55,41 +67,91 @@ def _clip(text: str, n: int = _SHOW) -> str:
 
 
 class _LineReader:
-    """A daemon thread that reads lines from ``stream`` into a queue (``_EOF`` at the end)."""
+    """A daemon thread that reads lines from ``stream`` into a small queue (``_EOF`` at the end).
 
-    def __init__(self, stream: IO[bytes], name: str) -> None:
-        self.queue: queue.Queue[object] = queue.Queue()
+    Lines are cut from chunks as bytes arrive; a line that grows past ``limit`` bytes without
+    a newline is reported at once (``LineTooLong``) and reading stops, so an engine that
+    floods its stdout costs at most ``limit`` bytes here. The queue holds a few lines: an
+    engine that writes faster than the suite reads is held back by the pipe.
+    """
+
+    def __init__(self, stream: IO[bytes], name: str, *, limit: int) -> None:
+        self.limit = limit
+        self.queue: queue.Queue[object] = queue.Queue(maxsize=4)
         self._stream = stream
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _run(self) -> None:
+        buf = bytearray()
+        read = getattr(self._stream, "read1", None) or self._stream.read
         try:
-            for raw in iter(self._stream.readline, b""):
-                self.queue.put(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+            while not self._stop.is_set():
+                chunk = read(1 << 16)
+                if not chunk:
+                    break
+                start = 0
+                while True:
+                    nl = chunk.find(b"\n", start)
+                    piece = chunk[start:] if nl < 0 else chunk[start:nl]
+                    if len(buf) + len(piece) > self.limit:
+                        buf += piece[: self.limit + 1 - len(buf)]
+                        self._put(LineTooLong(len(buf), self.limit, bytes(buf[:4096])))
+                        return  # stop reading: the engine is closed by the client
+                    buf += piece
+                    if nl < 0:
+                        break
+                    line = buf.decode("utf-8", errors="replace").rstrip("\r")
+                    buf = bytearray()
+                    if not self._put(line):
+                        return
+                    start = nl + 1
         except (OSError, ValueError):
             pass
         finally:
-            self.queue.put(_EOF)
+            self._put(_EOF)
 
     def get(self, timeout: float) -> str | None:
-        """The next line; None at end of stream; raises ``queue.Empty`` after ``timeout`` seconds."""
+        """The next line; None at end of stream; raises ``queue.Empty`` after ``timeout`` seconds and
+        ``LineTooLong`` for a line past the limit."""
         item = self.queue.get(timeout=timeout)
         if item is _EOF:
-            self.queue.put(_EOF)  # every later read sees the end too
+            with contextlib.suppress(queue.Full):
+                self.queue.put_nowait(_EOF)  # every later read sees the end too
             return None
+        if isinstance(item, LineTooLong):
+            with contextlib.suppress(queue.Full):
+                self.queue.put_nowait(item)
+            raise item
         assert isinstance(item, str)
         return item
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class _Transport:
     describe = "engine"
+    _lines: _LineReader
 
     def send(self, line: str) -> None:
         raise NotImplementedError
 
     def recv(self, timeout: float) -> str | None:
-        raise NotImplementedError
+        return self._lines.get(timeout)
+
+    def set_limit(self, limit: int) -> None:
+        self._lines.limit = limit
 
     def exit_note(self) -> str:
         return "the engine closed the connection"
@@ -102,8 +164,18 @@ class _Transport:
         raise NotImplementedError
 
 
+def _status_text(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"the engine was killed by signal {-code} ({name})"
+    return f"the engine exited with status {code}"
+
+
 class _ProcessTransport(_Transport):
-    def __init__(self, argv: list[str], *, cwd: str | None, env: dict[str, str] | None) -> None:
+    def __init__(self, argv: list[str], *, cwd: str | None, env: dict[str, str] | None, limit: int) -> None:
         self.argv = argv
         self.describe = "exec:" + shlex.join(argv)
         try:
@@ -114,12 +186,12 @@ class _ProcessTransport(_Transport):
                 stderr=subprocess.PIPE,
                 cwd=cwd,
                 env=env,
-                bufsize=-1,  # buffered: readline on an unbuffered pipe reads one byte per call
+                bufsize=-1,
             )
         except OSError as exc:
             raise EngineProtocolError(f"engine {self.describe}: cannot start it: {exc}") from exc
         assert self.proc.stdout is not None and self.proc.stderr is not None
-        self._lines = _LineReader(self.proc.stdout, "specproof-wire-stdout")
+        self._lines = _LineReader(self.proc.stdout, "specproof-wire-stdout", limit=limit)
         self._stderr: collections.deque[str] = collections.deque(maxlen=40)
         self._stderr_thread = threading.Thread(target=self._drain_stderr, name="specproof-wire-stderr", daemon=True)
         self._stderr_thread.start()
@@ -127,7 +199,10 @@ class _ProcessTransport(_Transport):
     def _drain_stderr(self) -> None:
         assert self.proc.stderr is not None
         try:
-            for raw in iter(self.proc.stderr.readline, b""):
+            while True:
+                raw = self.proc.stderr.readline(4096)  # bounded: an endless stderr line is cut, never hoarded
+                if not raw:
+                    break
                 self._stderr.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
         except (OSError, ValueError):
             pass
@@ -144,19 +219,17 @@ class _ProcessTransport(_Transport):
         except (BrokenPipeError, OSError, ValueError) as exc:
             raise EngineProtocolError(f"cannot write to the engine: {exc}; {self.exit_note()}") from None
 
-    def recv(self, timeout: float) -> str | None:
-        return self._lines.get(timeout)
-
     def exit_note(self) -> str:
         try:
             code = self.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             return "the engine closed its stdout but is still running"
         self._stderr_thread.join(timeout=1.0)
-        return f"the engine exited with status {code}"
+        return _status_text(code)
 
     def close(self, timeout: float) -> None:
         proc = self.proc
+        self._lines.stop()
         with contextlib.suppress(OSError, ValueError):
             if proc.stdin is not None:
                 proc.stdin.close()
@@ -173,7 +246,7 @@ class _ProcessTransport(_Transport):
 
 
 class _SocketTransport(_Transport):
-    def __init__(self, host: str, port: int, *, timeout: float) -> None:
+    def __init__(self, host: str, port: int, *, timeout: float, limit: int) -> None:
         self.describe = f"tcp:{host}:{port}"
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
@@ -182,7 +255,7 @@ class _SocketTransport(_Transport):
         self.sock.settimeout(None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._file = self.sock.makefile("rb")
-        self._lines = _LineReader(self._file, "specproof-wire-tcp")
+        self._lines = _LineReader(self._file, "specproof-wire-tcp", limit=limit)
 
     def send(self, line: str) -> None:
         try:
@@ -190,10 +263,8 @@ class _SocketTransport(_Transport):
         except OSError as exc:
             raise EngineProtocolError(f"cannot write to the engine: {exc}") from None
 
-    def recv(self, timeout: float) -> str | None:
-        return self._lines.get(timeout)
-
     def close(self, timeout: float) -> None:
+        self._lines.stop()
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
@@ -226,16 +297,11 @@ class WireTargetView:
     def update(self, message: dict[str, Any]) -> None:
         arrays: dict[str, npt.NDArray[np.float32]] = {}
         for name, spec in message["arrays"].items():
+            shape = check_array_shape(name, [int(n) for n in spec["shape"]], spec["data"])
             try:
                 raw = base64.b64decode(spec["data"], validate=True)
             except ValueError as exc:
                 raise EngineProtocolError(f"state array {name!r}: data is not base64 ({exc})") from None
-            shape = tuple(int(n) for n in spec["shape"])
-            count = int(np.prod(shape, dtype=np.int64))
-            if len(raw) != 4 * count:
-                raise EngineProtocolError(
-                    f"state array {name!r}: {len(raw)} bytes of data for shape {list(shape)} ({4 * count} expected)"
-                )
             arrays[name] = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(shape)
         self._arrays = arrays
         self.processed = int(message["processed"])
@@ -257,24 +323,49 @@ def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
             engine.close()
 
 
-class WireEngine:
-    """An engine behind ``specproof-engine/1`` (see the module docstring and docs/protocol.md)."""
+#: how often a failed engine is restarted in one run before every later request fails at once
+DEFAULT_MAX_RESTARTS = 8
+_HELLO_IDENTITY = ("vocab_size", "max_context", "k", "rollback", "capabilities", "model")
 
-    def __init__(self, transport: _Transport, *, timeout: float = DEFAULT_TIMEOUT, state: bool = True) -> None:
-        self._transport = transport
+
+class WireEngine:
+    """An engine behind ``specproof-engine/1`` (see the module docstring and docs/protocol.md).
+
+    ``connect(limit)`` makes a transport (starts the process, or connects); it is called again
+    by ``reset()`` after a fault — at most ``max_restarts`` times — so one crash costs one
+    check its verdict, not the run. ``max_line_bytes`` bounds every line the engine sends
+    (default: the handshake's, see docs/protocol.md "Limits").
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[int], _Transport],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        state: bool = True,
+        max_line_bytes: int | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+    ) -> None:
+        if max_line_bytes is not None and (isinstance(max_line_bytes, bool) or int(max_line_bytes) < 1024):
+            raise ValueError(f"max_line_bytes={max_line_bytes!r}: expected an int >= 1024 (bytes)")
+        if isinstance(max_restarts, bool) or int(max_restarts) < 0:
+            raise ValueError(f"max_restarts={max_restarts!r}: expected an int >= 0")
+        self._connect = connect
         self.timeout = float(timeout)
-        self.spec = transport.describe
-        self._next_id = 1
+        self._max_line_setting = None if max_line_bytes is None else int(max_line_bytes)
+        self.max_restarts = int(max_restarts)
+        self.restarts = 0
+        #: every fault seen (the first is the one later errors name); one entry per restart
+        self.faults: list[str] = []
         self._closed = False
         self._broken: str | None = None
         self._last = "(nothing yet)"
-        self.drafter: Any = None
+        self._next_id = 1
         _LIVE.add(self)
-        try:
-            hello = self._receive(("hello",), "the handshake")
-        except BaseException:
-            self._kill()
-            raise
+        self._transport = connect(HANDSHAKE_LINE_BYTES if max_line_bytes is None else int(max_line_bytes))
+        self.spec = self._transport.describe
+        self.label = self.spec
+        hello = self._handshake()
         self.hello = hello
         self.vocab_size: int = hello["vocab_size"]
         self.max_context: int = hello["max_context"]
@@ -287,6 +378,8 @@ class WireEngine:
         self.tie_tolerance: float = float(hello.get("tie_tolerance", 0.0))
         self.model: str | None = hello.get("model")
         self.name = f"{self.engine_name} {self.engine_version} via {self.spec}".replace("  ", " ")
+        #: how errors name the engine: the handshake's name, then how it was reached
+        self.label = f"{self.engine_name} ({self.spec})"
         #: send state dumps with every round (capability ``state``); turn off to time the engine
         self.send_state = state and "state" in self.capabilities
         #: the engine's own time for the last generate (``final.elapsed_us``) and its prefill part
@@ -299,13 +392,50 @@ class WireEngine:
             except Exception as exc:
                 self._kill()
                 raise EngineProtocolError(
-                    f"engine {self.spec}: its handshake names the model {self.model!r}, which is not a target "
+                    f"engine {self.label}: its handshake names the model {self.model!r}, which is not a target "
                     f"specproof can load: {exc}"
                 ) from exc
+        #: the longest line accepted from the engine (bytes; docs/protocol.md, "Limits")
+        self.max_line_bytes = self._max_line_setting or self._default_line_limit()
+        self._transport.set_limit(self.max_line_bytes)
         if "state" in self.capabilities:
             self.target = WireTargetView(self.vocab_size, self.max_context, self.name)
         if "greedy" in self.capabilities:
             self.greedy = self._greedy
+        if "suite_drafts" in self.capabilities:
+            #: the suite's drafter (capability ``suite_drafts``); absent otherwise, so the suite
+            #: judges the engine on its own drafts
+            self.drafter: Any = None
+
+    def _handshake(self) -> dict[str, Any]:
+        try:
+            hello = self._receive(("hello",), "the handshake")
+            try:
+                check_handshake_sizes(hello)
+            except EngineProtocolError as exc:
+                self._fault(str(exc), "the handshake")
+        except BaseException:
+            self._kill()
+            raise
+        return hello
+
+    def _default_line_limit(self) -> int:
+        """The largest legitimate line at the handshake's sizes (docs/protocol.md, "Limits")."""
+        if "state" not in self.capabilities:
+            return NO_STATE_LINE_BYTES
+        oracle = self.oracle
+        arrays = getattr(oracle, "state_arrays", None)
+        if oracle is None or not callable(arrays) or not callable(getattr(oracle, "forward", None)):
+            return STATE_LINE_BYTES
+        try:
+            oracle.reset()
+            empty = sum(int(a.nbytes) for a in arrays().values())
+            oracle.forward([0])
+            one = sum(int(a.nbytes) for a in arrays().values())
+            oracle.reset()
+        except Exception:
+            return STATE_LINE_BYTES
+        return state_line_bytes(empty, max(0, one - empty), self.max_context)
 
     # ----------------------------------------------------------------- plumbing
 
@@ -320,44 +450,60 @@ class WireEngine:
     def __repr__(self) -> str:
         return f"<WireEngine {self.spec} k={getattr(self, 'k', '?')} rollback={getattr(self, 'rollback', '?')}>"
 
-    def _fail(self, what: str, request: str, *, fatal: bool = True) -> EngineProtocolError:
-        if fatal:
-            self._broken = what
+    def _fault(self, what: str, request: str) -> NoReturn:
+        """Raise an engine fault: the engine is restarted by the next request; the first cause is kept."""
+        if self._broken is None:
+            self._broken = f"{request}: {what}. Last message received: {_clip(self._last, 200)}"
+            self.faults.append(self._broken)
         tail = self.stderr_tail
-        text = f"engine {self.spec}, {request}: {what}. Last message received: {_clip(self._last)}" + (
+        text = f"engine {self.label}, {request}: {what}. Last message received: {_clip(self._last)}" + (
             f"\nengine stderr (tail):\n{tail}" if tail else "\n(the engine wrote nothing to stderr)"
         )
-        return EngineProtocolError(text, stderr_tail=tail)
+        self._raise(EngineProtocolError(text, stderr_tail=tail))
+
+    @staticmethod
+    def _raise(error: EngineProtocolError) -> NoReturn:
+        """Every engine fault is raised here, without the handler's exception as context: a search that
+        replays an example sees the same failure whatever line noticed it (no ``Flaky``)."""
+        try:
+            raise error
+        finally:
+            error.__context__ = None
 
     def _send(self, message: dict[str, Any], request: str) -> None:
         if self._closed:
-            raise EngineProtocolError(f"engine {self.spec}: {request}: the engine was closed")
+            raise EngineProtocolError(f"engine {self.label}: {request}: the engine was closed")
         if self._broken is not None:
-            raise self._fail(f"the engine is unusable after an earlier failure ({_clip(self._broken, 200)})", request)
+            self._restart(request)
         try:
             self._transport.send(json.dumps(message, separators=(",", ":")))
         except EngineProtocolError as exc:
-            raise self._fail(str(exc), request) from None
+            self._fault(str(exc), request)
 
     def _receive(self, expect: tuple[str, ...], request: str) -> dict[str, Any]:
+        want = " or ".join(expect)
         try:
             line = self._transport.recv(self.timeout)
         except queue.Empty:
-            raise self._fail(
-                f"no message within the timeout of {self.timeout:g} s (expected {' or '.join(expect)})", request
-            ) from None
+            self._fault(f"timed out after {self.timeout:g} s: no message (expected {want})", request)
+        except LineTooLong as exc:
+            self._fault(
+                f"{message_kind(exc.head)} longer than the limit of {exc.limit} bytes ({exc.seen} bytes seen "
+                "without a newline; reading stopped). Set max_line_bytes= or $SPECPROOF_WIRE_MAX_LINE for a "
+                "larger limit (docs/protocol.md, Limits)",
+                request,
+            )
         if line is None:
-            raise self._fail(f"{self._transport.exit_note()} before sending {' or '.join(expect)}", request)
+            self._fault(f"{self._transport.exit_note()} before sending {want}", request)
         self._last = line
         try:
-            message = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise self._fail(f"invalid JSON ({exc.msg} at column {exc.colno})", request) from None
+            message = parse_line(line)
+        except ValueError as exc:
+            self._fault(str(exc), request)
         try:
             return validate_message(message, expect=expect)
         except EngineProtocolError as exc:
-            raise self._fail(str(exc), request) from None
-
+            self._fault(str(exc), request)
     def _new_id(self) -> int:
         rid = self._next_id
         self._next_id += 1
@@ -373,7 +519,7 @@ class WireEngine:
 
     def _check_id(self, message: dict[str, Any], rid: int, request: str) -> None:
         if message.get("id") != rid and not (message["type"] == "error" and message.get("id") is None):
-            raise self._fail(f"the message answers request #{message.get('id')}, not #{rid}", request)
+            self._fault(f"the message answers request #{message.get('id')}, not #{rid}", request)
 
     # ----------------------------------------------------------------- requests
 
@@ -382,11 +528,11 @@ class WireEngine:
         tokens = [int(t) for t in prompt]
         rid = self._new_id()
         request = self._request_text("generate", rid, tokens, max_new_tokens)
-        drafter = self.drafter
+        drafter = getattr(self, "drafter", None)
         if drafter is not None:
             if "suite_drafts" not in self.capabilities:
                 raise EngineRequestError(
-                    f"engine {self.spec}: a drafter was set, but the engine does not take drafts from the suite "
+                    f"engine {self.label}: a drafter was set, but the engine does not take drafts from the suite "
                     f"(its capabilities: {sorted(self.capabilities)})"
                 )
             reset = getattr(drafter, "reset", None)
@@ -407,13 +553,20 @@ class WireEngine:
         ctx = list(tokens)
         steps: list[Step] = []
         started = time.perf_counter()
+        # every round emits a token: at most a state, a propose and a round per round, a state at the end
+        budget = 3 * (max(0, int(max_new_tokens)) + 1) + 2
         while True:
+            budget -= 1
+            if budget < 0:
+                self._fault(
+                    f"more messages than {max_new_tokens} new tokens allow (3 per round and a final state)", request
+                )
             msg = self._receive(("round", "state", "propose", "final", "error"), request)
             self._check_id(msg, rid, request)
             kind = msg["type"]
             if kind == "round":
                 if msg["round"] != len(steps):
-                    raise self._fail(f"round record {msg['round']} arrived after {len(steps)} rounds", request)
+                    self._fault(f"round record {msg['round']} arrived after {len(steps)} rounds", request)
                 steps.append(
                     Step(
                         base=msg["base"],
@@ -426,16 +579,16 @@ class WireEngine:
                 ctx.extend(msg["accepted"])
             elif kind == "state":
                 if not self.send_state:
-                    raise self._fail("a state message, but the request asked for none", request)
+                    self._fault("a state message, but the request asked for none", request)
                 try:
                     self.target.update(msg)
                 except EngineProtocolError as exc:
-                    raise self._fail(str(exc), request) from None
+                    self._fault(str(exc), request)
             elif kind == "propose":
                 self._answer_propose(msg, drafter, ctx, rid, request)
             elif kind == "error":
                 raise EngineRequestError(
-                    f"engine {self.spec}, {request}: the engine answered with an error: {msg['message']}"
+                    f"engine {self.label}, {request}: the engine answered with an error: {msg['message']}"
                 )
             else:
                 self.last_elapsed_us = msg.get("elapsed_us")
@@ -463,9 +616,9 @@ class WireEngine:
 
     def _answer_propose(self, msg: dict[str, Any], drafter: Any, ctx: list[int], rid: int, request: str) -> None:
         if drafter is None:
-            raise self._fail("the engine asked for a draft (propose), but the request said drafts=engine", request)
+            self._fault("the engine asked for a draft (propose), but the request said drafts=engine", request)
         if msg["context_length"] != len(ctx):
-            raise self._fail(
+            self._fault(
                 f"propose says the context has {msg['context_length']} tokens, but the prompt and the round "
                 f"records make {len(ctx)}",
                 request,
@@ -496,22 +649,65 @@ class WireEngine:
         self._check_id(msg, rid, request)
         if msg["type"] == "error":
             raise EngineRequestError(
-                f"engine {self.spec}, {request}: the engine answered with an error: {msg['message']}"
+                f"engine {self.label}, {request}: the engine answered with an error: {msg['message']}"
             )
         return [int(t) for t in msg["tokens"]]
 
     def reset(self) -> None:
-        """Start a new session: the engine forgets its caches."""
+        """Start a new session: the engine forgets its caches.
+
+        After a fault (``EngineProtocolError``) every request first restarts the engine — a
+        new process, or a new connection — at most ``max_restarts`` times in all.
+        """
         rid = self._new_id()
         request = self._request_text("reset", rid)
         self._send({"type": "reset", "id": rid}, request)
         msg = self._receive(("ok", "error"), request)
         self._check_id(msg, rid, request)
         if msg["type"] == "error":
-            raise EngineRequestError(f"engine {self.spec}, {request}: {msg['message']}")
+            raise EngineRequestError(f"engine {self.label}, {request}: {msg['message']}")
         view = getattr(self, "target", None)
         if isinstance(view, WireTargetView):
             view.clear()
+
+    def _restart(self, why: str) -> None:
+        if self.restarts >= self.max_restarts:
+            self._raise(
+                EngineProtocolError(
+                    f"engine {self.label}, {why}: not sent: the engine failed {len(self.faults)} times and was "
+                    f"restarted {self.restarts} times (max_restarts={self.max_restarts}); the first failure: "
+                    f"{self.faults[0]}",
+                    stderr_tail=self.stderr_tail,
+                )
+            )
+        request = f"{why}: restart {self.restarts + 1} of at most {self.max_restarts} after a fault"
+        with contextlib.suppress(Exception):
+            self._transport.close(1.0)
+        self.restarts += 1
+        problem = None
+        try:
+            self._transport = self._connect(self.max_line_bytes)
+        except EngineProtocolError as exc:
+            problem = str(exc)
+        if problem is not None:
+            self._fault(f"cannot restart it: {problem}", request)
+        self._broken, self._last = None, "(nothing yet)"
+        hello = self._handshake_again(request)
+        changed = [f for f in _HELLO_IDENTITY if hello.get(f) != self.hello.get(f)]
+        if changed:
+            self._fault(
+                "the restarted engine's handshake differs from the first in "
+                + ", ".join(f"{f} ({self.hello.get(f)!r} -> {hello.get(f)!r})" for f in changed),
+                request,
+            )
+        view = getattr(self, "target", None)
+        if isinstance(view, WireTargetView):
+            view.clear()
+
+    def _handshake_again(self, request: str) -> dict[str, Any]:
+        self._closed = False
+        _LIVE.add(self)
+        return self._receive(("hello",), request)
 
     #: whether ``close()`` asks the engine to exit (a process we started) or only disconnects
     shutdown_on_close = True
@@ -583,10 +779,19 @@ class ExecEngine(WireEngine):
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
         state: bool = True,
+        max_line_bytes: int | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
     ) -> None:
         self.argv = _split_command(command)
-        transport = _ProcessTransport(self.argv, cwd=None if cwd is None else os.fspath(cwd), env=env)
-        super().__init__(transport, timeout=timeout, state=state)
+        where = None if cwd is None else os.fspath(cwd)
+        argv = self.argv
+        super().__init__(
+            lambda limit: _ProcessTransport(argv, cwd=where, env=env, limit=limit),
+            timeout=timeout,
+            state=state,
+            max_line_bytes=max_line_bytes,
+            max_restarts=max_restarts,
+        )
 
     @property
     def returncode(self) -> int | None:
@@ -598,26 +803,63 @@ class ExecEngine(WireEngine):
 class TcpEngine(WireEngine):
     """Connect to an engine listening on ``host:port`` (a device on the network, or loopback in tests).
 
-    ``close()`` disconnects and leaves the engine running; ``shutdown()`` stops it.
+    ``close()`` disconnects and leaves the engine running; ``shutdown()`` stops it. A restart
+    after a fault is a new connection.
     """
 
     shutdown_on_close = False
 
-    def __init__(self, host: str, port: int, *, timeout: float = DEFAULT_TIMEOUT, state: bool = True) -> None:
-        super().__init__(_SocketTransport(host, int(port), timeout=timeout), timeout=timeout, state=state)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        state: bool = True,
+        max_line_bytes: int | None = None,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+    ) -> None:
+        where = int(port)
+        super().__init__(
+            lambda limit: _SocketTransport(host, where, timeout=timeout, limit=limit),
+            timeout=timeout,
+            state=state,
+            max_line_bytes=max_line_bytes,
+            max_restarts=max_restarts,
+        )
+
+
+def _env_number(name: str, default: float | None, *, minimum: float) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EngineProtocolError(f"${name}={raw!r}: expected a number") from None
+    if not value >= minimum:
+        raise EngineProtocolError(f"${name}={raw!r}: expected a number >= {minimum:g}")
+    return value
 
 
 def engine_from_spec(spec: str, *, timeout: float | None = None) -> Callable[[], WireEngine]:
-    """A factory for ``exec:CMD ARGS`` or ``tcp:HOST:PORT`` (timeout: ``$SPECPROOF_WIRE_TIMEOUT`` or 60 s)."""
+    """A factory for ``exec:CMD ARGS`` or ``tcp:HOST:PORT``.
+
+    The timeout per message is ``$SPECPROOF_WIRE_TIMEOUT`` (default 60 s); the line limit
+    ``$SPECPROOF_WIRE_MAX_LINE`` bytes (default: worked out from the handshake).
+    """
     if timeout is None:
-        timeout = float(os.environ.get("SPECPROOF_WIRE_TIMEOUT", DEFAULT_TIMEOUT))
+        timeout = _env_number("SPECPROOF_WIRE_TIMEOUT", DEFAULT_TIMEOUT, minimum=0.01)
+    assert timeout is not None
+    limit = _env_number("SPECPROOF_WIRE_MAX_LINE", None, minimum=1024)
+    max_line = None if limit is None else int(limit)
     kind, _, rest = spec.partition(":")
     if kind == "exec":
         argv = _split_command(rest)
-        return lambda: ExecEngine(argv, timeout=timeout)
+        return lambda: ExecEngine(argv, timeout=timeout, max_line_bytes=max_line)
     if kind == "tcp":
         host, sep, port = rest.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise EngineProtocolError(f"engine spec {spec!r}: expected tcp:HOST:PORT, for example tcp:127.0.0.1:7070")
-        return lambda: TcpEngine(host.strip("[]"), int(port), timeout=timeout)
+        return lambda: TcpEngine(host.strip("[]"), int(port), timeout=timeout, max_line_bytes=max_line)
     raise EngineProtocolError(f"engine spec {spec!r}: expected exec:CMD ARGS or tcp:HOST:PORT")

@@ -1,0 +1,150 @@
+"""Bounds on what an engine may send (docs/protocol.md, "Limits"): checked as bytes arrive.
+
+An engine is code under test: it may write an endless line, nest JSON 200,000 deep or
+declare a state of 10^15 floats. Every such input is refused with an error that names the
+limit, the size seen and the message kind — before the memory is spent, never a
+``RecursionError`` or a runner killed for memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Final
+
+from specproof.wire._errors import EngineProtocolError
+
+__all__ = [
+    "HANDSHAKE_LINE_BYTES",
+    "MAX_DEPTH",
+    "MAX_K",
+    "MAX_RANK",
+    "MAX_SIZE",
+    "NO_STATE_LINE_BYTES",
+    "STATE_LINE_BYTES",
+    "LineTooLong",
+    "check_array_shape",
+    "check_handshake_sizes",
+    "decoded_length",
+    "message_kind",
+    "parse_line",
+    "state_line_bytes",
+]
+
+#: the handshake is a few hundred bytes: a first line longer than this is not a handshake
+HANDSHAKE_LINE_BYTES: Final = 1 << 20
+#: an engine without the ``state`` capability sends token lists only
+NO_STATE_LINE_BYTES: Final = 4 << 20
+#: the default for an engine with ``state`` whose state size the suite cannot work out (no ``model``)
+STATE_LINE_BYTES: Final = 64 << 20
+#: the most a default worked out from the oracle's state may reach (a larger state: set the limit)
+_STATE_LINE_CEILING: Final = 256 << 20
+#: legitimate messages nest 4 deep (state -> arrays -> array -> shape)
+MAX_DEPTH: Final = 32
+#: token ids and positions are 32-bit in every engine we know: larger sizes are nonsense
+MAX_SIZE: Final = (1 << 31) - 1
+#: the most draft tokens per round a handshake may declare
+MAX_K: Final = 4096
+#: the most dimensions of a state array
+MAX_RANK: Final = 8
+
+_KIND = re.compile(rb'"type"\s*:\s*"([A-Za-z_]{1,20})"')
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_OPEN: Final = (ord("["), ord("{"))
+_CLOSE: Final = (ord("]"), ord("}"))
+
+
+class LineTooLong(Exception):
+    """Raised by the line reader: ``seen`` bytes without a newline crossed ``limit``."""
+
+    def __init__(self, seen: int, limit: int, head: bytes) -> None:
+        super().__init__(seen, limit)
+        self.seen, self.limit, self.head = seen, limit, head
+
+
+def message_kind(head: bytes) -> str:
+    """What a (partial) line says it is: ``a 'state' message`` or ``a line that names no message type``."""
+    found = _KIND.search(head[:4096])
+    return f"a {found.group(1).decode()!r} message" if found else "a line that names no message type"
+
+
+def _depth_exceeds(text: str, max_depth: int) -> bool:
+    """Whether ``[``/``{`` outside strings nest deeper than ``max_depth`` (chunked numpy; stops early)."""
+    import numpy as np
+
+    stripped = _STRING.sub("", text).encode("utf-8", errors="replace")
+    depth = 0
+    step = 1 << 20
+    for start in range(0, len(stripped), step):
+        chunk = np.frombuffer(stripped[start : start + step], dtype=np.uint8)
+        delta = np.isin(chunk, _OPEN).astype(np.int32) - np.isin(chunk, _CLOSE).astype(np.int32)
+        running = depth + np.cumsum(delta)
+        if running.size and int(running.max()) > max_depth:
+            return True
+        depth = int(running[-1]) if running.size else depth
+    return False
+
+
+def parse_line(line: str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads`` after a nesting check; ``ValueError`` naming the problem (never ``RecursionError``)."""
+    # cheap first: base64 data and token lists hold no brackets, so legitimate lines skip the scan
+    if line.count("[") + line.count("{") > max_depth and _depth_exceeds(line, max_depth):
+        raise ValueError(f"JSON nested more than {max_depth} deep (the limit; legitimate messages nest 4 deep)")
+    try:
+        return json.loads(line)
+    except RecursionError:  # pragma: no cover - the depth check comes first
+        raise ValueError(f"JSON nested too deep to decode (limit {max_depth})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise ValueError(f"invalid JSON ({exc})") from None
+
+
+def check_handshake_sizes(hello: dict[str, Any]) -> None:
+    """Refuse sizes no engine can have (``EngineProtocolError`` naming the field, its value and the bound)."""
+    for field, bound in (("vocab_size", MAX_SIZE), ("max_context", MAX_SIZE), ("k", MAX_K)):
+        value = hello[field]
+        if value > bound:
+            raise EngineProtocolError(
+                f"the handshake declares {field}={value}, more than the {bound} any engine can have "
+                f"(docs/protocol.md, Limits)"
+            )
+    if hello["k"] >= hello["max_context"]:
+        raise EngineProtocolError(
+            f"the handshake declares k={hello['k']} with max_context={hello['max_context']}: a round of k draft "
+            "tokens needs k + 1 free slots"
+        )
+
+
+def decoded_length(data: str) -> int | None:
+    """The byte length of padded base64 ``data`` without decoding it (None: not a base64 length)."""
+    if len(data) % 4:
+        return None
+    pad = 2 if data.endswith("==") else 1 if data.endswith("=") else 0
+    return len(data) // 4 * 3 - pad
+
+
+def check_array_shape(name: str, shape: list[int], data: str) -> tuple[int, ...]:
+    """A state array's shape, checked against its data's length before anything is allocated."""
+    if len(shape) > MAX_RANK:
+        raise EngineProtocolError(
+            f"state array {name!r}: shape {shape[:12]} has {len(shape)} dimensions (limit {MAX_RANK})"
+        )
+    if any(n > MAX_SIZE for n in shape):
+        raise EngineProtocolError(f"state array {name!r}: shape {shape} has a dimension over {MAX_SIZE}")
+    want = 4 * math.prod(shape)
+    have = decoded_length(data)
+    if have is None:
+        raise EngineProtocolError(f"state array {name!r}: data of {len(data)} characters is not padded base64")
+    if have != want:
+        raise EngineProtocolError(
+            f"state array {name!r}: {have} bytes of data for shape {shape} ({want} expected); nothing was allocated"
+        )
+    return tuple(shape)
+
+
+def state_line_bytes(fixed_bytes: int, per_token_bytes: int, max_context: int) -> int:
+    """The longest legitimate state line: the arrays at ``max_context`` as base64, plus room for the JSON."""
+    raw = fixed_bytes + per_token_bytes * max_context
+    return min(_STATE_LINE_CEILING, max(NO_STATE_LINE_BYTES, 4 * (raw + 2) // 3 + (64 << 10)))

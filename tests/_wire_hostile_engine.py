@@ -1,0 +1,108 @@
+"""A hostile specproof-engine/1 engine for the bounds tests: ``python _wire_hostile_engine.py MODE [--tcp]``.
+
+With ``--tcp`` it listens on 127.0.0.1 (an ephemeral port, printed to stdout as ``PORT N``)
+and serves one connection; else it speaks on its stdio. Modes:
+
+- ``ok``: a correct engine of k = 0 whose model repeats the last token (capability
+  ``greedy``); ``ok-1m`` is the same with ``max_context`` = 1,048,576;
+- ``flood``: after the handshake, answers a request with an endless line (no newline);
+- ``flood-hello``: the handshake itself never ends;
+- ``huge-context``: a handshake with ``max_context`` and ``vocab_size`` of 10**12;
+- ``deep-json``: answers a request with 200,000 ``[``;
+- ``absurd-state``: capability ``state``; the first state message has shape
+  ``[100000, 100000, 100000]`` with 4 bytes of data.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from typing import IO
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "ok"
+TCP = "--tcp" in sys.argv[2:]
+HELLO: dict[str, object] = {
+    "type": "hello",
+    "protocol": "specproof-engine/1",
+    "engine": {"name": f"hostile-{MODE}", "version": "0"},
+    "vocab_size": 256,
+    "max_context": 64,
+    "k": 0,
+    "rollback": "replay",
+    "capabilities": ["greedy"],
+}
+if MODE == "ok-1m":
+    HELLO["max_context"] = 1 << 20
+if MODE == "huge-context":
+    HELLO["max_context"] = HELLO["vocab_size"] = 10**12
+if MODE == "absurd-state":
+    HELLO["capabilities"] = ["greedy", "state"]
+
+
+def serve(rd: IO[str], wr: IO[str]) -> None:
+    def send(message: object) -> None:
+        wr.write((message if isinstance(message, str) else json.dumps(message)) + "\n")
+        wr.flush()
+
+    if MODE == "flood-hello":
+        chunk = "x" * 65536
+        while True:
+            wr.write(chunk)
+    send(HELLO)
+    for line in rd:
+        req = json.loads(line)
+        rid = req["id"]
+        if req["type"] in ("reset", "shutdown"):
+            send({"type": "ok", "id": rid})
+            if req["type"] == "shutdown":
+                return
+            continue
+        if MODE == "flood":
+            chunk = f'{{"type":"state","id":{rid},"arrays":"' + "A" * 65536
+            while True:
+                wr.write(chunk)
+                chunk = "A" * 65536
+        if MODE == "deep-json":
+            send("[" * 200_000)
+            continue
+        prompt, n, eos = req["prompt"], req["max_new_tokens"], req.get("eos_token_id")
+        last = prompt[-1]
+        room = int(HELLO["max_context"]) - len(prompt) + 1  # type: ignore[call-overload]
+        count = min(n, max(0, room))
+        tokens: list[int] = []
+        for _ in range(count):
+            tokens.append(last)
+            if last == eos:
+                break
+        stop = "eos" if tokens and tokens[-1] == eos else ("max_new_tokens" if len(tokens) == n else "context_full")
+        if req["type"] == "generate":
+            processed = len(prompt) - 1
+            for r, tok in enumerate(tokens):
+                if req.get("state") and MODE == "absurd-state":
+                    send({"type": "state", "id": rid, "processed": processed,
+                          "arrays": {"conv_state": {"dtype": "float32", "shape": [100000, 100000, 100000],
+                                                    "data": "AACAPw=="}}})
+                send({"type": "round", "id": rid, "round": r, "base": processed, "draft": [],
+                      "argmax": [tok], "accepted": [tok], "processed": processed + 1})
+                processed += 1
+        send({"type": "final", "id": rid, "tokens": tokens, "stop_reason": stop})
+
+
+def main() -> None:
+    print(f"hostile engine starting in mode {MODE}", file=sys.stderr, flush=True)
+    if not TCP:
+        serve(sys.stdin, sys.stdout)
+        return
+    server = socket.create_server(("127.0.0.1", 0))
+    print(f"PORT {server.getsockname()[1]}", flush=True)
+    conn, _ = server.accept()
+    with conn, conn.makefile("r", encoding="utf-8") as rd, conn.makefile("w", encoding="utf-8") as wr:
+        try:
+            serve(rd, wr)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+
+
+if __name__ == "__main__":
+    main()
