@@ -4,7 +4,8 @@ With ``--tcp`` it listens on 127.0.0.1 (an ephemeral port, printed to stdout as 
 and serves one connection; else it speaks on its stdio. Modes:
 
 - ``ok``: a correct engine of k = 0 whose model repeats the last token (capability
-  ``greedy``); ``ok-1m`` is the same with ``max_context`` = 1,048,576;
+  ``greedy``); ``ok-1m`` is the same with ``max_context`` = 1,048,576; ``ok-drafts`` and
+  ``ok-1m-drafts`` have k = 3 and take the suite's drafts (``suite_drafts``);
 - ``flood``: after the handshake, answers a request with an endless line (no newline);
 - ``flood-hello``: the handshake itself never ends;
 - ``huge-context``: a handshake with ``max_context`` and ``vocab_size`` of 10**12;
@@ -32,8 +33,11 @@ HELLO: dict[str, object] = {
     "rollback": "replay",
     "capabilities": ["greedy"],
 }
-if MODE == "ok-1m":
+if MODE.startswith("ok-1m"):
     HELLO["max_context"] = 1 << 20
+if MODE.endswith("drafts"):
+    HELLO["k"] = 3
+    HELLO["capabilities"] = ["greedy", "suite_drafts"]
 if MODE == "huge-context":
     HELLO["max_context"] = HELLO["vocab_size"] = 10**12
 if MODE == "absurd-state":
@@ -67,6 +71,9 @@ def serve(rd: IO[str], wr: IO[str]) -> None:
             send("[" * 200_000)
             continue
         prompt, n, eos = req["prompt"], req["max_new_tokens"], req.get("eos_token_id")
+        if req["type"] == "generate" and MODE.endswith("drafts"):
+            speculate(req, send, rd)
+            continue
         last = prompt[-1]
         room = int(HELLO["max_context"]) - len(prompt) + 1  # type: ignore[call-overload]
         count = min(n, max(0, room))
@@ -80,13 +87,84 @@ def serve(rd: IO[str], wr: IO[str]) -> None:
             processed = len(prompt) - 1
             for r, tok in enumerate(tokens):
                 if req.get("state") and MODE == "absurd-state":
-                    send({"type": "state", "id": rid, "processed": processed,
-                          "arrays": {"conv_state": {"dtype": "float32", "shape": [100000, 100000, 100000],
-                                                    "data": "AACAPw=="}}})
-                send({"type": "round", "id": rid, "round": r, "base": processed, "draft": [],
-                      "argmax": [tok], "accepted": [tok], "processed": processed + 1})
+                    send(
+                        {
+                            "type": "state",
+                            "id": rid,
+                            "processed": processed,
+                            "arrays": {
+                                "conv_state": {
+                                    "dtype": "float32",
+                                    "shape": [100000, 100000, 100000],
+                                    "data": "AACAPw==",
+                                }
+                            },
+                        }
+                    )
+                send(
+                    {
+                        "type": "round",
+                        "id": rid,
+                        "round": r,
+                        "base": processed,
+                        "draft": [],
+                        "argmax": [tok],
+                        "accepted": [tok],
+                        "processed": processed + 1,
+                    }
+                )
                 processed += 1
         send({"type": "final", "id": rid, "tokens": tokens, "stop_reason": stop})
+
+
+def speculate(req: dict[str, object], send: object, rd: IO[str]) -> None:
+    """Speculative decoding of the repeat-the-last-token model, drafts from the suite or its own."""
+    rid, ctx = req["id"], list(req["prompt"])  # type: ignore[call-overload]
+    n, eos, cap, k = req["max_new_tokens"], req.get("eos_token_id"), int(HELLO["max_context"]), int(HELLO["k"])  # type: ignore[call-overload]
+    emitted: list[int] = []
+    processed, r, stop = len(ctx) - 1, 0, "max_new_tokens"
+    while len(emitted) < n:  # type: ignore[operator]
+        if processed >= cap:
+            stop = "context_full"
+            break
+        k_eff = max(0, min(k, n - len(emitted) - 1, cap - processed - 1))  # type: ignore[operator]
+        draft: list[int] = [ctx[-1]] * k_eff
+        if k_eff and req["drafts"] == "suite":
+            send({"type": "propose", "id": rid, "round": r, "context_length": len(ctx), "k": k_eff})  # type: ignore[operator]
+            answer = json.loads(rd.readline())
+            if answer["type"] != "draft":
+                send({"type": "error", "id": rid, "message": "abandoned"})  # type: ignore[operator]
+                return
+            draft = answer["tokens"][:k_eff]
+        argmax = [ctx[-1], *draft]
+        j = 0
+        while j < len(draft) and draft[j] == argmax[j]:
+            j += 1
+        accepted = [*draft[:j], argmax[j]]
+        kept = accepted[: n - len(emitted)]  # type: ignore[operator]
+        if eos in kept:
+            kept = kept[: kept.index(eos) + 1]
+        base = processed
+        processed = base + len(kept)  # rolled back past any token after EOS
+        send(
+            {
+                "type": "round",
+                "id": rid,
+                "round": r,
+                "base": base,
+                "draft": draft,
+                "argmax": argmax,  # type: ignore[operator]
+                "accepted": accepted,
+                "processed": processed,
+            }
+        )
+        r += 1
+        emitted += kept
+        ctx += kept
+        if kept[-1] == eos:
+            stop = "eos"
+            break
+    send({"type": "final", "id": rid, "tokens": emitted, "stop_reason": stop})  # type: ignore[operator]
 
 
 def main() -> None:

@@ -51,6 +51,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="ID",
         help="run only these invariant ids or globs (comma-separated or repeated; `specproof invariants` lists them)",
     )
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="test an engine at a context capacity of N tokens (default: its max_context, bounded by the "
+        "profile: quick 4096, ci 16384, release 65536); the certificate says which capacity was tested",
+    )
     p.add_argument("--report", default=None, metavar="FILE", help="write the specproof-report/2 JSON here")
     p.add_argument("--markdown", default=None, metavar="FILE", help="write the Markdown certificate here")
     p.add_argument("--junitxml", default=None, metavar="FILE", help="write JUnit XML (one testcase per check) here")
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         only=tuple(args.only),
         replay_session=args.replay_session,
         storage=str(storage.parent),
+        max_context=args.max_context,
     )
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:

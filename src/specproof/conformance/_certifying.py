@@ -43,6 +43,7 @@ class Plan:
     tie_tolerance: float | None
     atol: float | None
     replay_session: str | None = None  # a specproof-session/1 file: engine.session replays it instead of searching
+    max_context: int | None = None  # --max-context: the capacity an engine is tested at (default: the profile's)
     storage: str | None = None  # where a failing session's history is saved (default ~/.cache/specproof)
 
     @classmethod
@@ -60,6 +61,7 @@ class Plan:
         only: tuple[str, ...] = (),
         replay_session: str | None = None,
         storage: str | None = None,
+        max_context: int | None = None,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -69,6 +71,10 @@ class Plan:
             tol = None if atol is None else validate_tolerance(atol, name="--atol")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)):
+            raise UsageError(f"--max-context must be an integer, got {max_context!r}")
+        if max_context is not None and max_context < 2:
+            raise UsageError(f"--max-context must be at least 2 (a prompt and a pending token), got {max_context}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise UsageError(f"--seed must be an integer, got {seed!r}")
         if subject is None:
@@ -97,6 +103,7 @@ class Plan:
             tie_tolerance=tie,
             atol=tol,
         )
+        _bound_capacity(suite, prof, max_context)
         return cls(
             suite=suite,
             profile=prof,
@@ -107,7 +114,31 @@ class Plan:
             atol=tol,
             replay_session=replay_session,
             storage=storage,
+            max_context=max_context,
         )
+
+
+def _bound_capacity(suite: Suite, profile: Profile, max_context: int | None) -> None:
+    """Each engine case's tested capacity: its max_context, bounded by --max-context or the profile;
+    a bound below max_context is noted on the certificate (paths at max_context were not reached)."""
+    bound, source = (
+        (max_context, f"--max-context {max_context}")
+        if max_context is not None
+        else (profile.max_capacity, f"the {profile.name} profile's capacity of {profile.max_capacity} tokens")
+    )
+    for case in suite.engines:
+        declared = case.max_context
+        if declared is None and case.kind == "builtin" and suite.target is not None:
+            declared = suite.target.max_context
+        if declared is None:
+            continue
+        case.capacity = min(declared, bound)
+        if case.capacity < declared:
+            case.notes.append(
+                f"capacity tested: contexts up to {case.capacity} tokens ({source}); the engine declares "
+                f"max_context={declared}, so the paths at max_context (a round clamped by the context, "
+                f"stop_reason context_full) were NOT exercised at {declared}; --max-context N sets the capacity"
+            )
 
 
 @attrs.frozen
@@ -267,17 +298,23 @@ class Certification:
     def _draw_run(self, data: st.DataObject, case: EngineCase) -> EngineRun:
         """Draw one example for an engine case and run it (cached: the shrink searches reuse runs)."""
         profile, suite = self.plan.profile, self.plan.suite
+        cap: int | None
         if case.kind == "builtin":
             assert suite.target is not None
             vocab, cap = suite.target.vocab_size, suite.target.max_context
             k = data.draw(st.integers(0, 8), label="k")
         else:
-            vocab, cap = case.vocab_size, case.max_context or 10**9
+            vocab, cap = case.vocab_size, case.capacity
             k = case.k if case.k is not None else 4
         n = data.draw(st.integers(1, profile.max_new_tokens), label="max_new_tokens")
-        max_prompt = max(1, min(profile.max_prompt, cap - 1))
-        near_end = cap <= 4 * profile.max_prompt or data.draw(st.integers(0, 23), label="near max_context") == 0
-        if near_end and data.draw(st.booleans(), label="prompt ends near max_context"):
+        if case.kind == "builtin" and case.capacity is not None:
+            cap = case.capacity
+        max_prompt = max(1, min(profile.max_prompt, cap - 1)) if cap is not None else profile.max_prompt
+        # a prompt ending near the tested capacity (none when the engine declares no max_context)
+        near_end = cap is not None and (
+            cap <= 4 * profile.max_prompt or data.draw(st.integers(0, 23), label="near max_context") == 0
+        )
+        if near_end and cap is not None and data.draw(st.booleans(), label="prompt ends near max_context"):
             room = data.draw(st.integers(1, max(1, min(10, cap - 1))), label="free context slots")
             unit = data.draw(contexts(vocab, min_size=1, max_size=6), label="prompt unit")
             prompt = [unit[i % len(unit)] for i in range(max(1, cap - room))]
@@ -372,7 +409,7 @@ class Certification:
             # a partial accept and a rejection at 0 (rollback into the middle of a draft, and to the base)
             {"prompt": prompt, "k": k, "n": 3 * (k + 1), "plan": RoundPlan((partial, zero, full)), "eos": None},
         ]
-        cap = case.max_context or (suite.target.max_context if suite.target else None)
+        cap = case.capacity or (suite.target.max_context if suite.target else None)
         # At quick, the built-in decoder meets max_context in the rollback machine (a third of its
         # conversations end there); a long prefill per case is what the developer loop cannot afford.
         builtin_at_quick = case.kind == "builtin" and self.plan.profile.name == "quick"

@@ -25,6 +25,9 @@ class Profile:
     stateful_steps: int
     max_new_tokens: int  # upper bound of drawn generation lengths
     max_prompt: int
+    # the longest context an example builds (a prompt ending near max_context): an engine that
+    # declares a larger max_context is tested at this capacity, and the certificate says so
+    max_capacity: int
 
     def hypothesis_settings(self, *, seed: int | None, max_examples: int | None = None) -> settings:
         return settings(
@@ -56,6 +59,7 @@ PROFILES: dict[str, Profile] = {
             stateful_steps=10,
             max_new_tokens=24,
             max_prompt=40,
+            max_capacity=4096,
         ),
         Profile(
             name="ci",
@@ -65,6 +69,7 @@ PROFILES: dict[str, Profile] = {
             stateful_steps=16,
             max_new_tokens=40,
             max_prompt=64,
+            max_capacity=16384,
         ),
         Profile(
             name="release",
@@ -74,6 +79,7 @@ PROFILES: dict[str, Profile] = {
             stateful_steps=40,
             max_new_tokens=64,
             max_prompt=160,
+            max_capacity=65536,
         ),
     )
 }

@@ -145,6 +145,8 @@ class EngineCase:
     k: int | None = None
     vocab_size: int = 0
     max_context: int | None = None
+    # the longest context the examples build: max_context, bounded by the profile or --max-context
+    capacity: int | None = None
     live_target: Any = None
     make_reference: Callable[[], Target] | None = None
     greedy_fn: Callable[[Sequence[int], int], Sequence[int]] | None = None

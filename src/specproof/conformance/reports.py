@@ -125,6 +125,8 @@ def build_report(cert: Certification) -> dict[str, Any]:
             "version": _spec_version(plan.specs.get("engine")) if c.kind == "plugin" else __version__,
             "capabilities": c.capabilities(),
             "notes": list(c.notes),
+            # the capacity the examples reached up to, beside the one the engine declares
+            "capacity": {"max_context": c.max_context, "tested": c.capacity},
             "tie_tolerance": c.tie_tolerance,
             "atol": c.atol,
         }

@@ -690,7 +690,7 @@ class WireEngine:
         except EngineProtocolError as exc:
             problem = str(exc)
         if problem is not None:
-            self._fault(f"cannot restart it: {problem}", request)
+            self._fault(f"cannot restart it: {problem}; the first failure: {self.faults[0]}", request)
         self._broken, self._last = None, "(nothing yet)"
         hello = self._handshake_again(request)
         changed = [f for f in _HELLO_IDENTITY if hello.get(f) != self.hello.get(f)]
