@@ -504,6 +504,7 @@ class WireEngine:
             return validate_message(message, expect=expect)
         except EngineProtocolError as exc:
             self._fault(str(exc), request)
+
     def _new_id(self) -> int:
         rid = self._next_id
         self._next_id += 1
