@@ -29,7 +29,7 @@ from typing import Any, Final
 
 import attrs
 
-from specproof.contract.files import write_text_file
+from specproof.contract.files import FileTooLargeError, loads_bounded, read_bounded_text, write_text_file
 from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
@@ -215,14 +215,19 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a baseline file (``BaselineError`` naming the file and field)."""
     where = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        text = read_bounded_text(path)
+    except FileTooLargeError as exc:
+        raise BaselineError(f"baseline {where}: not a baseline: {exc}") from None
     except OSError as exc:
         raise BaselineError(f"baseline {where}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise BaselineError(f"baseline {where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        doc = json.loads(text)
+        doc = loads_bounded(text)
     except json.JSONDecodeError as exc:
         raise BaselineError(f"baseline {where}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except ValueError as exc:
+        raise BaselineError(f"baseline {where}: {exc}") from None
     return validate_baseline(doc, where)
 
 

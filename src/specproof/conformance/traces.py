@@ -24,7 +24,6 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Literal
 
 import attrs
@@ -38,7 +37,14 @@ from specproof.conformance.checks.generation import (
     check_trace_consistency,
 )
 from specproof.contract import Violation
-from specproof.contract.files import write_text_file
+from specproof.contract.files import (
+    MAX_JSON_DEPTH,
+    FileTooLargeError,
+    json_depth_exceeds,
+    loads_bounded,
+    read_bounded_text,
+    write_text_file,
+)
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
 from specproof.engine._protocols import Target
 from specproof.engine._records import STOP_REASONS, Generation, Step
@@ -265,9 +271,13 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
     for number, line in enumerate(lines[:n_lines], start=1):
         if not line.strip():
             raise TraceFormatError(f"{source} line {number}: empty line (every line is one JSON record)")
+        if json_depth_exceeds(line, MAX_JSON_DEPTH):
+            raise TraceFormatError(f"{source} line {number}: JSON nested more than {MAX_JSON_DEPTH} deep (the limit)")
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
+            raise TraceFormatError(f"{source} line {number}: invalid JSON: {exc}") from None
+        except ValueError as exc:  # an integer of more than 4300 digits
             raise TraceFormatError(f"{source} line {number}: invalid JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise TraceFormatError(
@@ -356,9 +366,15 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
     )
 
 
-def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: str) -> str:
+#: the largest trace read back (a trace of a long run is a few MB; golden files are smaller)
+MAX_TRACE_BYTES = 256 << 20
+
+
+def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: str, *, max_bytes: int) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return read_bounded_text(path, max_bytes=max_bytes)
+    except FileTooLargeError as exc:
+        raise error(f"{os.fspath(path)}: not a {what} file: {exc}") from None
     except FileNotFoundError:
         raise error(f"{os.fspath(path)}: no such {what} file") from None
     except UnicodeDecodeError as exc:
@@ -369,7 +385,7 @@ def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Parse a ``specproof-trace/1`` file; raises ``TraceFormatError`` naming the line and the field."""
-    text = _read_text(path, TraceFormatError, "trace")
+    text = _read_text(path, TraceFormatError, "trace", max_bytes=MAX_TRACE_BYTES)
     return _parse_lines(text.split("\n"), os.fspath(path))
 
 
@@ -491,11 +507,13 @@ class Golden:
 def load_golden(path: str | os.PathLike[str]) -> Golden:
     """Parse a ``specproof-golden/1`` file; raises ``GoldenFormatError`` naming the case and the field."""
     source = os.fspath(path)
-    text = _read_text(path, GoldenFormatError, "golden")
+    text = _read_text(path, GoldenFormatError, "golden", max_bytes=MAX_TRACE_BYTES)
     try:
-        data = json.loads(text)
+        data = loads_bounded(text)
     except json.JSONDecodeError as exc:
         raise GoldenFormatError(f"{source}: invalid JSON: {exc}") from None
+    except ValueError as exc:
+        raise GoldenFormatError(f"{source}: {exc}") from None
     if not isinstance(data, dict):
         raise GoldenFormatError(f"{source}: expected a JSON object, got {type(data).__name__}")
     top = _Fields(data, source, GoldenFormatError)

@@ -62,7 +62,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from specproof.contract import STOP_REASONS, UsageError, Violation, ViolationError, states_differ
-from specproof.contract.files import write_text_file
+from specproof.contract.files import FileTooLargeError, loads_bounded, read_bounded_text, write_text_file
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
 from specproof.engine.errors import InvalidSettingError
@@ -378,17 +378,21 @@ class SessionHistory:
         """Read and validate a ``specproof-session/1`` file; errors name the file and the line or field."""
         source = str(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = read_bounded_text(path)
+        except FileTooLargeError as err:
+            raise SessionFileError(f"{source}: not a session history: {err} (docs/contract.md, sessions)") from None
         except OSError as err:
             raise SessionFileError(f"{source}: cannot read the session history ({err.strerror or err})") from None
         except UnicodeDecodeError as err:
             raise SessionFileError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         try:
-            obj = json.loads(text)
+            obj = loads_bounded(text)
         except json.JSONDecodeError as err:
             raise SessionFileError(
                 f"{source}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg})"
             ) from None
+        except ValueError as err:
+            raise SessionFileError(f"{source}: not a session history: {err}") from None
         return cls.from_json(obj, source=source)
 
 

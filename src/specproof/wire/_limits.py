@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any, Final
 
+from specproof.contract.files import json_depth_exceeds
 from specproof.wire._errors import EngineProtocolError
 
 __all__ = [
@@ -50,9 +51,6 @@ MAX_K: Final = 4096
 MAX_RANK: Final = 8
 
 _KIND = re.compile(rb'"type"\s*:\s*"([A-Za-z_]{1,20})"')
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_OPEN: Final = (ord("["), ord("{"))
-_CLOSE: Final = (ord("]"), ord("}"))
 
 
 class LineTooLong(Exception):
@@ -69,27 +67,10 @@ def message_kind(head: bytes) -> str:
     return f"a {found.group(1).decode()!r} message" if found else "a line that names no message type"
 
 
-def _depth_exceeds(text: str, max_depth: int) -> bool:
-    """Whether ``[``/``{`` outside strings nest deeper than ``max_depth`` (chunked numpy; stops early)."""
-    import numpy as np
-
-    stripped = _STRING.sub("", text).encode("utf-8", errors="replace")
-    depth = 0
-    step = 1 << 20
-    for start in range(0, len(stripped), step):
-        chunk = np.frombuffer(stripped[start : start + step], dtype=np.uint8)
-        delta = np.isin(chunk, _OPEN).astype(np.int32) - np.isin(chunk, _CLOSE).astype(np.int32)
-        running = depth + np.cumsum(delta)
-        if running.size and int(running.max()) > max_depth:
-            return True
-        depth = int(running[-1]) if running.size else depth
-    return False
-
-
 def parse_line(line: str, *, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads`` after a nesting check; ``ValueError`` naming the problem (never ``RecursionError``)."""
-    # cheap first: base64 data and token lists hold no brackets, so legitimate lines skip the scan
-    if line.count("[") + line.count("{") > max_depth and _depth_exceeds(line, max_depth):
+    # base64 data and token lists hold no brackets, so legitimate lines skip the scan
+    if json_depth_exceeds(line, max_depth):
         raise ValueError(f"JSON nested more than {max_depth} deep (the limit; legitimate messages nest 4 deep)")
     try:
         return json.loads(line)

@@ -1,0 +1,119 @@
+"""Every file a user hands the suite is bounded in size and JSON depth: a one-line error naming the
+file (and line), before the memory is spent; the suite's own files of the same kind are accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specproof.bench import load_baseline
+from specproof.bench._gate import BaselineError
+from specproof.conformance.traces import GoldenFormatError, TraceFormatError, load_golden, read_trace
+from specproof.contract.files import (
+    MAX_JSON_DEPTH,
+    MAX_USER_FILE_BYTES,
+    FileTooLargeError,
+    loads_bounded,
+    read_bounded_text,
+)
+from specproof.strategies import SessionHistory
+from specproof.strategies._sessions import SessionFileError
+
+ROOT = Path(__file__).resolve().parents[1]
+DEEP = "[" * 200_000 + "]" * 200_000
+
+
+def _huge(path: Path, size: int = MAX_USER_FILE_BYTES + 1) -> Path:
+    with open(path, "wb") as fh:  # sparse: costs no disk and is never read whole
+        fh.truncate(size)
+    return path
+
+
+def test_read_bounded_text_and_loads_bounded() -> None:
+    assert loads_bounded('{"a": [[1]], "s": "' + "[" * 1000 + '"}')["a"] == [[1]]
+    assert loads_bounded("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH) is not None
+    with pytest.raises(ValueError, match=f"nested more than {MAX_JSON_DEPTH} deep"):
+        loads_bounded(DEEP)
+    with pytest.raises(json.JSONDecodeError):
+        loads_bounded("{")
+
+
+def test_a_file_past_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    big = _huge(tmp_path / "big")
+    start = time.monotonic()
+    with pytest.raises(FileTooLargeError, match=f"{MAX_USER_FILE_BYTES + 1} bytes, more than the limit"):
+        read_bounded_text(big)
+    assert time.monotonic() - start < 1.0
+    small = tmp_path / "small"
+    small.write_text("x" * 1000)
+    assert read_bounded_text(small, max_bytes=1000) == "x" * 1000
+    with pytest.raises(FileTooLargeError):
+        read_bounded_text(small, max_bytes=999)
+
+
+@pytest.mark.parametrize("content", ["huge", "deep"])
+def test_session_files(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "session.json"
+    if content == "huge":
+        _huge(path)
+        what = "more than the limit"
+    else:
+        path.write_text(DEEP)
+        what = "nested more than"
+    with pytest.raises(SessionFileError, match=what) as info:
+        SessionHistory.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_replay_session_with_an_oversized_file_is_a_usage_error(tmp_path: Path) -> None:
+    path = _huge(tmp_path / "session.json")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specproof",
+            "certify",
+            "engine",
+            "--engine",
+            "specproof.conformance.zoo:snapshot_only_last_call",
+            "--replay-session",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "more than the limit" in proc.stderr and str(path) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+def test_traces_golden_files_and_baselines(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"format": "specproof-trace/1"}\n' + DEEP + "\n")
+    with pytest.raises(TraceFormatError, match=r"line 2: JSON nested more than"):
+        read_trace(trace)
+    trace.write_text('{"format": "specproof-trace/1", "n": ' + "1" * 5000 + "}\n")
+    with pytest.raises(TraceFormatError, match="line 1: invalid JSON"):
+        read_trace(trace)
+    golden = tmp_path / "g.json"
+    golden.write_text(DEEP)
+    with pytest.raises(GoldenFormatError, match="nested more than"):
+        load_golden(golden)
+    baseline = tmp_path / "b.json"
+    baseline.write_text(DEEP)
+    with pytest.raises(BaselineError, match=r"baseline .*b\.json: JSON nested more than"):
+        load_baseline(baseline)
+    _huge(baseline)
+    with pytest.raises(BaselineError, match=r"not a baseline: .* more than the limit"):
+        load_baseline(baseline)
