@@ -2,8 +2,8 @@
 ``trained`` target, lossless rounds on both rollbacks with scripted suite drafts, sessions,
 TCP, and every planted ``--bug`` caught.
 
-The engine is built on first use (cmake, or g++ directly); without a C++ toolchain the
-tests skip and say so.
+The engine is built on first use (cmake, or g++ directly) out of the source tree; without a
+C++ toolchain the tests skip and say so, and a build that fails with one present fails them.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,7 @@ from specproof.wire import (
     EngineRequestError,
     ExecEngine,
     NativeBuildError,
+    NativeToolchainError,
     TcpEngine,
     build_native,
     export_weights,
@@ -47,23 +49,18 @@ BUGS = (
 )
 
 
-def _stale(binary: Path) -> bool:
-    if not binary.is_file():
-        return True
-    src = binary.parents[1]
-    newest = max(p.stat().st_mtime for p in [*src.glob("src/*"), src / "CMakeLists.txt"])
-    return binary.stat().st_mtime < newest
-
-
 @pytest.fixture(scope="session")
 def native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(engine binary, weights file): built and exported once per session, or skip."""
-    binary = native_binary()
-    if _stale(binary):
+    """(engine binary, weights file): built and exported once per session. Without a C++ toolchain
+    the tests skip saying so; a failed build with a toolchain present fails them."""
+    binary = native_binary()  # named by the sources' hash: a changed source is a new binary
+    if not binary.is_file():
         try:
             build_native(quiet=True)
+        except NativeToolchainError as exc:
+            pytest.skip(f"no C++ toolchain to build the native engine: {exc}")
         except NativeBuildError as exc:
-            pytest.skip(f"the native engine is not built and cannot be built here: {exc}")
+            pytest.fail(f"the native engine does not build: {exc}")
     weights = tmp_path_factory.mktemp("native") / "trained.safetensors"
     export_weights(weights, target="trained")
     return binary, weights
@@ -459,3 +456,44 @@ def test_certify_passes_the_correct_engine(native: tuple[Path, Path], rollback: 
     done = certify(native, "--rollback", rollback)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "verdict: PASS" in done.stdout
+
+
+# --------------------------------------------------------------------------- the build
+
+
+def test_a_broken_source_fails_the_build_and_the_source_tree_stays_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specproof.wire import native_dir
+
+    src = tmp_path / "native"
+    shutil.copytree(native_dir(), src, ignore=shutil.ignore_patterns("build"))
+    main = src / "src" / "main.cpp"
+    main.write_text(main.read_text() + "\nthis is not C++;\n")
+    before = sorted(p.relative_to(src) for p in src.rglob("*"))
+    monkeypatch.setenv("SPECPROOF_NATIVE_DIR", str(src))
+    monkeypatch.setenv("SPECPROOF_NATIVE_BUILD_DIR", str(tmp_path / "out"))
+    if not (shutil.which("cmake") or shutil.which("g++") or shutil.which("c++")):
+        with pytest.raises(NativeToolchainError, match="neither cmake nor a C\\+\\+ compiler"):
+            build_native(quiet=True)
+        return
+    with pytest.raises(NativeBuildError) as info:
+        build_native(quiet=True)
+    assert not isinstance(info.value, NativeToolchainError)
+    assert "this is not C++" in str(info.value) or "main.cpp" in str(info.value)  # the compiler's output
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == before  # nothing written beside the sources
+    assert not (tmp_path / "out" / "specproof-engine").exists()  # no binary from a failed build
+
+
+def test_the_build_goes_to_a_folder_named_by_the_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from specproof.wire import native_build_dir, native_dir
+
+    monkeypatch.delenv("SPECPROOF_NATIVE_BUILD_DIR", raising=False)
+    first = native_build_dir()
+    assert native_dir() not in first.parents  # out of the source tree
+    src = tmp_path / "native"
+    shutil.copytree(native_dir(), src, ignore=shutil.ignore_patterns("build"))
+    monkeypatch.setenv("SPECPROOF_NATIVE_DIR", str(src))
+    assert native_build_dir() == first  # same sources, same folder
+    (src / "src" / "main.cpp").write_text((src / "src" / "main.cpp").read_text() + "\n// changed\n")
+    assert native_build_dir() != first  # a changed source is a new build, never a stale binary

@@ -132,13 +132,20 @@ def test_invalid_messages_are_rejected_naming_the_field(kind: str, change: dict[
         validate_message(bad)
 
 
-@pytest.mark.parametrize("kind", sorted(VALID))
-def test_a_missing_required_field_is_rejected(kind: str) -> None:
-    required = [f for f in load_schema(kind)["required"] if f != "type"]
-    if not required:
-        pytest.skip(f"{kind} has no required field besides type")
-    bad = {k: v for k, v in VALID[kind].items() if k != required[0]}
-    assert any(required[0] in p for p in message_errors(bad))
+REQUIRED = [(kind, field) for kind in sorted(VALID) for field in load_schema(kind)["required"] if field != "type"]
+
+
+@pytest.mark.parametrize(("kind", "field"), REQUIRED, ids=[f"{k}-{f}" for k, f in REQUIRED])
+def test_each_missing_required_field_is_rejected(kind: str, field: str) -> None:
+    bad = {k: v for k, v in VALID[kind].items() if k != field}
+    problems = message_errors(bad)
+    assert any(f"'{field}' is a required property" in p for p in problems), problems
+
+
+def test_every_message_with_required_fields_is_covered() -> None:
+    kinds = {k for k, _ in REQUIRED}
+    assert kinds == {k for k in VALID if set(load_schema(k)["required"]) - {"type"}}
+    assert len(REQUIRED) >= 30  # every required field of every message, not the first of each
 
 
 def test_unknown_type_and_unexpected_type() -> None:

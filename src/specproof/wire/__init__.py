@@ -4,7 +4,8 @@
   contract the suite consumes); ``engine_from_spec("exec:CMD ARGS" | "tcp:HOST:PORT")``;
 - ``load_schema`` / ``validate_message``: the JSON Schema of every message (package data);
 - ``export_weights``: a reference target's weights as safetensors for a native engine;
-- ``build_native`` / ``native_binary``: the C++ reference engine in ``native/``.
+- ``build_native`` / ``native_binary``: the C++ reference engine in ``native/`` (built out of the
+  source tree, under ``~/.cache/specproof/native/``).
 
 ``python -m specproof.wire export-weights OUT.safetensors [--target trained]`` and
 ``python -m specproof.wire build-native`` are the command-line entries. See docs/protocol.md.
@@ -20,7 +21,14 @@ from specproof.wire._client import (
 )
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._export import WEIGHTS_FORMAT, export_weights
-from specproof.wire._native import NativeBuildError, build_native, native_binary, native_dir
+from specproof.wire._native import (
+    NativeBuildError,
+    NativeToolchainError,
+    build_native,
+    native_binary,
+    native_build_dir,
+    native_dir,
+)
 from specproof.wire._schemas import (
     CLIENT_MESSAGES,
     ENGINE_MESSAGES,
@@ -40,6 +48,7 @@ __all__ = [
     "EngineRequestError",
     "ExecEngine",
     "NativeBuildError",
+    "NativeToolchainError",
     "TcpEngine",
     "WireEngine",
     "WireTargetView",
@@ -49,6 +58,7 @@ __all__ = [
     "load_schema",
     "message_errors",
     "native_binary",
+    "native_build_dir",
     "native_dir",
     "validate_message",
 ]

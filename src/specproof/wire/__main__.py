@@ -15,11 +15,14 @@ def main(argv: list[str] | None = None) -> int:
     exp = sub.add_parser("export-weights", help="write a reference target's weights as safetensors")
     exp.add_argument("out", help="the .safetensors file to write")
     exp.add_argument("--target", default="trained", help="the target spec (default: trained)")
-    sub.add_parser("build-native", help="build native/build/specproof-engine (cmake, or g++ directly)")
+    sub.add_parser(
+        "build-native",
+        help="build the engine under ~/.cache/specproof/native/ (cmake, or g++ directly); print its path",
+    )
     spec = sub.add_parser(
         "native-spec", help="build the engine and export the weights if needed; print the exec: engine spec"
     )
-    spec.add_argument("--weights", default=None, help="weights file (default: native/build/trained.safetensors)")
+    spec.add_argument("--weights", default=None, help="weights file (default: trained.safetensors beside the binary)")
     spec.add_argument("engine_args", nargs=argparse.REMAINDER, help="extra engine arguments, e.g. --bug stale-conv")
     args = parser.parse_args(argv)
     from specproof import wire
