@@ -167,7 +167,7 @@ def test_saved_baseline_round_trips_with_thresholds_platform_version(tmp_path):
     doc = load_baseline(path)
     assert doc["schema"] == BASELINE_SCHEMA
     assert doc["version"] == "0.1.0" and doc["platform"]["cpus"] == "2"
-    assert set(doc["thresholds"]) == {"machine_independent", "ratio", "mean_ratio"}
+    assert set(doc["thresholds"]) == {"machine_independent", "ratio", "mean_ratio", "cpu_ratio", "cpu_mean_ratio"}
     assert doc["figures"] == figures(_result())
 
 

@@ -100,11 +100,14 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from specproof.bench import degeneracy_label
+
     plat = data["platform"]
     table = Table(
         title=(
             f"specproof bench ({data['config']['mode']}) — {plat['cpus']} CPUs, Python {plat['python']}, "
-            f"numpy {plat['numpy']}; speedup: median of {data['config']['chunks']} interleaved chunk pairs"
+            f"numpy {plat['numpy']}; free-running decoding; speedup: median of {data['config']['chunks']} interleaved "
+            "chunk pairs (wall / CPU time)"
         )
     )
     cols = [
@@ -118,10 +121,12 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
         ("replay/round", "right"),
         ("verify cost", "right"),
         ("speedup", "right"),
+        ("cpu speedup", "right"),
         ("efficiency", "right"),
         ("projected", "right"),
         ("verify bytes", "right"),
         ("lossless", "left"),
+        ("continuation: 4-grams, period", "left"),
     ]
     for name, justify in cols:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -137,10 +142,12 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
             _fmt(c["replay_per_round"]),
             f"{c['verify_cost_ratio']:.2f}x",
             f"{c['speedup']:.2f}x",
+            f"{c['cpu_speedup']:.2f}x" if "cpu_speedup" in c else "-",
             _fmt(c["efficiency"]),
             f"{c['projected_speedup']:.2f}x",
             f"{c['verify_bytes_ratio']:.2f}x",
             "yes" if c["lossless"] else "[bold red]NO[/]",
+            degeneracy_label(c),
         )
     console.print(table)
     d = data["drafter"]
@@ -156,9 +163,9 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
         console.print(f"specproof certify --profile ci: {cert['seconds']:.1f} s wall ({cert['status']})")
     else:
         console.print(escape(f"specproof certify --profile ci: not measured ({cert.get('reason')})"))
-    from specproof.bench import drafter_table_lines, peer_lines
+    from specproof.bench import drafter_table_lines, peer_lines, real_context_lines
 
-    for line in [*drafter_table_lines(data), *peer_lines(data)]:
+    for line in [*drafter_table_lines(data), *real_context_lines(data), *peer_lines(data)]:
         console.print(line, markup=False, highlight=False)
     console.print(f"bench wall time {data['seconds']:.1f} s")
 

@@ -6,8 +6,11 @@ drafter comparison and the peer rows of a result as text); ``save_baseline``/``l
 k. ``specproof bench`` is the command-line front end (docs/bench.md).
 """
 
+from specproof.bench._degeneracy import DEGENERATE_SHARE, distinct_ngram_share, final_period
 from specproof.bench._gate import (
     BASELINE_SCHEMA,
+    CPU_MEAN_RATIO_TOLERANCE,
+    CPU_RATIO_TOLERANCE,
     MEAN_RATIO_TOLERANCE,
     MI_TOLERANCE,
     RATIO_TOLERANCE,
@@ -25,16 +28,21 @@ from specproof.bench._measure import (
     DEFAULT_TARGET,
     DRAFTER_COMPARISON,
     MOE_COMPANION,
+    OPTIONAL_DRAFTERS,
     BenchConfig,
     BenchResult,
     Cell,
     CountingTarget,
     DrafterCell,
+    RealContextCell,
     comparison_drafter,
+    degeneracy_label,
     drafter_table_lines,
     peer_lines,
     plan_size,
     platform_info,
+    real_context_lines,
+    resolve_drafters,
     run_bench,
 )
 from specproof.bench._plot import plot_result
@@ -42,6 +50,14 @@ from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads
 
 __all__ = [
     "BASELINE_SCHEMA",
+    "CPU_MEAN_RATIO_TOLERANCE",
+    "CPU_RATIO_TOLERANCE",
+    "DEGENERATE_SHARE",
+    "OPTIONAL_DRAFTERS",
+    "RealContextCell",
+    "distinct_ngram_share",
+    "final_period",
+    "resolve_drafters",
     "DEFAULT_TARGET",
     "DRAFTER_COMPARISON",
     "MEAN_RATIO_TOLERANCE",
@@ -61,7 +77,9 @@ __all__ = [
     "build_workloads",
     "compare",
     "comparison_drafter",
+    "degeneracy_label",
     "drafter_table_lines",
+    "real_context_lines",
     "encode_text",
     "figures",
     "load_baseline",

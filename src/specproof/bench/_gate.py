@@ -14,7 +14,15 @@ Two kinds of figure, gated differently:
   the projected speedup with the draft model's bytes counted, machine-independent;
 - **mean in-run ratios** (``mean/TARGET/ROLLBACK/kK/speedup`` and ``.../efficiency``:
   geometric means over the workloads): less noisy, so a tighter threshold
-  (``MEAN_RATIO_TOLERANCE``) catches a smaller slowdown that hits every workload.
+  (``MEAN_RATIO_TOLERANCE``) catches a smaller slowdown that hits every workload;
+- **CPU-time ratios** (``.../cpu_speedup`` per cell, ``mean/.../cpu_speedup``): the same
+  interleaved pairs timed in the decoding thread's CPU time, which time spent
+  descheduled by other jobs does not inflate: the figures that see a 15 % slower round
+  (``CPU_RATIO_TOLERANCE``, ``CPU_MEAN_RATIO_TOLERANCE``);
+- **real-context acceptance** (``real/TARGET/DRAFTER/kK/tokens_per_round``): counts.
+
+Means over workloads leave out *degenerate* workloads (a looping greedy continuation,
+``degenerate`` in the cell): their figures measure the loop, not the engine.
 
 Absolute seconds are recorded for information and never gated.
 """
@@ -34,6 +42,8 @@ from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
     "BASELINE_SCHEMA",
+    "CPU_MEAN_RATIO_TOLERANCE",
+    "CPU_RATIO_TOLERANCE",
     "MEAN_RATIO_TOLERANCE",
     "MI_TOLERANCE",
     "RATIO_TOLERANCE",
@@ -48,7 +58,7 @@ __all__ = [
     "validate_baseline",
 ]
 
-BASELINE_SCHEMA: Final = "specproof-bench-baseline/1"
+BASELINE_SCHEMA: Final = "specproof-bench-baseline/2"
 # Relative change allowed in a machine-independent figure. They are exact counts on the
 # reference target (bit-for-bit batch-invariant), so any real change is a change in the
 # engine or drafter; the slack only covers a different CPython/numpy shifting a tie.
@@ -60,6 +70,9 @@ MI_TOLERANCE: Final = 0.005
 # about 1.4x above those worst cases (docs/bench.md has the table).
 RATIO_TOLERANCE: Final = 0.45
 MEAN_RATIO_TOLERANCE: Final = 0.25
+# CPU-time ratios (the decoding thread's CPU time, interleaved pairs): see NOISE_MEASUREMENT.
+CPU_RATIO_TOLERANCE: Final = 0.2
+CPU_MEAN_RATIO_TOLERANCE: Final = 0.08
 NOISE_MEASUREMENT: Final = (
     "6 runs of `specproof bench --quick` on the 2-core development machine, load average 4-7 from other jobs: "
     "worst drop between two runs 33 % per cell (speedup, efficiency), 18 % for the geometric mean over workloads, "
@@ -72,8 +85,10 @@ _CELL_FIGURES: Final = {
     "forwards_per_token": ("machine_independent", "lower"),
     "speedup": ("ratio", "higher"),
     "efficiency": ("ratio", "higher"),
+    "cpu_speedup": ("cpu_ratio", "higher"),
 }
-_KINDS: Final = ("machine_independent", "ratio", "mean_ratio")
+_MEAN_FIGURES: Final = {"speedup": "mean_ratio", "efficiency": "mean_ratio", "cpu_speedup": "cpu_mean_ratio"}
+_KINDS: Final = ("machine_independent", "ratio", "mean_ratio", "cpu_ratio", "cpu_mean_ratio")
 _BETTER: Final = ("higher", "lower")
 
 
@@ -86,16 +101,27 @@ def figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for cell in result.get("cells", []):
         for name, (kind, better) in _CELL_FIGURES.items():
-            out[f"{cell['key']}/{name}"] = {"value": float(cell[name]), "kind": kind, "better": better}
+            if name in cell:  # a result from before a figure existed simply lacks it
+                out[f"{cell['key']}/{name}"] = {"value": float(cell[name]), "kind": kind, "better": better}
     groups: dict[str, list[dict[str, Any]]] = {}
     for cell in result.get("cells", []):
+        if cell.get("degenerate"):  # a looping continuation: not in the headline means
+            continue
         groups.setdefault(f"mean/{cell['target']}/{cell['rollback']}/k{cell['k']}", []).append(cell)
     for prefix, members in groups.items():
-        for name in ("speedup", "efficiency"):
+        for name, kind in _MEAN_FIGURES.items():
+            if not all(name in c for c in members):
+                continue
             values = [float(c[name]) for c in members]
             # geometric mean: ratios multiply; a 0 (a broken cell) makes the mean 0
             mean = math.exp(sum(math.log(v) for v in values) / len(values)) if all(v > 0 for v in values) else 0.0
-            out[f"{prefix}/{name}"] = {"value": mean, "kind": "mean_ratio", "better": "higher"}
+            out[f"{prefix}/{name}"] = {"value": mean, "kind": kind, "better": "higher"}
+    for cell in (result.get("real_contexts") or {}).get("cells", []):
+        out[f"real/{cell['key']}/tokens_per_round"] = {
+            "value": float(cell["tokens_per_round"]),
+            "kind": "machine_independent",
+            "better": "higher",
+        }
     # the drafter comparison: counts, deterministic on the reference targets (the wall-time proposal
     # cost is informational: a draft model's numpy forwards are not what a device runs)
     for cell in result.get("drafter_cells", []):
@@ -117,6 +143,8 @@ def make_baseline(
     mi_tolerance: float = MI_TOLERANCE,
     ratio_tolerance: float = RATIO_TOLERANCE,
     mean_ratio_tolerance: float = MEAN_RATIO_TOLERANCE,
+    cpu_ratio_tolerance: float = CPU_RATIO_TOLERANCE,
+    cpu_mean_ratio_tolerance: float = CPU_MEAN_RATIO_TOLERANCE,
 ) -> dict[str, Any]:
     """A baseline document: the figures, their kind, the thresholds, the platform and the version."""
     config = result.get("config", {})
@@ -130,6 +158,8 @@ def make_baseline(
             "machine_independent": mi_tolerance,
             "ratio": ratio_tolerance,
             "mean_ratio": mean_ratio_tolerance,
+            "cpu_ratio": cpu_ratio_tolerance,
+            "cpu_mean_ratio": cpu_mean_ratio_tolerance,
         },
         "noise": NOISE_MEASUREMENT,
         "figures": figures(result),
@@ -155,6 +185,7 @@ _PEER_FIELDS: Final = (
     "load_before",
     "load_after",
     "outputs_equal",
+    "mlx_speculative",
 )
 
 

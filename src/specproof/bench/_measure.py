@@ -21,6 +21,10 @@ Per workload x target x rollback strategy x k (one *cell*):
   by chunk, greedy chunk then speculative chunk (the same positions, since the
   output is lossless); the figure is the median of the per-chunk time ratios, so a
   burst of load from elsewhere spoils one pair, not the figure;
+- ``cpu_speedup``: the same chunk pairs timed in the decoding thread's CPU time
+  (``time.thread_time``) instead of the wall clock: time the process spends descheduled
+  by other jobs on a shared machine does not count, so the ratio is steady enough to
+  gate at 10 % (docs/bench.md, the gate);
 - ``efficiency``: ``speedup / tokens_per_round``;
 - ``lossless``: the speculative tokens equal the greedy oracle's.
 
@@ -35,6 +39,13 @@ bytes (``draft bytes / target bytes`` per forward, counted at the draft model).
 tokens each, after one warm-up run of both, ``peer_repeats`` pairs alternating which goes
 first, torch on one thread; the median tokens/s ratio and its spread over the pairs, with
 the load average before and after.
+
+**Degeneracy** (every cell and drafter cell): the greedy continuation's distinct 4-gram share and
+its final period (``_degeneracy``); a continuation with a share below 0.5 is *degenerate*: marked,
+and left out of the headline figures (the gate's means over workloads).
+
+**Real contexts** (``real_contexts``): every drafter judged teacher-forced on held-out text
+(``_real``): the figure drafters are compared on. The drafter cells above are free-running.
 
 Beside the cells: the drafter's cost per proposal at 1K/8K/64K tokens of context
 (incremental, as the engine uses it), ``specproof certify --profile ci`` wall time,
@@ -57,10 +68,13 @@ import attrs
 import numpy as np
 
 from specproof import __version__
+from specproof.bench._degeneracy import distinct_ngram_share, final_period, is_degenerate
+from specproof.bench._real import RealContextCell, measure_real_contexts, real_context_texts
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
 from specproof.engine import ContextView, NgramDrafter, SpecDecoder, greedy_decode, load_target
 from specproof.engine._protocols import Drafter, Target
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter, load_drafter
+from specproof.engine.drafters import drafter_factory as spec_factory
 from specproof.engine.errors import InvalidSettingError, SpecproofError
 
 __all__ = [
@@ -73,8 +87,13 @@ __all__ = [
     "DRAFTER_COMPARISON",
     "DecoderFactory",
     "DrafterCell",
+    "OPTIONAL_DRAFTERS",
+    "RealContextCell",
+    "resolve_drafters",
     "comparison_drafter",
+    "degeneracy_label",
     "drafter_table_lines",
+    "real_context_lines",
     "peer_lines",
     "GreedyCount",
     "count_greedy",
@@ -91,6 +110,8 @@ MOE_COMPANION: Final = "reference-moe"
 # The drafters compared on every workload (the bench target only): prompt lookup, the
 # trained fixture's small draft model, and prompt lookup falling back to that model.
 DRAFTER_COMPARISON: Final = ("ngram", "model:trained-small", "combined:trained-small")
+# Compared too when their specs resolve in this checkout (feature heads and suffix lookup).
+OPTIONAL_DRAFTERS: Final = ("eagle:trained", "mtp:trained", "suffix")
 
 DecoderFactory = Callable[..., Any]  # (target, drafter, *, k, rollback) -> an object with start(prompt)
 ProgressHook = Callable[[str], None]
@@ -124,12 +145,24 @@ class BenchConfig:
     peers: bool = True
     peer_tokens: int = 128  # tokens per engine per pair (at least 64: shorter runs are mostly noise here)
     peer_repeats: int = 9  # alternating pairs after one warm-up of each engine (at least 7)
+    optional_drafters: bool = True  # add OPTIONAL_DRAFTERS that resolve to the comparison
+    real_files: int = 4  # held-out test-suite files for the real-context acceptance (0: not measured)
+    real_tokens: int = 1024  # tokens of each file drafted from
+    real_stride: int = 32  # a position every this many tokens ...
+    real_min_prefix: int = 128  # ... from this one
 
     def __attrs_post_init__(self) -> None:
         _check_ints("ks", self.ks, 1)
         _check_ints("drafter_contexts", self.drafter_contexts, 16)
         for name in ("chunk_tokens", "chunks", "verify_reps", "drafter_reps", "peer_tokens", "peer_repeats"):
             _check_ints(name, [getattr(self, name)], 1)
+        _check_ints("real_files", [self.real_files], 0)
+        for name in ("real_tokens", "real_stride", "real_min_prefix"):
+            _check_ints(name, [getattr(self, name)], 1)
+        if self.real_min_prefix >= self.real_tokens:
+            raise InvalidSettingError(
+                f"BenchConfig.real_min_prefix={self.real_min_prefix} must be below real_tokens={self.real_tokens}"
+            )
         for r in self.rollbacks:
             if r not in ("checkpoint", "replay"):
                 raise InvalidSettingError(f"BenchConfig.rollbacks: {r!r} is not 'checkpoint' or 'replay'")
@@ -158,6 +191,9 @@ class BenchConfig:
             certify=True,
             peer_tokens=128,
             peer_repeats=15,
+            real_files=8,
+            real_tokens=2048,
+            real_stride=24,
         )
 
     @property
@@ -259,8 +295,15 @@ class Cell:
     spec_seconds: float
     speedup: float
     speedup_spread: float  # (max - min) / median of the per-pair ratios of this run
+    cpu_speedup: float  # the same pairs timed in this thread's CPU time: blind to time spent descheduled
+    cpu_speedup_spread: float
+    greedy_cpu_seconds: float  # informational, never gated
+    spec_cpu_seconds: float
     efficiency: float
     lossless: bool
+    distinct_4gram_share: float  # of the greedy continuation decoded (docs/bench.md, degeneracy)
+    final_period: int | None
+    degenerate: bool
 
     @property
     def key(self) -> str:
@@ -294,6 +337,9 @@ class DrafterCell:
     target_step_seconds: float  # median wall time of one one-token target forward (informational)
     proposal_cost: float  # proposal_seconds / target_step_seconds
     lossless: bool
+    distinct_4gram_share: float
+    final_period: int | None
+    degenerate: bool
 
     @property
     def key(self) -> str:
@@ -319,16 +365,20 @@ class BenchResult:
     peers: tuple[Mapping[str, Any], ...]
     platform: Mapping[str, str]
     seconds: float
+    real_contexts: Mapping[str, Any] = attrs.field(factory=dict)
+    drafters_skipped: tuple[Mapping[str, str], ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {
-            "schema": "specproof-bench/1",
+            "schema": "specproof-bench/2",
             "version": __version__,
             "platform": dict(self.platform),
             "config": self.config.to_json(),
             "workloads": [w.to_json() for w in self.workloads],
             "cells": [c.to_json() for c in self.cells],
             "drafter_cells": [c.to_json() for c in self.drafter_cells],
+            "drafters_skipped": [dict(d) for d in self.drafters_skipped],
+            "real_contexts": dict(self.real_contexts),
             "drafter": dict(self.drafter),
             "certify": dict(self.certify),
             "peers": [dict(p) for p in self.peers],
@@ -522,6 +572,14 @@ def count_spec(
 # --------------------------------------------------------------------------- cells
 
 
+def _degeneracy(tokens: Sequence[int]) -> dict[str, Any]:
+    return {
+        "distinct_4gram_share": distinct_ngram_share(tokens, 4),
+        "final_period": final_period(tokens),
+        "degenerate": is_degenerate(tokens),
+    }
+
+
 def _default_decoder(target: Target, drafter: Drafter, *, k: int, rollback: str) -> SpecDecoder:
     return SpecDecoder(target, drafter, k=k, rollback=rollback)  # type: ignore[arg-type]
 
@@ -545,6 +603,7 @@ def _measure_target(
     for wl in workloads:
         prompt = encode_text(spec_t, wl.text)
         oracle = count_greedy(greedy_t, prompt, total)
+        degeneracy = _degeneracy(oracle.tokens)
         for rollback in config.rollbacks:
             if rollback == "checkpoint" and not has_checkpoints:
                 tick(f"{wl.name} {spec}: checkpoint needs forward_with_checkpoints, skipped")
@@ -572,19 +631,26 @@ def _measure_target(
                 pending = prompt[-1]
                 g_tokens: list[int] = []
                 s_tokens: list[int] = []
-                g_times, s_times, pair = [], [], []
+                g_times, s_times, pair, cpu_pair, g_cpu, s_cpu = [], [], [], [], [], []
                 for _ in range(config.chunks):
+                    c0 = time.thread_time()
                     tg, got = _greedy_chunk(greedy_t, pending, config.chunk_tokens)
+                    c1 = time.thread_time()
                     pending = got[-1]
                     g_tokens.extend(got)
                     t0 = time.perf_counter()
                     gen = session.generate(config.chunk_tokens)
                     ts = time.perf_counter() - t0
+                    c2 = time.thread_time()
                     s_tokens.extend(gen.tokens)
                     g_times.append(tg)
                     s_times.append(ts)
                     pair.append(tg / ts)
+                    g_cpu.append(c1 - c0)
+                    s_cpu.append(c2 - c1)
+                    cpu_pair.append((c1 - c0) / (c2 - c1) if c2 > c1 else 0.0)
                 speedup = statistics.median(pair)
+                cpu_speedup = statistics.median(cpu_pair)
                 tpr = float(fig["tokens_per_round"])
                 timed_equal = tuple(g_tokens) == oracle.tokens and tuple(s_tokens) == oracle.tokens
                 cells.append(
@@ -608,8 +674,13 @@ def _measure_target(
                         spec_seconds=sum(s_times),
                         speedup=speedup,
                         speedup_spread=(max(pair) - min(pair)) / speedup,
+                        cpu_speedup=cpu_speedup,
+                        greedy_cpu_seconds=sum(g_cpu),
+                        spec_cpu_seconds=sum(s_cpu),
+                        cpu_speedup_spread=(max(cpu_pair) - min(cpu_pair)) / cpu_speedup if cpu_speedup else 0.0,
                         efficiency=speedup / tpr if tpr else 0.0,
                         lossless=timed_equal and bool(fig["lossless"]),
+                        **degeneracy,
                     )
                 )
                 tick(f"{wl.name} {spec} {rollback} k={k}")
@@ -650,12 +721,33 @@ def comparison_drafter(spec: str) -> tuple[Drafter, CountingTarget | None]:
     return load_drafter(spec), None
 
 
+def resolve_drafters(config: BenchConfig) -> tuple[tuple[str, ...], tuple[dict[str, str], ...]]:
+    """The drafter specs a run compares: ``config.drafters`` (a spec that does not resolve is a usage error),
+    then each of ``OPTIONAL_DRAFTERS`` that resolves here (the others listed as skipped, with the reason)."""
+    for spec in config.drafters:
+        spec_factory(spec)
+    specs = list(config.drafters)
+    skipped: list[dict[str, str]] = []
+    if config.optional_drafters and config.drafters:
+        for spec in OPTIONAL_DRAFTERS:
+            if spec in specs:
+                continue
+            try:
+                spec_factory(spec)
+            except SpecproofError as exc:
+                skipped.append({"drafter": spec, "reason": str(exc)})
+            else:
+                specs.append(spec)
+    return tuple(specs), tuple(skipped)
+
+
 def _measure_drafters(
     spec: str,
     target: Target,
     workloads: Sequence[Workload],
     config: BenchConfig,
     *,
+    drafters: Sequence[str],
     decoder_factory: DecoderFactory,
     tick: ProgressHook,
 ) -> list[DrafterCell]:
@@ -669,6 +761,7 @@ def _measure_drafters(
     for wl in workloads:
         prompt = encode_text(target, wl.text)
         oracle = count_greedy(target, prompt, config.decode_tokens)
+        degeneracy = _degeneracy(oracle.tokens)
         # the wall time of a one-token target step, from the prompt's state
         _prefill(target, prompt)
         step_times: list[float] = []
@@ -678,7 +771,7 @@ def _measure_drafters(
             pending = got[-1]
             step_times.append(t / 8)
         step = statistics.median(step_times)
-        for dspec in config.drafters:
+        for dspec in drafters:
             inner, model = comparison_drafter(dspec)
             timed = _TimedDrafter(inner)
             fig = count_spec(
@@ -718,6 +811,7 @@ def _measure_drafters(
                     target_step_seconds=step,
                     proposal_cost=proposal / step if step > 0 else 0.0,
                     lossless=bool(fig["lossless"]),
+                    **degeneracy,
                 )
             )
             tick(f"{wl.name} {spec} drafter {dspec}")
@@ -731,16 +825,46 @@ def drafter_table_lines(result: Mapping[str, Any]) -> list[str]:
         return []
     k = cells[0]["k"]
     lines = [
-        f"drafters on {cells[0]['target']} (k={k}, {cells[0]['rollback']}): tok/round | accepted by position | "
-        "draft fwd/round | proposal / target step (wall) | projected (draft bytes counted) | target-only | lossless"
+        f"drafters on {cells[0]['target']}, free-running (k={k}, {cells[0]['rollback']}): tok/round | accepted by "
+        "position | draft fwd/round | proposal / target step (wall) | projected (draft bytes counted) | target-only | "
+        "lossless | continuation: distinct 4-grams, period"
     ]
     for c in cells:
         acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"])
         lines.append(
             f"  {c['workload']:<13} {c['drafter']:<24} {c['tokens_per_round']:5.2f} | {acc} | "
             f"{c['draft_forwards_per_round']:4.2f} | {c['proposal_cost']:6.2f}x | {c['projected_speedup']:5.2f}x | "
-            f"{c['projected_speedup_target_only']:5.2f}x | {'yes' if c['lossless'] else 'NO'}"
+            f"{c['projected_speedup_target_only']:5.2f}x | {'yes' if c['lossless'] else 'NO'} | "
+            f"{degeneracy_label(c)}"
         )
+    for skipped in result.get("drafters_skipped") or []:
+        lines.append(f"  drafter {skipped['drafter']} not compared: {skipped['reason']}")
+    return lines
+
+
+def degeneracy_label(cell: Mapping[str, Any]) -> str:
+    """``0.14, period 8, DEGENERATE`` for a cell with degeneracy figures (``-`` without)."""
+    if "distinct_4gram_share" not in cell:
+        return "-"
+    period = cell.get("final_period")
+    text = f"{cell['distinct_4gram_share']:.2f}, period {period if period else '-'}"
+    return text + (", DEGENERATE" if cell.get("degenerate") else "")
+
+
+def real_context_lines(result: Mapping[str, Any]) -> list[str]:
+    """The real-context (teacher-forced) acceptance of a bench result as plain text lines."""
+    real = result.get("real_contexts") or {}
+    cells = real.get("cells") or []
+    if not cells:
+        return []
+    sources = ", ".join(t["source"] for t in real.get("texts", []))
+    lines = [
+        f"drafters on {cells[0]['target']}, real contexts (teacher-forced, k={cells[0]['k']}, "
+        f"{real.get('positions')} positions of {sources}): expected tok/round | accepted by position"
+    ]
+    for c in cells:
+        acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"])
+        lines.append(f"  {c['drafter']:<24} {c['tokens_per_round']:5.2f} | {acc}")
     return lines
 
 
@@ -759,6 +883,7 @@ def peer_lines(result: Mapping[str, Any]) -> list[str]:
             f"{peer.get('torch_threads')}, load {peer['load_before']:.2f} -> {peer['load_after']:.2f}; forwards after "
             f"prefill: specproof {peer.get('specproof_forwards')}, peer {peer.get('peer_forwards')}; "
             f"outputs equal: {'yes' if peer['outputs_equal'] else 'NO'}"
+            + (f"; mlx-lm speculative decoding: {peer['mlx_speculative']}" if peer.get("mlx_speculative") else "")
         )
     return out
 
@@ -776,8 +901,13 @@ def _load_family(spec: str, module: str) -> Target:
     return importlib.import_module(module).load_spec(rest)  # type: ignore[no-any-return]
 
 
+# The peers decode the trained fixture converted to each framework: a model that accepts drafts (on
+# the random lfm2-tiny every draft is rejected, so a comparison there never exercises a round).
+PEER_TARGET: Final = "lfm2-trained"
+
+
 def _peer_hf(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dict[str, Any]:
-    row: dict[str, Any] = {"peer": "transformers prompt lookup", "target": "hf:lfm2-tiny"}
+    row: dict[str, Any] = {"peer": "transformers prompt lookup", "target": f"hf:{PEER_TARGET}"}
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
         return {**row, "status": "skip", "reason": "install specproof[hf]"}
     for mod in ("specproof.engine.targets.hf", "specproof.engine.adapters.hf_prompt_lookup"):
@@ -785,17 +915,62 @@ def _peer_hf(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dic
             return {**row, "status": "skip", "reason": f"module not available: {mod}"}
     make = importlib.import_module("specproof.engine.adapters.hf_prompt_lookup").make
     k = 4 if 4 in config.ks else config.ks[0]
-    peer = make(prompt_lookup_num_tokens=k)
+    peer = make(PEER_TARGET, prompt_lookup_num_tokens=k)
     # the same model instance the peer drives, so both engines decode the same weights
     target = (
         getattr(peer, "oracle", None)
         or getattr(peer, "target", None)
-        or _load_family("hf:lfm2-tiny", "specproof.engine.targets.hf")
+        or _load_family(f"hf:{PEER_TARGET}", "specproof.engine.targets.hf")
     )
     return {
         **row,
         **_compare_engines(config, target, peer.generate, drafter_factory, peer_model=getattr(peer, "model", None)),
     }
+
+
+def _peer_hf_assisted(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dict[str, Any]:
+    """transformers' assisted generation (``assistant_model=`` trained-small, k draft tokens a round, constant
+    schedule) against specproof's engine with ``ModelDrafter`` over the same assistant model."""
+    row: dict[str, Any] = {"peer": "transformers assisted generation", "target": f"hf:{PEER_TARGET}"}
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
+        return {**row, "status": "skip", "reason": "install specproof[hf]"}
+    import torch
+
+    from specproof.engine.targets.convert import reference_to_hf_lfm2
+    from specproof.engine.targets.hf import ByteTokenizer, HFTarget
+    from specproof.fixtures import load_trained_small_target
+
+    target = _load_family(f"hf:{PEER_TARGET}", "specproof.engine.targets.hf")
+    model = target.model  # type: ignore[attr-defined]
+    small = reference_to_hf_lfm2(load_trained_small_target(f"max_context={target.max_context}"))
+    for m in (small,):
+        m.generation_config.bos_token_id = None
+        m.generation_config.eos_token_id = None
+        m.generation_config.pad_token_id = 0
+    k = 4 if 4 in config.ks else config.ks[0]
+    small.generation_config.num_assistant_tokens = k
+    small.generation_config.num_assistant_tokens_schedule = "constant"
+    small.generation_config.assistant_confidence_threshold = 0.0
+    assistant = HFTarget(small, tokenizer=ByteTokenizer(256), max_context=target.max_context, name="hf:trained-small")
+
+    def assisted(prompt: Sequence[int], max_new_tokens: int, **_: object) -> list[int]:
+        ids = torch.tensor([list(prompt)], dtype=torch.long)
+        with torch.no_grad():
+            out = model.generate(
+                ids,
+                assistant_model=small,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                pad_token_id=0,
+                attention_mask=torch.ones_like(ids),
+            )
+        return [int(t) for t in out[0, len(prompt) :].tolist()]
+
+    def ours() -> Drafter:
+        return ModelDrafter(assistant, name="ModelDrafter(hf:trained-small)")  # type: ignore[arg-type]
+
+    return {**row, **_compare_engines(config, target, assisted, ours, peer_model=model)}
 
 
 def _replay_lookup() -> Drafter:
@@ -804,7 +979,7 @@ def _replay_lookup() -> Drafter:
 
 
 def _peer_mlx(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dict[str, Any]:
-    row: dict[str, Any] = {"peer": "mlx-lm greedy", "target": "mlx:lfm2-tiny"}
+    row: dict[str, Any] = {"peer": "mlx-lm greedy", "target": f"mlx:{PEER_TARGET}"}
     if importlib.util.find_spec("mlx") is None or importlib.util.find_spec("mlx_lm") is None:
         return {**row, "status": "skip", "reason": "install specproof[mlx]"}
     if importlib.util.find_spec("specproof.engine.targets.mlx") is None:
@@ -812,7 +987,7 @@ def _peer_mlx(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> di
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    target = _load_family("mlx:lfm2-tiny", "specproof.engine.targets.mlx")
+    target = _load_family(f"mlx:{PEER_TARGET}", "specproof.engine.targets.mlx")
     model = target.model  # type: ignore[attr-defined]
 
     def mlx_greedy(prompt: Sequence[int], max_new_tokens: int, **_: object) -> Any:
@@ -824,7 +999,24 @@ def _peer_mlx(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> di
                 break
         return out
 
-    return {**row, **_compare_engines(config, target, mlx_greedy, drafter_factory)}
+    return {**row, **_compare_engines(config, target, mlx_greedy, drafter_factory), **_mlx_speculative(target)}
+
+
+def _mlx_speculative(target: Target) -> dict[str, Any]:
+    """Whether mlx-lm's own speculative decoding (a draft model) runs on this hybrid; if not, its message."""
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+
+    from specproof.engine.targets.convert import reference_to_mlx_lfm2
+    from specproof.fixtures import load_trained_small_target
+
+    draft = reference_to_mlx_lfm2(load_trained_small_target())
+    try:
+        for _ in speculative_generate_step(mx.array([104, 105, 32]), target.model, draft, max_tokens=4):  # type: ignore[attr-defined]
+            pass
+    except Exception as exc:  # mlx-lm refuses caches it cannot trim (the conv state of a hybrid)
+        return {"mlx_speculative": f"refused: {type(exc).__name__}: {exc}"}
+    return {"mlx_speculative": "runs"}
 
 
 def _torch_threads(n: int | None) -> int | None:
@@ -948,8 +1140,9 @@ def _compare_engines(
 
 
 _PEER_NAMES: Final = {
-    "_peer_hf": ("transformers prompt lookup", "hf:lfm2-tiny", "hf"),
-    "_peer_mlx": ("mlx-lm greedy", "mlx:lfm2-tiny", "mlx"),
+    "_peer_hf": ("transformers prompt lookup", f"hf:{PEER_TARGET}", "hf"),
+    "_peer_hf_assisted": ("transformers assisted generation", f"hf:{PEER_TARGET}", "hf"),
+    "_peer_mlx": ("mlx-lm greedy", f"mlx:{PEER_TARGET}", "mlx"),
 }
 
 
@@ -970,7 +1163,8 @@ def plan_size(config: BenchConfig) -> int:
     """Progress steps of a run: one per cell, one per drafter context, certify, peers."""
     cells = len(config.targets) * len(config.workloads) * len(config.rollbacks) * len(config.ks)
     drafters = len(config.workloads) * len(config.drafters)
-    return cells + drafters + 1 + int(config.certify) + (2 if config.peers else 0)
+    real = (1 + len(config.drafters)) if config.real_files and config.drafters else 0
+    return cells + drafters + real + 1 + int(config.certify) + (3 if config.peers else 0)
 
 
 def run_bench(
@@ -988,6 +1182,18 @@ def run_bench(
     tick = progress or (lambda _msg: None)
     t_start = time.perf_counter()
     workloads = build_workloads(config.workloads, prompt_chars=config.prompt_chars)
+    drafter_specs, skipped = resolve_drafters(config)
+    texts = (
+        real_context_texts(
+            files=config.real_files,
+            text_tokens=config.real_tokens,
+            stride=config.real_stride,
+            min_prefix=config.real_min_prefix,
+        )
+        if config.real_files and drafter_specs
+        else []
+    )
+    real: dict[str, Any] = {}
     cells: list[Cell] = []
     drafter_cells: list[DrafterCell] = []
     for spec in config.targets:
@@ -1005,8 +1211,27 @@ def run_bench(
         )
         if spec == config.target and config.drafters:
             drafter_cells.extend(
-                _measure_drafters(spec, pair[0], workloads, config, decoder_factory=decoder_factory, tick=tick)
+                _measure_drafters(
+                    spec,
+                    pair[0],
+                    workloads,
+                    config,
+                    drafters=drafter_specs,
+                    decoder_factory=decoder_factory,
+                    tick=tick,
+                )
             )
+            if texts:
+                k = 4 if 4 in config.ks else config.ks[0]
+                makers = [(d, spec_factory(d)) for d in drafter_specs]
+                real_cells = measure_real_contexts(spec, pair[0], makers, texts, k=k, tick=tick)
+                real = {
+                    "method": "teacher-forced: the target's greedy k+1 tokens from a real prefix vs each drafter's "
+                    "k-token proposal from it",
+                    "texts": [t.to_json() for t in texts],
+                    "positions": sum(len(t.positions) for t in texts),
+                    "cells": [c.to_json() for c in real_cells],
+                }
     drafter = _drafter_cost(drafter_factory, config.drafter_contexts, k=max(config.ks), reps=config.drafter_reps)
     tick("drafter cost")
     certify: dict[str, Any] = {"status": "skip", "reason": "skipped by --quick: it takes about 2 minutes here"}
@@ -1015,7 +1240,7 @@ def run_bench(
         tick("certify --profile ci")
     peers: list[dict[str, Any]] = []
     if config.peers:
-        for fn in (_peer_hf, _peer_mlx):
+        for fn in (_peer_hf, _peer_hf_assisted, _peer_mlx):
             peers.append(_run_peer(fn, config, drafter_factory))
             tick(f"peer {peers[-1].get('peer')}")
     return BenchResult(
@@ -1028,4 +1253,6 @@ def run_bench(
         peers=tuple(peers),
         platform=platform_info(),
         seconds=time.perf_counter() - t_start,
+        real_contexts=real,
+        drafters_skipped=skipped,
     )

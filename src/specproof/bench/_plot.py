@@ -13,7 +13,8 @@ _STYLES = {"checkpoint": "-", "replay": "--"}
 
 def plot_result(result: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Write a PNG: one panel per workload; measured speedup (solid: checkpoint, dashed: replay)
-    and projected bandwidth-bound speedup (markers only) per target, and tokens per round (grey).
+    and projected bandwidth-bound speedup (markers only) per target, and tokens per round (grey);
+    a workload whose greedy continuation is degenerate (a loop) is shaded and titled so.
 
     ``result`` is ``BenchResult.to_json()`` (or the JSON file ``--json`` wrote).
     """
@@ -73,7 +74,14 @@ def plot_result(result: Mapping[str, Any], path: str | os.PathLike[str]) -> None
                 label=f"tokens per round ({targets[0]})",
             )
         ax.axhline(1.0, color="black", linewidth=0.6)
-        ax.set_title(wl)
+        loops = [c for c in mine if c.get("degenerate")]
+        if loops:
+            # a looping greedy continuation: its figures measure the loop (docs/bench.md, degeneracy)
+            ax.set_facecolor("#fbe9e7")
+            share = min(c["distinct_4gram_share"] for c in loops)
+            ax.set_title(f"{wl}: DEGENERATE continuation (distinct 4-grams {share:.2f}), not a headline", fontsize=9)
+        else:
+            ax.set_title(wl)
         ax.set_xlabel("draft length k")
         ax.set_ylabel("speedup over plain greedy (x)")
         ks_all = sorted({c["k"] for c in mine})
