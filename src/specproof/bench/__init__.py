@@ -9,7 +9,7 @@ k. ``specproof bench`` is the command-line front end (docs/bench.md).
 from specproof.bench._degeneracy import DEGENERATE_SHARE, distinct_ngram_share, final_period
 from specproof.bench._gate import (
     BASELINE_SCHEMA,
-    CPU_MEAN_RATIO_TOLERANCE,
+    CPU_POOLED_TOLERANCE,
     CPU_RATIO_TOLERANCE,
     MEAN_RATIO_TOLERANCE,
     MI_TOLERANCE,
@@ -50,7 +50,7 @@ from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads
 
 __all__ = [
     "BASELINE_SCHEMA",
-    "CPU_MEAN_RATIO_TOLERANCE",
+    "CPU_POOLED_TOLERANCE",
     "CPU_RATIO_TOLERANCE",
     "DEGENERATE_SHARE",
     "OPTIONAL_DRAFTERS",
