@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     for spec in config.targets:  # a bad --target is a usage error now, not after the first workload
         load_target(spec)
 
-    # a table of 13 columns: wider than 80 when the output is a file or a pipe
-    console = Console(width=max(Console().width, 160))
+    # a table of 16 columns: wider than 80 when the output is a file or a pipe
+    console = Console(width=max(Console().width, 200))
     with Progress(
         TextColumn("[bold]bench[/] {task.description}"),
         BarColumn(),
@@ -126,7 +126,7 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
         ("projected", "right"),
         ("verify bytes", "right"),
         ("lossless", "left"),
-        ("continuation: 4-grams, period", "left"),
+        ("continuation (4-gram share, period)", "left"),
     ]
     for name, justify in cols:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]

@@ -827,7 +827,7 @@ def drafter_table_lines(result: Mapping[str, Any]) -> list[str]:
     lines = [
         f"drafters on {cells[0]['target']}, free-running (k={k}, {cells[0]['rollback']}): tok/round | accepted by "
         "position | draft fwd/round | proposal / target step (wall) | projected (draft bytes counted) | target-only | "
-        "lossless | continuation: distinct 4-grams, period"
+        "lossless | continuation: distinct 4-gram share, final period"
     ]
     for c in cells:
         acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"])
@@ -843,12 +843,12 @@ def drafter_table_lines(result: Mapping[str, Any]) -> list[str]:
 
 
 def degeneracy_label(cell: Mapping[str, Any]) -> str:
-    """``0.14, period 8, DEGENERATE`` for a cell with degeneracy figures (``-`` without)."""
+    """``0.14 p11 DEGENERATE`` (distinct 4-gram share, final period) for a cell with those figures, else ``-``."""
     if "distinct_4gram_share" not in cell:
         return "-"
     period = cell.get("final_period")
-    text = f"{cell['distinct_4gram_share']:.2f}, period {period if period else '-'}"
-    return text + (", DEGENERATE" if cell.get("degenerate") else "")
+    text = f"{cell['distinct_4gram_share']:.2f} p{period if period else '-'}"
+    return text + (" DEGENERATE" if cell.get("degenerate") else "")
 
 
 def real_context_lines(result: Mapping[str, Any]) -> list[str]:
