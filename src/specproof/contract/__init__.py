@@ -10,7 +10,15 @@ It imports nothing from specproof above it (a test fails on any import cycle):
 - ``lossless`` — the tie-aware ``engine.lossless`` verdict.
 """
 
-from specproof.contract._protocols import CheckpointingTarget, Drafter, Engine, Target, WhiteBoxTarget
+from specproof.contract._protocols import (
+    CheckpointingTarget,
+    Drafter,
+    Engine,
+    FeatureDrafter,
+    FeatureTarget,
+    Target,
+    WhiteBoxTarget,
+)
 from specproof.contract._records import STOP_REASONS, Generation, Stats, Step, StopReason
 from specproof.contract._violations import INVARIANT_ID, Violation, ViolationError
 from specproof.contract.compare import arrays_differ, states_differ, validate_tolerance
@@ -22,6 +30,8 @@ __all__ = [
     "CheckpointingTarget",
     "Drafter",
     "Engine",
+    "FeatureDrafter",
+    "FeatureTarget",
     "Generation",
     "SpecproofError",
     "Stats",

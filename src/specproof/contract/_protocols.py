@@ -14,7 +14,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.contract._records import Generation
 
-__all__ = ["CheckpointingTarget", "Drafter", "Engine", "Target", "WhiteBoxTarget"]
+__all__ = ["CheckpointingTarget", "Drafter", "Engine", "FeatureDrafter", "FeatureTarget", "Target", "WhiteBoxTarget"]
 
 
 @runtime_checkable
@@ -56,6 +56,25 @@ class WhiteBoxTarget(Target, Protocol):
 
 
 @runtime_checkable
+class FeatureTarget(Target, Protocol):
+    """A target that returns hidden states with the logits of a forward (docs/contract.md, "Targets").
+
+    ``feature_layers``: the layers it can return (layer ``i`` is the residual stream after
+    block ``i``); ``d_model``: the width of a feature row. ``forward_with_features(tokens,
+    layers, checkpoints=False)`` is ``forward`` plus ``{layer: [len(tokens), d_model]}`` for
+    each requested layer (and ``forward_with_checkpoints``'s list when ``checkpoints`` is true,
+    else ``None``), in the same pass.
+    """
+
+    d_model: int
+    feature_layers: tuple[int, ...]
+
+    def forward_with_features(
+        self, tokens: Sequence[int], layers: Sequence[int], *, checkpoints: bool = False
+    ) -> tuple[np.ndarray, Mapping[int, np.ndarray], list[object] | None]: ...
+
+
+@runtime_checkable
 class Drafter(Protocol):
     """Proposes up to ``k`` tokens to follow ``context``.
 
@@ -63,6 +82,20 @@ class Drafter(Protocol):
     """
 
     def propose(self, context: Sequence[int], k: int) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter that reads the target's hidden states (docs/contract.md, "Feature drafters").
+
+    ``feature_layers`` names the target layers it needs. The engine calls
+    ``propose(context, k, features=F)`` where ``F[layer]`` holds exactly one row per
+    position of ``context[:-1]`` (the positions the target has processed, all accepted);
+    the last token of ``context`` (the bonus token) has no feature yet. ``propose(context, k)``
+    without features must give the same draft (the drafter computes them itself).
+    """
+
+    feature_layers: tuple[int, ...]
 
 
 @runtime_checkable

@@ -13,7 +13,15 @@ from specproof.engine._decoder import (
 )
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
 from specproof.engine._plugins import resolve_plugin
-from specproof.engine._protocols import CheckpointingTarget, Drafter, Engine, Target, WhiteBoxTarget
+from specproof.engine._protocols import (
+    CheckpointingTarget,
+    Drafter,
+    Engine,
+    FeatureDrafter,
+    FeatureTarget,
+    Target,
+    WhiteBoxTarget,
+)
 from specproof.engine._records import STOP_REASONS, Generation, Stats, Step, StopReason
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter, load_drafter
 from specproof.engine.errors import (
@@ -48,6 +56,8 @@ __all__ = [
     "DrafterContractError",
     "EmptyPromptError",
     "Engine",
+    "FeatureDrafter",
+    "FeatureTarget",
     "Generation",
     "InvalidSettingError",
     "MissingDependencyError",

@@ -7,6 +7,7 @@ from typing import Literal, overload
 
 import numpy as np
 
+from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
 from specproof.engine._protocols import Drafter, Target
 from specproof.engine._records import Generation, Stats, Step, StopReason
 from specproof.engine._validate import (
@@ -120,6 +121,8 @@ class SpecDecoder:
             raise InvalidSettingError(f"drafter {component_name(drafter)} has no propose(context, k) method")
         self.target = target
         self.drafter = drafter
+        # a feature drafter (docs/contract.md, "Feature drafters") gets the accepted positions' hidden states
+        self.feature_layers = drafter_feature_layers(drafter, target)
         self.rollback: Rollback = rollback
         self.name = f"specproof.SpecDecoder(k={self.k}, rollback={rollback})"
 
@@ -153,6 +156,8 @@ class DecodeSession:
         self._view = ContextView(self._ctx)
         self._rounds_done = 0
         self._pending_prefill = 0
+        layers = drafter_feature_layers(decoder.drafter, target)  # the drafter may have been swapped since
+        self._features = FeatureStore(layers) if layers is not None else None
         target.reset()
         reset = getattr(decoder.drafter, "reset", None)
         if callable(reset):
@@ -167,7 +172,13 @@ class DecodeSession:
         if not tokens:
             return
         target = self.decoder.target
-        logits = target.forward(list(tokens))
+        if self._features is not None:
+            logits, feats, _ = forward_features(
+                target, tokens, self._features.layers, checkpoints=False, what=what
+            )
+            self._features.append(feats, len(tokens))
+        else:
+            logits = target.forward(list(tokens))
         check_logits(logits, rows=len(tokens), vocab_size=target.vocab_size, target=self._target_name, round_index=None)
         self._pending_prefill += 1
         if target.processed != len(self._ctx) - 1:
@@ -248,9 +259,18 @@ class DecodeSession:
         round_index = self._rounds_done
         base = target.processed
         before = target.snapshot()
+        store = self._features
         try:
             if k_eff > 0:
-                raw = decoder.drafter.propose(self._view, k_eff)
+                if store is not None:
+                    if len(store) != base:
+                        raise SpecproofError(
+                            f"the engine holds {len(store)} feature rows for {base} processed positions "
+                            f"in round {round_index} (engine.features)"
+                        )
+                    raw = decoder.drafter.propose(self._view, k_eff, features=store.view())  # type: ignore[call-arg]
+                else:
+                    raw = decoder.drafter.propose(self._view, k_eff)
                 draft = check_draft(
                     raw, k=k_eff, vocab_size=target.vocab_size, drafter=self._drafter_name, round_index=round_index
                 )
@@ -258,7 +278,18 @@ class DecodeSession:
                 draft = []
             fed = [self._ctx[-1], *draft]
             checkpoints: list[object] | None = None
-            if decoder.rollback == "checkpoint":
+            feats: dict[int, np.ndarray] | None = None
+            if store is not None:
+                logits, feats, checkpoints = forward_features(
+                    target, fed, store.layers, checkpoints=decoder.rollback == "checkpoint",
+                    what=f"round {round_index}",
+                )
+                if decoder.rollback == "checkpoint" and (checkpoints is None or len(checkpoints) != len(fed)):
+                    raise SpecproofError(
+                        f"target {self._target_name} returned {0 if checkpoints is None else len(checkpoints)} "
+                        f"checkpoints for a forward of {len(fed)} tokens in round {round_index} (target.checkpoints)"
+                    )
+            elif decoder.rollback == "checkpoint":
                 logits, checkpoints = target.forward_with_checkpoints(fed)  # type: ignore[attr-defined]
                 if len(checkpoints) != len(fed):
                     raise SpecproofError(
@@ -283,8 +314,15 @@ class DecodeSession:
                     target.restore(checkpoints[keep - 1])
                 else:
                     target.restore(before)
-                    target.forward(fed[:keep])
+                    if store is not None:  # the replay forward recomputes the kept positions' features
+                        _, feats, _ = forward_features(
+                            target, fed[:keep], store.layers, checkpoints=False, what=f"round {round_index} replay"
+                        )
+                    else:
+                        target.forward(fed[:keep])
                     counter.replay += 1
+            if feats is not None and store is not None:
+                store.append(feats, keep)  # the kept positions only, never a rejected one
             if target.processed != base + keep:
                 raise SpecproofError(
                     f"target {self._target_name} reports processed={target.processed} after round {round_index}, "
@@ -293,6 +331,8 @@ class DecodeSession:
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
+            if store is not None and len(store) > base:
+                store.truncate(base)
             try:
                 target.restore(before)
                 restored = "the target was restored to its state before the round"

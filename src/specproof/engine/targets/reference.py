@@ -526,6 +526,20 @@ class ReferenceSnapshot:
 _INSTANCE_IDS = itertools.count(1)
 
 
+def _check_feature_layers(layers: object, n_layers: int, *, who: str) -> tuple[int, ...]:
+    """The requested feature layers as a tuple, or ``InvalidSettingError`` naming the bad one."""
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise InvalidSettingError(f"{who}: layers must be a sequence of layer indices, got {type(layers).__name__}")
+    out = []
+    for i, layer in enumerate(layers):
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= int(layer) < n_layers:
+            raise InvalidSettingError(f"{who}: layers[{i}]={layer!r} is not a layer index in [0, {n_layers})")
+        out.append(int(layer))
+    if not out:
+        raise InvalidSettingError(f"{who}: layers is empty; name at least one layer in [0, {n_layers})")
+    return tuple(out)
+
+
 class ReferenceHybrid:
     """A seeded hybrid LM in numpy implementing ``Target``, ``CheckpointingTarget`` and ``WhiteBoxTarget``.
 
@@ -667,6 +681,42 @@ class ReferenceHybrid:
         ]
         return logits, checkpoints
 
+    @property
+    def d_model(self) -> int:
+        """Width of every feature row (docs/contract.md, "Targets": features)."""
+        return int(self.config.d_model)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The layers ``forward_with_features`` can return: ``i`` is the residual stream after block ``i``."""
+        return tuple(range(len(self.config.layers)))
+
+    def forward_with_features(
+        self, tokens: Sequence[int], layers: Sequence[int], *, checkpoints: bool = False
+    ) -> tuple[FloatArray, dict[int, FloatArray], list[object] | None]:
+        """``forward`` plus ``features[layer]`` ``[len(tokens), d_model]``: the residual stream after block
+        ``layer`` at each fed position (before the final norm), in the same pass; with ``checkpoints=True``
+        also ``forward_with_checkpoints``'s list, else ``None``. A bad layer raises ``InvalidSettingError``
+        with nothing changed."""
+        wanted = _check_feature_layers(layers, len(self.config.layers), who="ReferenceHybrid.forward_with_features")
+        toks = self._check(tokens)
+        base = self._processed
+        features: dict[int, FloatArray] = {layer: np.zeros((0, self.d_model), _F32) for layer in wanted}
+        logits, conv_ck, rec_ck = self._run(toks, record=checkpoints, features=features)
+        cks: list[object] | None = None
+        if checkpoints:
+            clock = self._clock
+            cks = [
+                ReferenceSnapshot(
+                    processed=base + i + 1, conv_state=conv_ck[i], rec_state=rec_ck[i], target_id=self._id,
+                    write_clock=clock,
+                )
+                for i in range(len(toks))
+            ]
+        for value in features.values():
+            value.flags.writeable = False
+        return logits, features, cks
+
     def snapshot(self) -> ReferenceSnapshot:
         """Copy the conv and recurrent states and ``processed`` (not the append-only KV cache)."""
         conv = self._conv_state.copy()
@@ -798,8 +848,11 @@ class ReferenceHybrid:
             )
         return toks
 
-    def _run(self, toks: npt.NDArray[np.intp], *, record: bool) -> tuple[FloatArray, _Arr, _Arr]:
-        """The forward pass over validated tokens; updates every state; optionally records checkpoints."""
+    def _run(
+        self, toks: npt.NDArray[np.intp], *, record: bool, features: dict[int, FloatArray] | None = None
+    ) -> tuple[FloatArray, _Arr, _Arr]:
+        """The forward pass over validated tokens; updates every state; optionally records checkpoints
+        and (``features``: the layers wanted, filled in) the residual stream after those blocks."""
         q = toks.shape[0]
         base = self._processed
         conv_ck = rec_ck = np.zeros((0,), _F32)
@@ -820,7 +873,7 @@ class ReferenceHybrid:
         rec_rec = rec_ck if record else None
         with np.errstate(over="ignore"):  # silu/sigmoid of large negatives overflow exp harmlessly
             h = self._embed[toks]
-            for blk in self._blocks:
+            for index, blk in enumerate(self._blocks):
                 x = _rms_norm(h, blk.op_norm, eps)
                 if isinstance(blk, _ConvBlock):
                     h += self._conv_op(blk, x, conv_rec)
@@ -829,6 +882,8 @@ class ReferenceHybrid:
                 else:
                     h += self._gdn_op(blk, x, conv_rec, rec_rec)
                 h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
+                if features is not None and index in features:
+                    features[index] = h.copy()
             logits = _linear(_rms_norm(h, self._final_norm, eps), self._head_t)
         self._clock += 1
         self._stamps[base:total] = self._clock
