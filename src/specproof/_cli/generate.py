@@ -45,7 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--drafter",
         default="ngram",
         help="ngram, ngram:MIN_N,MAX_N[,earliest], model:TARGET (a draft model: model:trained-small, "
-        "model:reference:d_model=32), combined:TARGET (prompt lookup, else the draft model), or MODULE:ATTR",
+        "model:reference:d_model=32), combined:TARGET (prompt lookup, else the draft model), eagle:trained / "
+        "mtp:trained (feature heads reading the trained target's hidden states), or MODULE:ATTR",
     )
     p.add_argument("-k", type=int, default=4, help="draft length per round (default 4)")
     p.add_argument(

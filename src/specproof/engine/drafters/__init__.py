@@ -10,19 +10,24 @@ Drafter specs (``--drafter``):
 - ``combined:TARGET`` — ``CombinedDrafter``: prompt lookup (a match of >= 3 tokens) when it
   finds one, the draft model ``TARGET`` otherwise, and the model completes a lookup draft
   shorter than k; ``combined:trained-small``;
+- ``eagle:trained`` / ``mtp:trained`` — feature heads (``HeadDrafter``: an EAGLE-3-style and an
+  MTP-style head trained on the ``trained`` fixture's hidden states by ``scripts/train_heads.py``;
+  docs/contract.md, "Feature drafters"); ``eagle:trained,replay`` rolls the head back by snapshot;
 - ``MODULE:ATTRIBUTE`` — any plug-in (a factory or an instance).
 
-``ngram``, ``model`` and ``combined`` are reserved prefixes: a plug-in module of that name
+``ngram``, ``model``, ``combined``, ``eagle`` and ``mtp`` are reserved prefixes: a plug-in module of that name
 must be spelled as a longer dotted path.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from specproof.engine._plugins import plugin_factory
 from specproof.engine._protocols import Drafter
 from specproof.engine.drafters.combined import CombinedDrafter
+from specproof.engine.drafters.heads import FeatureHead, HeadDrafter
 from specproof.engine.drafters.model import DraftRollback, ModelDrafter
 from specproof.engine.drafters.ngram import NgramDrafter, naive_ngram_propose
 from specproof.engine.errors import PluginError, SpecproofError
@@ -31,6 +36,8 @@ __all__ = [
     "DRAFTER_SPECS",
     "CombinedDrafter",
     "DraftRollback",
+    "FeatureHead",
+    "HeadDrafter",
     "ModelDrafter",
     "NgramDrafter",
     "drafter_factory",
@@ -38,7 +45,11 @@ __all__ = [
     "naive_ngram_propose",
 ]
 
-DRAFTER_SPECS = ("ngram[:MIN_N,MAX_N]", "model:TARGET", "combined:TARGET", "MODULE:ATTRIBUTE")
+DRAFTER_SPECS = (
+    "ngram[:MIN_N,MAX_N]", "model:TARGET", "combined:TARGET", "eagle:trained", "mtp:trained", "MODULE:ATTRIBUTE"
+)
+# feature heads: prefix -> "module:function(kind, args)" (the fixtures layer builds them; imported lazily)
+_HEAD_LOADER = "specproof.fixtures._feature_heads:load_head_drafter"
 
 
 def _ngram_factory(spec: str, args: str) -> Callable[[], Drafter]:
@@ -92,6 +103,14 @@ def drafter_factory(spec: str) -> Callable[[], Drafter]:
             return model if prefix == "model" else CombinedDrafter(model)
 
         return make
+    if prefix in ("eagle", "mtp"):
+        module, _, func = _HEAD_LOADER.partition(":")
+        loader = getattr(importlib.import_module(module), func)
+        try:
+            loader(prefix, rest)  # load now, so a bad spec fails here
+        except SpecproofError as exc:
+            raise PluginError(f"--drafter {spec!r}: {exc}") from exc
+        return lambda: loader(prefix, rest)  # type: ignore[no-any-return]
     if sep:
         return plugin_factory(spec, kind="drafter")  # type: ignore[return-value]
     raise PluginError(f"--drafter {spec!r}: unknown drafter; expected {', '.join(DRAFTER_SPECS)}")
