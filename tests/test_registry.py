@@ -41,7 +41,16 @@ def test_every_zoo_member_names_a_registered_invariant() -> None:
     [
         (["engine.kv-length,engine.lossless"], ("engine.lossless", "engine.kv-length")),
         (["engine.kv-length", "engine.lossless"], ("engine.lossless", "engine.kv-length")),
-        (["drafter.*"], ("drafter.max-length", "drafter.token-range", "drafter.deterministic", "drafter.no-mutation")),
+        (
+            ["drafter.*"],
+            (
+                "drafter.max-length",
+                "drafter.token-range",
+                "drafter.deterministic",
+                "drafter.no-mutation",
+                "drafter.features",
+            ),
+        ),
     ],
 )
 def test_select_takes_ids_and_globs(patterns: list[str], expected: tuple[str, ...]) -> None:

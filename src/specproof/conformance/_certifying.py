@@ -25,6 +25,7 @@ from specproof.conformance._harness import PATHS, EngineRun, greedy_continuation
 from specproof.conformance._profiles import Profile, get_profile
 from specproof.conformance._results import CheckResult
 from specproof.conformance._subjects import EngineCase, Suite
+from specproof.conformance.checks.features import feature_layers_of
 from specproof.contract import SpecproofError, UsageError, Violation, ViolationError, validate_tolerance
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
@@ -363,9 +364,15 @@ class Certification:
         if case.kind == "builtin":
             t, d = suite.target, suite.drafter
             assert t is not None and d is not None
+            subject = d.make()
+            # a feature drafter's layers: the engine hands features to it, or to the scripted drafter in its place
+            layers = feature_layers_of(subject)
+            if layers is not None and not set(layers) <= set(getattr(t.prototype, "feature_layers", ())):
+                layers = None
             return run_builtin(
                 make_target=t.make,
-                drafter=drafter if drafter is not None else d.make(),
+                drafter=drafter if drafter is not None else subject,
+                feature_layers=layers,
                 drafter_kind=f"scripted:{d.name}" if drafter is not None else f"subject:{d.name}",
                 prompt=prompt,
                 k=k,

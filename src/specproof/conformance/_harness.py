@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
 from specproof.conformance.checks.generation import check_generation
 from specproof.contract import Violation, arrays_differ, states_differ
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
@@ -47,6 +48,7 @@ ENGINE_INVARIANTS: tuple[str, ...] = (
     "engine.stop",
     "engine.cost",
     "trace.consistency",
+    "engine.features",
 )
 
 # The rollback paths a round can take (docs/contract.md, "path coverage").
@@ -73,6 +75,7 @@ class EngineRun:
     paths: Counter[str] = attrs.Factory(Counter)
     rounds: int = 0
     state_checks: int = 0
+    feature_checks: int = 0
     lossless: LosslessVerdict | None = None
 
 
@@ -115,9 +118,23 @@ class StateProbe:
     """
 
     def __init__(
-        self, inner: Drafter, live: object, make_reference: Callable[[], Target] | None, *, atol: float
+        self,
+        inner: Drafter,
+        live: object,
+        make_reference: Callable[[], Target] | None,
+        *,
+        atol: float,
+        feature_layers: tuple[int, ...] | None = None,
     ) -> None:
         self.inner = inner
+        # a feature drafter's layers (docs/contract.md, "Feature drafters"): the probe declares them, so
+        # the engine hands it features, and judges them (engine.features) before passing them on
+        self.feature_layers = feature_layers
+        self.features = (
+            FeatureJudge(make_reference, feature_layers, atol=atol)
+            if feature_layers is not None and make_reference is not None
+            else None
+        )
         self.live = live
         self.make_reference = make_reference
         self.reference: Target | None = None
@@ -169,10 +186,33 @@ class StateProbe:
                 )
             )
 
-    def propose(self, context: Sequence[int], k: int) -> Sequence[int]:
+    def propose(self, context: Sequence[int], k: int, **kwargs: Any) -> Sequence[int]:
         self.check(context, when="round")
+        features = kwargs.get("features")
+        if self.features is not None:
+            self.features.check(context, features, round_index=self._round)
         self._round += 1
+        if features is not None and feature_layers_of(self.inner) is not None:
+            return self.inner.propose(context, k, features=features)  # type: ignore[call-arg]
         return self.inner.propose(context, k)
+
+
+def feature_verdict(run: EngineRun, probe: StateProbe) -> None:
+    """``engine.features``: what the probe judged of the features the engine handed its drafter."""
+    judge = probe.features
+    if judge is None:
+        run.verdicts["engine.features"] = None
+        run.not_applicable["engine.features"] = (
+            "no feature drafter was installed (the drafter declares no feature_layers, or there is no model "
+            "to compute features with)"
+        )
+        return
+    run.feature_checks = judge.checks
+    if not judge.checks and not judge.violations:
+        run.verdicts["engine.features"] = None
+        run.not_applicable["engine.features"] = "the engine never handed its feature drafter features"
+        return
+    run.verdicts["engine.features"] = [_with_example(v, run.example) for v in judge.violations]
 
 
 class _LRU(OrderedDict[object, Any]):
@@ -373,6 +413,7 @@ def run_builtin(
     cache_key: object,
     horizon: int,
     script: object = None,
+    feature_layers: tuple[int, ...] | None = None,
 ) -> EngineRun:
     """Run SpecDecoder on a fresh target with a state probe; every engine invariant's verdict."""
     key = ("builtin", cache_key, tuple(prompt), k, rollback, max_new_tokens, eos, drafter_kind, repr(script))
@@ -389,7 +430,7 @@ def run_builtin(
     if script is not None:
         example["script"] = script
     target = make_target()
-    probe = StateProbe(drafter, target, make_target, atol=atol)
+    probe = StateProbe(drafter, target, make_target, atol=atol, feature_layers=feature_layers)
     try:
         gen = SpecDecoder(target, probe, k=k, rollback=rollback).generate(prompt, max_new_tokens, eos_token_id=eos)  # type: ignore[arg-type]
     except DecodeError as exc:
@@ -415,6 +456,7 @@ def run_builtin(
         state=state,
         state_note="the target has no state_arrays() and the pending token could not be probed",
     )
+    feature_verdict(run, probe)
     return _RUNS.remember(key, run)  # type: ignore[no-any-return]
 
 
@@ -453,7 +495,13 @@ def run_plugin(
         reset()
     live = case.live_target
     reference = case.make_reference if live is not None else None
-    probe = StateProbe(drafter if drafter is not None else _NoDrafter(), live, reference, atol=atol)
+    layers = feature_layers_of(case.own_drafter) if drafter is not None else None
+    # the features are judged against a fresh copy of the model, whether or not the engine exposes its live target
+    probe = StateProbe(
+        drafter if drafter is not None else _NoDrafter(), live, reference, atol=atol, feature_layers=layers
+    )
+    if layers is not None and case.make_reference is not None and probe.features is None:
+        probe.features = FeatureJudge(case.make_reference, layers, atol=atol)
     before = _fingerprint(live)
     try:
         if drafter is not None:
@@ -473,7 +521,9 @@ def run_plugin(
         case.confirm_live(_fingerprint(live) != before)
         live = case.live_target
         if live is None:
+            judge = probe.features
             probe = StateProbe(probe.inner, None, None, atol=atol)
+            probe.features = judge
     expected, margins = greedy_continuation(
         case.make_reference, case.greedy_fn, ("plugin", case.token), prompt, max_new_tokens, eos, horizon=horizon
     )
@@ -497,6 +547,7 @@ def run_plugin(
         state=state,
         state_note=case.state_note,
     )
+    feature_verdict(run, probe)
     return _RUNS.remember(key, run)  # type: ignore[no-any-return]
 
 

@@ -24,6 +24,7 @@ import attrs
 from hypothesis import strategies as st
 
 from specproof.conformance.checks import drafter as drafter_checks
+from specproof.conformance.checks import features as feature_checks
 from specproof.conformance.checks import target as target_checks
 from specproof.contract import UsageError, Violation
 from specproof.strategies import contexts
@@ -119,6 +120,24 @@ def _check_deterministic(case: Any, ex: dict[str, Any]) -> Outcome:
         case.make, ex["context"], ex["ks"], other=ex["other"], called=ex["called"]
     )
     return Outcome(vs, exercised=compared, note="" if compared else "no call could be compared")
+
+
+def _draw_features_example(data: st.DataObject, case: Any, profile: Profile) -> dict[str, Any]:
+    vocab = case.vocab_size
+    ctx = data.draw(contexts(vocab, min_size=2, max_size=profile.max_prompt * 2), label="context")
+    rounds = data.draw(st.integers(1, 6), label="rounds")
+    ks = data.draw(st.lists(st.integers(1, 6), min_size=rounds, max_size=rounds), label="k per round")
+    accepts = data.draw(st.lists(st.integers(0, 6), min_size=rounds, max_size=rounds), label="draft tokens accepted")
+    bonus = data.draw(st.lists(st.integers(0, vocab - 1), min_size=rounds, max_size=rounds), label="bonus tokens")
+    edit_at = data.draw(st.one_of(st.none(), st.integers(1, max(1, rounds - 1))), label="edited request at round")
+    return {"context": ctx, "ks": ks, "accepts": accepts, "bonus": bonus, "edit_at": edit_at}
+
+
+def _check_features(case: Any, ex: dict[str, Any]) -> Outcome:
+    vs, compared, note = feature_checks.check_drafter_features(
+        case.make, ex["context"], ex["ks"], ex["accepts"], ex["bonus"], edit_at=ex["edit_at"]
+    )
+    return Outcome(vs, exercised=compared, note=note)
 
 
 # ---------------------------------------------------------------- target invariants
@@ -265,6 +284,18 @@ REGISTRY: tuple[Invariant, ...] = (
         draw=_draw_drafter_example,
     ),
     Invariant(
+        id="drafter.features",
+        subject="drafter",
+        summary="a feature drafter's proposal after any accepts and rejects equals a fresh drafter's given the "
+        "accepted context and its features (its own KV and carried features rolled back), and the one it makes "
+        "computing the features itself",
+        needs=("feature_layers", "feature_target_spec"),
+        draws="a context, then rounds of (k, draft tokens accepted, bonus token), sometimes an edited request "
+        "reusing half the context; features from a fresh copy of the drafter's feature_target_spec",
+        check=_check_features,
+        draw=_draw_features_example,
+    ),
+    Invariant(
         id="target.shape",
         subject="target",
         summary="logits are `[q, vocab_size]` and finite",
@@ -394,6 +425,18 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_ENGINE_DRAWS,
         driver="engine-case",
         check=_engine_check("trace.consistency", _rounds),
+    ),
+    Invariant(
+        id="engine.features",
+        subject="engine",
+        summary="at every proposal the engine hands a feature drafter the target's features of exactly the "
+        "accepted positions (`ctx[:-1]`): none of a rejected draft position, none shifted, the declared layers, "
+        "none left from an earlier request",
+        needs=("drafter", "forward_with_features"),
+        draws=_ENGINE_DRAWS + "; the installed drafter declares the subject's (or the engine's own drafter's) "
+        "feature_layers and the features are compared with a fresh copy of the model",
+        driver="engine-case",
+        check=_engine_check("engine.features", lambda run: run.feature_checks),
     ),
     Invariant(
         id="stateful.rollback-machine",

@@ -324,8 +324,11 @@ class Suite:
         if engine is not None:
             engines.append(_plugin_engine_case(engine, tie_tolerance=tie_tolerance, atol=atol))
         if engine is None or target is not None or drafter is not None:
-            tsub = TargetSubject.from_spec(target or DEFAULT_TARGET, tie_tolerance=tie_tolerance, atol=atol)
             dsub = DrafterSubject.from_spec(drafter or "ngram")
+            # a feature drafter is certified on the target whose features it reads, unless --target says otherwise
+            feature_spec = getattr(dsub.make(), "feature_target_spec", None) if drafter else None
+            default = feature_spec if isinstance(feature_spec, str) and feature_spec else DEFAULT_TARGET
+            tsub = TargetSubject.from_spec(target or default, tie_tolerance=tie_tolerance, atol=atol)
             if subject in ("all", "engine", "drafter", "target") and engine is None:
                 rollbacks = ["checkpoint", "replay"] if tsub.has_checkpoints else ["replay"]
                 for rb in rollbacks:

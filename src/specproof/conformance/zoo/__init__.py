@@ -53,6 +53,17 @@ from specproof.conformance.zoo._engines import (
     VaryingK,
     ZooEngine,
 )
+from specproof.conformance.zoo._feature_drafters import (
+    FeatureFromRejected,
+    FeaturesShifted,
+    FeaturesStaleAcrossRequests,
+    FeaturesWrongLayer,
+    FeatureZooEngine,
+    HeadDrafter,
+    HeadKeepsChain,
+    HeadRecomputesFeatures,
+    head_drafter,
+)
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
     DraftNoRollback,
@@ -308,6 +319,51 @@ def zoo_engine() -> ZooEngine:
     return ZooEngine()
 
 
+def head_keeps_chain() -> HeadDrafter:
+    return head_drafter(HeadKeepsChain)
+
+
+def feature_from_rejected() -> FeatureFromRejected:
+    return FeatureFromRejected()
+
+
+def features_shifted() -> FeaturesShifted:
+    return FeaturesShifted()
+
+
+def features_wrong_layer() -> FeaturesWrongLayer:
+    return FeaturesWrongLayer()
+
+
+def features_stale_across_requests() -> FeaturesStaleAcrossRequests:
+    return FeaturesStaleAcrossRequests()
+
+
+def feature_head_drafter() -> HeadDrafter:
+    """Correct: a feature head whose KV is append-only (the chain's slots are overwritten next call)."""
+    return head_drafter()
+
+
+def feature_head_replay() -> HeadDrafter:
+    """Correct, differently: the head's chain slots are snapshotted and restored (replay-only rollback)."""
+    return head_drafter(rollback="replay")
+
+
+def feature_head_recomputes() -> HeadDrafter:
+    """Correct, differently: ignores the handed features and computes them from the accepted context."""
+    return head_drafter(HeadRecomputesFeatures)
+
+
+def feature_engine() -> FeatureZooEngine:
+    """Correct: the feature engines' control (SpecDecoder and feature glue that changes nothing)."""
+    return FeatureZooEngine()
+
+
+def feature_engine_replay() -> FeatureZooEngine:
+    """Correct, differently: replay rollback (the kept positions' features come from the replay forward)."""
+    return FeatureZooEngine(rollback="replay")
+
+
 # ---------------------------------------------------------------------------- the registry
 
 
@@ -453,6 +509,11 @@ ZOO: dict[str, ZooMember] = {
         _member("model_drafter_kv_only_rollback_gdn", "drafter", DraftKVOnlyRollback, "drafter.deterministic"),
         _member("model_drafter_reset_keeps_state", "drafter", DraftResetKeepsModel, "drafter.deterministic"),
         _member("snapshot_only_last_call", "engine", SnapshotOnlyLastCall, "engine.session"),
+        _member("head_keeps_chain", "drafter", HeadKeepsChain, "drafter.features", also=("drafter.deterministic",)),
+        _member("feature_from_rejected", "engine", FeatureFromRejected, "engine.features"),
+        _member("features_shifted", "engine", FeaturesShifted, "engine.features"),
+        _member("features_wrong_layer", "engine", FeaturesWrongLayer, "engine.features"),
+        _member("features_stale_across_requests", "engine", FeaturesStaleAcrossRequests, "engine.features"),
     )
 }
 
@@ -467,13 +528,22 @@ CORRECT: dict[str, str] = {
         "session_engine_replay",
         "varying_k_session_engine",
         "greedy_only_session_engine",
+        "feature_engine",
+        "feature_engine_replay",
     )
 }
 """Correct engines that differ from the control in what they expose or how they draft: certification accepts them."""
 
 CORRECT_DRAFTERS: dict[str, str] = {
     name: f"{_MODULE}:{name}"
-    for name in ("model_drafter_checkpoint", "model_drafter_replay", "model_drafter_reprefill")
+    for name in (
+        "model_drafter_checkpoint",
+        "model_drafter_replay",
+        "model_drafter_reprefill",
+        "feature_head_drafter",
+        "feature_head_replay",
+        "feature_head_recomputes",
+    )
 }
 """Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""
 
