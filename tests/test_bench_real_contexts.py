@@ -122,7 +122,7 @@ def test_acceptance_by_position_judges_the_proposal_against_the_target():
         )
     }
     oracle, broken, lookup = cells["oracle"], cells["off-by-one"], cells["ngram"]
-    assert oracle.positions == n and oracle.tokens_per_round == 5.0
+    assert oracle.positions == n and oracle.tokens_per_round == 5.0 and oracle.tokens_per_round_by_text == (5.0,)
     assert oracle.acceptance_by_position == (1.0, 1.0, 1.0, 1.0) and oracle.attempts_by_position == (n, n, n, n)
     assert broken.tokens_per_round == 2.0 and broken.acceptance_by_position == (1.0, 0.0, 0.0, 0.0)
     assert broken.attempts_by_position == (n, n, 0, 0)  # a position after a rejection is not attempted

@@ -847,7 +847,7 @@ def degeneracy_label(cell: Mapping[str, Any]) -> str:
     if "distinct_4gram_share" not in cell:
         return "-"
     period = cell.get("final_period")
-    text = f"{cell['distinct_4gram_share']:.2f} p{period if period else '-'}"
+    text = f"{cell['distinct_4gram_share']:.3f} p{period if period else '-'}"
     return text + (" DEGENERATE" if cell.get("degenerate") else "")
 
 
@@ -860,11 +860,12 @@ def real_context_lines(result: Mapping[str, Any]) -> list[str]:
     sources = ", ".join(t["source"] for t in real.get("texts", []))
     lines = [
         f"drafters on {cells[0]['target']}, real contexts (teacher-forced, k={cells[0]['k']}, "
-        f"{real.get('positions')} positions of {sources}): expected tok/round | accepted by position"
+        f"{real.get('positions')} positions of {sources}): expected tok/round | accepted by position | per text"
     ]
     for c in cells:
         acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"])
-        lines.append(f"  {c['drafter']:<24} {c['tokens_per_round']:5.2f} | {acc}")
+        per_text = " ".join(f"{t:.2f}" for t in c.get("tokens_per_round_by_text", []))
+        lines.append(f"  {c['drafter']:<24} {c['tokens_per_round']:5.2f} | {acc} | {per_text}")
     return lines
 
 

@@ -79,7 +79,7 @@ def plot_result(result: Mapping[str, Any], path: str | os.PathLike[str]) -> None
             # a looping greedy continuation: its figures measure the loop (docs/bench.md, degeneracy)
             ax.set_facecolor("#fbe9e7")
             share = min(c["distinct_4gram_share"] for c in loops)
-            ax.set_title(f"{wl}: DEGENERATE continuation (distinct 4-grams {share:.2f}), not a headline", fontsize=9)
+            ax.set_title(f"{wl}: DEGENERATE continuation (distinct 4-grams {share:.3f}), not a headline", fontsize=9)
         else:
             ax.set_title(wl)
         ax.set_xlabel("draft length k")

@@ -64,6 +64,7 @@ class RealContextCell:
     acceptance_by_position: tuple[float, ...]
     attempts_by_position: tuple[int, ...]
     mean_draft_length: float
+    tokens_per_round_by_text: tuple[float, ...]  # the same figure per text, in ``texts`` order
 
     @property
     def key(self) -> str:
@@ -73,6 +74,7 @@ class RealContextCell:
         data: dict[str, object] = attrs.asdict(self)
         data["acceptance_by_position"] = list(self.acceptance_by_position)
         data["attempts_by_position"] = list(self.attempts_by_position)
+        data["tokens_per_round_by_text"] = list(self.tokens_per_round_by_text)
         data["key"] = self.key
         return data
 
@@ -159,7 +161,9 @@ def measure_real_contexts(
         accepted_total = 0
         draft_total = 0
         count = 0
+        by_text: list[float] = []
         for text, cont in zip(texts, conts):
+            text_accepted = 0
             reset = getattr(drafter, "reset", None)
             if callable(reset):
                 reset()
@@ -177,7 +181,9 @@ def measure_real_contexts(
                     accepts[i] += 1
                     accepted += 1
                 accepted_total += accepted
+                text_accepted += accepted
                 count += 1
+            by_text.append((text_accepted + len(text.positions)) / len(text.positions) if text.positions else 0.0)
         cells.append(
             RealContextCell(
                 target=target_spec,
@@ -188,6 +194,7 @@ def measure_real_contexts(
                 acceptance_by_position=tuple(a / n if n else 0.0 for a, n in zip(accepts, attempts)),
                 attempts_by_position=tuple(attempts),
                 mean_draft_length=draft_total / count if count else 0.0,
+                tokens_per_round_by_text=tuple(by_text),
             )
         )
         tick(f"real contexts: {name}")
