@@ -6,6 +6,9 @@ It sends a valid handshake (unless MODE is about the handshake), answers ``reset
 - ``ok``: a trivial correct engine (greedy = repeat the last prompt token; k = 0);
 - ``invalid-json``, ``schema-violation``, ``unexpected-message``, ``wrong-id``,
   ``exit-mid-generation``, ``hang``: what the name says, after one valid round record;
+- ``noise``: a debug print on stdout after the round record (not JSON);
+- ``segv``: killed by SIGSEGV mid-request (``exit-mid-generation`` exits with status 139 instead);
+- ``no-state``: advertises ``state`` but sends no state message;
 - ``error``: answers every generate with an ``error`` message (and stays usable);
 - ``hello-invalid``, ``hello-hang``, ``hello-exit``: the handshake itself is broken.
 """
@@ -13,6 +16,8 @@ It sends a valid handshake (unless MODE is about the handshake), answers ``reset
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 
@@ -27,6 +32,8 @@ HELLO = {
     "rollback": "replay",
     "capabilities": ["greedy"],
 }
+if MODE == "no-state":
+    HELLO["capabilities"] = ["greedy", "state"]
 
 
 def send(message: object) -> None:
@@ -82,6 +89,10 @@ def main() -> None:
             sys.exit(139)
         elif MODE == "hang":
             time.sleep(3600)
+        elif MODE == "noise":
+            send("debug: round 0 done, 3 tokens in the cache")
+        elif MODE == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
         else:
             send({"type": "final", "id": rid, "tokens": tokens, "stop_reason": "max_new_tokens"})
 

@@ -414,6 +414,32 @@ def test_cli_native_spec_and_export(native: tuple[Path, Path], tmp_path: Path) -
         assert len(list(f.keys())) == len(reference().weights)
 
 
+def test_traffic_and_protocol_overhead_are_reported(
+    start: Callable[..., ExecEngine], native: tuple[Path, Path]
+) -> None:
+    with start() as engine:
+        engine.drafter = NgramDrafter()
+        gen = engine.generate([1, 2, 3, 1, 2, 3], 12)
+        summary = engine.wire_summary()
+        assert summary["generations"] == 1 and summary["rounds"] == len(gen.steps or ())
+        assert summary["state"] == "full arrays"
+        assert isinstance(summary["bytes_received"], int) and summary["bytes_received"] > 1000  # state dumps
+        overhead = summary["overhead_us_per_round"]
+        assert isinstance(overhead, float) and 0 < overhead < 1e6
+        assert set(engine.last_drafts_sent) <= set(range(len(gen.steps or ())))
+    binary, weights = native
+    spec = "exec:" + shlex.join([str(binary), "--weights", str(weights)])
+    done = subprocess.run(
+        [sys.executable, "-m", "specproof", "generate", "--engine", spec, "--ids", "1,2,3,1,2,3", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["engine_elapsed_us"] > 0 and out["protocol_overhead_us_per_round"] is not None
+
+
 # --------------------------------------------------------------------------- certify over the wire
 
 # Each planted bug and the invariant `specproof certify` must fail it on (quick profile).
@@ -456,6 +482,7 @@ def test_certify_passes_the_correct_engine(native: tuple[Path, Path], rollback: 
     done = certify(native, "--rollback", rollback)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "verdict: PASS" in done.stdout
+    assert "specproof-native-engine." in done.stdout  # checks named by the handshake's engine name
 
 
 # --------------------------------------------------------------------------- the build

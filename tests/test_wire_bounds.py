@@ -207,6 +207,8 @@ def test_a_1m_context_engine_is_certified_at_the_profile_capacity(tmp_path: Path
     entry = json.loads(report.read_text())["subjects"]["engines"][0]
     assert entry["capacity"] == {"max_context": 1 << 20, "tested": 4096}
     assert any("capacity tested: contexts up to 4096 tokens" in n and "NOT exercised" in n for n in entry["notes"])
+    assert entry["wire"]["generations"] > 0 and entry["wire"]["bytes_received"] > 0  # traffic on the certificate
+    assert entry["case"] == "hostile-ok-1m-drafts"  # named by the handshake, not the executable
     assert seconds < 60 and rss < 1 << 30
     # --max-context sets it; a capacity at or above max_context adds no note
     rc, out, _, _ = _certify(
@@ -297,3 +299,10 @@ def test_max_context_option_is_validated_before_anything_starts(value: object, w
 
     with pytest.raises(UsageError, match=f"--max-context must be {what}"):
         Plan.create("engine", engine="exec:/nonexistent/engine", max_context=value)  # type: ignore[arg-type]
+
+
+def test_an_honest_engine_without_suite_drafts_passes_on_its_own_drafts(tmp_path: Path) -> None:
+    spec = "exec:" + shlex.join([sys.executable, str(HOSTILE), "ok"])
+    rc, out, _, _ = _certify(["engine", "--engine", spec, "--profile", "quick"])
+    assert rc == 0, out[-3000:]
+    assert "does not take drafts from the suite" not in out

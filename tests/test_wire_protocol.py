@@ -181,6 +181,8 @@ def test_fake_engine_ok_handshake_and_requests() -> None:
         ("wrong-id", "answers request #101, not #1"),
         ("exit-mid-generation", "exited with status 139"),
         ("hang", "timed out after 1.5 s: no message"),
+        ("noise", "invalid JSON (Expecting value at column 1)"),
+        ("segv", "the engine was killed by signal 11 (SIGSEGV)"),
     ],
 )
 def test_misbehaving_engine_gives_a_clear_error_within_the_timeout(mode: str, what: str) -> None:
@@ -194,8 +196,9 @@ def test_misbehaving_engine_gives_a_clear_error_within_the_timeout(mode: str, wh
     assert FAKE.name in text  # the engine command
     assert "request generate #1 (prompt of 2 tokens [3, 4], max_new_tokens=2)" in text
     last = text.split("Last message received:")[1]  # the offending message, or the valid round before it
-    assert '"type": "round"' in last or mode in ("schema-violation", "unexpected-message", "wrong-id")
-    assert '"type"' in last
+    assert '"type": "round"' in last or mode in ("schema-violation", "unexpected-message", "wrong-id", "noise")
+    assert '"type"' in last or mode == "noise"
+    assert "engine fake (exec:" in text  # named by the handshake's name, then how it was reached
     assert "fake engine starting in mode" in text  # the stderr tail
     assert "fake engine starting" in info.value.stderr_tail
     # the next request restarts the engine (a new process) and gets its own verdict
@@ -287,3 +290,20 @@ def test_schemas_are_json_files_with_ids() -> None:
         assert schema["properties"]["type"] == {"const": name}
         names.add(json.dumps(schema["required"]))
     assert names
+
+
+def test_state_advertised_but_not_sent_is_a_clear_failure() -> None:
+    with fake("no-state") as engine:
+        assert engine.send_state
+        with pytest.raises(EngineProtocolError, match=r"asked for the state .* sent 0 for 1 rounds"):
+            engine.generate([3, 4], 1)
+    # the twin: the same engine asked for no state is fine
+    with ExecEngine([sys.executable, str(FAKE), "no-state"], timeout=5.0, state=False) as quiet:
+        assert quiet.generate([3, 4], 1).tokens == (4,)
+
+
+def test_without_suite_drafts_the_engine_has_no_drafter_attribute() -> None:
+    # the suite then judges it on its own drafts instead of failing every check
+    with fake("ok") as engine:
+        assert not hasattr(engine, "drafter")
+        assert engine.generate([3, 4], 1).tokens == (4,)

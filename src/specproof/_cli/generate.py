@@ -224,6 +224,8 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
     from specproof.engine import greedy_decode, resolve_plugin
 
     engine: Any = resolve_plugin(args.engine, kind="engine")
+    if getattr(engine, "send_state", False):
+        engine.send_state = False  # a wire engine's state dumps are for certify; generate reads none
     try:
         oracle = getattr(engine, "oracle", None) or getattr(engine, "target", None)
         encoder = oracle if oracle is not None else make_target(args.target, seed=args.seed)
@@ -241,6 +243,14 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
             "rounds": [s.to_json() for s in steps],
             "seconds": seconds,
         }
+        elapsed = getattr(engine, "last_elapsed_us", None)
+        if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool):
+            # a wire engine: its own time (final.elapsed_us) and the protocol's per round (docs/protocol.md)
+            wall_us = float(getattr(engine, "last_wall_us", seconds * 1e6))
+            summary["engine_elapsed_us"] = float(elapsed)
+            summary["protocol_overhead_us_per_round"] = (
+                round((wall_us - float(elapsed)) / len(steps), 1) if steps else None
+            )
         equal = True
         if args.compare_greedy:
             greedy_fn = getattr(engine, "greedy", None)
@@ -276,6 +286,11 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
     console.print(
         f"{len(gen.tokens)} tokens (stop: {gen.stop_reason}) in {rounds} rounds, {per_round} tokens per round, "
         f"{seconds * 1e3:.1f} ms"
+        + (
+            f"; protocol overhead {summary['protocol_overhead_us_per_round']} µs per round"
+            if summary.get("protocol_overhead_us_per_round") is not None
+            else ""
+        )
         + ("" if not args.compare_greedy else f"; equal to greedy: {'yes' if equal else 'NO'}"),
         markup=False,
     )

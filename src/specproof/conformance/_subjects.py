@@ -210,8 +210,14 @@ def _settable(obj: object, name: str) -> bool:
     return True
 
 
-def _case_id(spec: str) -> str:
-    """A short id for an engine spec (the pytest id and report row): the attribute, the program, the address."""
+def _case_id(spec: str, engine: object = None) -> str:
+    """A short id for an engine (the pytest id and report row): the name an engine declares
+    (``engine_name``, a wire engine's handshake name), else the attribute, the program, the address."""
+    declared = getattr(engine, "engine_name", None)
+    if isinstance(declared, str) and declared.strip():
+        import re
+
+        return re.sub(r"[^\w.+-]+", "-", declared.strip())
     kind, _, rest = spec.partition(":")
     if kind == "exec":
         import os
@@ -273,7 +279,7 @@ def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float |
         engine if hasattr(engine, "tie_tolerance") else model, tie_tolerance=tie_tolerance, atol=atol
     )
     return EngineCase(
-        id=_case_id(spec),
+        id=_case_id(spec, engine),
         kind="plugin",
         name=component_name(engine),
         rollback=getattr(engine, "rollback", None),

@@ -127,6 +127,8 @@ def build_report(cert: Certification) -> dict[str, Any]:
             "notes": list(c.notes),
             # the capacity the examples reached up to, beside the one the engine declares
             "capacity": {"max_context": c.max_context, "tested": c.capacity},
+            # a wire engine's traffic and protocol overhead per round (docs/protocol.md)
+            **({"wire": c.engine.wire_summary()} if callable(getattr(c.engine, "wire_summary", None)) else {}),
             "tie_tolerance": c.tie_tolerance,
             "atol": c.atol,
         }
@@ -172,6 +174,14 @@ def render_markdown(report: dict[str, Any]) -> str:
     for e in subj.get("engines", []):
         lines.append(f"- engine case `{e['case']}`: {e['name']} ({e['kind']})")
         lines += [f"  - note: {n}" for n in e.get("notes") or ()]
+        if e.get("wire"):
+            w = e["wire"]
+            lines.append(
+                f"  - wire: {w['generations']} generations, {w['rounds']} rounds, {w['bytes_received']:,} bytes "
+                f"received, {w['bytes_sent']:,} sent (state: {w['state']}); protocol overhead per round: "
+                + ("n/a (no elapsed_us)" if w["overhead_us_per_round"] is None else f"{w['overhead_us_per_round']} µs")
+                + (f"; {w['restarts']} restarts after {w['faults']} faults" if w["faults"] else "")
+            )
     for u in subj.get("used") or ():
         lines.append(f"- used, not certified: {u}")
     seed = "derandomized" if report.get("derandomized") else f"seed {report.get('seed')}"

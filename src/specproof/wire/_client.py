@@ -361,6 +361,21 @@ class WireEngine:
         self._broken: str | None = None
         self._last = "(nothing yet)"
         self._next_id = 1
+        #: what went over the wire (see ``wire_summary()``)
+        self.traffic: dict[str, float] = dict.fromkeys(
+            (
+                "bytes_received",
+                "bytes_sent",
+                "messages_received",
+                "generations",
+                "rounds",
+                "timed_rounds",
+                "wall_us",
+                "engine_us",
+                "drafter_us",
+            ),
+            0,
+        )
         _LIVE.add(self)
         self._transport = connect(HANDSHAKE_LINE_BYTES if max_line_bytes is None else int(max_line_bytes))
         self.spec = self._transport.describe
@@ -385,6 +400,8 @@ class WireEngine:
         #: the engine's own time for the last generate (``final.elapsed_us``) and its prefill part
         self.last_elapsed_us: float | None = None
         self.last_prefill_us: float | None = None
+        #: the draft the suite sent for each round of the last generate (round -> tokens)
+        self.last_drafts_sent: dict[int, list[int]] = {}
         self.oracle: Target | None = None
         if self.model is not None:
             try:
@@ -475,8 +492,10 @@ class WireEngine:
             raise EngineProtocolError(f"engine {self.label}: {request}: the engine was closed")
         if self._broken is not None:
             self._restart(request)
+        line = json.dumps(message, separators=(",", ":"))
+        self.traffic["bytes_sent"] += len(line) + 1
         try:
-            self._transport.send(json.dumps(message, separators=(",", ":")))
+            self._transport.send(line)
         except EngineProtocolError as exc:
             self._fault(str(exc), request)
 
@@ -496,6 +515,8 @@ class WireEngine:
         if line is None:
             self._fault(f"{self._transport.exit_note()} before sending {want}", request)
         self._last = line
+        self.traffic["bytes_received"] += len(line) + 1
+        self.traffic["messages_received"] += 1
         try:
             message = parse_line(line)
         except ValueError as exc:
@@ -521,6 +542,27 @@ class WireEngine:
     def _check_id(self, message: dict[str, Any], rid: int, request: str) -> None:
         if message.get("id") != rid and not (message["type"] == "error" and message.get("id") is None):
             self._fault(f"the message answers request #{message.get('id')}, not #{rid}", request)
+
+    def wire_summary(self) -> dict[str, object]:
+        """Traffic and protocol overhead so far (the certificate shows it; docs/protocol.md).
+
+        ``overhead_us_per_round``: the client's wall time of the generations minus the engine's
+        own ``elapsed_us`` and the suite's drafter time, per round (None without ``elapsed_us``).
+        """
+        t = self.traffic
+        rounds = int(t["timed_rounds"])
+        overhead = (t["wall_us"] - t["engine_us"] - t["drafter_us"]) / rounds if rounds else None
+        return {
+            "bytes_received": int(t["bytes_received"]),
+            "bytes_sent": int(t["bytes_sent"]),
+            "messages_received": int(t["messages_received"]),
+            "generations": int(t["generations"]),
+            "rounds": int(t["rounds"]),
+            "overhead_us_per_round": None if overhead is None else round(overhead, 1),
+            "state": "full arrays" if self.send_state else "none",
+            "restarts": self.restarts,
+            "faults": len(self.faults),
+        }
 
     # ----------------------------------------------------------------- requests
 
@@ -553,6 +595,9 @@ class WireEngine:
         )
         ctx = list(tokens)
         steps: list[Step] = []
+        states = 0
+        drafter_us = 0.0  # the suite's drafter: neither the engine's time nor the protocol's
+        self.last_drafts_sent = {}
         started = time.perf_counter()
         # every round emits a token: at most a state, a propose and a round per round, a state at the end
         budget = 3 * (max(0, int(max_new_tokens)) + 1) + 2
@@ -581,20 +626,37 @@ class WireEngine:
             elif kind == "state":
                 if not self.send_state:
                     self._fault("a state message, but the request asked for none", request)
+                states += 1
                 try:
                     self.target.update(msg)
                 except EngineProtocolError as exc:
                     self._fault(str(exc), request)
             elif kind == "propose":
+                t = time.perf_counter()
                 self._answer_propose(msg, drafter, ctx, rid, request)
+                drafter_us += (time.perf_counter() - t) * 1e6
             elif kind == "error":
                 raise EngineRequestError(
                     f"engine {self.label}, {request}: the engine answered with an error: {msg['message']}"
                 )
             else:
+                if self.send_state and states != len(steps) + 1:
+                    self._fault(
+                        f"the request asked for the state (capability 'state': one state message before every "
+                        f"round and one after the last), but the engine sent {states} for {len(steps)} rounds "
+                        "(docs/protocol.md, state)",
+                        request,
+                    )
                 self.last_elapsed_us = msg.get("elapsed_us")
                 self.last_prefill_us = msg.get("prefill_us")
                 self.last_wall_us = (time.perf_counter() - started) * 1e6
+                self.traffic["generations"] += 1
+                self.traffic["rounds"] += len(steps)
+                if self.last_elapsed_us is not None and steps:
+                    self.traffic["timed_rounds"] += len(steps)
+                    self.traffic["wall_us"] += self.last_wall_us
+                    self.traffic["engine_us"] += float(self.last_elapsed_us)
+                    self.traffic["drafter_us"] += drafter_us
                 stats = msg.get("stats")
                 return Generation(
                     tokens=msg["tokens"],
@@ -636,6 +698,7 @@ class WireEngine:
                         break
             raise
         self._send({"type": "draft", "id": rid, "round": msg["round"], "tokens": draft}, request)
+        self.last_drafts_sent[int(msg["round"])] = draft
 
     def _greedy(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> list[int]:
         """Plain greedy decoding by the engine (capability ``greedy``)."""
