@@ -154,3 +154,29 @@ def test_real_context_texts_are_held_out_deterministic_and_validated(tmp_path):
         real_context_texts(files=1, text_tokens=512, stride=64, min_prefix=600)
     with pytest.raises(InvalidSettingError, match="stride must be"):
         real_context_texts(files=1, text_tokens=512, stride=0, min_prefix=64)
+
+
+def test_a_python_without_its_test_suite_skips_real_contexts_with_the_reason(tmp_path, monkeypatch):
+    from specproof.bench import BenchConfig, _real, real_context_lines, run_bench
+
+    monkeypatch.setattr(_real, "_stdlib_root", lambda: str(tmp_path))
+    config = BenchConfig(
+        mode="quick",
+        companions=(),
+        workloads=("free-text",),
+        rollbacks=("checkpoint",),
+        prompt_chars=200,
+        chunk_tokens=4,
+        chunks=2,
+        verify_reps=1,
+        drafter_contexts=(64, 128),
+        drafter_reps=2,
+        drafters=("ngram",),
+        optional_drafters=False,
+        real_files=1,
+        peers=False,
+    )
+    data = run_bench(config).to_json()
+    assert data["real_contexts"]["status"] == "skip" and "no test suite" in data["real_contexts"]["reason"]
+    assert real_context_lines(data) == [f"real contexts: not measured ({data['real_contexts']['reason']})"]
+    assert len(data["drafter_cells"]) == 1  # the rest was measured

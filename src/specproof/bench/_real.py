@@ -26,7 +26,7 @@ import inspect
 import os
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Final
 
 import attrs
 import numpy as np
@@ -199,7 +199,3 @@ def measure_real_contexts(
         )
         tick(f"real contexts: {name}")
     return cells
-
-
-def real_context_summary(texts: Sequence[RealContextText], cells: Sequence[RealContextCell]) -> dict[str, Any]:
-    return {"texts": [t.to_json() for t in texts], "cells": [c.to_json() for c in cells]}
