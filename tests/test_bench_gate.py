@@ -1,8 +1,11 @@
 """The speed gate: it passes an unchanged run and catches planted regressions.
 
-Gate logic is checked on synthetic result records (exact, instant); then small real
-bench runs prove the end-to-end path: an unchanged rerun passes, an engine that does
-an extra target forward every round and a drafter that is slowed down both fail.
+Gate logic is checked on synthetic result records (exact, instant); then real bench runs
+(the four workloads, checkpoint rollback, --quick-sized chunks) prove the end-to-end path
+with the injectors of ``specproof.bench._inject``: an unchanged rerun passes, an extra
+target forward per round fails on the counts, and a round made 15 % slower (in the
+proposal or in the verify) fails on the pooled CPU-time ratio. docs/bench.md has the
+sensitivity table from ``benchmarks/gate_sensitivity.py``.
 """
 
 from __future__ import annotations
