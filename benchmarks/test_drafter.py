@@ -44,6 +44,26 @@ def test_propose(benchmark, context):
     benchmark.pedantic(drafter.propose, setup=setup, rounds=ROUNDS, iterations=1)
 
 
+@pytest.mark.parametrize("context", [1024, 65536])
+def test_propose_on_a_loop(benchmark, context):
+    """A context ending in a long period-3 loop: every proposal extends the match by its period (O(k))."""
+    drafter = NgramDrafter()
+    loop = [101, 102, 103]
+    buf = (loop * (context // 3 + 1))[:context]
+    view = ContextView(buf)
+    drafter.propose(view, 4)  # index once, untimed
+
+    def setup():  # type: ignore[no-untyped-def]
+        buf.extend(loop)
+        return (view, 4), {}
+
+    benchmark.group = "drafter-propose"
+    benchmark.name = f"ngram on a loop @ {context // 1024}K"
+    benchmark.extra_info.update({"context": context, "append": 3, "k": 4})
+    benchmark.pedantic(drafter.propose, setup=setup, rounds=ROUNDS, iterations=1)
+    assert len(drafter.propose(view, 4)) == 4
+
+
 @pytest.mark.parametrize("spec", ["model:trained-small", "combined:trained-small"])
 def test_model_drafter_propose(benchmark, spec):
     """A draft-model proposal along a decoding: the draft model catches up on the accepted tokens in one
