@@ -73,6 +73,7 @@ EXPECTED = {
     "model_drafter_kv_only_rollback": ("drafter", "drafter.deterministic"),
     "model_drafter_kv_only_rollback_gdn": ("drafter", "drafter.deterministic"),
     "model_drafter_reset_keeps_state": ("drafter", "drafter.deterministic"),
+    "prompt_only_lookup": ("drafter", "drafter.deterministic"),
     "head_keeps_chain": ("drafter", "drafter.features"),
     "feature_from_rejected": ("engine", "engine.features"),
     "features_shifted": ("engine", "engine.features"),

@@ -160,7 +160,8 @@ class DecodeSession:
         self._features = FeatureStore(layers) if layers is not None else None
         target.reset()
         reset = getattr(decoder.drafter, "reset", None)
-        if callable(reset):
+        # a drafter that learns across calls (history_dependent) keeps its session: reset() would forget it
+        if callable(reset) and getattr(decoder.drafter, "history_dependent", False) is not True:
             reset()
         self._feed(self._ctx[:-1], what="prefill")
 

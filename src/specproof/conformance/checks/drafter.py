@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from numbers import Integral
 
+import attrs
 import numpy as np
 
 from specproof.contract import Violation
@@ -188,6 +189,9 @@ def check_deterministic(
     def k_at(length: int) -> int:
         return int(ks[length % len(ks)])
 
+    if getattr(make(), "history_dependent", False) is True:
+        return _check_history_dependent(make, context, other, k_at)
+
     every = list(range(1, n + 1))
     sparse = [p for p in every if p == n or (p - 1 < len(called) and called[p - 1])]
     step = max(1, len(sparse) // max_compared)
@@ -215,6 +219,8 @@ def check_deterministic(
         out = first_difference(
             _walk(make(), context, sparse, k_at), "called at only some positions, it proposed differently"
         )
+    if out:
+        out = [attrs.evolve(v, explanation=v.explanation + HOW_TO_DECLARE) for v in out]
     if not out and other:
         reused = make()
         _walk(reused, other, list(range(1, len(other) + 1)), k_at)
@@ -226,6 +232,63 @@ def check_deterministic(
             why = "after an unrelated generation (it has no reset()), it proposed differently"
         out = first_difference(_walk(reused, context, every, k_at), why)
     return out, len(compared) * (4 if other else 3)
+
+
+HOW_TO_DECLARE = (
+    "; a drafter whose drafts depend on earlier calls by design (one that learns across calls or requests) "
+    "declares it with the class attribute history_dependent = True (docs/contract.md, 'Drafters that learn "
+    "across calls'), and is then held to the same call sequence giving the same drafts"
+)
+
+
+def _check_history_dependent(
+    make: Callable[[], Drafter], context: Sequence[int], other: Sequence[int], k_at: Callable[[int], int]
+) -> tuple[list[Violation], int]:
+    """``drafter.deterministic`` for a declared ``history_dependent`` drafter.
+
+    Its drafts may depend on every earlier call, so the answer is no longer a fresh drafter's;
+    instead (1) replaying the recorded call sequence (an unrelated context walked, then the
+    context) on a fresh drafter gives the same drafts, call for call, and (2) after ``reset()``
+    it proposes exactly what a fresh drafter does along the same calls.
+    """
+    every = list(range(1, len(context) + 1))
+    first = make()
+    recorded = [("other", d) for d in _walk(first, other, list(range(1, len(other) + 1)), k_at).items()]
+    recorded += [("context", d) for d in _walk(first, context, every, k_at).items()]
+    replay = make()
+    replayed = [("other", d) for d in _walk(replay, other, list(range(1, len(other) + 1)), k_at).items()]
+    replayed += [("context", d) for d in _walk(replay, context, every, k_at).items()]
+    for (which, (length, got)), (_, (_, want)) in zip(replayed, recorded, strict=True):
+        if got != want:
+            source = other if which == "other" else context
+            return [
+                Violation(
+                    invariant="drafter.deterministic",
+                    explanation="a history-dependent drafter replayed the same call sequence on a fresh instance and "
+                    f"proposed differently at call on the {which} prefix of length {length} (not replayable)",
+                    expected=want,
+                    actual=got,
+                    example=_example(source[:length], k_at(length)),
+                )
+            ], len(recorded)
+    reset = getattr(first, "reset", None)
+    if callable(reset):
+        reset()
+        after = _walk(first, context, every, k_at)
+        fresh = _walk(make(), context, every, k_at)
+        for length in every:
+            if after[length] != fresh[length]:
+                return [
+                    Violation(
+                        invariant="drafter.deterministic",
+                        explanation="after reset() a history-dependent drafter proposed differently than a fresh one "
+                        f"along the same calls, at context length {length} (reset() must start a new session)",
+                        expected=fresh[length],
+                        actual=after[length],
+                        example=_example(context[:length], k_at(length)),
+                    )
+                ], len(recorded) + length
+    return [], len(recorded) + (len(every) if callable(reset) else 0)
 
 
 def check_no_mutation(drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:

@@ -64,6 +64,7 @@ from specproof.conformance.zoo._feature_drafters import (
     HeadRecomputesFeatures,
     head_drafter,
 )
+from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
     DraftNoRollback,
@@ -96,6 +97,7 @@ from specproof.conformance.zoo._targets import (
     ZooTarget,
     small_reference,
 )
+from specproof.engine.drafters.suffix import SuffixDrafter
 
 __all__ = [
     "CONTROLS",
@@ -354,6 +356,20 @@ def feature_head_recomputes() -> HeadDrafter:
     return head_drafter(HeadRecomputesFeatures)
 
 
+def prompt_only_lookup() -> PromptOnlyLookup:
+    return PromptOnlyLookup()
+
+
+def declared_prompt_only_lookup() -> DeclaredPromptOnlyLookup:
+    """Correct: a prompt-only lookup that declares history_dependent = True."""
+    return DeclaredPromptOnlyLookup()
+
+
+def suffix_drafter() -> SuffixDrafter:
+    """Correct: the shipped suffix drafter (learns across requests; declared)."""
+    return SuffixDrafter()
+
+
 def feature_engine() -> FeatureZooEngine:
     """Correct: the feature engines' control (SpecDecoder and feature glue that changes nothing)."""
     return FeatureZooEngine()
@@ -509,6 +525,7 @@ ZOO: dict[str, ZooMember] = {
         _member("model_drafter_kv_only_rollback_gdn", "drafter", DraftKVOnlyRollback, "drafter.deterministic"),
         _member("model_drafter_reset_keeps_state", "drafter", DraftResetKeepsModel, "drafter.deterministic"),
         _member("snapshot_only_last_call", "engine", SnapshotOnlyLastCall, "engine.session"),
+        _member("prompt_only_lookup", "drafter", PromptOnlyLookup, "drafter.deterministic"),
         _member("head_keeps_chain", "drafter", HeadKeepsChain, "drafter.features", also=("drafter.deterministic",)),
         _member("feature_from_rejected", "engine", FeatureFromRejected, "engine.features"),
         _member("features_shifted", "engine", FeaturesShifted, "engine.features"),
@@ -543,6 +560,8 @@ CORRECT_DRAFTERS: dict[str, str] = {
         "feature_head_drafter",
         "feature_head_replay",
         "feature_head_recomputes",
+        "declared_prompt_only_lookup",
+        "suffix_drafter",
     )
 }
 """Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""

@@ -13,10 +13,12 @@ Drafter specs (``--drafter``):
 - ``eagle:trained`` / ``mtp:trained`` — feature heads (``HeadDrafter``: an EAGLE-3-style and an
   MTP-style head trained on the ``trained`` fixture's hidden states by ``scripts/train_heads.py``;
   docs/contract.md, "Feature drafters"); ``eagle:trained,replay`` rolls the head back by snapshot;
+- ``suffix`` / ``suffix:MIN_N,MAX_N`` — ``SuffixDrafter``: longest-suffix matching over the session's
+  earlier requests and outputs (a drafter that learns across calls: ``history_dependent``);
 - ``MODULE:ATTRIBUTE`` — any plug-in (a factory or an instance).
 
-``ngram``, ``model``, ``combined``, ``eagle`` and ``mtp`` are reserved prefixes: a plug-in module of that name
-must be spelled as a longer dotted path.
+``ngram``, ``model``, ``combined``, ``eagle``, ``mtp`` and ``suffix`` are reserved prefixes: a plug-in
+module of that name must be spelled as a longer dotted path.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from specproof.engine.drafters.combined import CombinedDrafter
 from specproof.engine.drafters.heads import FeatureHead, HeadDrafter
 from specproof.engine.drafters.model import DraftRollback, ModelDrafter
 from specproof.engine.drafters.ngram import NgramDrafter, naive_ngram_propose
+from specproof.engine.drafters.suffix import SuffixDrafter
 from specproof.engine.errors import PluginError, SpecproofError
 
 __all__ = [
@@ -40,13 +43,15 @@ __all__ = [
     "HeadDrafter",
     "ModelDrafter",
     "NgramDrafter",
+    "SuffixDrafter",
     "drafter_factory",
     "load_drafter",
     "naive_ngram_propose",
 ]
 
 DRAFTER_SPECS = (
-    "ngram[:MIN_N,MAX_N]", "model:TARGET", "combined:TARGET", "eagle:trained", "mtp:trained", "MODULE:ATTRIBUTE"
+    "ngram[:MIN_N,MAX_N]", "model:TARGET", "combined:TARGET", "eagle:trained", "mtp:trained", "suffix[:MIN_N,MAX_N]",
+    "MODULE:ATTRIBUTE",
 )
 # feature heads: prefix -> "module:function(kind, args)" (the fixtures layer builds them; imported lazily)
 _HEAD_LOADER = "specproof.fixtures._feature_heads:load_head_drafter"
@@ -103,6 +108,18 @@ def drafter_factory(spec: str) -> Callable[[], Drafter]:
             return model if prefix == "model" else CombinedDrafter(model)
 
         return make
+    if prefix == "suffix":
+        try:
+            nums = [int(p) for p in rest.split(",") if p.strip()]
+            if len(nums) not in (0, 2):
+                raise ValueError
+            kwargs = dict(zip(("min_n", "max_n"), nums, strict=False))
+            SuffixDrafter(**kwargs)
+        except ValueError:
+            raise PluginError(f"--drafter {spec!r}: expected suffix or suffix:MIN_N,MAX_N") from None
+        except SpecproofError as exc:
+            raise PluginError(f"--drafter {spec!r}: {exc}") from exc
+        return lambda: SuffixDrafter(**kwargs)
     if prefix in ("eagle", "mtp"):
         module, _, func = _HEAD_LOADER.partition(":")
         loader = getattr(importlib.import_module(module), func)
