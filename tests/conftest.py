@@ -19,3 +19,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# `specproof certify` keeps an example database under Hypothesis' directory by default: the tests'
+# CLI runs get one of their own for the session, never the user's cache.
+if "SPECPROOF_HYPOTHESIS_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["SPECPROOF_HYPOTHESIS_DIR"] = os.path.join(tempfile.mkdtemp(prefix="specproof-tests-"), "hypothesis")

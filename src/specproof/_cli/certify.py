@@ -77,10 +77,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="Hypothesis' storage directory (default $SPECPROOF_HYPOTHESIS_DIR, else ~/.cache/specproof/hypothesis); "
         "never .hypothesis/ in the working directory",
     )
+    add_db_option(p)
     p.set_defaults(func=run)
 
 
 def _hypothesis_dir(arg: str | None) -> Path:
+    from specproof.conformance._database import hypothesis_home
     from specproof.contract import UsageError
 
     chosen = arg or os.environ.get("SPECPROOF_HYPOTHESIS_DIR")
@@ -89,8 +91,25 @@ def _hypothesis_dir(arg: str | None) -> Path:
         if not path.parent.is_dir():
             raise UsageError(f"--hypothesis-dir {chosen!r}: the directory {str(path.parent)!r} does not exist")
         return path
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "specproof" / "hypothesis"
+    return hypothesis_home()
+
+
+def add_db_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH|redis://HOST:PORT/N|none",
+        help="the example database failures are saved in and replayed from first (default: examples/ in the "
+        "--hypothesis-dir); redis://HOST:PORT/N shares one across machines (kept beside the local directory); "
+        "none remembers nothing",
+    )
+
+
+def open_db(args: argparse.Namespace, storage: Path) -> Any:
+    """``--db`` opened (a UsageError before any work when it is bad or unreachable)."""
+    from specproof.conformance._database import default_examples_dir, open_database
+
+    return open_database(args.db, default_dir=default_examples_dir(storage))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         if path:
             check_output_path(path, option=option)
     storage = _hypothesis_dir(args.hypothesis_dir)
+    database = open_db(args, storage)
     plan = Plan.create(
         args.subject,
         drafter=args.drafter,
@@ -130,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         replay_session=args.replay_session,
         storage=str(storage.parent),
         max_context=args.max_context,
+        database=database,
     )
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:
@@ -157,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         _print_table(console, report)
     if report.get("pytest_output"):
         console.print(report["pytest_output"], markup=False)
+    print_database(console, report)
     return EXIT_CODES.get(report["verdict"], 1)
 
 
@@ -193,6 +215,23 @@ def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) ->
             progress.update(task, advance=1, description=result.nodeid)
 
         return certify(plan, on_start=start, on_result=finished)[1]  # type: ignore[no-any-return]
+
+
+def print_database(console: Any, report: dict[str, Any]) -> None:
+    """What the example database replayed, and its warnings (corrupted entries, a server gone)."""
+    db = report.get("database")
+    if not db:
+        return
+    replayed = sum(db["replayed"].values())
+    if replayed:
+        console.print(
+            f"example database {db['spec']}: {replayed} saved failing example(s) replayed "
+            f"({', '.join(sorted(db['replayed']))})",
+            markup=False,
+            soft_wrap=True,
+        )
+    for warning in db["warnings"]:
+        console.print(f"warning: example database: {warning}", markup=False, soft_wrap=True)
 
 
 def _print_table(console: Any, report: dict[str, Any]) -> None:

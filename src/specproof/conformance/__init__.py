@@ -53,12 +53,17 @@ def certify(
     tie_tolerance: float | None = None,
     atol: float | None = None,
     only: tuple[str, ...] = (),
+    db: str | None = None,
 ) -> dict[str, Any]:
     """Certify plug-ins given as specs (as ``specproof certify`` does); returns the report dict.
 
     Options are validated before anything runs: a bad one raises ``specproof.contract.UsageError``.
+    ``db`` is an example database (a directory, or ``redis://HOST:PORT/N`` beside the default
+    directory) that failures are saved in and replayed from first; here the default is none
+    (the CLI's default is a directory under the cache).
     """
     from specproof.conformance._certifying import Plan
+    from specproof.conformance._database import default_examples_dir, open_database
     from specproof.conformance._runner import certify as run
 
     plan = Plan.create(
@@ -71,6 +76,7 @@ def certify(
         tie_tolerance=tie_tolerance,
         atol=atol,
         only=only,
+        database=open_database(db, default_dir=default_examples_dir()) if db is not None else None,
     )
     return run(plan)[1]
 

@@ -12,15 +12,18 @@
 from __future__ import annotations
 
 import time
+import unittest
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 import hypothesis
+from hypothesis import Phase
 from hypothesis import strategies as st
 
 from specproof.conformance import _registry as registry
+from specproof.conformance._database import check_key, derandomized_seed
 from specproof.conformance._harness import PATHS, EngineRun, greedy_continuation, run_builtin, run_plugin
 from specproof.conformance._profiles import Profile, get_profile
 from specproof.conformance._results import CheckResult
@@ -46,6 +49,8 @@ class Plan:
     replay_session: str | None = None  # a specproof-session/1 file: engine.session replays it instead of searching
     max_context: int | None = None  # --max-context: the capacity an engine is tested at (default: the profile's)
     storage: str | None = None  # where a failing session's history is saved (default ~/.cache/specproof)
+    # the example database (an ExampleStore, _database.py): failures are saved and replayed first
+    database: Any = attrs.field(default=None, eq=False)
 
     @classmethod
     def create(
@@ -63,6 +68,7 @@ class Plan:
         replay_session: str | None = None,
         storage: str | None = None,
         max_context: int | None = None,
+        database: Any = None,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -116,6 +122,7 @@ class Plan:
             replay_session=replay_session,
             storage=storage,
             max_context=max_context,
+            database=database,
         )
 
 
@@ -181,6 +188,7 @@ class Certification:
         self.started = time.perf_counter()
         self.interrupted = False
         self._searches: dict[int, _CaseSearch] = {}
+        self._sink: list[EngineRun] | None = None  # the runs a database replay draws
         self.session_files: dict[str, str] = {}  # case id -> the saved history of its failing session
 
     # ---- what runs ---------------------------------------------------------------------
@@ -254,11 +262,41 @@ class Certification:
             result.reproduce = self.reproduce_command(result)
         return result
 
-    def _settings(self, fn: Any, *, max_examples: int | None = None) -> Any:
-        fn = self.plan.profile.hypothesis_settings(seed=self.plan.seed, max_examples=max_examples)(fn)
-        if self.plan.seed is not None:
-            fn = hypothesis.seed(self.plan.seed)(fn)
-        return fn
+    def _settings(
+        self, fn: Any, *, max_examples: int | None = None, item: CheckItem | None = None, phases: Any = None
+    ) -> Any:
+        """Profile settings; with a database, the check's own namespace and Phase.reuse first."""
+        database = self._view(item)
+        settings = self.plan.profile.hypothesis_settings(
+            seed=self.plan.seed, max_examples=max_examples, database=database
+        )
+        if phases is not None:
+            settings = hypothesis.settings(settings, phases=phases)
+        seed = self.plan.seed
+        if seed is None and database is not None:
+            seed = derandomized_seed(fn)  # what derandomize=True would draw; it cannot be combined with a database
+        if seed is not None:
+            fn = hypothesis.seed(seed)(fn)  # (@seed sets database=None: the settings go on after it)
+        return settings(fn)
+
+    def _key(self, item: CheckItem) -> str | None:
+        """The example-database namespace of a check: subjects, invariant, tolerances and profile."""
+        if self.plan.database is None:
+            return None
+        case = item.engine
+        return check_key(
+            invariant=item.invariant.id,
+            case=item.case_id,
+            specs={k: self.plan.specs.get(k) for k in ("drafter", "target", "engine")},
+            tolerances=[self.plan.tie_tolerance, self.plan.atol],
+            case_tolerances=[case.tie_tolerance, case.atol] if case is not None else None,
+            profile=self.plan.profile.name,
+            max_context=self.plan.max_context,
+        )
+
+    def _view(self, item: CheckItem | None) -> Any:
+        store, key = self.plan.database, None if item is None else self._key(item)
+        return None if store is None or key is None else store.view(key, check=item.id)  # type: ignore[union-attr]
 
     def _case(self, item: CheckItem) -> Any:
         suite = self.plan.suite
@@ -290,7 +328,7 @@ class Certification:
                 raise ViolationError(outcome.violations)
 
         n = profile.capacity_examples if inv.budget == "capacity" else None
-        self._settings(search, max_examples=n)()
+        self._settings(search, max_examples=n, item=item)()
         if not result.exercised:
             result.skip(notes[0] if notes else "no example reached this check")
 
@@ -298,6 +336,12 @@ class Certification:
 
     def _draw_run(self, data: st.DataObject, case: EngineCase) -> EngineRun:
         """Draw one example for an engine case and run it (cached: the shrink searches reuse runs)."""
+        run = self._draw_one(data, case)
+        if self._sink is not None:
+            self._sink.append(run)
+        return run
+
+    def _draw_one(self, data: st.DataObject, case: EngineCase) -> EngineRun:
         profile, suite = self.plan.profile, self.plan.suite
         cap: int | None
         if case.kind == "builtin":
@@ -446,6 +490,7 @@ class Certification:
         found = self._searches[case.token] = _CaseSearch()
         start = time.perf_counter()
         try:
+            self._replay(case, found)
             for ex in self._explicit(case):
                 found.runs.append(
                     self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
@@ -462,6 +507,47 @@ class Certification:
             found.error = exc
         found.seconds = time.perf_counter() - start
         return found
+
+    def _replay(self, case: EngineCase, found: _CaseSearch) -> None:
+        """Replay the database first: each engine invariant's saved failures join the case's search.
+
+        The one search of a case never fails (it feeds every invariant), so failures are saved by
+        the per-invariant shrinking search; replaying that search's entries (Phase.reuse only)
+        brings them back into this run, derandomized or not. An entry that no longer fails is
+        dropped by Hypothesis (the bug was fixed).
+        """
+        if self.plan.database is None:
+            return
+        for item in self.checks("engine"):
+            if item.engine is not case or item.invariant.driver != "engine-case":
+                continue
+            self._sink = []
+            try:
+                self._settings(self._failing_test(item), item=item, phases=[Phase.reuse])()
+            except ViolationError:
+                self.plan.database.replayed[item.id] += 1
+            except unittest.SkipTest:
+                pass  # nothing saved for this check: Hypothesis ran no example
+            finally:
+                found.runs.extend(self._sink)
+                self._sink = None
+
+    def _failing_test(self, item: CheckItem) -> Any:
+        """The search that fails on one engine invariant only: its shrinking, and its database key.
+
+        (Its source is its identity: Hypothesis derives the derandomized seed and the database key
+        from it, so keep it as it is.)
+        """
+        case, inv = item.engine, item.invariant
+        assert case is not None and inv.check is not None
+
+        @hypothesis.given(data=st.data())
+        def shrink(data: st.DataObject) -> None:
+            outcome = inv.check(case, self._draw_run(data, case))  # type: ignore[misc]
+            if outcome.violations:
+                raise ViolationError(outcome.violations)
+
+        return shrink
 
     def _run_engine_invariant(self, item: CheckItem, result: CheckResult) -> None:
         case, inv = item.engine, item.invariant
@@ -495,14 +581,8 @@ class Certification:
         """Search again, failing on this invariant only, so Hypothesis shrinks to a minimal example."""
         case, inv = item.engine, item.invariant
         assert case is not None and inv.check is not None
-
-        @hypothesis.given(data=st.data())
-        def shrink(data: st.DataObject) -> None:
-            outcome = inv.check(case, self._draw_run(data, case))  # type: ignore[misc]
-            if outcome.violations:
-                raise ViolationError(outcome.violations)
-
-        self._settings(shrink)()  # raises the minimal failing example when the search finds one
+        # raises the minimal failing example when the search finds one (and saves it in the database)
+        self._settings(self._failing_test(item), item=item)()
         for ex in self._explicit(case):  # only an explicit example failed: it is small already
             run = self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
             if inv.check(case, run).violations:
@@ -519,9 +599,25 @@ class Certification:
 
     # ---- the state machines ------------------------------------------------------------
 
-    def _run_rollback_machine(self, item: CheckItem, result: CheckResult) -> None:
-        from hypothesis.stateful import run_state_machine_as_test
+    def _run_machine(self, factory: Any, item: CheckItem, *, shrink: bool = True) -> None:
+        """Run a state machine at the profile's settings, replaying the check's database namespace first."""
+        from hypothesis.stateful import get_state_machine_test
 
+        profile, database = self.plan.profile, self._view(item)
+        settings = profile.hypothesis_settings(
+            seed=self.plan.seed, max_examples=profile.stateful_examples, database=database
+        )
+        if not shrink:
+            settings = hypothesis.settings(settings, phases=[p for p in settings.phases if p is not Phase.shrink])
+        test = get_state_machine_test(factory, settings=settings, _flaky_state={"selecting_rule": False})
+        seed = self.plan.seed
+        if seed is None and database is not None:
+            seed = derandomized_seed(test)  # the examples derandomize=True draws, with the database replayed first
+        if seed is not None:
+            test._hypothesis_internal_use_seed = seed  # (not @seed: it would drop the database)
+        test()
+
+    def _run_rollback_machine(self, item: CheckItem, result: CheckResult) -> None:
         from specproof.strategies import RollbackMachine
 
         tsub = self.plan.suite.target
@@ -535,10 +631,8 @@ class Certification:
                 result.exercised += 1
                 super().__init__()
 
-        profile = self.plan.profile
-        settings = profile.hypothesis_settings(seed=self.plan.seed, max_examples=profile.stateful_examples)
         try:
-            run_state_machine_as_test(Counted, settings=settings)
+            self._run_machine(Counted, item)
         except (AssertionError, SpecproofError) as exc:
             if isinstance(exc, ViolationError):
                 raise
@@ -555,9 +649,6 @@ class Certification:
             ) from exc
 
     def _run_session_machine(self, item: CheckItem, result: CheckResult) -> None:
-        from hypothesis import Phase
-        from hypothesis.stateful import run_state_machine_as_test
-
         from specproof.strategies import SessionHistory, SessionMachine, replay_session, shrink_history
 
         case = item.engine
@@ -580,6 +671,7 @@ class Certification:
             if violations:
                 raise ViolationError(violations)
             return
+        self._replay_histories(item, judge, result)
         profile = self.plan.profile
         machine = SessionMachine.configure(
             **judge,  # type: ignore[arg-type]
@@ -595,12 +687,10 @@ class Certification:
                 result.exercised += 1
                 super().__init__()
 
-        settings = profile.hypothesis_settings(seed=self.plan.seed, max_examples=profile.stateful_examples)
-        # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
-        # shrink_history replays the found history on fresh engines instead (well under a second)
-        settings = hypothesis.settings(settings, phases=[p for p in settings.phases if p is not Phase.shrink])
         try:
-            run_state_machine_as_test(Counted, settings=settings)
+            # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
+            # shrink_history replays the found history on fresh engines instead (well under a second)
+            self._run_machine(Counted, item, shrink=False)
         except ViolationError as exc:
             found = next((v for v in exc.violations if "history" in v.example), None)
             if found is None:
@@ -609,11 +699,37 @@ class Certification:
             history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
             shorter = shrink_history(history, **judge)  # type: ignore[arg-type]
             violations = replay_session(shorter, **judge) or exc.violations  # type: ignore[arg-type]
-            self._save_history(shorter, case)
+            self._save_history(shorter, case, item)
             raise ViolationError(violations) from exc
 
-    def _save_history(self, history: Any, case: EngineCase) -> None:
-        """Save a failing session's request history, so the reproduce command replays exactly it."""
+    def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
+        """Replay the failing session histories the database holds for this check (before any search)."""
+        import json as _json
+
+        from specproof.strategies import SessionHistory, replay_session
+
+        view, store = self._view(item), self.plan.database
+        if view is None:
+            return
+        for raw in view.records(_HISTORIES):
+            try:
+                history = SessionHistory.from_json(_json.loads(raw), source=f"example database ({item.id})")
+            except Exception as exc:
+                store.warn(f"{item.id}: skipped a saved session history that does not load ({exc})")
+                continue
+            result.examples += 1
+            result.exercised += 1
+            violations = replay_session(history, **judge)
+            if violations:
+                store.replayed[item.id] += 1
+                assert item.engine is not None
+                self._save_history(history, item.engine, None)  # the file the reproduce line replays
+                raise ViolationError(violations)
+            view.delete(_HISTORIES, raw)  # no longer fails: the bug was fixed
+
+    def _save_history(self, history: Any, case: EngineCase, item: CheckItem | None) -> None:
+        """Save a failing session's request history, so the reproduce command replays exactly it
+        (and, with a database, in the check's namespace there, so every later run replays it)."""
         import hashlib
         import json as _json
         from pathlib import Path
@@ -623,6 +739,9 @@ class Certification:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"session-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
         history.save(path)
+        view = self._view(item) if item is not None else None
+        if view is not None:
+            view.save(_HISTORIES, text.encode())
         self.session_files[case.id] = str(path)
 
     # ---- results -----------------------------------------------------------------------
@@ -639,6 +758,9 @@ class Certification:
             parts += ["--replay-session", _quote(replay)]
         if self.plan.seed is not None:
             parts += ["--seed", str(self.plan.seed)]
+        store = self.plan.database
+        if store is not None and store.replayed.get(result.nodeid) and "--replay-session" not in parts:
+            parts += ["--db", _quote(store.spec)]  # the failure came back from the database: replay it again
         if self.plan.tie_tolerance is not None:
             parts += ["--tie-tolerance", repr(self.plan.tie_tolerance)]
         if self.plan.atol is not None:
@@ -659,6 +781,9 @@ class Certification:
                 completed += run.completed
             out[case.id] = {"generations": len(search.runs), "completed": completed, **{p: total[p] for p in PATHS}}
         return out
+
+
+_HISTORIES = b"specproof-session-histories"  # the record name of saved histories in a check's namespace
 
 
 def _quote(text: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import ExampleDatabase
 
 from specproof.engine.errors import InvalidSettingError
 
@@ -29,11 +30,15 @@ class Profile:
     # declares a larger max_context is tested at this capacity, and the certificate says so
     max_capacity: int
 
-    def hypothesis_settings(self, *, seed: int | None, max_examples: int | None = None) -> settings:
+    def hypothesis_settings(
+        self, *, seed: int | None, max_examples: int | None = None, database: ExampleDatabase | None = None
+    ) -> settings:
+        # Hypothesis' derandomize=True implies database=None; with a database the caller seeds the
+        # test with what derandomize would (the test function's digest): the same examples, plus reuse.
         return settings(
             max_examples=max_examples or self.max_examples,
-            derandomize=seed is None,
-            database=None,
+            derandomize=seed is None and database is None,
+            database=database,
             deadline=None,
             print_blob=False,
             report_multiple_bugs=False,

@@ -154,6 +154,8 @@ def build_report(cert: Certification) -> dict[str, Any]:
         "platform": platform.platform(),
         "seconds": round(time.perf_counter() - cert.started, 3),
         "path_coverage": cert.path_coverage(),
+        # the example database: where failures are saved, what was replayed from it, its warnings
+        "database": plan.database.describe() if plan.database is not None else None,
         "results": results,
     }
 

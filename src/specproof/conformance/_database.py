@@ -1,0 +1,230 @@
+"""The example database: what a run found, kept for every later run that shares it.
+
+``certify`` and ``specproof fuzz`` hand Hypothesis an example database (docs/contract.md,
+"the example database"): failing examples are saved there and replayed first
+(``Phase.reuse``) by every later run, derandomized or not. ``open_database`` turns a
+``--db`` value into an ``ExampleStore``:
+
+- a directory (the default is ``examples/`` beside Hypothesis' own files) —
+  ``DirectoryBasedExampleDatabase``;
+- ``redis://HOST:PORT/N`` — the local default directory *and* a ``RedisExampleDatabase``
+  (``MultiplexedDatabase``): what a run finds is saved locally first, so a Redis server that
+  goes away loses nothing found so far;
+- ``none`` — no database (the run remembers nothing; the reproduce line still works).
+
+Each check reads and writes its own namespace (``ExampleStore.view``): the key names the
+subjects (their specs and the engine case), the invariant, the tolerances and the profile,
+so a failure is replayed only where it means the same thing. An entry that cannot be
+decoded is skipped with a warning, never a crash; a shared server that fails marks the
+store ``lost`` (a campaign stops on it) and the run goes on with the local directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from hypothesis.database import (
+    DirectoryBasedExampleDatabase,
+    ExampleDatabase,
+    MultiplexedDatabase,
+    choices_from_bytes,
+)
+
+from specproof.contract import UsageError
+
+__all__ = [
+    "ExampleStore",
+    "check_key",
+    "default_examples_dir",
+    "derandomized_seed",
+    "hypothesis_home",
+    "open_database",
+]
+
+_REDIS = re.compile(r"^redis://(?P<host>[^:/]+)(?::(?P<port>\d+))?(?:/(?P<db>\d+))?/?$")
+
+
+@attrs.define(eq=False)
+class ExampleStore:
+    """An opened example database, the warnings it raised, and what was replayed from it."""
+
+    spec: str  # what the user gave (a directory, or a redis:// URL), for reports and reproduce lines
+    database: ExampleDatabase
+    local: Path | None  # the directory every find is saved in first
+    shared: str | None = None  # the redis:// URL, when there is one
+    warnings: list[str] = attrs.Factory(list)
+    lost: str | None = None  # the shared database stopped answering: why
+    replayed: Counter[str] = attrs.Factory(Counter)  # check id -> saved examples that failed again
+
+    def view(self, key: str, *, check: str) -> ExampleDatabase:
+        """The namespace of one check (``key`` from ``check_key``); undecodable entries are skipped."""
+        return _View(self, key.encode(), check)
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "local": str(self.local) if self.local else None,
+            "shared": self.shared,
+            "replayed": dict(self.replayed),
+            "warnings": list(self.warnings),
+            "lost": self.lost,
+        }
+
+
+def hypothesis_home() -> Path:
+    """Where Hypothesis' files go by default: $SPECPROOF_HYPOTHESIS_DIR, else the user cache."""
+    chosen = os.environ.get("SPECPROOF_HYPOTHESIS_DIR")
+    if chosen:
+        return Path(chosen)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "specproof" / "hypothesis"
+
+
+def default_examples_dir(home: Path | None = None) -> Path:
+    """The default example database: ``examples/`` in Hypothesis' directory (as ``.hypothesis/examples``)."""
+    return (home if home is not None else hypothesis_home()) / "examples"
+
+
+def check_key(**parts: object) -> str:
+    """A stable key for one check's namespace: every part that changes what a failure means."""
+    text = json.dumps({"format": "specproof-db/1", **parts}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def open_database(spec: str | None, *, default_dir: Path) -> ExampleStore | None:
+    """Open ``--db`` (None: the default directory); a bad value is a ``UsageError`` before any work."""
+    if spec is not None and spec.strip().lower() == "none":
+        return None
+    if spec is None or not spec.startswith("redis:"):
+        path = Path(spec) if spec is not None else default_dir
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--db {str(path)!r}: exists and is not a directory")
+        if spec is not None and not path.parent.is_dir():
+            raise UsageError(f"--db {spec!r}: the directory {str(path.parent)!r} does not exist")
+        return ExampleStore(spec=str(path), database=DirectoryBasedExampleDatabase(str(path)), local=path)
+    match = _REDIS.match(spec)
+    if match is None:
+        raise UsageError(f"--db {spec!r}: a shared database is redis://HOST:PORT/N (e.g. redis://127.0.0.1:6379/0)")
+    try:
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+    except ImportError:  # pragma: no cover - hypothesis[redis] is a dependency
+        raise UsageError(f"--db {spec!r}: the redis client is missing (pip install 'hypothesis[redis]')") from None
+    client = redis.Redis(
+        host=match["host"],
+        port=int(match["port"] or 6379),
+        db=int(match["db"] or 0),
+        socket_connect_timeout=3,
+        socket_timeout=10,
+    )
+    try:
+        client.ping()
+    except Exception as exc:
+        raise UsageError(f"--db {spec!r}: the Redis server does not answer: {exc}") from None
+    store = ExampleStore(spec=spec, database=DirectoryBasedExampleDatabase(str(default_dir)), local=default_dir)
+    store.shared = spec
+    store.database = MultiplexedDatabase(store.database, _Guarded(RedisExampleDatabase(client), store, spec))
+    return store
+
+
+class _Guarded(ExampleDatabase):
+    """A shared database whose failures do not fail the run: the store is marked ``lost`` instead."""
+
+    def __init__(self, inner: ExampleDatabase, store: ExampleStore, spec: str) -> None:
+        super().__init__()
+        self.inner, self.store, self.spec = inner, store, spec
+
+    def _failed(self, exc: BaseException) -> None:
+        if self.store.lost is None:
+            self.store.lost = f"the shared database {self.spec} stopped answering ({type(exc).__name__}: {exc})"
+            self.store.warn(self.store.lost + "; what was found is kept in " + str(self.store.local))
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        if self.store.lost is not None:
+            return []
+        try:
+            return list(self.inner.fetch(key))
+        except Exception as exc:
+            self._failed(exc)
+            return []
+
+    def save(self, key: bytes, value: bytes) -> None:
+        if self.store.lost is None:
+            try:
+                self.inner.save(key, value)
+            except Exception as exc:
+                self._failed(exc)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        if self.store.lost is None:
+            try:
+                self.inner.delete(key, value)
+            except Exception as exc:
+                self._failed(exc)
+
+
+class _View(ExampleDatabase):
+    """One check's namespace in the store; entries that do not decode are skipped with a warning."""
+
+    def __init__(self, store: ExampleStore, prefix: bytes, check: str) -> None:
+        super().__init__()
+        self.store, self.prefix, self.check = store, prefix + b":", check
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        try:
+            values = list(self.store.database.fetch(self.prefix + key))
+        except Exception as exc:
+            self.store.warn(f"{self.check}: the example database could not be read ({type(exc).__name__}: {exc})")
+            return []
+        good = []
+        for value in values:
+            if choices_from_bytes(value) is None:
+                self.store.warn(f"{self.check}: skipped an example database entry that does not decode")
+                continue
+            good.append(value)
+        return good
+
+    def save(self, key: bytes, value: bytes) -> None:
+        try:
+            self.store.database.save(self.prefix + key, value)
+        except Exception as exc:
+            self.store.warn(f"{self.check}: a failing example could not be saved ({type(exc).__name__}: {exc})")
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        try:
+            self.store.database.delete(self.prefix + key, value)
+        except Exception as exc:
+            self.store.warn(f"{self.check}: an example database entry could not be deleted ({exc})")
+
+    # ---- raw records (session histories): bytes under the check's own namespace ----------
+
+    def records(self, name: bytes) -> list[bytes]:
+        try:
+            return list(self.store.database.fetch(self.prefix + name))
+        except Exception as exc:
+            self.store.warn(f"{self.check}: the example database could not be read ({type(exc).__name__}: {exc})")
+            return []
+
+
+def derandomized_seed(test: Any) -> int:
+    """The seed Hypothesis' ``derandomize=True`` uses for a ``@given`` test (its function digest).
+
+    ``derandomize=True`` implies ``database=None`` in Hypothesis; seeding with this instead keeps
+    the derandomized examples and lets the database be replayed first.
+    """
+    from hypothesis.internal.compat import int_from_bytes
+    from hypothesis.internal.reflection import function_digest
+
+    return int_from_bytes(function_digest(test.hypothesis.inner_test))
