@@ -5,7 +5,14 @@ Select with HYPOTHESIS_PROFILE (tox and .ci/run set ``ci``).
 """
 
 import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -26,3 +33,62 @@ if "SPECPROOF_HYPOTHESIS_DIR" not in os.environ:
     import tempfile
 
     os.environ["SPECPROOF_HYPOTHESIS_DIR"] = os.path.join(tempfile.mkdtemp(prefix="specproof-tests-"), "hypothesis")
+
+
+class RedisServer:
+    def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
+        self.url, self.process = url, process
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
+    """A real ``redis-server`` on a free loopback port (``.url``, ``.stop()``), stopped after the test.
+
+    Skipped (with the reason) only where redis-server is not installed and SPECPROOF_REQUIRE_REDIS
+    is unset; CI (.ci/run) installs it and sets SPECPROOF_REQUIRE_REDIS=1, so there it must run.
+    """
+    server = shutil.which("redis-server")
+    if server is None:
+        if os.environ.get("SPECPROOF_REQUIRE_REDIS"):
+            pytest.fail("redis-server is not installed, and SPECPROOF_REQUIRE_REDIS is set (CI must run this test)")
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"redis-server did not start on port {port}")
+            time.sleep(0.05)
+    server_ = RedisServer(f"redis://127.0.0.1:{port}/0", proc)
+    try:
+        yield server_
+    finally:
+        server_.stop()

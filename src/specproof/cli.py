@@ -23,6 +23,7 @@ __all__ = ["COMMANDS", "UsageError", "main"]
 COMMANDS: tuple[str, ...] = (
     "specproof._cli.generate",
     "specproof._cli.certify",
+    "specproof._cli.fuzz",
     "specproof._cli.check_trace",
     "specproof._cli.bundle",
     "specproof._cli.bench",

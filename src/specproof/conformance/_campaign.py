@@ -1,0 +1,312 @@
+"""Fuzzing campaigns: ``specproof fuzz`` runs the certify checks, randomized, on many processes.
+
+A campaign is the plan ``certify`` would run (the same subjects, plug-in specs, ``--only``
+and tolerances) searched over and over with a new seed per round, by ``workers`` processes
+that share one example database (docs/contract.md, "the example database"): a failure any
+worker finds is shrunk, saved, and replayed by every later run — another worker, another
+machine sharing the Redis database, or the next derandomized ``certify`` gate.
+
+Why plain processes, not HypoFuzz: HypoFuzz fuzzes single ``@given`` tests collected by pytest.
+specproof's checks are drivers over several Hypothesis searches — one search per engine case
+feeds every engine invariant and is searched again per invariant only to shrink; the session
+machine shrinks request histories itself; the rollback machine draws rollback strategies per
+conversation — so there is no one ``@given`` test per check for HypoFuzz to drive without
+losing the verdict, the counts and the reproduce line ``certify`` gives. A round here is
+exactly a seeded ``certify`` run, so every failure comes with a reproduce line that works
+without the database (``--seed``), and the database carries it to every later run.
+
+The parent process aggregates what the workers report (per check: examples, exercised,
+failures; per engine case: rounds by path) into a ``specproof-report/2`` report with a
+``campaign`` section, rendered by the same writers as ``certify``'s.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as _queue
+import random
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+__all__ = ["CampaignOptions", "CampaignState", "run_campaign"]
+
+
+@attrs.frozen(kw_only=True)
+class CampaignOptions:
+    """What a campaign runs and for how long (validated by the CLI before any work)."""
+
+    plan: dict[str, Any]  # Plan.create keyword arguments (subject, specs, profile, tolerances, only)
+    db: str | None  # the --db value (None: the default directory)
+    hypothesis_dir: str
+    workers: int = 1
+    duration: float | None = None  # seconds; None: until max_failures or Ctrl-C
+    max_failures: int | None = None
+    seed: int | None = None  # base seed: worker w's round r uses seed + w + workers * r
+
+
+@attrs.define
+class WorkerState:
+    index: int
+    rounds: int = 0
+    examples: int = 0
+    failures: int = 0
+    paths: Counter[str] = attrs.Factory(Counter)
+    new_coverage: int = 0  # path kinds this worker reached first in the campaign
+    seed: int | None = None
+    done: bool = False
+    error: str | None = None
+
+
+@attrs.define
+class CampaignState:
+    """Everything the workers reported, merged: what the live lines and the final report show."""
+
+    options: CampaignOptions
+    started: float = attrs.Factory(time.perf_counter)
+    workers: list[WorkerState] = attrs.Factory(list)
+    checks: dict[str, dict[str, Any]] = attrs.Factory(dict)  # check id -> merged result
+    coverage: dict[str, Counter[str]] = attrs.Factory(dict)  # engine case -> rounds by path (+ generations)
+    failures: list[dict[str, Any]] = attrs.Factory(list)  # the first failure of each check, shrunk
+    first_failure: float | None = None
+    skeleton: dict[str, Any] | None = None  # the first round's report: subjects, profile, versions
+    database: dict[str, Any] | None = None
+    lost: str | None = None
+    stopped: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started
+
+    @property
+    def examples(self) -> int:
+        return sum(w.examples for w in self.workers)
+
+    def absorb_check(self, worker: int, result: dict[str, Any]) -> bool:
+        """Merge one finished check; True when it is a new failing check."""
+        w = self.workers[worker]
+        w.examples += int(result["examples"])
+        merged = self.checks.get(result["id"])
+        if merged is None:
+            merged = self.checks[result["id"]] = {**result, "examples": 0, "exercised": 0, "seconds": 0.0}
+            merged["status"] = "skip" if result["status"] == "skip" else "pass"
+        merged["examples"] += int(result["examples"])
+        merged["exercised"] += int(result["exercised"])
+        merged["seconds"] = round(float(merged["seconds"]) + float(result["seconds"]), 3)
+        if result["status"] == "pass" and merged["status"] == "skip":
+            merged["status"], merged["detail"] = "pass", ""
+        if result["status"] in ("fail", "error") and merged["status"] not in ("fail", "error"):
+            for key in ("status", "detail", "violations", "reproduce"):
+                merged[key] = result.get(key)
+            w.failures += 1
+            if self.first_failure is None:
+                self.first_failure = self.seconds
+            self.failures.append({"worker": worker, "seconds": round(self.seconds, 3), **result})
+            return True
+        return False
+
+    def absorb_round(self, worker: int, report: dict[str, Any]) -> None:
+        w = self.workers[worker]
+        w.rounds += 1
+        if self.skeleton is None:
+            self.skeleton = report
+        self.database = report.get("database") or self.database
+        for case, row in (report.get("path_coverage") or {}).items():
+            total = self.coverage.setdefault(case, Counter())
+            for path, n in row.items():
+                if n and not total[path]:
+                    w.new_coverage += 1
+                total[path] += int(n)
+                w.paths[path] += int(n)
+
+    def failed(self) -> int:
+        return len(self.failures)
+
+    def report(self) -> dict[str, Any]:
+        """The campaign as a ``specproof-report/2`` dict (the certify report's fields, plus ``campaign``)."""
+        base = dict(self.skeleton or {})
+        results = list(self.checks.values())
+        failing = [r for r in results if r["status"] in ("fail", "error")]
+        if failing:
+            verdict, why = "fail", f"{len(failing)} check(s) failed in the campaign"
+        elif any(r["status"] == "pass" for r in results):
+            verdict, why = "pass", None
+        else:
+            verdict, why = "inconclusive", "the campaign exercised no check"
+        if self.lost and not failing:
+            verdict, why = "inconclusive", self.lost
+        base.update(
+            verdict=verdict,
+            verdict_reason=why,
+            seed=self.options.seed,
+            derandomized=False,
+            seconds=round(self.seconds, 3),
+            results=results,
+            path_coverage={case: dict(c) for case, c in self.coverage.items()},
+            database=self.database,
+            campaign={
+                "workers": self.options.workers,
+                "rounds": sum(w.rounds for w in self.workers),
+                "examples": self.examples,
+                "seconds": round(self.seconds, 3),
+                "time_to_first_failure": None if self.first_failure is None else round(self.first_failure, 3),
+                "failures": [
+                    {"check": f["id"], "worker": f["worker"], "seconds": f["seconds"], "reproduce": f["reproduce"]}
+                    for f in self.failures
+                ],
+                "exercised": {r["id"]: r["exercised"] for r in results},
+                "stopped": self.stopped,
+                "lost": self.lost,
+                "worker_errors": [w.error for w in self.workers if w.error],
+            },
+        )
+        base.setdefault("format", "specproof-report/2")
+        base.setdefault("subjects", {"subject": self.options.plan.get("subject"), "engines": [], "used": []})
+        base.setdefault("profile", self.options.plan.get("profile", "quick"))
+        return base
+
+
+def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
+    """One worker process: seeded certify rounds until told to stop (or its database goes away)."""
+    try:
+        os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = options.hypothesis_dir
+        from hypothesis.configuration import set_hypothesis_home_dir
+
+        set_hypothesis_home_dir(options.hypothesis_dir)
+        from pathlib import Path
+
+        from specproof.conformance._certifying import Certification, Plan
+        from specproof.conformance._database import default_examples_dir, open_database
+        from specproof.conformance._harness import clear_caches
+        from specproof.conformance.reports import build_report
+
+        store = open_database(options.db, default_dir=default_examples_dir(Path(options.hypothesis_dir)))
+        base = Plan.create(**options.plan, database=store, storage=str(Path(options.hypothesis_dir).parent))
+        rng = random.Random(int.from_bytes(os.urandom(8), "big"))
+        r = 0
+        try:
+            while not stop.is_set():
+                if options.seed is not None:
+                    seed = options.seed + index + options.workers * r
+                else:
+                    seed = rng.getrandbits(31)
+                out.put(("seed", index, seed))
+                cert = Certification(attrs.evolve(base, seed=seed))
+                clear_caches()
+                for item in cert.all_checks():
+                    if stop.is_set():
+                        break
+                    result = cert.run(item)
+                    out.put(("check", index, result.to_json()))
+                    if store is not None and store.lost:
+                        break
+                out.put(("round", index, build_report(cert)))
+                r += 1
+                if store is not None and store.lost:
+                    out.put(("lost", index, store.lost))
+                    break
+        finally:
+            for case in base.suite.engines:
+                close = getattr(case.engine, "close", None)
+                if callable(close):
+                    try:
+                        close()
+                    except Exception:  # pragma: no cover - best effort
+                        pass
+    except KeyboardInterrupt:
+        pass
+    except BaseException as exc:  # reported to the parent, which says which worker and why
+        out.put(("error", index, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+    out.put(("done", index, None))
+
+
+def run_campaign(
+    options: CampaignOptions,
+    *,
+    on_event: Callable[[CampaignState, str, int, Any], None] | None = None,
+    grace: float = 20.0,
+) -> CampaignState:
+    """Run the campaign to its end (time, failures, a lost database, or Ctrl-C) and merge its results."""
+    state = CampaignState(options=options)
+    state.workers = [WorkerState(index=i) for i in range(options.workers)]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_worker, args=(i, options, out, stop), daemon=True) for i in range(options.workers)]
+    for p in procs:
+        p.start()
+    deadline = None if options.duration is None else state.started + options.duration
+    stop_at: float | None = None
+    try:
+        while not all(w.done for w in state.workers):
+            now = time.perf_counter()
+            if not stop.is_set():
+                if deadline is not None and now >= deadline:
+                    state.stopped = state.stopped or f"--for {options.duration:g} s elapsed"
+                if options.max_failures is not None and state.failed() >= options.max_failures:
+                    state.stopped = state.stopped or f"{state.failed()} failing check(s) found (--max-failures)"
+                if state.lost:
+                    state.stopped = state.stopped or "the shared database went away"
+                if state.stopped:
+                    stop.set()
+                    stop_at = now
+            elif stop_at is not None and now - stop_at > grace:
+                break  # workers busy in a long check: what they found is saved already
+            try:
+                kind, index, payload = out.get(timeout=0.25)
+            except _queue.Empty:
+                if on_event is not None:
+                    on_event(state, "tick", -1, None)
+                if not any(p.is_alive() for p in procs):
+                    break
+                continue
+            worker = state.workers[index]
+            if kind == "check":
+                state.absorb_check(index, payload)
+            elif kind == "round":
+                state.absorb_round(index, payload)
+            elif kind == "seed":
+                worker.seed = payload
+            elif kind == "lost":
+                state.lost = state.lost or payload
+            elif kind == "error":
+                worker.error = payload
+                state.stopped = state.stopped or f"worker {index} failed: {payload.splitlines()[0]}"
+            elif kind == "done":
+                worker.done = True
+            if on_event is not None:
+                on_event(state, kind, index, payload)
+    except KeyboardInterrupt:
+        state.stopped = "interrupted (Ctrl-C)"
+        stop.set()
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(timeout=max(0.5, grace / 4))
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        _drain(out, state)
+    if not state.stopped:
+        state.stopped = "every worker finished"
+    return state
+
+
+def _drain(out: Any, state: CampaignState) -> None:
+    while True:
+        try:
+            kind, index, payload = out.get_nowait()
+        except (_queue.Empty, OSError, ValueError, EOFError):
+            return
+        if kind == "check":
+            state.absorb_check(index, payload)
+        elif kind == "round":
+            state.absorb_round(index, payload)
+        elif kind == "lost":
+            state.lost = state.lost or payload
