@@ -145,3 +145,30 @@ def test_a_feature_drafter_needs_a_feature_target() -> None:
         SpecDecoder(Plain(), SpyDrafter(), rollback="replay")  # type: ignore[arg-type]
     with pytest.raises(InvalidSettingError, match=r"needs feature layers \[7\]"):
         SpecDecoder(_target(), SpyDrafter((1, 7)))
+
+
+def test_hf_features_are_the_reference_features_and_feed_the_heads() -> None:
+    pytest.importorskip("torch", reason="needs specproof[hf] (torch not installed)")
+    pytest.importorskip("transformers", reason="needs specproof[hf] (transformers not installed)")
+    from specproof.engine import load_drafter, load_target
+
+    reference = load_target("trained:max_context=512")
+    hf = load_target("hf:lfm2-trained,max_context=512")
+    assert hf.feature_layers == reference.feature_layers and hf.d_model == reference.d_model
+    toks = list(b"def read(self, path):\n    with open(path) as f:\n")
+    _, want, _ = reference.forward_with_features(toks, (0, 1, 3))
+    for start, stop in ((0, 10), (10, len(toks))):
+        chunk = toks[start:stop]
+        _, got, cks = hf.forward_with_features(chunk, (0, 1, 3), checkpoints=True)
+        assert cks is not None and len(cks) == len(chunk)
+        for layer in (0, 1, 3):
+            assert np.abs(got[layer] - want[layer][start : start + len(chunk)]).max() < 1e-3
+    with pytest.raises(InvalidSettingError, match="layers"):
+        hf.forward_with_features([1], (9,))
+    prompt = toks
+    expected = list(greedy_decode(load_target("trained:max_context=512"), prompt, 24).tokens)
+    for rollback in ("checkpoint", "replay"):
+        gen = SpecDecoder(load_target("hf:lfm2-trained,max_context=512"), load_drafter("eagle:trained"), k=4,
+                          rollback=rollback).generate(prompt, 24)
+        assert list(gen.tokens) == expected
+        assert gen.stats is not None and gen.stats.accepted > 0

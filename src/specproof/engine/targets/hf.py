@@ -350,6 +350,64 @@ class HFTarget:
                         out[f"rec_state.{i}" + (f".{idx}" if idx else "")] = arr(t)
         return out
 
+    # ----------------------------------------------------------------- features (docs/contract.md, "Targets")
+
+    def _blocks(self) -> Any:
+        inner = getattr(self.model, "model", None)
+        layers = getattr(inner, "layers", None)
+        if layers is None:
+            raise InvalidSettingError(f"{self.name}: the model exposes no decoder layers (model.model.layers)")
+        return layers
+
+    @property
+    def d_model(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Layer ``i``: the residual stream after decoder layer ``i`` (captured by a forward hook on it)."""
+        return tuple(range(int(self.config.num_hidden_layers)))
+
+    def forward_with_features(
+        self, tokens: Sequence[int], layers: Sequence[int], *, checkpoints: bool = False
+    ) -> tuple[npt.NDArray[np.float32], dict[int, npt.NDArray[np.float32]], list[object] | None]:
+        """``forward`` plus each requested decoder layer's output ``[len(tokens), d_model]`` (float32), read by
+        forward hooks on the layers in the same pass; ``checkpoints=True`` needs ``forward_with_checkpoints``."""
+        from specproof.engine.targets.reference import _check_feature_layers
+
+        wanted = _check_feature_layers(layers, len(self.feature_layers), who=f"{self.name}.forward_with_features")
+        if checkpoints and not callable(getattr(self, "forward_with_checkpoints", None)):
+            raise InvalidSettingError(f"{self.name}: checkpoints=True, but this model has no forward_with_checkpoints")
+        blocks = self._blocks()
+        captured: dict[int, npt.NDArray[np.float32]] = {}
+
+        def hook_for(layer: int) -> Any:
+            def hook(_module: Any, _args: Any, output: Any) -> None:
+                hidden = output[0] if isinstance(output, tuple) else output
+                captured[layer] = hidden[0].to(self._torch.float32).cpu().numpy().copy()
+
+            return hook
+
+        handles = [blocks[layer].register_forward_hook(hook_for(layer)) for layer in dict.fromkeys(wanted)]
+        try:
+            cks: list[object] | None = None
+            if checkpoints:
+                logits, cks = self.forward_with_checkpoints(tokens)  # type: ignore[attr-defined]
+            else:
+                logits = self.forward(tokens)
+        finally:
+            for handle in handles:
+                handle.remove()
+        n = len(logits)
+        feats = {layer: captured.get(layer, np.zeros((0, self.d_model), np.float32)) for layer in wanted}
+        for layer, arr in feats.items():
+            if arr.shape != (n, self.d_model):
+                raise TargetContractError(
+                    f"{self.name}: decoder layer {layer} produced features of shape {arr.shape}, expected "
+                    f"({n}, {self.d_model})"
+                )
+        return logits, feats, cks
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """An independent target in the same state over the *same* model object (its weights are never written;
         all per-sequence state lives in the cache), with its own snapshot identity."""
