@@ -307,3 +307,35 @@ def test_without_suite_drafts_the_engine_has_no_drafter_attribute() -> None:
     with fake("ok") as engine:
         assert not hasattr(engine, "drafter")
         assert engine.generate([3, 4], 1).tokens == (4,)
+
+
+def test_protocol_doc_field_tables_equal_the_schemas() -> None:
+    import re
+
+    from specproof.wire import field_tables
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+    block = re.search(r"<!-- fields:start[^\n]*-->\n(.*?)<!-- fields:end -->", doc, flags=re.S)
+    assert block is not None, "docs/protocol.md has no generated field tables"
+    assert block.group(1).strip() == field_tables().strip(), "regenerate with specproof.wire.field_tables()"
+    tables = field_tables()
+    for name in ENGINE_MESSAGES + CLIENT_MESSAGES:  # every field of every message, with its type
+        for field in load_schema(name)["properties"]:
+            assert f"| `{field}` |" in tables.split(f"#### `{name}`")[1].split("####")[0], (name, field)
+    assert "|  |" not in tables  # every field says what it means
+
+
+def test_field_tables_follow_a_schema_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the meta-test: a schema with a new field renders a different table (the doc test would then fail)
+    import specproof.wire._schemas as schemas
+
+    real = schemas.load_schema
+
+    def changed(name: str) -> dict[str, object]:
+        schema = real(name)
+        if name == "ok":
+            schema["properties"]["extra"] = {"type": "integer", "minimum": 1, "description": "new"}
+        return schema
+
+    monkeypatch.setattr(schemas, "load_schema", changed)
+    assert "| `extra` | integer >= 1 | optional | new |" in schemas.field_tables()

@@ -173,6 +173,9 @@ class EngineCase:
     @property
     def state_note(self) -> str:
         if self.live_target is None:
+            own = getattr(self.engine, "no_state_reason", None)  # a wire engine words it in protocol terms
+            if isinstance(own, str) and own:
+                return own
             return "the engine exposes no live target (`target`), so its state cannot be read"
         if self.make_reference is None:
             return "no model to compare the live target with (expose `oracle`)"

@@ -3,6 +3,7 @@
 - ``ExecEngine`` / ``TcpEngine``: an external engine as a specproof engine (the engine
   contract the suite consumes); ``engine_from_spec("exec:CMD ARGS" | "tcp:HOST:PORT")``;
 - ``load_schema`` / ``validate_message``: the JSON Schema of every message (package data);
+  ``field_tables()`` renders their fields as the Markdown tables in docs/protocol.md;
 - ``export_weights``: a reference target's weights as safetensors for a native engine;
 - ``build_native`` / ``native_binary``: the C++ reference engine in ``native/`` (built out of the
   source tree, under ``~/.cache/specproof/native/``).
@@ -33,6 +34,7 @@ from specproof.wire._schemas import (
     CLIENT_MESSAGES,
     ENGINE_MESSAGES,
     PROTOCOL,
+    field_tables,
     load_schema,
     message_errors,
     validate_message,
@@ -55,6 +57,7 @@ __all__ = [
     "build_native",
     "engine_from_spec",
     "export_weights",
+    "field_tables",
     "load_schema",
     "message_errors",
     "native_binary",

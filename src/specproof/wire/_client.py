@@ -415,8 +415,15 @@ class WireEngine:
         #: the longest line accepted from the engine (bytes; docs/protocol.md, "Limits")
         self.max_line_bytes = self._max_line_setting or self._default_line_limit()
         self._transport.set_limit(self.max_line_bytes)
+        #: why the suite cannot compare the state (None when it can)
+        self.no_state_reason: str | None = None
         if "state" in self.capabilities:
             self.target = WireTargetView(self.vocab_size, self.max_context, self.name)
+        else:
+            self.no_state_reason = (
+                "the engine does not advertise the 'state' capability, so it sends no state to compare "
+                "(docs/protocol.md, Capabilities)"
+            )
         if "greedy" in self.capabilities:
             self.greedy = self._greedy
         if "suite_drafts" in self.capabilities:

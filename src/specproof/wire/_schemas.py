@@ -9,7 +9,15 @@ from typing import Any, Final
 
 from specproof.wire._errors import EngineProtocolError
 
-__all__ = ["CLIENT_MESSAGES", "ENGINE_MESSAGES", "PROTOCOL", "load_schema", "message_errors", "validate_message"]
+__all__ = [
+    "CLIENT_MESSAGES",
+    "ENGINE_MESSAGES",
+    "PROTOCOL",
+    "field_tables",
+    "load_schema",
+    "message_errors",
+    "validate_message",
+]
 
 PROTOCOL: Final = "specproof-engine/1"
 # What the engine sends, and what the client (the suite) sends.
@@ -61,3 +69,77 @@ def validate_message(message: object, *, expect: tuple[str, ...] | None = None) 
     if expect is not None and message["type"] not in expect:
         raise EngineProtocolError(f"unexpected message type {message['type']!r} (expected {' or '.join(expect)})")
     return message
+
+
+# --------------------------------------------------------------------------- the field tables in docs/protocol.md
+
+
+def _type(schema: dict[str, Any]) -> str:
+    """A JSON Schema fragment as a short type: ``integer >= 0``, ``array of integer >= 0 (>= 1 items)``..."""
+    if "const" in schema:
+        return f"`{json.dumps(schema['const'])}`"
+    if "enum" in schema:
+        return " \\| ".join(f"`{json.dumps(v)}`" for v in schema["enum"])
+    if "oneOf" in schema:
+        return " or ".join(_type(s) for s in schema["oneOf"])
+    kind = schema.get("type")
+    if kind == "integer":
+        return "integer" + (f" >= {schema['minimum']}" if "minimum" in schema else "")
+    if kind == "number":
+        return "number" + (f" >= {schema['minimum']}" if "minimum" in schema else "")
+    if kind == "string":
+        text = "string" + (" (non-empty)" if schema.get("minLength") else "")
+        return text + (f", {schema['contentEncoding']}" if "contentEncoding" in schema else "")
+    if kind == "array":
+        items = _type(schema.get("items", {}))
+        text = f"array of {items}"
+        if schema.get("minItems"):
+            text += f" (>= {schema['minItems']} items)"
+        if schema.get("uniqueItems"):
+            text += " (unique)"
+        return text
+    if kind == "object":
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict) and not schema.get("properties"):
+            return "object: name → object (below)"
+        return "object (below)" if schema.get("properties") else "object"
+    return kind if isinstance(kind, str) else "any JSON value"
+
+
+def _rows(prefix: str, schema: dict[str, Any], required: set[str]) -> list[str]:
+    rows = []
+    for name, sub in schema.get("properties", {}).items():
+        field = f"{prefix}{name}"
+        need = "required" if name in required else "optional"
+        text = sub.get("description", "") or ("the message type" if field == "type" else "")
+        if not text and "oneOf" in sub:
+            text = "; ".join(s["description"] for s in sub["oneOf"] if "description" in s)
+        rows.append(f"| `{field}` | {_type(sub)} | {need} | {text} |")
+        if sub.get("type") == "object":
+            if sub.get("properties"):
+                rows += _rows(f"{field}.", sub, set(sub.get("required", ())))
+            extra = sub.get("additionalProperties")
+            if isinstance(extra, dict) and extra.get("properties"):
+                rows += _rows(f"{field}.NAME.", extra, set(extra.get("required", ())))
+    return rows
+
+
+def field_tables() -> str:
+    """Every message's fields and types as Markdown, generated from the shipped schemas (the block in
+    docs/protocol.md between the ``fields:start``/``fields:end`` markers; a test keeps them equal)."""
+    out: list[str] = []
+    for name in ENGINE_MESSAGES + CLIENT_MESSAGES:
+        schema = load_schema(name)
+        side = "engine → client" if name in ENGINE_MESSAGES else "client → engine"
+        closed = "" if schema.get("additionalProperties", True) else " Closed: no other field is allowed."
+        out += [
+            f"#### `{name}` ({side}) — [schema](../src/specproof/wire/schemas/{name}.json)",
+            "",
+            f"{schema.get('title', '')}.{closed}",
+            "",
+            "| field | type | | meaning |",
+            "|---|---|---|---|",
+            *_rows("", schema, set(schema.get("required", ()))),
+            "",
+        ]
+    return "\n".join(out).rstrip() + "\n"
