@@ -147,6 +147,10 @@ class DecodeSession:
     turns (multi-turn); the decode convention holds between every call.
     """
 
+    # the accepted positions' features when the drafter reads them; None otherwise (and in subclasses
+    # that position the target themselves and skip __init__)
+    _features: FeatureStore | None = None
+
     def __init__(self, decoder: SpecDecoder, prompt: Sequence[int]) -> None:
         self.decoder = decoder
         target = decoder.target
