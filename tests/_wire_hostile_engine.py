@@ -8,8 +8,11 @@ and serves one connection; else it speaks on its stdio. Modes:
   ``ok-1m-drafts`` have k = 3 and take the suite's drafts (``suite_drafts``);
 - ``flood``: after the handshake, answers a request with an endless line (no newline);
 - ``flood-hello``: the handshake itself never ends;
-- ``huge-context``: a handshake with ``max_context`` and ``vocab_size`` of 10**12;
+- ``huge-context`` (``huge-context-drafts``: with k = 3 and ``suite_drafts``): a handshake with
+  ``max_context`` and ``vocab_size`` of 10**12;
 - ``deep-json``: answers a request with 200,000 ``[``;
+- ``ignore-drafts`` / ``swap-drafts`` (k = 3, ``suite_drafts``): never asks for the suite's
+  draft (verifies its own), or asks and then verifies its own draft instead;
 - ``absurd-state``: capability ``state``; the first state message has shape
   ``[100000, 100000, 100000]`` with 4 bytes of data.
 """
@@ -35,10 +38,10 @@ HELLO: dict[str, object] = {
 }
 if MODE.startswith("ok-1m"):
     HELLO["max_context"] = 1 << 20
-if MODE.endswith("drafts"):
+if MODE.endswith("drafts") or MODE in ("ignore-drafts", "swap-drafts"):
     HELLO["k"] = 3
     HELLO["capabilities"] = ["greedy", "suite_drafts"]
-if MODE == "huge-context":
+if MODE.startswith("huge-context"):
     HELLO["max_context"] = HELLO["vocab_size"] = 10**12
 if MODE == "absurd-state":
     HELLO["capabilities"] = ["greedy", "state"]
@@ -71,7 +74,7 @@ def serve(rd: IO[str], wr: IO[str]) -> None:
             send("[" * 200_000)
             continue
         prompt, n, eos = req["prompt"], req["max_new_tokens"], req.get("eos_token_id")
-        if req["type"] == "generate" and MODE.endswith("drafts"):
+        if req["type"] == "generate" and (MODE.endswith("drafts") or MODE in ("ignore-drafts", "swap-drafts")):
             speculate(req, send, rd)
             continue
         last = prompt[-1]
@@ -129,13 +132,13 @@ def speculate(req: dict[str, object], send: object, rd: IO[str]) -> None:
             break
         k_eff = max(0, min(k, n - len(emitted) - 1, cap - processed - 1))  # type: ignore[operator]
         draft: list[int] = [ctx[-1]] * k_eff
-        if k_eff and req["drafts"] == "suite":
+        if k_eff and req["drafts"] == "suite" and MODE != "ignore-drafts":
             send({"type": "propose", "id": rid, "round": r, "context_length": len(ctx), "k": k_eff})  # type: ignore[operator]
             answer = json.loads(rd.readline())
             if answer["type"] != "draft":
                 send({"type": "error", "id": rid, "message": "abandoned"})  # type: ignore[operator]
                 return
-            draft = answer["tokens"][:k_eff]
+            draft = answer["tokens"][:k_eff] if MODE != "swap-drafts" else [ctx[-1]] * k_eff
         argmax = [ctx[-1], *draft]
         j = 0
         while j < len(draft) and draft[j] == argmax[j]:

@@ -339,3 +339,26 @@ def test_field_tables_follow_a_schema_change(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(schemas, "load_schema", changed)
     assert "| `extra` | integer >= 1 | optional | new |" in schemas.field_tables()
+
+
+@pytest.mark.parametrize("mode", ["ok-drafts", "ignore-drafts", "swap-drafts"])
+def test_the_drafts_sent_are_kept_beside_the_drafts_reported(mode: str) -> None:
+    # what an invariant comparing the round's draft with the suite's needs; a correct engine's agree
+    hostile = Path(__file__).with_name("_wire_hostile_engine.py")
+
+    class Wrong:
+        def propose(self, context: object, k: int) -> list[int]:
+            return [255] * k  # never the repeat-the-last-token model's choice
+
+    with ExecEngine([sys.executable, str(hostile), mode], timeout=5.0) as engine:
+        engine.drafter = Wrong()
+        gen = engine.generate([7, 7], 6)
+        assert gen.steps is not None
+        sent = engine.last_drafts_sent
+        reported = {r: list(s.draft) for r, s in enumerate(gen.steps) if s.draft or r in sent}
+        if mode == "ok-drafts":
+            assert sent and all(reported[r] == d for r, d in sent.items())
+        elif mode == "ignore-drafts":
+            assert sent == {} and any(reported.values())  # drafts verified, none asked for
+        else:
+            assert sent and any(reported[r] != d for r, d in sent.items())
