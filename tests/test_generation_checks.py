@@ -10,12 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from _targets import small_target
+from specproof.conformance import check_generation, get
 from specproof.conformance.checks import (
-    GENERATION_INVARIANTS,
     check_accept_bounds,
     check_accept_rule,
     check_cost,
-    check_generation,
     check_kv_length,
     check_stop,
     check_trace_consistency,
@@ -29,6 +28,16 @@ from specproof.engine import (
     Step,
     greedy_decode,
     greedy_with_margins,
+)
+
+# the invariants check_generation judges: those applying to a generation on its own
+GENERATION_INVARIANTS = (
+    "engine.accept-bounds",
+    "engine.accept-rule",
+    "engine.kv-length",
+    "engine.stop",
+    "engine.cost",
+    "trace.consistency",
 )
 
 TARGET = small_target()
@@ -161,14 +170,14 @@ def step(base, draft, argmax, accepted, processed=None):
 
 
 def test_accept_bounds_catches_empty_accepted():
-    (v,) = check_accept_bounds([step(4, [1], [2, 3], [])], k=2)
+    (v,) = check_accept_bounds(get("engine.accept-bounds"), [step(4, [1], [2, 3], [])], k=2)
     assert v.invariant == "engine.accept-bounds" and v.round == 0 and v.actual == 0
     assert "accepted no token" in v.explanation
 
 
 def test_accept_bounds_catches_too_many_accepted_and_draft_over_k():
     bad = [step(4, [1], [1, 3], [1, 3]), step(6, [1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4, 5])]
-    vs = check_accept_bounds(bad, k=2)
+    vs = check_accept_bounds(get("engine.accept-bounds"), bad, k=2)
     assert [(v.round, v.actual) for v in vs] == [(1, 3), (1, 5)]
     assert "more than k=2" in vs[0].explanation
     assert "at most one token beyond its draft" in vs[1].explanation
@@ -176,7 +185,7 @@ def test_accept_bounds_catches_too_many_accepted_and_draft_over_k():
 
 def test_accept_bounds_rejects_bad_k():
     with pytest.raises(InvalidSettingError, match="k must be an integer >= 0"):
-        check_accept_bounds([], k=-1)
+        check_accept_bounds(get("engine.accept-bounds"), [], k=-1)
 
 
 # --------------------------------------------------------------------------- accept rule
@@ -192,14 +201,16 @@ def test_accept_bounds_rejects_bad_k():
     ],
 )
 def test_accept_rule_catches_wrong_acceptance(draft, argmax, accepted, expected, phrase):
-    (v,) = check_accept_rule([step(3, [0], [0, 1], [0, 1]), step(5, draft, argmax, accepted)])
+    (v,) = check_accept_rule(
+        get("engine.accept-rule"), [step(3, [0], [0, 1], [0, 1]), step(5, draft, argmax, accepted)]
+    )
     assert v.invariant == "engine.accept-rule" and v.round == 1
     assert v.expected == expected and v.actual == accepted
     assert phrase in v.explanation
 
 
 def test_accept_rule_catches_wrong_number_of_argmax_rows():
-    (v,) = check_accept_rule([step(3, [1, 2], [1, 2], [1, 2])])
+    (v,) = check_accept_rule(get("engine.accept-rule"), [step(3, [1, 2], [1, 2], [1, 2])])
     assert v.expected == 3 and v.actual == 2 and "verify forward" in v.explanation
 
 
@@ -208,14 +219,16 @@ def test_accept_rule_catches_wrong_number_of_argmax_rows():
 
 def test_kv_length_catches_a_rollback_one_slot_too_far():
     steps = [step(4, [1, 2], [1, 3, 0], [1, 3], processed=5), step(5, [], [7], [7])]
-    vs = check_kv_length(steps, prompt_length=5, tokens=[1, 3, 7])
+    vs = check_kv_length(get("engine.kv-length"), steps, prompt_length=5, tokens=[1, 3, 7])
     # The end state is wrong too: the last round ends one short of len(ctx) - 1.
     assert [(v.round, v.expected, v.actual) for v in vs] == [(0, 6, 5), (1, 7, 6)]
     assert "rollback left the KV length wrong" in vs[0].explanation
 
 
 def test_kv_length_catches_a_wrong_start_and_final_length():
-    vs = check_kv_length([step(3, [], [1], [1])], prompt_length=5, tokens=[1], final_processed=6)
+    vs = check_kv_length(
+        get("engine.kv-length"), [step(3, [], [1], [1])], prompt_length=5, tokens=[1], final_processed=6
+    )
     assert [(v.round, v.expected, v.actual) for v in vs] == [(0, 4, 3), (0, 5, 4), (None, 5, 6)]
     assert "prompt length - 1" in vs[0].explanation
 
@@ -223,13 +236,13 @@ def test_kv_length_catches_a_wrong_start_and_final_length():
 def test_kv_length_accepts_a_truncated_last_round_and_checks_it():
     # Last round accepted 3 tokens but only 2 fit max_new_tokens: processed is base + 2.
     steps = [step(4, [], [1], [1]), step(5, [2, 3], [2, 3, 4], [2, 3, 4], processed=7)]
-    assert check_kv_length(steps, prompt_length=5, tokens=[1, 2, 3], final_processed=7) == []
+    assert check_kv_length(get("engine.kv-length"), steps, prompt_length=5, tokens=[1, 2, 3], final_processed=7) == []
     bad = attrs.evolve(steps[1], processed=8)
-    (v,) = check_kv_length([steps[0], bad], prompt_length=5, tokens=[1, 2, 3])
+    (v,) = check_kv_length(get("engine.kv-length"), [steps[0], bad], prompt_length=5, tokens=[1, 2, 3])
     assert v.round == 1 and v.expected == 7 and v.actual == 8
     # Without the tokens the last round is only bounded by base + 1 .. base + len(accepted).
-    assert check_kv_length([steps[0], bad], prompt_length=5) == []
-    (v,) = check_kv_length([steps[0], attrs.evolve(bad, processed=9)], prompt_length=5)
+    assert check_kv_length(get("engine.kv-length"), [steps[0], bad], prompt_length=5) == []
+    (v,) = check_kv_length(get("engine.kv-length"), [steps[0], attrs.evolve(bad, processed=9)], prompt_length=5)
     assert v.expected == "6..8"
 
 
@@ -239,7 +252,7 @@ def test_kv_length_accepts_a_truncated_last_round_and_checks_it():
 def stop(tokens, reason, **kw):
     base = dict(max_new_tokens=4, eos_token_id=9, prompt_length=3, max_context=None)
     base.update(kw)
-    return check_stop(tokens, reason, **base)
+    return check_stop(get("engine.stop"), tokens, reason, **base)
 
 
 @pytest.mark.parametrize(
@@ -299,8 +312,8 @@ REJECTING = [step(4, [1, 2], [1, 5, 0], [1, 5]), step(6, [3], [3, 8], [3, 8])]
 
 
 def test_cost_passes_honest_counts():
-    assert check_cost(_gen([1, 5, 3, 8], REJECTING), rollback="checkpoint") == []
-    assert check_cost(_gen([1, 5, 3, 8], REJECTING, replay_forwards=1), rollback="replay") == []
+    assert check_cost(get("engine.cost"), _gen([1, 5, 3, 8], REJECTING), rollback="checkpoint") == []
+    assert check_cost(get("engine.cost"), _gen([1, 5, 3, 8], REJECTING, replay_forwards=1), rollback="replay") == []
 
 
 @pytest.mark.parametrize(
@@ -316,62 +329,82 @@ def test_cost_passes_honest_counts():
     ],
 )
 def test_cost_catches(rollback, stats, phrase):
-    vs = check_cost(_gen([1, 5, 3, 8], REJECTING, **stats), rollback=rollback)
+    vs = check_cost(get("engine.cost"), _gen([1, 5, 3, 8], REJECTING, **stats), rollback=rollback)
     assert vs and all(v.invariant == "engine.cost" for v in vs)
     assert any(phrase in v.explanation for v in vs), [v.explanation for v in vs]
 
 
 def test_cost_allows_a_chunked_prefill_but_not_more_forwards_than_tokens():
     gen = _gen([1, 5, 3, 8], REJECTING, prefill_forwards=3)
-    assert check_cost(gen, rollback="checkpoint", prompt_length=4) == []  # 3 tokens fed in 3 chunks
-    vs = check_cost(_gen([1, 5, 3, 8], REJECTING, prefill_forwards=4), rollback="checkpoint", prompt_length=4)
+    assert check_cost(get("engine.cost"), gen, rollback="checkpoint", prompt_length=4) == []  # 3 tokens fed in 3 chunks
+    vs = check_cost(
+        get("engine.cost"), _gen([1, 5, 3, 8], REJECTING, prefill_forwards=4), rollback="checkpoint", prompt_length=4
+    )
     assert any("4 prefill forwards for a 4-token prompt" in v.explanation for v in vs)
 
 
 def test_cost_catches_a_round_that_emits_nothing():
     steps = [step(4, [], [1], [1]), step(5, [], [2], [])]
-    vs = check_cost(_gen([1], steps), rollback=None)
+    vs = check_cost(get("engine.cost"), _gen([1], steps), rollback=None)
     assert any(v.round == 1 and "emitted 0 tokens" in v.explanation for v in vs)
 
 
 def test_cost_counts_a_truncated_last_round_as_needing_a_rollback():
     # Everything accepted, but max_new_tokens cut the last round: replay must roll back there.
     steps = [step(4, [1, 2], [1, 2, 3], [1, 2, 3], processed=6)]
-    assert check_cost(_gen([1, 2], steps, replay_forwards=1, accepted=2), rollback="replay") == []
+    assert check_cost(get("engine.cost"), _gen([1, 2], steps, replay_forwards=1, accepted=2), rollback="replay") == []
 
 
 def test_cost_rejects_an_unknown_rollback():
     with pytest.raises(InvalidSettingError, match="rollback"):
-        check_cost(_gen([], []), rollback="rewind")
+        check_cost(get("engine.cost"), _gen([], []), rollback="rewind")
 
 
 # --------------------------------------------------------------------------- trace consistency
 
 
 def test_consistency_catches_tokens_that_are_not_the_accepted_tokens():
-    (v,) = check_trace_consistency([1, 5, 3, 9], REJECTING, "max_new_tokens", max_new_tokens=4, eos_token_id=None)
+    (v,) = check_trace_consistency(
+        get("trace.consistency"), [1, 5, 3, 9], REJECTING, "max_new_tokens", max_new_tokens=4, eos_token_id=None
+    )
     assert v.invariant == "trace.consistency" and v.round == 1
     assert v.expected == [1, 5, 3, 8] and "from index 3" in v.explanation
 
 
 def test_consistency_catches_a_round_after_the_output_was_complete():
     steps = [step(4, [1, 2], [1, 2, 3], [1, 2, 3]), step(7, [], [4], [4])]
-    vs = check_trace_consistency([1, 2], steps, "max_new_tokens", max_new_tokens=2, eos_token_id=None)
+    vs = check_trace_consistency(
+        get("trace.consistency"), [1, 2], steps, "max_new_tokens", max_new_tokens=2, eos_token_id=None
+    )
     assert any(v.round == 1 and "after the output was already complete" in v.explanation for v in vs)
-    vs = check_trace_consistency([1, 2], steps, "eos", max_new_tokens=10, eos_token_id=2)
+    vs = check_trace_consistency(get("trace.consistency"), [1, 2], steps, "eos", max_new_tokens=10, eos_token_id=2)
     assert any("eos reached in round 0" in v.explanation for v in vs)
 
 
 def test_consistency_catches_a_stop_reason_the_rounds_do_not_give():
-    (v,) = check_trace_consistency([1, 5, 3, 8], REJECTING, "eos", max_new_tokens=4, eos_token_id=None)
+    (v,) = check_trace_consistency(
+        get("trace.consistency"), [1, 5, 3, 8], REJECTING, "eos", max_new_tokens=4, eos_token_id=None
+    )
     assert v.expected == "max_new_tokens" and v.actual == "eos"
-    (v,) = check_trace_consistency([1, 5, 3, 8], REJECTING, "max_new_tokens", max_new_tokens=9, eos_token_id=None)
+    (v,) = check_trace_consistency(
+        get("trace.consistency"), [1, 5, 3, 8], REJECTING, "max_new_tokens", max_new_tokens=9, eos_token_id=None
+    )
     assert v.expected == "context_full"
 
 
 def test_consistency_passes_truncation_in_the_last_round():
-    assert check_trace_consistency([1, 5, 3], REJECTING, "max_new_tokens", max_new_tokens=3, eos_token_id=None) == []
-    assert check_trace_consistency([1, 5], REJECTING[:1], "eos", max_new_tokens=9, eos_token_id=5) == []
+    assert (
+        check_trace_consistency(
+            get("trace.consistency"), [1, 5, 3], REJECTING, "max_new_tokens", max_new_tokens=3, eos_token_id=None
+        )
+        == []
+    )
+    assert (
+        check_trace_consistency(
+            get("trace.consistency"), [1, 5], REJECTING[:1], "eos", max_new_tokens=9, eos_token_id=5
+        )
+        == []
+    )
 
 
 # --------------------------------------------------------------------------- check_generation
@@ -381,7 +414,12 @@ def test_check_generation_runs_only_what_applies():
     gen = Generation(tokens=[1, 2], stop_reason="max_new_tokens")
     assert set(check_generation(gen, prompt=[0], k=2, max_new_tokens=2)) == {"engine.stop"}
     with_stats = attrs.evolve(gen, stats=Stats(rounds=1, emitted=2, verify_forwards=1))
-    assert set(check_generation(with_stats, prompt=[0], k=2, max_new_tokens=2)) == {"engine.stop", "engine.cost"}
+    # engine.cost needs stats and a rollback strategy (its needs in the registry)
+    assert set(check_generation(with_stats, prompt=[0], k=2, max_new_tokens=2)) == {"engine.stop"}
+    assert set(check_generation(with_stats, prompt=[0], k=2, max_new_tokens=2, rollback="replay")) == {
+        "engine.stop",
+        "engine.cost",
+    }
     no_stats = Generation(tokens=[1, 5, 3, 8], stop_reason="max_new_tokens", steps=REJECTING)
     results = check_generation(no_stats, prompt=[0, 0, 0, 0, 0], k=2, max_new_tokens=4)
     assert set(results) == set(GENERATION_INVARIANTS) - {"engine.cost"}

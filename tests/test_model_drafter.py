@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specproof.conformance import get
 from specproof.conformance.checks.drafter import check_deterministic
 from specproof.conformance.zoo import _model_drafters as zoo
 from specproof.engine import (
@@ -226,7 +227,9 @@ CALLED = [i % 3 != 1 for i in range(len(CONTEXT))]
     ],
 )
 def test_zoo_model_drafters_change_proposals(factory, why) -> None:
-    violations, compared = check_deterministic(factory, CONTEXT, [4, 3, 2], other=OTHER, called=CALLED)
+    violations, compared = check_deterministic(
+        get("drafter.deterministic"), factory, CONTEXT, [4, 3, 2], other=OTHER, called=CALLED
+    )
     assert compared and violations and why in violations[0].explanation
 
 
@@ -234,7 +237,9 @@ def test_zoo_model_drafters_change_proposals(factory, why) -> None:
     "factory", [zoo.model_drafter_checkpoint, zoo.model_drafter_replay, zoo.model_drafter_reprefill]
 )
 def test_correct_model_drafters_pass(factory) -> None:
-    violations, compared = check_deterministic(factory, CONTEXT, [4, 3, 2], other=OTHER, called=CALLED)
+    violations, compared = check_deterministic(
+        get("drafter.deterministic"), factory, CONTEXT, [4, 3, 2], other=OTHER, called=CALLED
+    )
     assert compared and not violations
 
 
@@ -258,7 +263,9 @@ def test_draft_model_on_a_framework_target_passes(factory: str) -> None:
     pytest.importorskip("transformers" if factory.endswith("hf") else "mlx_lm")
     make = getattr(zoo, factory)
     assert make().rollback == ("checkpoint" if factory.endswith("hf") else "replay")
-    violations, compared = check_deterministic(make, CONTEXT[:40], [4, 2], other=OTHER, called=CALLED)
+    violations, compared = check_deterministic(
+        get("drafter.deterministic"), make, CONTEXT[:40], [4, 2], other=OTHER, called=CALLED
+    )
     assert compared and not violations
 
 

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specproof.bench._workloads import build_workloads, encode_text
-from specproof.conformance.checks.generation import check_generation
+from specproof.conformance import check_generation
 from specproof.engine import Generation, NgramDrafter, greedy_decode, load_target
 from specproof.engine.targets.reference import ReferenceHybrid
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, round_plans

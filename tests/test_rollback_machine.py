@@ -11,7 +11,8 @@ from hypothesis.errors import InvalidArgument
 
 from _targets import small_target
 from specproof.engine import DecodeSession, InvalidSettingError, SpecDecoder
-from specproof.strategies import RollbackMachine, run_rollback_machine
+from specproof.strategies import RollbackMachine, RollbackMachineFailure, run_rollback_machine
+from specproof.strategies._machine import PROPERTIES
 
 # Finding a bug needs only generation; skipping the shrink and explain phases keeps these tests
 # to seconds (the message checked is the first failure's, which names the same invariant).
@@ -170,25 +171,25 @@ def test_black_box_targets_are_checked_through_logits():
     ("factories", "invariant"),
     [
         # white box: the conv_state/rec_state arrays differ from the reference's
-        (dict(target_factory=small_target, decoder_factory=forgetful_decoder), "engine.state-restored"),
+        (dict(target_factory=small_target, decoder_factory=forgetful_decoder), "state"),
         # black box: the pending token's logits differ
-        (dict(target_factory=Opaque, decoder_factory=forgetful_decoder), "engine.state-restored"),
+        (dict(target_factory=Opaque, decoder_factory=forgetful_decoder), "state"),
         # a broken target's own snapshot/restore round trip
         (
             dict(target_factory=forgetful_target, reference_factory=small_target),
-            r"(target\.restore|engine\.state-restored)",
+            r"(restore|state)",
         ),
-        (dict(target_factory=small_target, decoder_factory=batch_variant_decoder), "engine.lossless"),
-        (dict(target_factory=small_target, decoder_factory=lazy_extend_decoder), "engine.kv-length"),
+        (dict(target_factory=small_target, decoder_factory=batch_variant_decoder), "lossless"),
+        (dict(target_factory=small_target, decoder_factory=lazy_extend_decoder), "kv-length"),
     ],
     ids=["forgetful-white-box", "forgetful-black-box", "forgetful-target", "batch-variant-bonus", "lazy-extend"],
 )
-def test_broken_implementations_fail_with_the_invariant_id(factories, invariant):
-    with pytest.raises(AssertionError, match=rf"^\[{invariant}\]") as info:
+def test_broken_implementations_fail_naming_the_property(factories, invariant):
+    with pytest.raises(RollbackMachineFailure, match=rf"^\[{invariant}\]") as info:
         run_rollback_machine(max_k=6, settings=FIND_ONLY, **factories)
     message = str(info.value)
-    assert "after rule " in message
-    if "state-restored" in message and factories["target_factory"] is small_target:
+    assert "after rule " in message and info.value.prop in PROPERTIES
+    if message.startswith("[state]") and factories["target_factory"] is small_target:
         assert "differs at (" in message and "max abs diff" in message
         assert "conv_state" in message or "rec_state" in message
 
@@ -197,7 +198,7 @@ def test_state_message_names_the_array_and_the_difference():
     with pytest.raises(AssertionError) as info:
         run_rollback_machine(target_factory=small_target, decoder_factory=forgetful_decoder, settings=FIND_ONLY)
     first_line = str(info.value).splitlines()[0]
-    assert first_line.startswith("[engine.state-restored] in round ")
+    assert first_line.startswith("[state] after rule ")
     assert "after rule spec_round(" in first_line or "after rule snapshot_round_trip(" in first_line
     assert "max abs diff" in first_line and "atol 0" in first_line
 
@@ -255,6 +256,42 @@ class NoisyStates(Opaque):
 
 def test_tolerance_decides_between_bitwise_and_close():
     quick = settings(FIND_ONLY, max_examples=5, stateful_step_count=10)
-    with pytest.raises(AssertionError, match=r"^\[engine.state-restored\].*conv_state differs.*atol 0"):
+    with pytest.raises(AssertionError, match=r"^\[state\].*conv_state differs.*atol 0"):
         run_rollback_machine(target_factory=NoisyStates, reference_factory=small_target, settings=quick)
     run_rollback_machine(target_factory=NoisyStates, reference_factory=small_target, tolerance=1e-4, settings=quick)
+
+
+# --------------------------------------------------------------------------- the judge shares nothing with the decoder
+
+
+def _drops_bonus_on_full_accept(monkeypatch):
+    """Break the decoder's own accept helper: on a full accept it returns len(draft) - 1, so the
+    round emits the draft without the target's bonus token (still the right tokens, one fewer)."""
+    from specproof.engine import _decoder
+
+    original = _decoder.longest_accepted_prefix
+
+    def broken(draft, argmax):
+        j = original(draft, argmax)
+        return j - 1 if draft and j == len(draft) else j
+
+    monkeypatch.setattr(_decoder, "longest_accepted_prefix", broken)
+
+
+def test_a_decoder_dropping_the_bonus_on_a_full_accept_fails_the_machine(monkeypatch):
+    _drops_bonus_on_full_accept(monkeypatch)
+    with pytest.raises(RollbackMachineFailure) as info:
+        run_rollback_machine(target_factory=small_target, max_k=4, settings=FIND_ONLY)
+    assert info.value.prop in ("lossless", "step-record"), str(info.value)
+
+
+def test_certify_rejects_a_decoder_dropping_the_bonus_on_a_full_accept(monkeypatch):
+    from specproof.conformance import certify
+
+    passing = certify("target", target="reference", profile="quick", only=("stateful.rollback-machine",))
+    assert passing["verdict"] == "pass", passing["results"]  # the accepting case: the decoder as shipped
+    _drops_bonus_on_full_accept(monkeypatch)
+    report = certify("target", target="reference", profile="quick", only=("stateful.rollback-machine",))
+    (result,) = report["results"]
+    assert result["status"] == "fail", result
+    assert result["violations"][0]["invariant"] == "stateful.rollback-machine"

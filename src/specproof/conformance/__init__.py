@@ -17,23 +17,38 @@ from __future__ import annotations
 from typing import Any
 
 from specproof.conformance._certifying import Certification, CheckItem, Plan
-from specproof.conformance._registry import REGISTRY, Invariant, Outcome, markdown_table, registry_json, select
+from specproof.conformance._registry import (
+    REGISTRY,
+    Invariant,
+    Outcome,
+    check_generation,
+    get,
+    markdown_table,
+    registry_json,
+    select,
+)
 from specproof.conformance._results import CheckResult
+from specproof.conformance._run import CAPABILITIES, Capabilities, RunRecord
 from specproof.conformance._runner import certify as run_plan
 from specproof.contract import Violation, ViolationError
 
 __all__ = [
+    "CAPABILITIES",
     "REGISTRY",
+    "Capabilities",
     "Certification",
     "CheckItem",
     "CheckResult",
     "Invariant",
     "Outcome",
     "Plan",
+    "RunRecord",
     "Violation",
     "ViolationError",
     "certify",
     "check",
+    "check_generation",
+    "get",
     "markdown_table",
     "parametrize_with_checks",
     "registry_json",

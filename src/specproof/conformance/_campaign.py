@@ -182,7 +182,6 @@ def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
 
         from specproof.conformance._certifying import Certification, Plan
         from specproof.conformance._database import default_examples_dir, open_database
-        from specproof.conformance._harness import clear_caches
         from specproof.conformance.reports import build_report
 
         store = open_database(options.db, default_dir=default_examples_dir(Path(options.hypothesis_dir)))
@@ -197,7 +196,6 @@ def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
                     seed = rng.getrandbits(31)
                 out.put(("seed", index, seed))
                 cert = Certification(attrs.evolve(base, seed=seed))
-                clear_caches()
                 for item in cert.all_checks():
                     if stop.is_set():
                         break

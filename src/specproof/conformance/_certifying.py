@@ -24,12 +24,13 @@ from hypothesis import strategies as st
 
 from specproof.conformance import _registry as registry
 from specproof.conformance._database import check_key, derandomized_seed
-from specproof.conformance._harness import PATHS, EngineRun, greedy_continuation, run_builtin, run_plugin
+from specproof.conformance._harness import PATHS, EngineRun, RunCache, greedy_continuation, run_builtin, run_plugin
 from specproof.conformance._profiles import Profile, get_profile
 from specproof.conformance._results import CheckResult
+from specproof.conformance._run import Capabilities
 from specproof.conformance._subjects import EngineCase, Suite
 from specproof.conformance.checks.features import feature_layers_of
-from specproof.contract import SpecproofError, UsageError, Violation, ViolationError, validate_tolerance
+from specproof.contract import SpecproofError, UsageError, ViolationError, validate_tolerance
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
 __all__ = ["Certification", "CheckItem", "Plan"]
@@ -169,6 +170,23 @@ class _DrafterCase:
         self.make = make
         self.vocab_size = vocab_size
 
+    def exposes(self) -> Capabilities:
+        """What the drafter declares: a feature drafter's layers and the target whose features it reads."""
+        drafter = self.make()
+        spec = getattr(drafter, "feature_target_spec", None)
+        has = set()
+        if feature_layers_of(drafter) is not None:
+            has.add("feature_layers")
+        if isinstance(spec, str) and spec:
+            has.add("feature_target_spec")
+        return Capabilities(
+            has=has,
+            why_not={
+                "feature_layers": "not a feature drafter (it declares no feature_layers)",
+                "feature_target_spec": "the feature drafter names no feature_target_spec to compute its features with",
+            },
+        )
+
 
 @attrs.define
 class _CaseSearch:
@@ -182,8 +200,11 @@ class _CaseSearch:
 class Certification:
     """The checks a plan selects and the drivers that run them; results by check id."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, *, on_result: Callable[[CheckResult], None] | None = None) -> None:
+        """``on_result`` is called with each check's result as it finishes (progress for the CLI)."""
         self.plan = plan
+        self.on_result = on_result
+        self.cache = RunCache()  # runs, greedy continuations and judges: this certification's only
         self.results: dict[str, CheckResult] = {}
         self.started = time.perf_counter()
         self.interrupted = False
@@ -214,7 +235,7 @@ class Certification:
                         if builtin and case is builtin[0] and suite.subject != "drafter":
                             items.append(CheckItem(inv, "+".join(c.id for c in builtin), case))
                         continue
-                    if inv.driver == "session-machine" and case.kind != "plugin":
+                    if inv.driver == "session-machine" and inv.applies(case.exposes()) is not None:
                         continue  # SpecDecoder keeps no cache between calls (DecodeSession: rollback machine)
                     items.append(CheckItem(inv, case.id, case))
         return items
@@ -260,6 +281,8 @@ class Certification:
             result.settle()
         if result.status in ("fail", "error"):
             result.reproduce = self.reproduce_command(result)
+        if self.on_result is not None:
+            self.on_result(result)
         return result
 
     def _settings(
@@ -309,10 +332,9 @@ class Certification:
 
     def _run_examples(self, item: CheckItem, result: CheckResult) -> None:
         inv, case, profile = item.invariant, self._case(item), self.plan.profile
-        subject = getattr(case, "prototype", None)  # a target subject: what it exposes decides what applies
-        missing = [need for need in inv.needs if subject is not None and not callable(getattr(subject, need, None))]
-        if missing:
-            result.skip(f"the target has no {', '.join(missing)}() (needed by {inv.id})")
+        why = inv.applies(case.exposes())  # what the subject exposes decides what applies
+        if why is not None:
+            result.skip(why)
             return
         assert inv.draw is not None and inv.check is not None
         notes: list[str] = []
@@ -383,7 +405,14 @@ class Certification:
             t = self.plan.suite.target
             assert t is not None
             return greedy_continuation(
-                t.make, None, ("target", t.spec), prompt, n, eos, horizon=self.plan.profile.max_new_tokens
+                t.make,
+                None,
+                ("target", t.spec),
+                prompt,
+                n,
+                eos,
+                horizon=self.plan.profile.max_new_tokens,
+                cache=self.cache,
             )
         return greedy_continuation(
             case.make_reference,
@@ -393,6 +422,7 @@ class Certification:
             n,
             eos,
             horizon=self.plan.profile.max_new_tokens,
+            cache=self.cache,
         )
 
     def _execute(
@@ -427,6 +457,8 @@ class Certification:
                 tie_tolerance=case.tie_tolerance,
                 cache_key=("target", t.spec, d.spec),
                 horizon=horizon,
+                cache=self.cache,
+                capabilities=case.exposes(),
                 script=script,
             )
         return run_plugin(
@@ -439,6 +471,7 @@ class Certification:
             atol=case.atol,
             tie_tolerance=case.tie_tolerance,
             horizon=horizon,
+            cache=self.cache,
             script=script,
         )
 
@@ -566,10 +599,8 @@ class Certification:
                 notes[outcome.note] += 1
             if outcome.violations:
                 failed = True
-            if inv.id == "engine.lossless" and run.lossless is not None and run.lossless.status == "excused":
-                result.excused += 1
-                if run.lossless.margin is not None:
-                    result.excused_margins.append(float(run.lossless.margin))
+            result.excused += len(outcome.excused)
+            result.excused_margins.extend(float(m) for m in outcome.excused if m is not None)
         result.notes = list(case.notes)
         if failed:
             self._shrink(item, result)
@@ -585,16 +616,12 @@ class Certification:
         self._settings(self._failing_test(item), item=item)()
         for ex in self._explicit(case):  # only an explicit example failed: it is small already
             run = self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
-            if inv.check(case, run).violations:
-                raise ViolationError(inv.check(case, run).violations)
+            found = inv.check(case, run).violations
+            if found:
+                raise ViolationError(found)
         # the search found a failure that did not come back (a nondeterministic subject)
         raise ViolationError(
-            [
-                Violation(
-                    invariant=inv.id,
-                    explanation="failed in the search, but not when searched again: the subject is nondeterministic",
-                )
-            ]
+            [inv.violation("failed in the search, but not when searched again: the subject is nondeterministic")]
         )
 
     # ---- the state machines ------------------------------------------------------------
@@ -618,12 +645,15 @@ class Certification:
         test()
 
     def _run_rollback_machine(self, item: CheckItem, result: CheckResult) -> None:
-        from specproof.strategies import RollbackMachine
+        from specproof.strategies import RollbackMachine, RollbackMachineFailure
 
         tsub = self.plan.suite.target
         assert tsub is not None and item.engine is not None
         rollbacks = tuple(c.rollback or "replay" for c in self.plan.suite.engines if c.kind == "builtin")
-        machine = RollbackMachine.configure(target_factory=tsub.make, tolerance=tsub.atol, rollbacks=rollbacks)
+        inv = item.invariant
+        machine = RollbackMachine.configure(
+            target_factory=tsub.make, tolerance=tsub.atol, rollbacks=rollbacks, judges=self.cache.judges
+        )
 
         class Counted(machine):  # type: ignore[misc, valid-type]
             def __init__(self) -> None:
@@ -633,17 +663,23 @@ class Certification:
 
         try:
             self._run_machine(Counted, item)
-        except (AssertionError, SpecproofError) as exc:
-            if isinstance(exc, ViolationError):
-                raise
-            text = str(exc) if isinstance(exc, AssertionError) else f"[engine.lossless] {type(exc).__name__}: {exc}"
-            inv = text[1 : text.index("]")] if text.startswith("[") and "]" in text else "engine.state-restored"
+        except RollbackMachineFailure as exc:
             raise ViolationError(
                 [
-                    Violation(
-                        invariant=inv if "." in inv else "engine.state-restored",
-                        explanation=f"RollbackMachine: {text.splitlines()[0]}",
-                        example={"machine": text[:2000]},
+                    inv.violation(
+                        f"RollbackMachine [{exc.prop}]: {exc.explanation.splitlines()[0]}",
+                        round=exc.round,
+                        example={**exc.example, "machine": str(exc)[:2000]},
+                    )
+                ]
+            ) from exc
+        except SpecproofError as exc:
+            # the built-in decoder raised on the target (a contract breach it detected)
+            raise ViolationError(
+                [
+                    inv.violation(
+                        f"RollbackMachine: the decoder raised {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                        example={"machine": str(exc)[:2000]},
                     )
                 ]
             ) from exc
@@ -754,7 +790,7 @@ class Certification:
                 parts += [f"--{key}", _quote(str(specs[key]))]
         parts += ["--profile", self.plan.profile.name, "--only", result.invariant]
         replay = self.plan.replay_session or self.session_files.get(result.case)
-        if result.invariant == "engine.session" and replay:
+        if replay and registry.get(result.invariant).driver == "session-machine":
             parts += ["--replay-session", _quote(replay)]
         if self.plan.seed is not None:
             parts += ["--seed", str(self.plan.seed)]

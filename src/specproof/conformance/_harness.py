@@ -1,10 +1,11 @@
-"""Running engines for the engine invariants: one generation, every engine invariant's verdict.
+"""Running engines for the engine invariants: one generation, one run record.
 
-An ``EngineRun`` is what one example of an engine case produced: whether the generation
-completed (and, if not, which component broke it), each invariant's violations (None:
-not applicable, with the reason), the rounds by path, and how many state comparisons
-were made. Runs and greedy continuations are cached by their inputs, so the one search
-per engine case and the per-invariant shrinking searches share them.
+An ``EngineRun`` is what one example of an engine case produced: the ``RunRecord`` the
+engine invariants of the registry judge (None when the generation did not complete,
+with the component that broke it in ``error``) and the rounds by path. Runs and greedy
+continuations are cached by their inputs in a ``RunCache`` owned by one certification,
+so the one search per engine case and the per-invariant shrinking searches share them
+and nothing leaks into the next certification.
 
 The judges here (the greedy oracle, the state reference) are fresh copies of the model
 fed only by forwards, never restored: a broken restore in the subject cannot hide in them.
@@ -14,42 +15,29 @@ from __future__ import annotations
 
 import copy
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
+from specproof.conformance._judges import JudgeMemo
+from specproof.conformance._run import Capabilities, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
-from specproof.conformance.checks.generation import check_generation
-from specproof.contract import Violation, arrays_differ, states_differ
-from specproof.contract.lossless import LosslessVerdict, compare_lossless
+from specproof.contract import arrays_differ, states_differ
+from specproof.contract.lossless import compare_lossless
 from specproof.engine import CapacityError, DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
-from specproof.strategies._judges import JUDGES
 
 __all__ = [
-    "ENGINE_INVARIANTS",
     "PATHS",
     "EngineRun",
+    "RunCache",
     "StateProbe",
     "classify_rounds",
-    "clear_caches",
     "greedy_continuation",
     "run_builtin",
     "run_plugin",
 ]
-
-ENGINE_INVARIANTS: tuple[str, ...] = (
-    "engine.lossless",
-    "engine.accept-bounds",
-    "engine.accept-rule",
-    "engine.kv-length",
-    "engine.state-restored",
-    "engine.stop",
-    "engine.cost",
-    "trace.consistency",
-    "engine.features",
-)
 
 # The rollback paths a round can take (docs/contract.md, "path coverage").
 PATHS: tuple[str, ...] = (
@@ -65,18 +53,20 @@ PATHS: tuple[str, ...] = (
 
 @attrs.define
 class EngineRun:
-    """One generation of one engine case and every engine invariant's verdict on it."""
+    """One generation of one engine case: the record the engine invariants judge, and its paths.
+
+    ``record`` is None when the generation did not complete; ``error`` then names the
+    component that raised and why.
+    """
 
     example: dict[str, object]
-    completed: bool
+    record: RunRecord | None = None
     error: str | None = None
-    verdicts: dict[str, list[Violation] | None] = attrs.Factory(dict)
-    not_applicable: dict[str, str] = attrs.Factory(dict)
     paths: Counter[str] = attrs.Factory(Counter)
-    rounds: int = 0
-    state_checks: int = 0
-    feature_checks: int = 0
-    lossless: LosslessVerdict | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.record is not None
 
 
 def classify_rounds(
@@ -109,12 +99,13 @@ def classify_rounds(
 
 
 class StateProbe:
-    """Wraps the drafter the engine is given; at every proposal checks ``engine.state-restored``.
+    """Wraps the drafter the engine is given; at every proposal compares the live target's state.
 
     When the engine asks for a draft, the previous round's rollback is done, so its live
     target must be the target plain decoding of ``ctx[:-1]`` gives. A trusted reference
     (a fresh copy of the model) is fed the new context tokens with plain forwards, and the
-    live target's ``state_arrays()`` are compared with it (exact at ``atol`` 0).
+    live target's ``state_arrays()`` are compared with it (exact at ``atol`` 0). What it
+    finds is recorded as violation fields (``found``) for the registry's state invariant.
     """
 
     def __init__(
@@ -124,6 +115,7 @@ class StateProbe:
         make_reference: Callable[[], Target] | None,
         *,
         atol: float,
+        judges: JudgeMemo,
         feature_layers: tuple[int, ...] | None = None,
     ) -> None:
         self.inner = inner
@@ -139,7 +131,8 @@ class StateProbe:
         self.make_reference = make_reference
         self.reference: Target | None = None
         self.atol = atol
-        self.violations: list[Violation] = []
+        self.judges = judges
+        self.found: list[dict[str, Any]] = []
         self.checks = 0
         self._fed = 0
         self._round = 0
@@ -155,35 +148,34 @@ class StateProbe:
         return self.make_reference is not None and callable(getattr(self.live, "state_arrays", None))
 
     def check(self, context: Sequence[int], *, when: str) -> None:
-        if self.make_reference is None or self.violations:
+        if self.make_reference is None or self.found:
             return
         want = len(context) - 1
         try:
             if self.reference is None:
-                self.reference = JUDGES.at(self.make_reference, context[:want])  # fed by forwards only
+                self.reference = self.judges.at(self.make_reference, context[:want])  # fed by forwards only
                 self._fed = want
             elif want > self._fed:
                 self.reference.forward(list(context[self._fed : want]))
                 self._fed = want
         except CapacityError:
-            # the engine ran its context past max_context: engine.stop and engine.kv-length say so;
+            # the engine ran its context past max_context: the stop and KV-length checks say so;
             # there is no plain-decoding state to compare with
             self.make_reference = None
             return
         if not self.white_box:
             return
         if int(self.live.processed) != want:  # type: ignore[attr-defined]
-            return  # engine.kv-length reports this; comparing states would only repeat it
+            return  # the KV-length check reports this; comparing states would only repeat it
         self.checks += 1
         why = states_differ(self.reference.state_arrays(), self.live.state_arrays(), atol=self.atol)  # type: ignore[union-attr,attr-defined]
         if why is not None:
-            self.violations.append(
-                Violation(
-                    invariant="engine.state-restored",
-                    round=self._round if when == "round" else None,
-                    explanation=f"{when}: the live target is not the target plain decoding of ctx[:-1] gives: {why}",
-                    example={"context_length": len(context)},
-                )
+            self.found.append(
+                {
+                    "round": self._round if when == "round" else None,
+                    "explanation": f"{when}: the live target is not the target plain decoding of ctx[:-1] gives: {why}",
+                    "example": {"context_length": len(context)},
+                }
             )
 
     def propose(self, context: Sequence[int], k: int, **kwargs: Any) -> Sequence[int]:
@@ -195,24 +187,6 @@ class StateProbe:
         if features is not None and feature_layers_of(self.inner) is not None:
             return self.inner.propose(context, k, features=features)  # type: ignore[call-arg]
         return self.inner.propose(context, k)
-
-
-def feature_verdict(run: EngineRun, probe: StateProbe) -> None:
-    """``engine.features``: what the probe judged of the features the engine handed its drafter."""
-    judge = probe.features
-    if judge is None:
-        run.verdicts["engine.features"] = None
-        run.not_applicable["engine.features"] = (
-            "no feature drafter was installed (the drafter declares no feature_layers, or there is no model "
-            "to compute features with)"
-        )
-        return
-    run.feature_checks = judge.checks
-    if not judge.checks and not judge.violations:
-        run.verdicts["engine.features"] = None
-        run.not_applicable["engine.features"] = "the engine never handed its feature drafter features"
-        return
-    run.verdicts["engine.features"] = [_with_example(v, run.example) for v in judge.violations]
 
 
 class _LRU(OrderedDict[object, Any]):
@@ -227,15 +201,18 @@ class _LRU(OrderedDict[object, Any]):
         return value
 
 
-_RUNS = _LRU(1024)
-_GREEDY = _LRU(2048)
+@attrs.define
+class RunCache:
+    """The runs, greedy continuations and judges of one certification.
 
+    Owned by the ``Certification`` that fills it (never a module global), so a
+    certification never sees another's verdicts; run keys also hold every setting that
+    changes a verdict (``atol``, ``tie_tolerance``).
+    """
 
-def clear_caches() -> None:
-    """Forget cached runs and continuations (at the start of every certification)."""
-    _RUNS.clear()
-    _GREEDY.clear()
-    JUDGES.clear()
+    runs: _LRU = attrs.Factory(lambda: _LRU(1024))
+    greedy: _LRU = attrs.Factory(lambda: _LRU(2048))
+    judges: JudgeMemo = attrs.Factory(JudgeMemo)
 
 
 def greedy_continuation(
@@ -247,6 +224,7 @@ def greedy_continuation(
     eos: int | None,
     *,
     horizon: int,
+    cache: RunCache,
 ) -> tuple[list[int], list[float] | None]:
     """Plain greedy after ``prompt``: tokens (cut at ``n`` and the first EOS) and top-2 margins.
 
@@ -255,12 +233,12 @@ def greedy_continuation(
     the first ``n`` tokens of a longer continuation are the continuation of length ``n``.
     """
     cache_key = (key, tuple(prompt))
-    cached = _GREEDY.get(cache_key)
+    cached = cache.greedy.get(cache_key)
     if cached is None or (len(cached[0]) < n and not cached[2]):
         want = max(n, horizon)
         if make_reference is not None:
             # plain greedy on a judge fed prompt[:-1] by forwards only (memoized: long prompts recur)
-            model = JUDGES.at(make_reference, prompt[:-1])
+            model = cache.judges.at(make_reference, prompt[:-1])
             tokens: list[int] = []
             margins: list[float] = []
             pending = int(prompt[-1])
@@ -274,7 +252,7 @@ def greedy_continuation(
         else:
             assert greedy_fn is not None
             cached = ([int(t) for t in greedy_fn(list(prompt), want)], None, False)
-        _GREEDY.remember(cache_key, cached)
+        cache.greedy.remember(cache_key, cached)
     tokens, all_margins, _ = cached
     tokens = tokens[:n]
     if eos is not None and eos in tokens:
@@ -287,10 +265,11 @@ def _cause(error: BaseException) -> str:
     return f"{type(cause).__name__}: {cause}"
 
 
-def _verdicts(
+def _record(
     run: EngineRun,
     gen: Generation,
     *,
+    capabilities: Capabilities,
     prompt: Sequence[int],
     k: int | None,
     max_new_tokens: int,
@@ -301,63 +280,48 @@ def _verdicts(
     expected: list[int],
     margins: list[float] | None,
     tie_tolerance: float,
-    state: list[Violation] | None,
+    probe: StateProbe,
+    state: list[dict[str, Any]] | None,
     state_note: str,
-) -> None:
+) -> EngineRun:
+    """Fill ``run`` with its record: what the engine exposed this time decides what applies."""
     bound = k if k is not None else max((len(s.draft) for s in gen.steps or ()), default=0)
-    checked = check_generation(
-        gen,
-        prompt=prompt,
+    judge = probe.features
+    caps = capabilities.with_(
+        steps=True if gen.steps is not None else "the engine returns no steps (black-box)",
+        stats=True if gen.stats is not None else "the engine returns no stats",
+        rollback=True if rollback is not None else "the engine does not say its rollback strategy",
+        target=True if state is not None else state_note,
+        drafter=True
+        if judge is not None
+        else "no feature drafter was installed (the drafter declares no feature_layers, or there is no model "
+        "to compute features with)",
+        forward_with_features=True if judge is not None else "no model to compute the target's features with",
+    )
+    run.record = RunRecord(
+        generation=gen,
+        prompt=tuple(prompt),
         k=bound,
         max_new_tokens=max_new_tokens,
-        eos_token_id=eos,
+        eos=eos,
         max_context=max_context,
         rollback=rollback,
         final_processed=final_processed,
+        lossless=compare_lossless(list(gen.tokens), expected, expected_margins=margins, tie_tolerance=tie_tolerance),
+        state=None if state is None else tuple(state),
+        state_checks=probe.checks,
+        features=None if judge is None else tuple(judge.found),
+        feature_checks=0 if judge is None else judge.checks,
+        capabilities=caps,
     )
-    example = run.example
-    for inv in ENGINE_INVARIANTS:
-        run.verdicts[inv] = None
-    for inv, vs in checked.items():
-        run.verdicts[inv] = [_with_example(v, example) for v in vs]
-    if final_processed is None:
-        # no live target to read processed from: the final-length part of kv-length is not checked
-        run.not_applicable.setdefault("engine.kv-length", "no live target")
-    if gen.steps is None:
-        for inv in ("engine.accept-bounds", "engine.accept-rule", "engine.kv-length", "trace.consistency"):
-            run.not_applicable[inv] = "the engine returns no steps (black-box)"
-    if gen.stats is None:
-        run.not_applicable["engine.cost"] = "the engine returns no stats"
-    elif rollback is None:
-        run.verdicts["engine.cost"] = None
-        run.not_applicable["engine.cost"] = "the engine does not say its rollback strategy"
-    verdict = compare_lossless(list(gen.tokens), expected, expected_margins=margins, tie_tolerance=tie_tolerance)
-    run.lossless = verdict
-    run.verdicts["engine.lossless"] = [] if verdict.violation is None else [_with_example(verdict.violation, example)]
-    run.verdicts["engine.state-restored"] = state
-    if state is None:
-        run.not_applicable["engine.state-restored"] = state_note
     if gen.steps is not None:
-        run.rounds = len(gen.steps)
         run.paths = classify_rounds(gen.steps, k=k, eos=eos, max_context=max_context, tokens=gen.tokens)
-        example["drafts"] = [list(s.draft) for s in gen.steps][:16]
-
-
-def _with_example(v: Violation, example: Mapping[str, object]) -> Violation:
-    return attrs.evolve(v, example={**dict(example), **v.example})
+        run.example["drafts"] = [list(s.draft) for s in gen.steps][:16]
+    return run
 
 
 def _incomplete(example: dict[str, object], error: BaseException, component: str) -> EngineRun:
-    cause = _cause(error)
-    v = Violation(
-        invariant="engine.lossless",
-        explanation=f"the generation did not complete: {component} raised {cause}",
-        example=dict(example),
-    )
-    run = EngineRun(example=example, completed=False, error=cause)
-    run.verdicts = dict.fromkeys(ENGINE_INVARIANTS)
-    run.verdicts["engine.lossless"] = [v]
-    return run
+    return EngineRun(example=example, record=None, error=f"{component} raised {_cause(error)}")
 
 
 def _observational(live: Any, reference: Target, context: Sequence[int], atol: float, *, keep: bool) -> str | None:
@@ -377,12 +341,12 @@ def _observational(live: Any, reference: Target, context: Sequence[int], atol: f
 
 def _final_state_check(
     probe: StateProbe, live: Any, context: Sequence[int], atol: float, *, observe: bool, keep: bool = False
-) -> list[Violation] | None:
+) -> list[dict[str, Any]] | None:
     """State after the generation: white-box (state arrays), then observational (the next forward)."""
     if probe.make_reference is None or live is None:
         return None
     probe.check(context, when="after the last round")
-    state = list(probe.violations)
+    state = list(probe.found)
     if state or int(live.processed) != len(context) - 1:
         return state if probe.checks or state else None
     if observe and callable(getattr(live, "forward", None)) and probe.reference is not None:
@@ -390,10 +354,7 @@ def _final_state_check(
         probe.checks += 1
         if why is not None:
             state.append(
-                Violation(
-                    invariant="engine.state-restored",
-                    explanation=f"after the generation, the next forward differs from plain decoding's: {why}",
-                )
+                {"explanation": f"after the generation, the next forward differs from plain decoding's: {why}"}
             )
     return state if probe.checks else None
 
@@ -412,13 +373,27 @@ def run_builtin(
     tie_tolerance: float,
     cache_key: object,
     horizon: int,
+    cache: RunCache,
+    capabilities: Capabilities,
     script: object = None,
     feature_layers: tuple[int, ...] | None = None,
 ) -> EngineRun:
-    """Run SpecDecoder on a fresh target with a state probe; every engine invariant's verdict."""
-    key = ("builtin", cache_key, tuple(prompt), k, rollback, max_new_tokens, eos, drafter_kind, repr(script))
-    if key in _RUNS:
-        return _RUNS[key]  # type: ignore[no-any-return]
+    """Run SpecDecoder on a fresh target with a state probe; the run record the invariants judge."""
+    key = (
+        "builtin",
+        cache_key,
+        tuple(prompt),
+        k,
+        rollback,
+        max_new_tokens,
+        eos,
+        drafter_kind,
+        repr(script),
+        atol,
+        tie_tolerance,
+    )
+    if key in cache.runs:
+        return cache.runs[key]  # type: ignore[no-any-return]
     example: dict[str, object] = {
         "prompt": list(prompt),
         "k": k,
@@ -430,19 +405,21 @@ def run_builtin(
     if script is not None:
         example["script"] = script
     target = make_target()
-    probe = StateProbe(drafter, target, make_target, atol=atol, feature_layers=feature_layers)
+    probe = StateProbe(drafter, target, make_target, atol=atol, judges=cache.judges, feature_layers=feature_layers)
     try:
         gen = SpecDecoder(target, probe, k=k, rollback=rollback).generate(prompt, max_new_tokens, eos_token_id=eos)  # type: ignore[arg-type]
     except DecodeError as exc:
-        return _RUNS.remember(key, _incomplete(example, exc, "the drafter or the target"))  # type: ignore[no-any-return]
-    expected, margins = greedy_continuation(make_target, None, cache_key, prompt, max_new_tokens, eos, horizon=horizon)
+        return cache.runs.remember(key, _incomplete(example, exc, "the drafter or the target"))  # type: ignore[no-any-return]
+    expected, margins = greedy_continuation(
+        make_target, None, cache_key, prompt, max_new_tokens, eos, horizon=horizon, cache=cache
+    )
     final = target.processed  # before the observational probe advances it
     ctx = [*prompt, *gen.tokens]
     state = _final_state_check(probe, target, ctx, atol, observe=True)
-    run = EngineRun(example=example, completed=True, state_checks=probe.checks)
-    _verdicts(
-        run,
+    run = _record(
+        EngineRun(example=example),
         gen,
+        capabilities=capabilities,
         prompt=prompt,
         k=k,
         max_new_tokens=max_new_tokens,
@@ -453,11 +430,11 @@ def run_builtin(
         expected=expected,
         margins=margins,
         tie_tolerance=tie_tolerance,
+        probe=probe,
         state=state,
         state_note="the target has no state_arrays() and the pending token could not be probed",
     )
-    feature_verdict(run, probe)
-    return _RUNS.remember(key, run)  # type: ignore[no-any-return]
+    return cache.runs.remember(key, run)  # type: ignore[no-any-return]
 
 
 def run_plugin(
@@ -471,6 +448,7 @@ def run_plugin(
     atol: float,
     tie_tolerance: float,
     horizon: int,
+    cache: RunCache,
     script: object = None,
 ) -> EngineRun:
     """Run a plug-in engine (``case`` is an ``EngineCase``) following the engine contract.
@@ -478,9 +456,9 @@ def run_plugin(
     With ``drafter`` the suite's drafter is installed on the engine's ``drafter`` attribute for
     this generation (wrapped in a state probe when the engine exposes a live target).
     """
-    key = ("plugin", case.token, tuple(prompt), max_new_tokens, eos, drafter_kind, repr(script))
-    if key in _RUNS:
-        return _RUNS[key]  # type: ignore[no-any-return]
+    key = ("plugin", case.token, tuple(prompt), max_new_tokens, eos, drafter_kind, repr(script), atol, tie_tolerance)
+    if key in cache.runs:
+        return cache.runs[key]  # type: ignore[no-any-return]
     example: dict[str, object] = {
         "prompt": list(prompt),
         "max_new_tokens": max_new_tokens,
@@ -498,7 +476,12 @@ def run_plugin(
     layers = feature_layers_of(case.own_drafter) if drafter is not None else None
     # the features are judged against a fresh copy of the model, whether or not the engine exposes its live target
     probe = StateProbe(
-        drafter if drafter is not None else _NoDrafter(), live, reference, atol=atol, feature_layers=layers
+        drafter if drafter is not None else _NoDrafter(),
+        live,
+        reference,
+        atol=atol,
+        judges=cache.judges,
+        feature_layers=layers,
     )
     if layers is not None and case.make_reference is not None and probe.features is None:
         probe.features = FeatureJudge(case.make_reference, layers, atol=atol)
@@ -508,13 +491,13 @@ def run_plugin(
             engine.drafter = probe
         gen = engine.generate(list(prompt), max_new_tokens, eos_token_id=eos)
     except Exception as exc:
-        return _RUNS.remember(key, _incomplete(example, exc, f"the engine {case.name}"))  # type: ignore[no-any-return]
+        return cache.runs.remember(key, _incomplete(example, exc, f"the engine {case.name}"))  # type: ignore[no-any-return]
     finally:
         if drafter is not None:
             engine.drafter = case.own_drafter
     if not isinstance(gen, Generation):
         bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
-        return _RUNS.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
+        return cache.runs.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
     if live is not None and case.live_confirmed is None and gen.tokens:
         # The engine contract: `target` is the target the engine decodes on. One that never moves
         # during a generation is an oracle of the same model, not the live target.
@@ -522,18 +505,25 @@ def run_plugin(
         live = case.live_target
         if live is None:
             judge = probe.features
-            probe = StateProbe(probe.inner, None, None, atol=atol)
+            probe = StateProbe(probe.inner, None, None, atol=atol, judges=cache.judges)
             probe.features = judge
     expected, margins = greedy_continuation(
-        case.make_reference, case.greedy_fn, ("plugin", case.token), prompt, max_new_tokens, eos, horizon=horizon
+        case.make_reference,
+        case.greedy_fn,
+        ("plugin", case.token),
+        prompt,
+        max_new_tokens,
+        eos,
+        horizon=horizon,
+        cache=cache,
     )
     final = int(live.processed) if live is not None else None
     ctx = [*prompt, *gen.tokens]
     state = _final_state_check(probe, live, ctx, atol, observe=case.observable, keep=True)
-    run = EngineRun(example=example, completed=True, state_checks=probe.checks)
-    _verdicts(
-        run,
+    run = _record(
+        EngineRun(example=example),
         gen,
+        capabilities=case.exposes(),
         prompt=prompt,
         k=case.k,
         max_new_tokens=max_new_tokens,
@@ -544,11 +534,11 @@ def run_plugin(
         expected=expected,
         margins=margins,
         tie_tolerance=tie_tolerance,
+        probe=probe,
         state=state,
         state_note=case.state_note,
     )
-    feature_verdict(run, probe)
-    return _RUNS.remember(key, run)  # type: ignore[no-any-return]
+    return cache.runs.remember(key, run)  # type: ignore[no-any-return]
 
 
 class _NoDrafter:

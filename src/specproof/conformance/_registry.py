@@ -1,15 +1,35 @@
 """The invariant registry: the one place each check's id, subject, summary, needs and check live.
 
 Everything else is derived from ``REGISTRY``: the per-subject lists, the pytest
-parametrization and ids, ``--only``, report rows, the zoo's expected ids, the README's
-invariant table and ``specproof invariants``. Adding an invariant means adding one entry.
+parametrization and ids, ``--only``, report rows, what each driver runs and where it
+applies, the zoo's expectations, ``check_trace``'s results, the README's invariant table
+and ``specproof invariants``. No other module of ``specproof`` spells an id: checks build
+their violations with ``inv.violation(...)`` on the ``Invariant`` they are handed.
 
-Every check has one signature, ``check(case, example) -> Outcome``: ``case`` is the
-resolved subject it runs on, ``example`` what its driver drew (drafter and target
-invariants draw their own examples with ``draw(data, case, profile)``; engine
-invariants share one search per engine case, and their example is the ``EngineRun``
-it produced). ``Outcome.exercised`` counts what reached the check (calls compared,
-rounds checked, ...): zero exercising examples make the check a ``skip``, never a pass.
+Checks come in two shapes:
+
+- ``check(inv, case, example) -> Outcome`` (drafter and target invariants, driver
+  ``examples``): ``case`` is the resolved subject, ``example`` what ``draw(data, case,
+  profile)`` drew in the invariant's own Hypothesis search;
+- ``on_record(inv, record) -> Outcome`` (engine invariants, driver ``engine-case``): a
+  verdict over one ``RunRecord`` (one generation and what its driver observed). Every
+  driver that produces generations (the engine-case search, ``check_trace``, the wire
+  client) builds a ``RunRecord`` with its ``Capabilities`` and asks
+  ``inv.judge_record(record)``, which first judges ``needs`` against the capabilities.
+
+``Outcome.exercised`` counts what reached the check (calls compared, rounds checked, ...):
+zero exercising examples make the check a ``skip``, never a pass.
+
+Adding an engine invariant (see docs/contract.md, "adding an invariant"):
+
+1. a check function ``check_x(inv, ...) -> list[Violation]`` (in ``checks/generation.py``
+   for a rule over the records) building its breaches with ``inv.violation(...)``;
+2. one ``Invariant(...)`` entry below with ``on_record=_on_record(<adapter>, <exercised>, <held>)``,
+   its ``needs`` (names from ``specproof.conformance._run.CAPABILITIES``) and ``zoo``: the
+   zoo member(s) it alone or first rejects (``also`` on other entries lists members whose
+   bug it catches too);
+3. the zoo member itself (``specproof.conformance.zoo``); regenerate the README table
+   (``specproof invariants --markdown``). Nothing else names the id.
 """
 
 from __future__ import annotations
@@ -23,10 +43,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 from hypothesis import strategies as st
 
+from specproof.conformance._run import Capabilities, RunRecord
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import features as feature_checks
+from specproof.conformance.checks import generation as generation_checks
 from specproof.conformance.checks import target as target_checks
+from specproof.conformance.checks.generation import round_of_index
 from specproof.contract import UsageError, Violation
+from specproof.engine._records import Generation, Step
+from specproof.engine.errors import InvalidSettingError
 from specproof.strategies import contexts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,6 +64,7 @@ __all__ = [
     "Outcome",
     "Subject",
     "by_subject",
+    "check_generation",
     "get",
     "markdown_table",
     "registry_json",
@@ -51,21 +77,34 @@ Driver = Literal["examples", "engine-case", "rollback-machine", "session-machine
 
 @attrs.frozen
 class Outcome:
-    """What one check made of one example: the violations found and how much it exercised."""
+    """What one check made of one example: the violations found and how much it exercised.
+
+    ``excused`` holds the top-2 margin (or None) of each near-tie divergence a lossless
+    check excused (docs/contract.md, "lossless").
+    """
 
     violations: list[Violation] = attrs.Factory(list)
     exercised: int = 1
-    note: str = ""  # why nothing was exercised, when exercised == 0
+    note: str = ""  # why nothing was exercised, when exercised == 0; else what held
+    excused: tuple[float | None, ...] = ()
+
+
+Check = Callable[["Invariant", Any, Any], Outcome]
+RecordCheck = Callable[["Invariant", RunRecord], Outcome]
 
 
 @attrs.frozen(kw_only=True)
 class Invariant:
     """One registered check.
 
-    ``needs`` names what the subject must expose for the check to apply (see
-    docs/contract.md, "capabilities"); ``draws`` says in words how its examples are drawn;
-    ``driver`` which search runs it (``examples``: its own Hypothesis search over
-    ``draw``; ``engine-case``: the one search per engine case; the two state machines).
+    ``needs`` names what the subject must expose for the check to apply (capabilities,
+    docs/contract.md); ``draws`` says in words how its examples are drawn; ``driver``
+    which search runs it (``examples``: its own Hypothesis search over ``draw``;
+    ``engine-case``: the one search per engine case; the two state machines).
+    ``completes``: the invariant that also says every generation completes (a run
+    that raised fails it with the cause; the other engine invariants say they could
+    not be checked). ``zoo``: the zoo members this invariant alone (or first) rejects;
+    ``also``: zoo members whose bug it catches too.
     """
 
     id: str
@@ -75,8 +114,67 @@ class Invariant:
     draws: str
     driver: Driver = "examples"
     budget: Literal["examples", "capacity"] = "examples"  # capacity: a few examples (filling a target is costly)
-    check: Callable[[Any, Any], Outcome] | None = attrs.field(default=None, eq=False, repr=False)
+    completes: bool = False
+    zoo: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
+    checker: Check | None = attrs.field(default=None, eq=False, repr=False, alias="check")
+    on_record: RecordCheck | None = attrs.field(default=None, eq=False, repr=False)
     draw: Callable[[st.DataObject, Any, Profile], Any] | None = attrs.field(default=None, eq=False, repr=False)
+
+    def violation(
+        self,
+        explanation: str,
+        *,
+        round: int | None = None,
+        expected: object = None,
+        actual: object = None,
+        example: dict[str, object] | None = None,
+    ) -> Violation:
+        """A breach of this invariant (the only way a check names an id)."""
+        return Violation(
+            invariant=self.id,
+            explanation=explanation,
+            round=round,
+            expected=expected,
+            actual=actual,
+            example=dict(example or {}),
+        )
+
+    def applies(self, capabilities: Capabilities) -> str | None:
+        """None when the subject exposes what this invariant needs, else why it does not apply."""
+        return capabilities.lacks(self.needs)
+
+    def check(self, case: Any, example: Any) -> Outcome:
+        """This invariant's verdict on one example of its driver (an ``EngineRun`` for ``engine-case``)."""
+        if self.on_record is not None:
+            return self._judge_run(example)
+        assert self.checker is not None, f"{self.id} is run by its state machine, not judged per example"
+        return self.checker(self, case, example)
+
+    judge = check
+
+    def judge_record(self, record: RunRecord) -> Outcome:
+        """This engine invariant's verdict on one run record; not applicable: no example exercised."""
+        assert self.on_record is not None, f"{self.id} does not judge run records"
+        why = self.applies(record.capabilities)
+        if why is not None:
+            return Outcome([], exercised=0, note=why)
+        return self.on_record(self, record)
+
+    def _judge_run(self, run: EngineRun) -> Outcome:
+        if run.record is None:
+            # A generation that did not complete passes nothing: it fails every check that was asked
+            # about it, naming the component that broke it.
+            why = f"the generation did not complete: {run.error}"
+            text = why if self.completes else f"{why} (so {self.id} could not be checked)"
+            return Outcome([self.violation(text, example=dict(run.example))], exercised=1)
+        outcome = self.judge_record(run.record)
+        if outcome.violations:
+            example = dict(run.example)
+            outcome = attrs.evolve(
+                outcome, violations=[attrs.evolve(v, example={**example, **v.example}) for v in outcome.violations]
+            )
+        return outcome
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -104,20 +202,22 @@ def _draw_drafter_example(data: st.DataObject, case: Any, profile: Profile) -> d
     return {"context": ctx, "ks": ks, "other": other, "called": calls}
 
 
-def _drafter_check(fn: Callable[..., list[Violation]]) -> Callable[[Any, Any], Outcome]:
-    def check(case: Any, ex: dict[str, Any]) -> Outcome:
-        return Outcome(fn(case.make(), ex["context"], ex["ks"]))
+def _drafter_check(fn: Callable[..., list[Violation]]) -> Check:
+    def check(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+        return Outcome(fn(inv, case.make(), ex["context"], ex["ks"]))
 
     return check
 
 
-def _check_token_range(case: Any, ex: dict[str, Any]) -> Outcome:
-    return Outcome(drafter_checks.check_token_range(case.make(), ex["context"], ex["ks"], vocab_size=case.vocab_size))
+def _check_token_range(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    return Outcome(
+        drafter_checks.check_token_range(inv, case.make(), ex["context"], ex["ks"], vocab_size=case.vocab_size)
+    )
 
 
-def _check_deterministic(case: Any, ex: dict[str, Any]) -> Outcome:
+def _check_deterministic(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
     vs, compared = drafter_checks.check_deterministic(
-        case.make, ex["context"], ex["ks"], other=ex["other"], called=ex["called"]
+        inv, case.make, ex["context"], ex["ks"], other=ex["other"], called=ex["called"]
     )
     return Outcome(vs, exercised=compared, note="" if compared else "no call could be compared")
 
@@ -133,9 +233,9 @@ def _draw_features_example(data: st.DataObject, case: Any, profile: Profile) -> 
     return {"context": ctx, "ks": ks, "accepts": accepts, "bonus": bonus, "edit_at": edit_at}
 
 
-def _check_features(case: Any, ex: dict[str, Any]) -> Outcome:
+def _check_features(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
     vs, compared, note = feature_checks.check_drafter_features(
-        case.make, ex["context"], ex["ks"], ex["accepts"], ex["bonus"], edit_at=ex["edit_at"]
+        inv, case.make, ex["context"], ex["ks"], ex["accepts"], ex["bonus"], edit_at=ex["edit_at"]
     )
     return Outcome(vs, exercised=compared, note=note)
 
@@ -153,89 +253,151 @@ def _draw_target_example(data: st.DataObject, case: Any, profile: Profile) -> di
     }
 
 
-def _target_check(name: str) -> Callable[[Any, Any], Outcome]:
-    def check(case: Any, ex: dict[str, Any]) -> Outcome:
-        fn = target_checks.TARGET_CHECKS[name]
-        return Outcome(fn(case.make, ex["prefix"], ex["tokens"]))
+def _target_check(fn: Callable[..., list[Violation]]) -> Check:
+    def check(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+        return Outcome(fn(inv, case.make, ex["prefix"], ex["tokens"]))
 
     return check
 
 
-def _check_chunks(case: Any, ex: dict[str, Any]) -> Outcome:
+def _check_chunks(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
     chunks = ex["data"].draw(st.lists(st.integers(1, 4), min_size=1, max_size=6), label="chunks")
     return Outcome(
-        target_checks.check_chunk_invariance(case.make, ex["prefix"], ex["tokens"], chunks, tolerance=case.atol)
+        target_checks.check_chunk_invariance(inv, case.make, ex["prefix"], ex["tokens"], chunks, tolerance=case.atol)
     )
 
 
-def _check_causality(case: Any, ex: dict[str, Any]) -> Outcome:
+def _check_causality(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
     data, tokens = ex["data"], ex["tokens"]
     split = data.draw(st.integers(1, len(tokens)), label="split")
     repl = data.draw(
         st.lists(st.integers(0, case.vocab_size - 1), min_size=len(tokens), max_size=len(tokens)), label="replacement"
     )
-    return Outcome(target_checks.check_causality(case.make, ex["prefix"], tokens, split, repl, tolerance=case.atol))
+    return Outcome(
+        target_checks.check_causality(inv, case.make, ex["prefix"], tokens, split, repl, tolerance=case.atol)
+    )
 
 
-def _check_restore_like(fn: Callable[..., list[Violation]]) -> Callable[[Any, Any], Outcome]:
-    def check(case: Any, ex: dict[str, Any]) -> Outcome:
+def _check_restore_like(fn: Callable[..., list[Violation]]) -> Check:
+    def check(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
         probe = ex["data"].draw(st.lists(st.integers(0, case.vocab_size - 1), min_size=1, max_size=3), label="probe")
-        return Outcome(fn(case.make, ex["prefix"], ex["tokens"], probe, tolerance=case.atol))
+        return Outcome(fn(inv, case.make, ex["prefix"], ex["tokens"], probe, tolerance=case.atol))
 
     return check
 
 
-def _check_capacity(case: Any, ex: dict[str, Any]) -> Outcome:
+def _check_capacity(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
     overflow = ex["data"].draw(st.integers(2, 5), label="overflow tokens")
     fill = ex["prefix"] or ex["tokens"]
-    return Outcome(target_checks.check_capacity(case.make, fill, overflow, ex["tokens"][0]))
+    return Outcome(target_checks.check_capacity(inv, case.make, fill, overflow, ex["tokens"][0]))
 
 
 # ---------------------------------------------------------------- engine invariants
 
 
-def _engine_check(invariant_id: str, exercised: Callable[[EngineRun], int]) -> Callable[[Any, Any], Outcome]:
-    """An engine invariant judged on one shared run: its verdict, and what of the run reached it."""
+def _steps(record: RunRecord) -> Sequence[Step]:
+    steps = record.generation.steps
+    assert steps is not None  # the invariants reading steps need "steps": judged before the check runs
+    return steps
 
-    def check(case: Any, run: EngineRun) -> Outcome:
-        if not run.completed and invariant_id != "engine.lossless":
-            # A generation that did not complete passes nothing: it fails every check that was
-            # asked about it, naming the component that broke it (engine.lossless says the same).
-            broken = run.verdicts.get("engine.lossless") or []
-            why = broken[0].explanation if broken else f"the generation did not complete: {run.error}"
-            return Outcome(
-                [
-                    Violation(
-                        invariant=invariant_id,
-                        explanation=f"{why} (so {invariant_id} could not be checked)",
-                        example=dict(run.example),
-                    )
-                ],
-                exercised=1,
-            )
-        vs = run.verdicts.get(invariant_id)
-        if vs is None:
-            return Outcome([], exercised=0, note=run.not_applicable.get(invariant_id, "not applicable"))
-        n = exercised(run)
-        return Outcome(list(vs), exercised=n if not vs else max(n, 1), note="" if n else "nothing reached it")
+
+def _rounds(record: RunRecord) -> int:
+    gen = record.generation
+    if gen.steps is not None:
+        return len(gen.steps)
+    return gen.stats.rounds if gen.stats is not None else 0
+
+
+def _on_record(
+    fn: Callable[[Invariant, RunRecord], list[Violation]],
+    exercised: Callable[[RunRecord], int],
+    held: Callable[[RunRecord], str],
+) -> Callable[[Invariant, RunRecord], Outcome]:
+    """An engine invariant's check over one run record: its violations, what of the run reached it
+    and, when it held, what held (one line, for ``check_trace``'s table)."""
+
+    def check(inv: Invariant, record: RunRecord) -> Outcome:
+        vs = fn(inv, record)
+        n = exercised(record)
+        note = "nothing reached it" if not n else "" if vs else held(record)
+        return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
 
     return check
 
 
-def _rounds(run: EngineRun) -> int:
-    return run.rounds
+def _stop_held(r: RunRecord) -> str:
+    unchecked = "" if r.max_context is not None else " (max_context not recorded: context not checked)"
+    return f"{len(r.generation.tokens)} tokens, stop: {r.generation.stop_reason}{unchecked}"
 
 
-def _drafted_rounds(run: EngineRun) -> int:
-    return run.rounds - run.paths.get("empty_draft", 0)
+def _lossless(inv: Invariant, record: RunRecord) -> Outcome:
+    verdict = record.lossless
+    assert verdict is not None  # needs "oracle"
+    breach = verdict.breach()
+    if breach is None:
+        margin = verdict.margin if verdict.status == "excused" else None
+        excused = (margin,) if verdict.status == "excused" else ()
+        return Outcome([], exercised=1, note=verdict.explanation, excused=excused)
+    steps = record.generation.steps
+    rnd = round_of_index(steps, verdict.index) if steps and verdict.index is not None else None
+    return Outcome([inv.violation(round=rnd, **breach)], exercised=1)  # type: ignore[arg-type]
 
 
-def _one(run: EngineRun) -> int:
-    return 1
+def _state_restored(inv: Invariant, record: RunRecord) -> Outcome:
+    if record.state is None:
+        return Outcome([], exercised=0, note="no state comparison could be made")
+    vs = [inv.violation(**found) for found in record.state]
+    n = record.state_checks
+    note = "nothing reached it" if not n else "" if vs else f"{n} state comparisons"
+    return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
 
 
-def _state_checks(run: EngineRun) -> int:
-    return run.state_checks
+def _features(inv: Invariant, record: RunRecord) -> Outcome:
+    if record.features is None:
+        return Outcome([], exercised=0, note="no feature drafter was installed")
+    vs = [inv.violation(**found) for found in record.features]
+    n = record.feature_checks
+    note = "the engine never handed its feature drafter features" if not n else "" if vs else f"{n} proposals"
+    return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
+
+
+def _accept_bounds(inv: Invariant, r: RunRecord) -> list[Violation]:
+    return generation_checks.check_accept_bounds(inv, _steps(r), k=r.k)
+
+
+def _accept_rule(inv: Invariant, r: RunRecord) -> list[Violation]:
+    return generation_checks.check_accept_rule(inv, _steps(r))
+
+
+def _kv_length(inv: Invariant, r: RunRecord) -> list[Violation]:
+    return generation_checks.check_kv_length(
+        inv, _steps(r), prompt_length=len(r.prompt), final_processed=r.final_processed, tokens=r.generation.tokens
+    )
+
+
+def _stop(inv: Invariant, r: RunRecord) -> list[Violation]:
+    gen = r.generation
+    return generation_checks.check_stop(
+        inv,
+        gen.tokens,
+        gen.stop_reason,
+        max_new_tokens=r.max_new_tokens,
+        eos_token_id=r.eos,
+        prompt_length=len(r.prompt),
+        max_context=r.max_context,
+        final_processed=r.final_processed,
+    )
+
+
+def _cost(inv: Invariant, r: RunRecord) -> list[Violation]:
+    return generation_checks.check_cost(inv, r.generation, rollback=r.rollback, prompt_length=len(r.prompt))
+
+
+def _consistency(inv: Invariant, r: RunRecord) -> list[Violation]:
+    gen = r.generation
+    return generation_checks.check_trace_consistency(
+        inv, gen.tokens, _steps(r), gen.stop_reason, max_new_tokens=r.max_new_tokens, eos_token_id=r.eos
+    )
 
 
 _DRAFTER_DRAWS = (
@@ -255,8 +417,10 @@ REGISTRY: tuple[Invariant, ...] = (
         subject="drafter",
         summary="`len(draft) <= k`; `k == 0` gives `[]`",
         draws=_DRAFTER_DRAWS,
-        check=_drafter_check(lambda d, c, ks: drafter_checks.check_max_length(d, c, ks)),
+        check=_drafter_check(drafter_checks.check_max_length),
         draw=_draw_drafter_example,
+        zoo=("too_long",),
+        also=("returns_generator",),
     ),
     Invariant(
         id="drafter.token-range",
@@ -265,6 +429,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_DRAFTER_DRAWS,
         check=_check_token_range,
         draw=_draw_drafter_example,
+        zoo=("out_of_range", "returns_generator"),
     ),
     Invariant(
         id="drafter.deterministic",
@@ -274,14 +439,27 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_DRAFTER_DRAWS + "; a second drafter is called at only some positions, a third after reset()",
         check=_check_deterministic,
         draw=_draw_drafter_example,
+        zoo=(
+            "nondeterministic",
+            "sticky_cache",
+            "match_pointer",
+            "reads_past_context",
+            "model_drafter_no_rollback",
+            "model_drafter_kv_only_rollback",
+            "model_drafter_kv_only_rollback_gdn",
+            "model_drafter_reset_keeps_state",
+            "prompt_only_lookup",
+        ),
+        also=("head_keeps_chain",),
     ),
     Invariant(
         id="drafter.no-mutation",
         subject="drafter",
         summary="the context passed in is unchanged",
         draws=_DRAFTER_DRAWS,
-        check=_drafter_check(lambda d, c, ks: drafter_checks.check_no_mutation(d, c, ks)),
+        check=_drafter_check(drafter_checks.check_no_mutation),
         draw=_draw_drafter_example,
+        zoo=("mutates_input",),
     ),
     Invariant(
         id="drafter.features",
@@ -294,22 +472,25 @@ REGISTRY: tuple[Invariant, ...] = (
         "reusing half the context; features from a fresh copy of the drafter's feature_target_spec",
         check=_check_features,
         draw=_draw_features_example,
+        zoo=("head_keeps_chain",),
     ),
     Invariant(
         id="target.shape",
         subject="target",
         summary="logits are `[q, vocab_size]` and finite",
         draws=_TARGET_DRAWS,
-        check=_target_check("target.shape"),
+        check=_target_check(target_checks.check_shape),
         draw=_draw_target_example,
+        zoo=("pads_vocab",),
     ),
     Invariant(
         id="target.processed",
         subject="target",
         summary="a forward advances `processed` by `q`; restore sets it back",
         draws=_TARGET_DRAWS,
-        check=_target_check("target.processed"),
+        check=_target_check(target_checks.check_processed),
         draw=_draw_target_example,
+        zoo=("processed_is_last_index",),
     ),
     Invariant(
         id="target.chunk-invariance",
@@ -318,6 +499,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_TARGET_DRAWS + ", and a chunking of them",
         check=_check_chunks,
         draw=_draw_target_example,
+        zoo=("chunked_forward_differs",),
     ),
     Invariant(
         id="target.causality",
@@ -326,6 +508,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_TARGET_DRAWS + ", a split point and replacement tokens after it",
         check=_check_causality,
         draw=_draw_target_example,
+        zoo=("mask_leaks_next_token",),
     ),
     Invariant(
         id="target.restore",
@@ -334,6 +517,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_TARGET_DRAWS + ", and 1-3 probe tokens",
         check=_check_restore_like(target_checks.check_restore),
         draw=_draw_target_example,
+        zoo=("restore_forgets_conv", "restore_forgets_rec"),
     ),
     Invariant(
         id="target.checkpoints",
@@ -343,6 +527,8 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_TARGET_DRAWS + ", and 1-3 probe tokens",
         check=_check_restore_like(target_checks.check_checkpoints),
         draw=_draw_target_example,
+        zoo=("checkpoints_off_by_one",),
+        also=("restore_forgets_conv", "restore_forgets_rec"),
     ),
     Invariant(
         id="target.capacity",
@@ -352,6 +538,8 @@ REGISTRY: tuple[Invariant, ...] = (
         budget="capacity",
         check=_check_capacity,
         draw=_draw_target_example,
+        zoo=("capacity_wraps",),
+        also=("restore_forgets_conv", "restore_forgets_rec"),
     ),
     Invariant(
         id="engine.lossless",
@@ -360,7 +548,25 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("oracle",),
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("engine.lossless", _one),
+        on_record=_lossless,
+        completes=True,
+        zoo=("stale_state_after_zero_draft", "raises_every_call"),
+        also=(
+            "chunked_forward_differs",
+            "restore_forgets_conv",
+            "restore_forgets_rec",
+            "too_long",
+            "out_of_range",
+            "checkpoints_off_by_one",
+            "returns_generator",
+            "forgets_recurrent_restore",
+            "processed_off_by_one",
+            "accepts_past_mismatch",
+            "emits_after_eos",
+            "refeeds_accepted_first",
+            "eos_masked_by_length_cap",
+            "length_cap_hides_eos_in_block",
+        ),
     ),
     Invariant(
         id="engine.accept-bounds",
@@ -369,7 +575,13 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("steps",),
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("engine.accept-bounds", _rounds),
+        on_record=_on_record(
+            _accept_bounds,
+            _rounds,
+            lambda r: f"1 <= accepted <= draft + 1 <= k + 1 = {r.k + 1} in all {_rounds(r)} rounds",
+        ),
+        zoo=("drafts_past_k",),
+        also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator"),
     ),
     Invariant(
         id="engine.accept-rule",
@@ -378,7 +590,11 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("steps",),
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("engine.accept-rule", _rounds),
+        on_record=_on_record(
+            _accept_rule, _rounds, lambda r: f"accepted == draft[:j] + [argmax[j]] in all {_rounds(r)} rounds"
+        ),
+        zoo=("accepts_past_mismatch", "drops_bonus_token"),
+        also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator"),
     ),
     Invariant(
         id="engine.kv-length",
@@ -387,7 +603,16 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("steps",),
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("engine.kv-length", _rounds),
+        on_record=_on_record(
+            _kv_length,
+            _rounds,
+            lambda r: (
+                "processed == base + accepted in every round; "
+                f"{len(r.prompt) + len(r.generation.tokens) - 1} at the end"
+            ),
+        ),
+        zoo=("processed_off_by_one",),
+        also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator", "drops_last_step_at_eos"),
     ),
     Invariant(
         id="engine.state-restored",
@@ -397,7 +622,18 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("target",),
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("engine.state-restored", _state_checks),
+        on_record=_state_restored,
+        zoo=("forgets_recurrent_restore", "refeeds_accepted_first"),
+        also=(
+            "restore_forgets_conv",
+            "restore_forgets_rec",
+            "too_long",
+            "out_of_range",
+            "checkpoints_off_by_one",
+            "returns_generator",
+            "processed_off_by_one",
+            "stale_state_after_zero_draft",
+        ),
     ),
     Invariant(
         id="engine.stop",
@@ -405,7 +641,9 @@ REGISTRY: tuple[Invariant, ...] = (
         summary="exactly `max_new_tokens`; nothing after the first EOS; never past `max_context`",
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("engine.stop", _one),
+        on_record=_on_record(_stop, lambda r: 1, _stop_held),
+        zoo=("emits_after_eos", "eos_masked_by_length_cap", "length_cap_hides_eos_in_block"),
+        also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator"),
     ),
     Invariant(
         id="engine.cost",
@@ -415,7 +653,11 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("stats", "rollback"),
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("engine.cost", _rounds),
+        on_record=_on_record(
+            _cost, _rounds, lambda r: f"target forwards fit rollback={r.rollback} over {_rounds(r)} rounds"
+        ),
+        zoo=("replays_despite_checkpoints",),
+        also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator", "drops_last_step_at_eos"),
     ),
     Invariant(
         id="trace.consistency",
@@ -424,7 +666,19 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("steps",),
         draws=_ENGINE_DRAWS,
         driver="engine-case",
-        check=_engine_check("trace.consistency", _rounds),
+        on_record=_on_record(
+            _consistency, _rounds, lambda r: "tokens == the rounds' accepted tokens, cut as the stop reason says"
+        ),
+        zoo=("drops_last_step_at_eos",),
+        also=(
+            "too_long",
+            "out_of_range",
+            "checkpoints_off_by_one",
+            "returns_generator",
+            "emits_after_eos",
+            "eos_masked_by_length_cap",
+            "length_cap_hides_eos_in_block",
+        ),
     ),
     Invariant(
         id="engine.features",
@@ -436,7 +690,8 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_ENGINE_DRAWS + "; the installed drafter declares the subject's (or the engine's own drafter's) "
         "feature_layers and the features are compared with a fresh copy of the model",
         driver="engine-case",
-        check=_engine_check("engine.features", lambda run: run.feature_checks),
+        on_record=_features,
+        zoo=("feature_from_rejected", "features_shifted", "features_wrong_layer", "features_stale_across_requests"),
     ),
     Invariant(
         id="stateful.rollback-machine",
@@ -446,16 +701,29 @@ REGISTRY: tuple[Invariant, ...] = (
         needs=("builtin",),
         draws="a RuleBasedStateMachine over the target with the built-in decoder",
         driver="rollback-machine",
+        zoo=("reset_keeps_conv",),
     ),
     Invariant(
         id="engine.session",
         subject="engine",
         summary="requests on one live engine (new prompt, regenerate, an edit sharing a prefix, a user turn, a "
         "shorter prefix, other max_new_tokens / EOS) each equal plain greedy",
-        needs=("oracle",),
+        needs=("oracle", "sessions"),
         draws="a RuleBasedStateMachine whose rules are requests on one engine instance; a failure shows, and "
         "its reproduce command replays, the whole request history",
         driver="session-machine",
+        zoo=("stale_prefix_cache", "snapshot_only_last_call"),
+        also=(
+            "forgets_recurrent_restore",
+            "processed_off_by_one",
+            "accepts_past_mismatch",
+            "emits_after_eos",
+            "stale_state_after_zero_draft",
+            "refeeds_accepted_first",
+            "eos_masked_by_length_cap",
+            "raises_every_call",
+            "length_cap_hides_eos_in_block",
+        ),
     ),
 )
 
@@ -505,3 +773,46 @@ def markdown_table(invariants: Sequence[Invariant] = REGISTRY) -> str:
 
 def registry_json() -> str:
     return json.dumps([inv.to_json() for inv in REGISTRY], indent=2)
+
+
+def check_generation(
+    generation: Generation,
+    *,
+    prompt: Sequence[int],
+    k: int,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    max_context: int | None = None,
+    rollback: str | None = None,
+    final_processed: int | None = None,
+) -> dict[str, list[Violation]]:
+    """Every engine invariant that applies to a generation on its own (no oracle, no live state).
+
+    Returns ``{invariant id: violations}`` (an empty list: checked and held); an id that is
+    absent did not apply: without ``steps`` (a black-box engine) only the stop check and,
+    with ``stats`` and a rollback strategy, the cost check apply. ``prompt`` is the context
+    when the call started (the prompt for a fresh generation).
+    """
+    if len(prompt) < 1:
+        raise InvalidSettingError("prompt is empty: a generation needs at least the pending token")
+    caps = Capabilities(has=set()).with_(
+        steps=generation.steps is not None or "no steps",
+        stats=generation.stats is not None or "no stats",
+        rollback=rollback is not None or "no rollback strategy",
+    )
+    record = RunRecord(
+        generation=generation,
+        prompt=tuple(prompt),
+        k=k,
+        max_new_tokens=max_new_tokens,
+        eos=eos_token_id,
+        max_context=max_context,
+        rollback=rollback,
+        final_processed=final_processed,
+        capabilities=caps,
+    )
+    out: dict[str, list[Violation]] = {}
+    for inv in REGISTRY:
+        if inv.on_record is not None and inv.applies(caps) is None:
+            out[inv.id] = inv.on_record(inv, record).violations
+    return out

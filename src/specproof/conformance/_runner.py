@@ -16,29 +16,13 @@ from typing import Any
 import pytest
 
 from specproof.conformance._certifying import Certification, Plan
-from specproof.conformance._harness import clear_caches
 from specproof.conformance._results import CheckResult
+from specproof.conformance.plugin import CERTIFICATION
 from specproof.conformance.reports import build_report
 
 __all__ = ["MODULES", "certify"]
 
 MODULES = ("test_drafter", "test_target", "test_engine")
-
-
-class _Progress:
-    """A pytest plugin that reports each finished check to a callback."""
-
-    def __init__(self, cert: Certification, on_result: Callable[[CheckResult], None] | None) -> None:
-        self.cert = cert
-        self.on_result = on_result
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self.on_result is None or (report.when != "call" and not (report.when == "setup" and report.skipped)):
-            return
-        check_id = report.nodeid.rpartition("[")[2].rstrip("]")
-        result = self.cert.results.get(check_id)
-        if result is not None:
-            self.on_result(result)
 
 
 def certify(
@@ -50,7 +34,7 @@ def certify(
     """Run every check ``plan`` selects; returns the certification and its ``specproof-report/2``."""
     import specproof.conformance as pkg
 
-    cert = Certification(plan)
+    cert = Certification(plan, on_result=on_result)
     if on_start is not None:
         on_start(len(cert.all_checks()))
     args = [f"{pkg.__path__[0]}/{m}.py" for m in MODULES]
@@ -78,13 +62,12 @@ def certify(
     class _Inject:
         @pytest.hookimpl(tryfirst=True)
         def pytest_configure(self, config: pytest.Config) -> None:
-            config._specproof_certification = cert  # type: ignore[attr-defined]
+            config.stash[CERTIFICATION] = cert  # the plugin's checks run on this certification
 
-    clear_caches()
     sink = io.StringIO()
     try:
         with redirect_stdout(sink):
-            code = pytest.main(args, plugins=[_Inject(), _Progress(cert, on_result)])
+            code = pytest.main(args, plugins=[_Inject()])
     except KeyboardInterrupt:
         code = pytest.ExitCode.INTERRUPTED
     finally:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import attrs
 
+from specproof.conformance._run import Capabilities
 from specproof.contract import validate_tolerance
 from specproof.engine import (
     Drafter,
@@ -85,6 +86,13 @@ class TargetSubject:
     @property
     def has_checkpoints(self) -> bool:
         return callable(getattr(self.prototype, "forward_with_checkpoints", None))
+
+    def exposes(self) -> Capabilities:
+        """What the target exposes: the capabilities target invariants' ``needs`` are judged against."""
+        return Capabilities(
+            has={"forward_with_checkpoints"} if self.has_checkpoints else set(),
+            why_not={"forward_with_checkpoints": "the target has no forward_with_checkpoints()"},
+        )
 
     def describe(self) -> str:
         describe = getattr(self.prototype, "describe", None)
@@ -189,6 +197,22 @@ class EngineCase:
                 "so it is used as an oracle of the same model (lossless only); expose it as `oracle`"
             )
             self.live_target = None
+
+    def exposes(self) -> Capabilities:
+        """What the case exposes before any generation (a run adds steps, stats and state)."""
+        if self.kind == "builtin":
+            return Capabilities(
+                has={"oracle", "builtin", "steps", "stats", "rollback"},
+                why_not={"sessions": "SpecDecoder keeps no cache between calls (the rollback machine drives sessions)"},
+            )
+        oracle = self.make_reference is not None or self.greedy_fn is not None
+        return Capabilities(
+            has={"sessions", *(("oracle",) if oracle else ())},
+            why_not={
+                "builtin": "a plug-in engine: the rollback machine drives the built-in decoder only",
+                "oracle": "the engine exposes no model (`oracle`, `target`) and no `greedy()`",
+            },
+        )
 
     def capabilities(self) -> dict[str, object]:
         return {

@@ -20,6 +20,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _AREAS = {"test_drafter": "drafter", "test_target": "target", "test_engine": "engine"}
 
+CERTIFICATION = pytest.StashKey["Certification"]()
+"""Where a pytest session keeps its one ``Certification`` (``config.stash[CERTIFICATION]``).
+
+``specproof certify`` puts its own there before collection; a plain ``pytest --pyargs
+specproof.conformance`` run gets one made from its ``--specproof-*`` options. The
+certification owns every cache of the run, so nothing carries over to the next session."""
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specproof", "specproof conformance (certify drafters, targets, engines)")
@@ -53,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _certification(config: pytest.Config) -> Certification:
-    cert = getattr(config, "_specproof_certification", None)
+    cert = config.stash.get(CERTIFICATION, None)
     if cert is None:
         from specproof.conformance._certifying import Certification, Plan
 
@@ -70,7 +77,7 @@ def _certification(config: pytest.Config) -> Certification:
             only=tuple(opt("--specproof-only")),
         )
         cert = Certification(plan)
-        config._specproof_certification = cert  # type: ignore[attr-defined]
+        config.stash[CERTIFICATION] = cert
     return cert
 
 
@@ -106,7 +113,7 @@ def run_check(cert: Certification, item: CheckItem | None) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    cert = getattr(session.config, "_specproof_certification", None)
+    cert = session.config.stash.get(CERTIFICATION, None)
     path = session.config.getoption("--specproof-report", default=None)
     if cert is not None and path:
         from specproof.conformance.reports import build_report, write_json_report

@@ -14,8 +14,10 @@ A golden file is one JSON object: ``{"format": "specproof-golden/1", "target": "
 (each case may also carry ``"margins"``: the top-2 logit margin of every token, which
 lets a divergence on a near-tie be excused).
 
-``check_trace`` runs the record invariants over a trace and, given golden tokens or
-a target, the tie-aware ``engine.lossless`` verdict.
+``check_trace`` judges a trace with every engine invariant of the registry that applies
+to a record (a trace has steps, no stats and no live target; with golden tokens or a
+target it also has an oracle for the tie-aware lossless verdict); the rest are listed
+as ``skipped`` with the reason.
 """
 
 from __future__ import annotations
@@ -28,14 +30,8 @@ from typing import Literal
 
 import attrs
 
-from specproof.conformance.checks.generation import (
-    _round_of_index,
-    check_accept_bounds,
-    check_accept_rule,
-    check_kv_length,
-    check_stop,
-    check_trace_consistency,
-)
+from specproof.conformance._registry import REGISTRY, Invariant, Outcome
+from specproof.conformance._run import Capabilities, RunRecord
 from specproof.contract import Violation
 from specproof.contract.files import (
     MAX_JSON_DEPTH,
@@ -53,7 +49,6 @@ from specproof.engine.errors import InvalidSettingError, SpecproofError
 __all__ = [
     "GOLDEN_FORMAT",
     "TRACE_FORMAT",
-    "TRACE_INVARIANTS",
     "Golden",
     "GoldenCase",
     "GoldenFormatError",
@@ -74,15 +69,6 @@ __all__ = [
 TRACE_FORMAT = "specproof-trace/1"
 GOLDEN_FORMAT = "specproof-golden/1"
 
-# The invariants check_trace reports, in order.
-TRACE_INVARIANTS: tuple[str, ...] = (
-    "engine.accept-bounds",
-    "engine.accept-rule",
-    "engine.kv-length",
-    "engine.stop",
-    "trace.consistency",
-    "engine.lossless",
-)
 
 _HEADER_REQUIRED = ("format", "vocab_size", "k", "prompt", "max_new_tokens", "eos_token_id", "engine", "target")
 _HEADER_OPTIONAL = ("max_context", "rollback")
@@ -648,41 +634,31 @@ class TraceReport:
         }
 
 
-def _result(invariant_id: str, violations: list[Violation], passed_detail: str) -> InvariantResult:
+def _result(inv: Invariant, outcome: Outcome, *, oracle: str | None) -> InvariantResult:
+    """One invariant's row: its outcome on the trace's run record, in one line."""
+    violations = outcome.violations
     if not violations:
-        return InvariantResult(invariant=invariant_id, status="pass", detail=passed_detail)
+        if not outcome.exercised:
+            return InvariantResult(invariant=inv.id, status="skipped", detail=outcome.note)
+        status: ResultStatus = "excused" if outcome.excused else "pass"
+        detail = outcome.note + (f" ({oracle})" if oracle and "oracle" in inv.needs else "")
+        return InvariantResult(invariant=inv.id, status=status, detail=detail)
     first = violations[0]
     where = (
         f"round {first.round}: " if first.round is not None and f"round {first.round}" not in first.explanation else ""
     )
     more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
+    suffix = f" ({oracle})" if oracle and "oracle" in inv.needs else ""
     return InvariantResult(
-        invariant=invariant_id,
+        invariant=inv.id,
         status="fail",
-        detail=f"{where}{first.explanation}{more}",
+        detail=f"{where}{first.explanation}{more}{suffix}",
         violations=tuple(violations),
     )
 
 
-def _with_round(verdict: LosslessVerdict, steps: Sequence[Step]) -> LosslessVerdict:
-    """Name the round that emitted the diverging token in the verdict's violation."""
-    if verdict.violation is None or verdict.index is None:
-        return verdict
-    violation = attrs.evolve(verdict.violation, round=_round_of_index(steps, verdict.index))
-    return attrs.evolve(verdict, violation=violation)
-
-
-_Lossless = tuple[InvariantResult, LosslessVerdict | None]
-
-
-def _verdict_result(verdict: LosslessVerdict, steps: Sequence[Step], oracle: str) -> _Lossless:
-    verdict = _with_round(verdict, steps)
-    status: ResultStatus = verdict.status
-    violations = (verdict.violation,) if verdict.violation is not None else ()
-    result = InvariantResult(
-        invariant="engine.lossless", status=status, detail=f"{verdict.explanation} ({oracle})", violations=violations
-    )
-    return result, verdict
+# The lossless verdict against an oracle, or why the oracle could not decide (inconclusive).
+_Oracle = tuple[LosslessVerdict | None, str]
 
 
 def _golden_expected(tokens: Sequence[int], trace: Trace) -> tuple[list[int], str | None]:
@@ -695,7 +671,7 @@ def _golden_expected(tokens: Sequence[int], trace: Trace) -> tuple[list[int], st
     return expected, stop
 
 
-def _lossless_against_golden(trace: Trace, case: GoldenCase, tie_tolerance: float, name: str) -> _Lossless:
+def _lossless_against_golden(trace: Trace, case: GoldenCase, tie_tolerance: float, name: str) -> _Oracle:
     expected, stop = _golden_expected(case.tokens, trace)
     margins = list(case.margins) if case.margins is not None else None
     actual = list(trace.tokens)
@@ -706,7 +682,7 @@ def _lossless_against_golden(trace: Trace, case: GoldenCase, tie_tolerance: floa
             actual[: len(expected)], expected, expected_margins=margins, tie_tolerance=tie_tolerance
         )
         if verdict.status != "pass":
-            return _verdict_result(verdict, trace.steps, name)
+            return verdict, name
         why = (
             f"its max_new_tokens={case.max_new_tokens}"
             if len(case.tokens) >= case.max_new_tokens
@@ -714,15 +690,10 @@ def _lossless_against_golden(trace: Trace, case: GoldenCase, tie_tolerance: floa
             if case.eos_token_id is not None and case.tokens and case.tokens[-1] == case.eos_token_id
             else "its target's context was full"
         )
-        result = InvariantResult(
-            invariant="engine.lossless",
-            status="inconclusive",
-            detail=(
-                f"the golden case has only {len(case.tokens)} tokens ({why}) and all {len(expected)} match, but the "
-                f"trace has {len(actual)}: regenerate the golden with max_new_tokens >= {len(actual)} ({name})"
-            ),
+        return None, (
+            f"the golden case has only {len(case.tokens)} tokens ({why}) and all {len(expected)} match, but the "
+            f"trace has {len(actual)}: regenerate the golden with max_new_tokens >= {len(actual)} ({name})"
         )
-        return result, None
     verdict = compare_lossless(
         actual,
         expected,
@@ -731,10 +702,10 @@ def _lossless_against_golden(trace: Trace, case: GoldenCase, tie_tolerance: floa
         actual_stop_reason=trace.stop_reason,
         expected_stop_reason=stop,
     )
-    return _verdict_result(verdict, trace.steps, name)
+    return verdict, name
 
 
-def _lossless_against_target(trace: Trace, target: Target, tie_tolerance: float, name: str | None) -> _Lossless:
+def _lossless_against_target(trace: Trace, target: Target, tie_tolerance: float, name: str | None) -> _Oracle:
     from specproof.engine._greedy import greedy_with_margins
     from specproof.engine._validate import component_name
 
@@ -758,7 +729,7 @@ def _lossless_against_target(trace: Trace, target: Target, tie_tolerance: float,
         actual_stop_reason=trace.stop_reason,
         expected_stop_reason=gen.stop_reason,
     )
-    return _verdict_result(verdict, trace.steps, f"plain greedy on {name}")
+    return verdict, f"plain greedy on {name}"
 
 
 def check_trace(
@@ -769,65 +740,23 @@ def check_trace(
     tie_tolerance: float = 0.0,
     oracle_name: str | None = None,
 ) -> TraceReport:
-    """Check a trace: the record invariants, and ``engine.lossless`` when an oracle is given.
+    """Check a trace: every engine invariant that applies to a record, losslessness when an oracle is given.
 
     The oracle is either ``greedy_tokens`` — plain greedy's tokens for the trace's
     prompt (a prefix at least as long as the trace's output, or ending where the
     trace's EOS / ``max_new_tokens`` end it), a ``GoldenCase``, or a ``Golden`` file
     (the case whose prompt equals the trace's is used) — or a ``target`` on which
     plain greedy is run (with margins, for the tie-aware verdict). Without an oracle
-    ``engine.lossless`` is ``skipped``. An oracle that does not fit the trace raises
+    the invariants needing an oracle are ``skipped``. An oracle that does not fit the trace raises
     ``OracleMismatchError``. ``oracle_name`` names the oracle in the report (a target
     spec, a file name).
     """
     if greedy_tokens is not None and target is not None:
         raise InvalidSettingError("check_trace: give greedy_tokens or target, not both")
     steps = trace.steps
-    n_rounds, n_tokens = len(steps), len(trace.tokens)
-    results = [
-        _result(
-            "engine.accept-bounds",
-            check_accept_bounds(steps, k=trace.k),
-            f"1 <= accepted <= draft + 1 <= k + 1 = {trace.k + 1} in all {n_rounds} rounds",
-        ),
-        _result(
-            "engine.accept-rule",
-            check_accept_rule(steps),
-            f"accepted == draft[:j] + [argmax[j]] in all {n_rounds} rounds",
-        ),
-        _result(
-            "engine.kv-length",
-            check_kv_length(steps, prompt_length=len(trace.prompt), tokens=trace.tokens),
-            f"processed == base + accepted in every round; {len(trace.prompt) + n_tokens - 1} at the end",
-        ),
-        _result(
-            "engine.stop",
-            check_stop(
-                trace.tokens,
-                trace.stop_reason,
-                max_new_tokens=trace.max_new_tokens,
-                eos_token_id=trace.eos_token_id,
-                prompt_length=len(trace.prompt),
-                max_context=trace.max_context,
-            ),
-            f"{n_tokens} tokens, stop: {trace.stop_reason}"
-            + ("" if trace.max_context is not None else " (max_context not recorded: context not checked)"),
-        ),
-        _result(
-            "trace.consistency",
-            check_trace_consistency(
-                trace.tokens,
-                steps,
-                trace.stop_reason,
-                max_new_tokens=trace.max_new_tokens,
-                eos_token_id=trace.eos_token_id,
-            ),
-            "tokens == the rounds' accepted tokens, cut as the stop reason says",
-        ),
-    ]
-    verdict: LosslessVerdict | None = None
+    oracle: _Oracle | None = None
     if target is not None:
-        lossless, verdict = _lossless_against_target(trace, target, tie_tolerance, oracle_name)
+        oracle = _lossless_against_target(trace, target, tie_tolerance, oracle_name)
     elif greedy_tokens is not None:
         if isinstance(greedy_tokens, Golden):
             case = greedy_tokens.case_for(trace.prompt, eos_token_id=trace.eos_token_id)
@@ -842,20 +771,43 @@ def check_trace(
             toks = [int(t) for t in greedy_tokens]
             case = GoldenCase(prompt=trace.prompt, max_new_tokens=len(toks), eos_token_id=None, tokens=toks)
             name = oracle_name or "the given greedy tokens"
-        lossless, verdict = _lossless_against_golden(trace, case, tie_tolerance, name)
-    else:
-        lossless = InvariantResult(
-            invariant="engine.lossless",
-            status="skipped",
-            detail="no greedy oracle given (golden tokens or a target), so losslessness was not checked",
-        )
-    results.append(lossless)
+        oracle = _lossless_against_golden(trace, case, tie_tolerance, name)
+    verdict = oracle[0] if oracle is not None else None
+    capabilities = Capabilities(
+        has={"steps", "oracle"} if verdict is not None else {"steps"},
+        why_not={
+            "oracle": "no greedy oracle given (golden tokens or a target), so it was not checked",
+            "stats": "a trace records no stats",
+            "target": "a trace has no live target to read the state of",
+            "builtin": "a trace is a record, not a decoder to drive",
+            "sessions": "a trace is one generation",
+        },
+    )
+    record = RunRecord(
+        generation=Generation(tokens=trace.tokens, stop_reason=trace.stop_reason, steps=steps),  # type: ignore[arg-type]
+        prompt=trace.prompt,
+        k=trace.k,
+        max_new_tokens=trace.max_new_tokens,
+        eos=trace.eos_token_id,
+        max_context=trace.max_context,
+        rollback=trace.rollback,
+        lossless=verdict,
+        capabilities=capabilities,
+    )
+    results: list[InvariantResult] = []
+    for inv in REGISTRY:
+        if inv.on_record is None:
+            continue
+        if oracle is not None and verdict is None and "oracle" in inv.needs:
+            results.append(InvariantResult(invariant=inv.id, status="inconclusive", detail=oracle[1]))
+            continue
+        results.append(_result(inv, inv.judge_record(record), oracle=oracle[1] if oracle else None))
     return TraceReport(
         source=trace.source,
         engine=trace.engine,
         target=trace.target,
-        rounds=n_rounds,
-        tokens=n_tokens,
+        rounds=len(steps),
+        tokens=len(trace.tokens),
         results=tuple(results),
         lossless=verdict,
     )

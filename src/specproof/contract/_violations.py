@@ -18,7 +18,7 @@ INVARIANT_ID = re.compile(r"^[a-z]+\.[a-z0-9-]+$")
 
 def _id_shaped(_: object, attribute: attrs.Attribute, value: str) -> None:  # type: ignore[type-arg]
     if not isinstance(value, str) or not INVARIANT_ID.match(value):
-        raise ValueError(f"Violation.invariant must be an invariant id like 'engine.kv-length', got {value!r}")
+        raise ValueError(f"Violation.invariant must be an invariant id like 'subject.name', got {value!r}")
 
 
 def _jsonable(value: object) -> object:

@@ -1,4 +1,4 @@
-"""Tie-aware losslessness (DESIGN.md): compare an engine's tokens with plain greedy's.
+"""Tie-aware losslessness (docs/contract.md, "lossless"): compare an engine's tokens with plain greedy's.
 
 Identical tokens pass. At the first divergence the verdict is ``excused`` only if
 the top-2 logit margin there (the smaller of the margins given, i.e. in the run
@@ -19,7 +19,6 @@ from typing import Literal
 import attrs
 
 from specproof.contract._records import STOP_REASONS
-from specproof.contract._violations import Violation
 from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["LosslessStatus", "LosslessVerdict", "VerdictSummary", "compare_lossless", "summarise_verdicts"]
@@ -34,8 +33,10 @@ class LosslessVerdict:
     ``index`` is the first token index where the runs differ (None when they agree,
     or when one is a prefix of the other and the stop reason explains it);
     ``margin`` the top-2 margin used at that index (None when no margin was known);
-    ``compared`` how many leading tokens were found equal; ``violation`` the
-    ``engine.lossless`` breach of a ``fail``.
+    ``compared`` how many leading tokens were found equal; ``expected`` / ``actual``
+    the tokens at ``index`` in each run (None where a run has none there).
+    A judge turns a ``fail`` into a violation of its own invariant with ``breach()``:
+    this bottom layer names no invariant (docs/contract.md, "the registry").
     """
 
     status: LosslessStatus
@@ -43,7 +44,22 @@ class LosslessVerdict:
     index: int | None = None
     margin: float | None = None
     compared: int = 0
-    violation: Violation | None = None
+    expected: int | None = None
+    actual: int | None = None
+
+    def breach(self) -> dict[str, object] | None:
+        """The fields of the violation a ``fail`` is (``Invariant.violation(**breach)``); None otherwise."""
+        if self.status != "fail":
+            return None
+        margin: object = self.margin
+        if isinstance(margin, float) and not math.isfinite(margin):
+            margin = str(margin)
+        return {
+            "expected": self.expected,
+            "actual": self.actual,
+            "explanation": self.explanation,
+            "example": {"index": self.index, "margin": margin},
+        }
 
     @property
     def ok(self) -> bool:
@@ -60,7 +76,8 @@ class LosslessVerdict:
             "margin": margin,
             "compared": self.compared,
             "explanation": self.explanation,
-            "violation": None if self.violation is None else self.violation.to_json(),
+            "expected": self.expected,
+            "actual": self.actual,
         }
 
 
@@ -217,15 +234,14 @@ def compare_lossless(
 def _fail(
     *, index: int, expected: int | None, actual: int | None, margin: float | None, compared: int, explanation: str
 ) -> LosslessVerdict:
-    violation = Violation(
-        invariant="engine.lossless",
+    return LosslessVerdict(
+        status="fail",
+        index=index,
+        margin=margin,
+        compared=compared,
+        explanation=explanation,
         expected=expected,
         actual=actual,
-        explanation=explanation,
-        example={"index": index, "margin": margin if margin is None or math.isfinite(margin) else str(margin)},
-    )
-    return LosslessVerdict(
-        status="fail", index=index, margin=margin, compared=compared, explanation=explanation, violation=violation
     )
 
 

@@ -17,7 +17,12 @@ This module is the public facade; the implementation lives in private modules.
 """
 
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
-from specproof.strategies._machine import RollbackMachine, default_decoder_factory, run_rollback_machine
+from specproof.strategies._machine import (
+    RollbackMachine,
+    RollbackMachineFailure,
+    default_decoder_factory,
+    run_rollback_machine,
+)
 from specproof.strategies._rounds import (
     ROUND_KINDS,
     PlannedRound,
@@ -55,6 +60,7 @@ __all__ = [
     "EngineSettings",
     "PlannedRound",
     "RollbackMachine",
+    "RollbackMachineFailure",
     "RoundPlan",
     "SESSION_FORMAT",
     "SessionFileError",

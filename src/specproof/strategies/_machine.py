@@ -7,17 +7,21 @@ greedy tokens and hands the engine a draft that is right for exactly as many tok
 the drawn ``PlannedRound`` says. After every step it checks the decode convention
 against a second trusted model, the *reference*, fed the same tokens with plain forwards:
 
-- ``engine.lossless``: the session's context is the machine's (prompt, user turns and
+- ``lossless``: the session's context is the machine's (prompt, user turns and
   the greedy continuation of each), and each round emitted exactly what a lossless
-  engine emits for that draft;
-- ``engine.kv-length``: ``target.processed == len(ctx) - 1``;
-- ``engine.state-restored``: where the target has ``state_arrays()``, its arrays equal
+  engine emits for that draft (the machine's own accept loop: it shares no code with
+  the decoder it judges);
+- ``kv-length``: ``target.processed == len(ctx) - 1``;
+- ``state``: where the target has ``state_arrays()``, its arrays equal
   the reference's after feeding ``ctx[:-1]`` (bitwise, or within ``tolerance``);
   otherwise the logits of the pending token equal the reference's (a probe forward
   between ``snapshot()`` and ``restore()`` of the target).
 
-The reference and oracle are only ever fed forwards and reset, never restored, so a
-broken ``restore`` in the target family cannot hide itself in the judges.
+A failure raises ``RollbackMachineFailure`` (an ``AssertionError``) whose message starts
+with the property in brackets (``[kv-length]``); certification reports it as a violation
+of the rollback-machine invariant (docs/contract.md). The reference and oracle are only
+ever fed forwards and reset, never restored, so a broken ``restore`` in the target family
+cannot hide itself in the judges.
 """
 
 from __future__ import annotations
@@ -41,14 +45,62 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from specproof.contract import Violation, ViolationError, arrays_differ, validate_tolerance
-from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, longest_accepted_prefix
+from specproof.contract import arrays_differ, validate_tolerance
+from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
-from specproof.strategies._judges import JUDGES
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 
-__all__ = ["RollbackMachine", "default_decoder_factory", "run_rollback_machine"]
+__all__ = ["PROPERTIES", "RollbackMachine", "RollbackMachineFailure", "default_decoder_factory", "run_rollback_machine"]
+
+PROPERTIES: dict[str, str] = {
+    "lossless": "the session's context and every round's tokens are what plain greedy and the accept rule give",
+    "kv-length": "target.processed == len(ctx) - 1 after every step",
+    "state": "the target's state (or the pending token's logits) equals the reference's fed ctx[:-1]",
+    "restore": "snapshot(), forward, restore(snapshot) puts the target back",
+    "processed": "restoring a snapshot taken before a round sets processed back",
+    "stop": "the engine never drafts past max_new_tokens or the context",
+    "step-record": "a round's Step record agrees with the drafter and with its own argmax",
+}
+"""What the machine checks after every step, by the name its failures carry."""
+
+
+class RollbackMachineFailure(AssertionError):
+    """A property of ``PROPERTIES`` broke: ``str(self)`` is ``[property] where: explanation``."""
+
+    def __init__(self, prop: str, explanation: str, *, round: int | None, example: Mapping[str, object]) -> None:
+        super().__init__(f"[{prop}] {explanation}")
+        self.prop = prop
+        self.explanation = explanation
+        self.round = round
+        self.example = dict(example)
+
+
+def _fresh_at(factory: Callable[[], Any], tokens: Sequence[int]) -> Any:
+    """A judge fed ``tokens`` with plain forwards from a fresh, reset model (no memo)."""
+    model = factory()
+    model.reset()
+    if tokens:
+        model.forward(list(tokens))
+    return model
+
+
+class _FreshJudges:
+    at = staticmethod(_fresh_at)
+
+
+def _matching_prefix(draft: Sequence[int], reference: Sequence[int]) -> int:
+    """How many leading draft tokens equal the reference's: the machine's own accept loop.
+
+    Written here, not imported from the engine: a judge shares no logic with what it judges.
+    """
+    count = 0
+    for proposed, wanted in zip(draft, reference):
+        if int(proposed) != int(wanted):
+            break
+        count += 1
+    return count
+
 
 DecoderFactory = Callable[[Any, Any, int, str], Any]
 
@@ -68,6 +120,7 @@ class _MachineConfig:
     rollbacks: tuple[str, ...]
     max_prompt: int
     context_kinds: tuple[str, ...]
+    judges: Any
 
 
 class _SwitchDrafter:
@@ -146,9 +199,9 @@ class RollbackMachine(RuleBasedStateMachine):
       target is back at the old context, then re-feed the round's tokens and go on;
     - ``user_turn``: ``session.extend(tokens)`` with a short context.
 
-    The invariant method checks ``engine.lossless``, ``engine.kv-length`` and
-    ``engine.state-restored`` after every step; failures raise ``ViolationError`` (an
-    ``AssertionError``) whose message starts with the invariant id in brackets and
+    The invariant method checks ``lossless``, ``kv-length`` and ``state``
+    (``PROPERTIES``) after every step; failures raise ``RollbackMachineFailure`` (an
+    ``AssertionError``) whose message starts with the property in brackets and
     names the rule, the draft and the array that differs.
     ``observed_paths`` (per configured class) counts the round paths taken.
     """
@@ -172,6 +225,7 @@ class RollbackMachine(RuleBasedStateMachine):
         context_kinds: Iterable[str] | None = None,
         stateful_step_count: int = 25,
         name: str | None = None,
+        judges: Any = None,
     ) -> type[RollbackMachine]:
         """A runnable subclass for one implementation under test.
 
@@ -185,6 +239,9 @@ class RollbackMachine(RuleBasedStateMachine):
         state arrays or logits (0: bitwise). The subclass's ``TestCase`` runs
         ``stateful_step_count`` steps per example, ``max_examples`` from the profile, and
         skips Hypothesis's ``explain`` phase (minutes under a tracer on a numpy model).
+        ``judges`` (optional) is a memo with ``.at(factory, tokens)`` returning a private
+        model fed ``tokens`` by forwards (a certification passes its own); by default each
+        judge is built fresh and fed from scratch.
         """
         where = "RollbackMachine.configure()"
         if not callable(target_factory):
@@ -199,6 +256,8 @@ class RollbackMachine(RuleBasedStateMachine):
         if isinstance(stateful_step_count, bool) or not isinstance(stateful_step_count, int) or stateful_step_count < 1:
             raise InvalidArgument(f"{where}: stateful_step_count={stateful_step_count!r} must be an integer >= 1")
         tolerance = check_tolerance(tolerance, where=where, name="tolerance")
+        if judges is not None and not callable(getattr(judges, "at", None)):
+            raise InvalidArgument(f"{where}: judges={judges!r} must have an at(factory, tokens) method or be None")
         if isinstance(rollbacks, str):
             raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
         chosen = tuple(dict.fromkeys(rollbacks))
@@ -213,6 +272,7 @@ class RollbackMachine(RuleBasedStateMachine):
             rollbacks=chosen,
             max_prompt=max_prompt,
             context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
+            judges=judges if judges is not None else _FreshJudges(),
         )
         return configured_machine(
             cls,
@@ -294,10 +354,7 @@ class RollbackMachine(RuleBasedStateMachine):
             if delta:
                 self.reference.forward(list(delta))
         else:
-            self.reference = JUDGES.at(
-                self.cfg.reference_factory,
-                tokens,
-            )
+            self.reference = self.cfg.judges.at(self.cfg.reference_factory, tokens)
         self._ref_fed = list(tokens)
 
     def _greedy(self, n: int) -> list[int]:
@@ -305,10 +362,7 @@ class RollbackMachine(RuleBasedStateMachine):
         ctx = self.ctx
         traj = self._traj
         if not (len(ctx) >= self._traj_from and len(traj) >= len(ctx) and traj[: len(ctx)] == ctx):
-            self.oracle = JUDGES.at(
-                self.cfg.reference_factory,
-                ctx[:-1],
-            )
+            self.oracle = self.cfg.judges.at(self.cfg.reference_factory, ctx[:-1])
             traj = self._traj = list(ctx)
             self._traj_from = len(ctx)
         while len(traj) < len(ctx) + n and self.oracle.processed < self.max_context:
@@ -316,37 +370,36 @@ class RollbackMachine(RuleBasedStateMachine):
             traj.append(int(np.argmax(row)))  # first maximum: lowest id wins a tie
         return traj[len(ctx) : len(ctx) + n]
 
-    def _fail(self, invariant_id: str, explanation: str, **example: object) -> None:
+    def _fail(self, prop: str, explanation: str, **example: object) -> None:
+        assert prop in PROPERTIES, prop
         rnd = self.rounds - 1 if self.rounds else None
         where = (
             f"after rule {self.last_step} (conversation {self.conversation}: k={self.k}, rollback={self.rollback}, "
             f"ctx={_fmt(self.ctx)})"
         )
-        raise ViolationError(
-            [Violation(invariant=invariant_id, round=rnd, explanation=f"{where}: {explanation}", example=example)]
-        )
+        raise RollbackMachineFailure(prop, f"{where}: {explanation}", round=rnd, example=example)
 
     def _check_context(self) -> None:
         got = list(self.session.context)
         if got != self.ctx:
             at = next((i for i, (a, b) in enumerate(zip(got, self.ctx)) if a != b), min(len(got), len(self.ctx)))
             self._fail(
-                "engine.lossless",
+                "lossless",
                 f"the session's context differs from prompt + user turns + greedy continuation at index {at}: "
                 f"session has {_fmt(got[at : at + 8])}, plain greedy gives {_fmt(self.ctx[at : at + 8])} "
                 f"(lengths {len(got)} vs {len(self.ctx)})",
             )
 
-    def _check_kv_length(self, ctx: list[int], invariant_id: str = "engine.kv-length") -> None:
+    def _check_kv_length(self, ctx: list[int], prop: str = "kv-length") -> None:
         processed = int(self.target.processed)
         if processed != len(ctx) - 1:
             self._fail(
-                invariant_id,
+                prop,
                 f"target.processed={processed} but the context has {len(ctx)} tokens, so it must be {len(ctx) - 1} "
                 f"(every token but the pending one)",
             )
 
-    def _check_state(self, ctx: list[int], invariant_id: str = "engine.state-restored") -> None:
+    def _check_state(self, ctx: list[int], prop: str = "state") -> None:
         tol = self.cfg.tolerance
         self._feed_reference(ctx[:-1])
         if self.white_box:
@@ -354,14 +407,14 @@ class RollbackMachine(RuleBasedStateMachine):
             theirs: Mapping[str, np.ndarray] = self.reference.state_arrays()
             if set(mine) != set(theirs):
                 self._fail(
-                    invariant_id,
+                    prop,
                     f"the target's state arrays {sorted(mine)} are not the reference's {sorted(theirs)}",
                 )
             # every differing array, so a corrupt recurrent state is seen next to the KV it went on to spoil
             problems = [p for name in mine if (p := _compare_arrays(name, mine[name], theirs[name], tol))]
             if problems:
                 self._fail(
-                    invariant_id,
+                    prop,
                     f"{'; '.join(problems)}; the reference was fed ctx[:-1] ({len(ctx) - 1} tokens) "
                     "with plain forwards",
                 )
@@ -382,21 +435,21 @@ class RollbackMachine(RuleBasedStateMachine):
         problem = _compare_arrays("the logits row of the pending token", rows[0], want, tol)
         if problem:
             self._fail(
-                invariant_id,
+                prop,
                 f"{problem} (observed with a probe forward between snapshot() and restore(); the reference was fed "
                 f"ctx[:-1] with plain forwards)",
             )
         again = _compare_arrays("a second probe of the pending token", rows[1], rows[0], tol)
         if again:
             self._fail(
-                "target.restore",
+                "restore",
                 f"snapshot(), forward([pending]), restore(snapshot) did not put the target back: {again} "
                 "(here 'reference' is the first probe's row)",
             )
 
     @invariant()
     def decode_convention_holds(self) -> None:
-        """``engine.lossless`` (context), ``engine.kv-length`` and ``engine.state-restored``."""
+        """``lossless`` (context), ``kv-length`` and ``state`` (``PROPERTIES``)."""
         if self.session is None:
             return
         self._check_context()
@@ -488,10 +541,10 @@ class RollbackMachine(RuleBasedStateMachine):
             expected: list[int] = []
             path = "context_full"
         else:
-            j = longest_accepted_prefix(draft, upcoming)
+            j = _matching_prefix(draft, upcoming)
             if j >= len(upcoming):
                 self._fail(
-                    "engine.stop",
+                    "stop",
                     f"the engine asked for a draft of {len(draft)} tokens with only {room} free context slots",
                 )
             accepted = [*draft[:j], upcoming[j]]
@@ -510,7 +563,7 @@ class RollbackMachine(RuleBasedStateMachine):
         )
         if got != expected:
             self._fail(
-                "engine.lossless",
+                "lossless",
                 f"the round emitted {got}; plain greedy continues {upcoming}, so with draft {draft} a lossless "
                 f"engine emits {expected}",
             )
@@ -531,17 +584,17 @@ class RollbackMachine(RuleBasedStateMachine):
     def _check_step(self, step: Any, draft: list[int]) -> None:
         """The round's ``Step`` record agrees with the drafter and with its own argmax (when an engine keeps steps)."""
         if list(step.draft) != draft:
-            self._fail("trace.consistency", f"the step records draft={list(step.draft)}; the drafter proposed {draft}")
+            self._fail("step-record", f"the step records draft={list(step.draft)}; the drafter proposed {draft}")
         argmax = list(step.argmax)
         if len(argmax) != len(draft) + 1:
             self._fail(
-                "trace.consistency",
+                "step-record",
                 f"the step records {len(argmax)} argmax ids for a verify of {len(draft) + 1} tokens",
             )
-        j = longest_accepted_prefix(draft, argmax)
+        j = _matching_prefix(draft, argmax)
         if list(step.accepted) != [*draft[:j], argmax[j]]:
             self._fail(
-                "engine.accept-rule",
+                "step-record",
                 f"the step records accepted={list(step.accepted)} for draft {draft} and argmax {argmax}; "
                 f"the accept rule gives {[*draft[:j], argmax[j]]} (j={j})",
             )
@@ -562,7 +615,7 @@ class RollbackMachine(RuleBasedStateMachine):
         self._run_round("plain_step", None, 1, eos)
         if self.drafter.unscripted_calls and any(k > 0 for k in self.drafter.unscripted_calls):
             self._fail(
-                "engine.stop",
+                "stop",
                 f"with max_new_tokens=1 the engine asked the drafter for k={self.drafter.unscripted_calls} "
                 "(a draft token could only pass max_new_tokens)",
             )
@@ -586,8 +639,8 @@ class RollbackMachine(RuleBasedStateMachine):
         self.ctx = before
         step = self.last_step
         self.last_step = f"{step}, then target.restore(snapshot taken before the round)"
-        self._check_kv_length(before, "target.processed")
-        self._check_state(before, "target.restore")
+        self._check_kv_length(before, "processed")
+        self._check_state(before, "restore")
         if emitted:
             self.target.forward([before[-1], *emitted[:-1]])
         self.ctx = after

@@ -1,5 +1,9 @@
 """specproof.conformance.checks: the invariant checks, each returning ``list[Violation]``.
 
+Every check takes the registry ``Invariant`` it implements as its first argument
+(``specproof.conformance.get(id)``) and builds its violations through it; the registry
+says where each applies and runs it over a run record (docs/contract.md, "the registry").
+
 This module is the public facade; the checks live in submodules:
 
 - ``generation`` — per-generation checks over an engine's records (no target needed):
@@ -9,24 +13,20 @@ This module is the public facade; the checks live in submodules:
 """
 
 from specproof.conformance.checks.drafter import (
-    DRAFTER_CHECKS,
     check_deterministic,
     check_max_length,
     check_no_mutation,
     check_token_range,
 )
 from specproof.conformance.checks.generation import (
-    GENERATION_INVARIANTS,
     check_accept_bounds,
     check_accept_rule,
     check_cost,
-    check_generation,
     check_kv_length,
     check_stop,
     check_trace_consistency,
 )
 from specproof.conformance.checks.target import (
-    TARGET_CHECKS,
     check_capacity,
     check_causality,
     check_checkpoints,
@@ -46,9 +46,6 @@ from specproof.contract.lossless import (
 )
 
 __all__ = [
-    "DRAFTER_CHECKS",
-    "GENERATION_INVARIANTS",
-    "TARGET_CHECKS",
     "check_capacity",
     "check_causality",
     "check_checkpoints",
@@ -68,7 +65,6 @@ __all__ = [
     "check_accept_bounds",
     "check_accept_rule",
     "check_cost",
-    "check_generation",
     "check_kv_length",
     "check_stop",
     "check_trace_consistency",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from numbers import Integral
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -17,8 +18,10 @@ from specproof.contract import Violation
 from specproof.engine import Drafter
 from specproof.engine._validate import draft_sequence_problem
 
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._registry import Invariant
+
 __all__ = [
-    "DRAFTER_CHECKS",
     "check_deterministic",
     "check_max_length",
     "check_no_mutation",
@@ -54,23 +57,18 @@ def _example(context: Sequence[int], k: int) -> dict[str, object]:
     return {"context": list(context), "k": k}
 
 
-def check_max_length(drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
+def check_max_length(inv: Invariant, drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
     out: list[Violation] = []
     for length, k in drafter_history(context, [*ks, 0]):
         prefix = list(context[:length])
         draft, exc = _propose(drafter, prefix, k)
         if exc is not None:
-            out.append(
-                Violation(
-                    invariant="drafter.max-length", explanation=f"propose raised {exc!r}", example=_example(prefix, k)
-                )
-            )
+            out.append(inv.violation(explanation=f"propose raised {exc!r}", example=_example(prefix, k)))
             break
         tokens = _as_list(draft)
         if tokens is None:
             out.append(
-                Violation(
-                    invariant="drafter.max-length",
+                inv.violation(
                     explanation=f"propose returned {type(draft).__name__}, not a sequence of ids",
                     actual=repr(draft)[:80],
                     example=_example(prefix, k),
@@ -78,8 +76,7 @@ def check_max_length(drafter: Drafter, context: Sequence[int], ks: Sequence[int]
             )
         elif len(tokens) > k:
             out.append(
-                Violation(
-                    invariant="drafter.max-length",
+                inv.violation(
                     explanation=f"asked for at most k={k} tokens, proposed {len(tokens)}",
                     expected=f"<= {k} tokens",
                     actual=tokens,
@@ -92,24 +89,19 @@ def check_max_length(drafter: Drafter, context: Sequence[int], ks: Sequence[int]
 
 
 def check_token_range(
-    drafter: Drafter, context: Sequence[int], ks: Sequence[int], *, vocab_size: int
+    inv: Invariant, drafter: Drafter, context: Sequence[int], ks: Sequence[int], *, vocab_size: int
 ) -> list[Violation]:
     out: list[Violation] = []
     for length, k in drafter_history(context, ks):
         prefix = list(context[:length])
         draft, exc = _propose(drafter, prefix, k)
         if exc is not None:
-            out.append(
-                Violation(
-                    invariant="drafter.token-range", explanation=f"propose raised {exc!r}", example=_example(prefix, k)
-                )
-            )
+            out.append(inv.violation(explanation=f"propose raised {exc!r}", example=_example(prefix, k)))
             break
         tokens = _as_list(draft)
         if tokens is None:
             out.append(
-                Violation(
-                    invariant="drafter.token-range",
+                inv.violation(
                     explanation=f"propose {draft_sequence_problem(draft)} (the decoder rejects it)",
                     expected="a list, tuple or 1-D array of int ids",
                     actual=repr(draft)[:80],
@@ -120,8 +112,7 @@ def check_token_range(
         for i, tok in enumerate(tokens):
             if not isinstance(tok, Integral) or isinstance(tok, (bool, np.bool_)) or not 0 <= int(tok) < vocab_size:
                 out.append(
-                    Violation(
-                        invariant="drafter.token-range",
+                    inv.violation(
                         explanation=f"draft[{i}]={tok!r} is not an int id in [0, {vocab_size})",
                         expected=f"int in [0, {vocab_size})",
                         actual=repr(tok),
@@ -158,6 +149,7 @@ def _walk(
 
 
 def check_deterministic(
+    inv: Invariant,
     make: Callable[[], Drafter],
     context: Sequence[int],
     ks: Sequence[int],
@@ -190,7 +182,7 @@ def check_deterministic(
         return int(ks[length % len(ks)])
 
     if getattr(make(), "history_dependent", False) is True:
-        return _check_history_dependent(make, context, other, k_at)
+        return _check_history_dependent(inv, make, context, other, k_at)
 
     every = list(range(1, n + 1))
     sparse = [p for p in every if p == n or (p - 1 < len(called) and called[p - 1])]
@@ -204,8 +196,7 @@ def check_deterministic(
         for length in compared:
             if got[length] != fresh[length]:
                 return [
-                    Violation(
-                        invariant="drafter.deterministic",
+                    inv.violation(
                         explanation=f"{explanation} than a fresh drafter asked once, at context length {length}",
                         expected=fresh[length],
                         actual=got[length],
@@ -242,7 +233,11 @@ HOW_TO_DECLARE = (
 
 
 def _check_history_dependent(
-    make: Callable[[], Drafter], context: Sequence[int], other: Sequence[int], k_at: Callable[[int], int]
+    inv: Invariant,
+    make: Callable[[], Drafter],
+    context: Sequence[int],
+    other: Sequence[int],
+    k_at: Callable[[int], int],
 ) -> tuple[list[Violation], int]:
     """``drafter.deterministic`` for a declared ``history_dependent`` drafter.
 
@@ -262,8 +257,7 @@ def _check_history_dependent(
         if got != want:
             source = other if which == "other" else context
             return [
-                Violation(
-                    invariant="drafter.deterministic",
+                inv.violation(
                     explanation="a history-dependent drafter replayed the same call sequence on a fresh instance and "
                     f"proposed differently at call on the {which} prefix of length {length} (not replayable)",
                     expected=want,
@@ -279,8 +273,7 @@ def _check_history_dependent(
         for length in every:
             if after[length] != fresh[length]:
                 return [
-                    Violation(
-                        invariant="drafter.deterministic",
+                    inv.violation(
                         explanation="after reset() a history-dependent drafter proposed differently than a fresh one "
                         f"along the same calls, at context length {length} (reset() must start a new session)",
                         expected=fresh[length],
@@ -291,7 +284,7 @@ def _check_history_dependent(
     return [], len(recorded) + (len(every) if callable(reset) else 0)
 
 
-def check_no_mutation(drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
+def check_no_mutation(inv: Invariant, drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
     out: list[Violation] = []
     for length, k in drafter_history(context, ks):
         prefix = list(context[:length])
@@ -300,8 +293,7 @@ def check_no_mutation(drafter: Drafter, context: Sequence[int], ks: Sequence[int
         if exc is None and prefix != before:
             first = next((i for i, (x, y) in enumerate(zip(before, prefix)) if x != y), min(len(before), len(prefix)))
             out.append(
-                Violation(
-                    invariant="drafter.no-mutation",
+                inv.violation(
                     explanation=f"propose changed the context it was given (first change at index {first}, "
                     f"length {len(before)} -> {len(prefix)})",
                     expected=before[-16:],
@@ -311,11 +303,3 @@ def check_no_mutation(drafter: Drafter, context: Sequence[int], ks: Sequence[int
             )
             break
     return out
-
-
-DRAFTER_CHECKS: dict[str, Callable[..., object]] = {
-    "drafter.max-length": check_max_length,
-    "drafter.token-range": check_token_range,
-    "drafter.deterministic": check_deterministic,
-    "drafter.no-mutation": check_no_mutation,
-}

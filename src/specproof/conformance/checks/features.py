@@ -13,12 +13,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from specproof.contract import Violation
 from specproof.engine import Target, load_target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._registry import Invariant
 
 __all__ = ["FeatureJudge", "check_drafter_features", "feature_layers_of"]
 
@@ -81,10 +84,10 @@ class FeatureJudge:
         self.layers = layers
         self.atol = atol
         self.checks = 0
-        self.violations: list[Violation] = []
+        self.found: list[dict[str, Any]] = []  # breaches as violation fields (the registry names the invariant)
 
     def check(self, context: Sequence[int], features: Mapping[int, Any] | None, *, round_index: int) -> None:
-        if self.violations:
+        if self.found:
             return
         n = len(context) - 1
         example: dict[str, object] = {"context_length": len(context), "round": round_index}
@@ -126,10 +129,11 @@ class FeatureJudge:
         return " (a rejected draft position's, a stale request's, or another layer's)"
 
     def _fail(self, explanation: str, example: dict[str, object]) -> None:
-        self.violations.append(Violation(invariant="engine.features", explanation=explanation, example=example))
+        self.found.append({"explanation": explanation, "example": example})
 
 
 def check_drafter_features(
+    inv: Invariant,
     make: Callable[[], Any],
     context: Sequence[int],
     ks: Sequence[int],
@@ -176,32 +180,37 @@ def check_drafter_features(
             fresh = [int(t) for t in make().propose(list(ctx), k, features=views)]
             own = [int(t) for t in make().propose(list(ctx), k)]
         except Exception as exc:
-            return [Violation(invariant="drafter.features", explanation=f"propose raised {exc!r}", example=example)], \
-                compared, ""
+            return [inv.violation(explanation=f"propose raised {exc!r}", example=example)], compared, ""
         compared += 1
         if got != fresh:
-            return [
-                Violation(
-                    invariant="drafter.features",
-                    explanation=f"after {i} rounds of accepts and rejects, the proposal differs from a fresh "
-                    f"drafter's given the same context and features (its own KV or carried features were not "
-                    f"rolled back to the accepted prefix)",
-                    expected=fresh,
-                    actual=got,
-                    example=example,
-                )
-            ], compared, ""
+            return (
+                [
+                    inv.violation(
+                        explanation=f"after {i} rounds of accepts and rejects, the proposal differs from a fresh "
+                        f"drafter's given the same context and features (its own KV or carried features were not "
+                        f"rolled back to the accepted prefix)",
+                        expected=fresh,
+                        actual=got,
+                        example=example,
+                    )
+                ],
+                compared,
+                "",
+            )
         if fresh != own:
-            return [
-                Violation(
-                    invariant="drafter.features",
-                    explanation="given the target's features the draft differs from the draft it makes computing "
-                    "the features itself (it reads the handed features wrongly: a layer, a position)",
-                    expected=own,
-                    actual=fresh,
-                    example=example,
-                )
-            ], compared, ""
+            return (
+                [
+                    inv.violation(
+                        explanation="given the target's features the draft differs from the draft it makes computing "
+                        "the features itself (it reads the handed features wrongly: a layer, a position)",
+                        expected=own,
+                        actual=fresh,
+                        example=example,
+                    )
+                ],
+                compared,
+                "",
+            )
         j = min(int(accepts[i % len(accepts)]), len(got))
         ctx = [*ctx, *got[:j], int(bonus[i % len(bonus)])]
     return [], compared, "" if compared else "no proposal was made"

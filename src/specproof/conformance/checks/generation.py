@@ -5,39 +5,35 @@ returns the breaches it finds as ``Violation`` records (an empty list: checked a
 held). None of them needs a target, so they apply equally to a live ``SpecDecoder``
 run, to a black-box engine's output and to a ``specproof-trace/1`` file.
 
-The rules are those of DESIGN.md ("One speculative round" and the invariant
-catalogue); the ids used are ``engine.accept-bounds``, ``engine.accept-rule``,
-``engine.kv-length``, ``engine.stop``, ``engine.cost`` and ``trace.consistency``.
+The rules are those of docs/contract.md ("one speculative round" and the invariant
+table). No check names its invariant: each takes the registry's ``Invariant`` it
+implements as ``inv`` and builds its breaches with ``inv.violation(...)``; the registry
+(``specproof.conformance._registry``) binds every check to its id and judges where it
+applies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from specproof.contract import Violation
 from specproof.engine._records import STOP_REASONS, Generation, Step
 from specproof.engine.errors import InvalidSettingError
 
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._registry import Invariant
+
 __all__ = [
-    "GENERATION_INVARIANTS",
     "check_accept_bounds",
     "check_accept_rule",
     "check_cost",
-    "check_generation",
     "check_kv_length",
     "check_stop",
     "check_trace_consistency",
+    "emitted_per_round",
+    "round_of_index",
 ]
-
-# The invariants ``check_generation`` can report, in the order it runs them.
-GENERATION_INVARIANTS: tuple[str, ...] = (
-    "engine.accept-bounds",
-    "engine.accept-rule",
-    "engine.kv-length",
-    "engine.stop",
-    "engine.cost",
-    "trace.consistency",
-)
 
 
 def _need_int(value: object, *, name: str, minimum: int) -> int:
@@ -56,7 +52,7 @@ def _short(tokens: Sequence[int], limit: int = 12) -> str:
     return f"[{text}{', ...' if len(items) > limit else ''}]"
 
 
-def _emitted_per_round(steps: Sequence[Step], tokens: Sequence[int]) -> list[int]:
+def emitted_per_round(steps: Sequence[Step], tokens: Sequence[int]) -> list[int]:
     """How many tokens each round contributed to ``tokens``.
 
     Every round but the last emits its whole ``accepted``; the last one emits the
@@ -72,7 +68,7 @@ def _emitted_per_round(steps: Sequence[Step], tokens: Sequence[int]) -> list[int
 # --------------------------------------------------------------------------- accept bounds and rule
 
 
-def check_accept_bounds(steps: Sequence[Step], *, k: int) -> list[Violation]:
+def check_accept_bounds(inv: Invariant, steps: Sequence[Step], *, k: int) -> list[Violation]:
     """``engine.accept-bounds``: ``1 <= len(accepted) <= len(draft) + 1 <= k + 1`` in every round."""
     k = _need_int(k, name="k", minimum=0)
     out: list[Violation] = []
@@ -80,8 +76,7 @@ def check_accept_bounds(steps: Sequence[Step], *, k: int) -> list[Violation]:
         n_acc, n_draft = len(step.accepted), len(step.draft)
         if n_draft > k:
             out.append(
-                Violation(
-                    invariant="engine.accept-bounds",
+                inv.violation(
                     round=i,
                     expected=f"len(draft) <= k = {k}",
                     actual=n_draft,
@@ -91,8 +86,7 @@ def check_accept_bounds(steps: Sequence[Step], *, k: int) -> list[Violation]:
             )
         if n_acc < 1:
             out.append(
-                Violation(
-                    invariant="engine.accept-bounds",
+                inv.violation(
                     round=i,
                     expected="len(accepted) >= 1",
                     actual=n_acc,
@@ -102,8 +96,7 @@ def check_accept_bounds(steps: Sequence[Step], *, k: int) -> list[Violation]:
             )
         elif n_acc > n_draft + 1:
             out.append(
-                Violation(
-                    invariant="engine.accept-bounds",
+                inv.violation(
                     round=i,
                     expected=f"len(accepted) <= len(draft) + 1 = {n_draft + 1}",
                     actual=n_acc,
@@ -117,7 +110,7 @@ def check_accept_bounds(steps: Sequence[Step], *, k: int) -> list[Violation]:
     return out
 
 
-def check_accept_rule(steps: Sequence[Step]) -> list[Violation]:
+def check_accept_rule(inv: Invariant, steps: Sequence[Step]) -> list[Violation]:
     """``engine.accept-rule``: ``accepted == draft[:j] + [argmax[j]]``, j the longest prefix with draft == argmax.
 
     Also ``len(argmax) == len(draft) + 1``: the verify forward scores the pending
@@ -128,8 +121,7 @@ def check_accept_rule(steps: Sequence[Step]) -> list[Violation]:
         draft, argmax, accepted = list(step.draft), list(step.argmax), list(step.accepted)
         if len(argmax) != len(draft) + 1:
             out.append(
-                Violation(
-                    invariant="engine.accept-rule",
+                inv.violation(
                     round=i,
                     expected=len(draft) + 1,
                     actual=len(argmax),
@@ -157,8 +149,7 @@ def check_accept_rule(steps: Sequence[Step]) -> list[Violation]:
             else:
                 why = f"the first {j} draft tokens match the target's argmax: keep them, then argmax[{j}]"
             out.append(
-                Violation(
-                    invariant="engine.accept-rule",
+                inv.violation(
                     round=i,
                     expected=expected,
                     actual=accepted,
@@ -173,6 +164,7 @@ def check_accept_rule(steps: Sequence[Step]) -> list[Violation]:
 
 
 def check_kv_length(
+    inv: Invariant,
     steps: Sequence[Step],
     *,
     prompt_length: int,
@@ -199,8 +191,7 @@ def check_kv_length(
         if step.base != expected_base:
             where = "the prompt length - 1" if i == 0 else f"round {i - 1}'s processed"
             out.append(
-                Violation(
-                    invariant="engine.kv-length",
+                inv.violation(
                     round=i,
                     expected=expected_base,
                     actual=step.base,
@@ -211,8 +202,7 @@ def check_kv_length(
             want = step.base + len(step.accepted)
             if step.processed != want:
                 out.append(
-                    Violation(
-                        invariant="engine.kv-length",
+                    inv.violation(
                         round=i,
                         expected=want,
                         actual=step.processed,
@@ -228,8 +218,7 @@ def check_kv_length(
             want = prompt_length + len(tokens) - 1
             if step.processed != want:
                 out.append(
-                    Violation(
-                        invariant="engine.kv-length",
+                    inv.violation(
                         round=i,
                         expected=want,
                         actual=step.processed,
@@ -243,8 +232,7 @@ def check_kv_length(
             low, high = step.base + 1, step.base + len(step.accepted)
             if not low <= step.processed <= high:
                 out.append(
-                    Violation(
-                        invariant="engine.kv-length",
+                    inv.violation(
                         round=i,
                         expected=f"{low}..{high}",
                         actual=step.processed,
@@ -259,8 +247,7 @@ def check_kv_length(
         want_final = prompt_length + len(tokens) - 1
         if final_processed is not None and final_processed != want_final:
             out.append(
-                Violation(
-                    invariant="engine.kv-length",
+                inv.violation(
                     expected=want_final,
                     actual=final_processed,
                     explanation=(
@@ -273,8 +260,7 @@ def check_kv_length(
         want_final = steps[-1].processed if steps else prompt_length - 1
         if final_processed != want_final:
             out.append(
-                Violation(
-                    invariant="engine.kv-length",
+                inv.violation(
                     expected=want_final,
                     actual=final_processed,
                     explanation=(
@@ -290,6 +276,7 @@ def check_kv_length(
 
 
 def check_stop(
+    inv: Invariant,
     tokens: Sequence[int],
     stop_reason: str,
     *,
@@ -322,7 +309,7 @@ def check_stop(
     out: list[Violation] = []
 
     def add(explanation: str, expected: object, actual: object) -> None:
-        out.append(Violation(invariant="engine.stop", explanation=explanation, expected=expected, actual=actual))
+        out.append(inv.violation(explanation=explanation, expected=expected, actual=actual))
 
     if stop_reason not in STOP_REASONS or stop_reason == "error":
         add(
@@ -399,6 +386,7 @@ def check_stop(
 
 
 def check_cost(
+    inv: Invariant,
     generation: Generation,
     *,
     rollback: str | None,
@@ -424,11 +412,7 @@ def check_cost(
     out: list[Violation] = []
 
     def add(explanation: str, expected: object, actual: object, round_index: int | None = None) -> None:
-        out.append(
-            Violation(
-                invariant="engine.cost", round=round_index, explanation=explanation, expected=expected, actual=actual
-            )
-        )
+        out.append(inv.violation(round=round_index, explanation=explanation, expected=expected, actual=actual))
 
     if stats.emitted != len(tokens):
         add(f"stats.emitted is {stats.emitted} but {len(tokens)} tokens were returned", len(tokens), stats.emitted)
@@ -465,7 +449,7 @@ def check_cost(
     if steps is not None:
         if stats.rounds != len(steps):
             add(f"stats.rounds is {stats.rounds} but {len(steps)} rounds were recorded", len(steps), stats.rounds)
-        emitted = _emitted_per_round(steps, tokens)
+        emitted = emitted_per_round(steps, tokens)
         for i, count in enumerate(emitted):
             if count < 1:
                 add(f"round {i} emitted {count} tokens: every round must emit at least one", ">= 1", count, i)
@@ -504,6 +488,7 @@ def check_cost(
 
 
 def check_trace_consistency(
+    inv: Invariant,
     tokens: Sequence[int],
     steps: Sequence[Step],
     stop_reason: str,
@@ -527,8 +512,7 @@ def check_trace_consistency(
             cut = "max_new_tokens"
         if cut is not None:
             out.append(
-                Violation(
-                    invariant="trace.consistency",
+                inv.violation(
                     round=i,
                     expected=f"{i} rounds",
                     actual=f"{len(steps)} rounds",
@@ -550,10 +534,9 @@ def check_trace_consistency(
     toks = list(tokens)
     if toks != rebuilt:
         first = next((p for p, (a, b) in enumerate(zip(toks, rebuilt)) if a != b), min(len(toks), len(rebuilt)))
-        round_of = _round_of_index(steps, first)
+        round_of = round_of_index(steps, first)
         out.append(
-            Violation(
-                invariant="trace.consistency",
+            inv.violation(
                 round=round_of,
                 expected=rebuilt,
                 actual=toks,
@@ -567,8 +550,7 @@ def check_trace_consistency(
         cut = "max_new_tokens"
     if cut is not None and stop_reason != cut:
         out.append(
-            Violation(
-                invariant="trace.consistency",
+            inv.violation(
                 expected=cut,
                 actual=stop_reason,
                 explanation=f"the rounds end the output by {cut}, but the stop reason says {stop_reason!r}",
@@ -576,8 +558,7 @@ def check_trace_consistency(
         )
     elif cut is None and stop_reason in ("eos", "max_new_tokens"):
         out.append(
-            Violation(
-                invariant="trace.consistency",
+            inv.violation(
                 expected="context_full",
                 actual=stop_reason,
                 explanation=(
@@ -589,7 +570,7 @@ def check_trace_consistency(
     return out
 
 
-def _round_of_index(steps: Sequence[Step], index: int) -> int | None:
+def round_of_index(steps: Sequence[Step], index: int) -> int | None:
     """The round whose accepted tokens hold output position ``index`` (None past the end)."""
     seen = 0
     for i, step in enumerate(steps):
@@ -597,57 +578,3 @@ def _round_of_index(steps: Sequence[Step], index: int) -> int | None:
         if index < seen:
             return i
     return len(steps) - 1 if steps else None
-
-
-# --------------------------------------------------------------------------- all of them
-
-
-def check_generation(
-    generation: Generation,
-    *,
-    prompt: Sequence[int],
-    k: int,
-    max_new_tokens: int,
-    eos_token_id: int | None = None,
-    max_context: int | None = None,
-    rollback: str | None = None,
-    final_processed: int | None = None,
-) -> dict[str, list[Violation]]:
-    """Run every per-generation check that applies; returns ``{invariant id: violations}``.
-
-    An empty list means the invariant was checked and held; an id that is absent was
-    not checked: without ``steps`` (a black-box engine) only ``engine.stop`` and, when
-    there are ``stats``, ``engine.cost`` apply; without ``stats`` there is no cost check.
-    ``prompt`` is the context when the call started (the prompt for a fresh generation).
-    """
-    prompt_length = len(prompt)
-    if prompt_length < 1:
-        raise InvalidSettingError("prompt is empty: a generation needs at least one token (the pending one)")
-    results: dict[str, list[Violation]] = {}
-    steps = generation.steps
-    if steps is not None:
-        results["engine.accept-bounds"] = check_accept_bounds(steps, k=k)
-        results["engine.accept-rule"] = check_accept_rule(steps)
-        results["engine.kv-length"] = check_kv_length(
-            steps, prompt_length=prompt_length, final_processed=final_processed, tokens=generation.tokens
-        )
-    results["engine.stop"] = check_stop(
-        generation.tokens,
-        generation.stop_reason,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        prompt_length=prompt_length,
-        max_context=max_context,
-        final_processed=final_processed,
-    )
-    if generation.stats is not None:
-        results["engine.cost"] = check_cost(generation, rollback=rollback, prompt_length=prompt_length)
-    if steps is not None:
-        results["trace.consistency"] = check_trace_consistency(
-            generation.tokens,
-            steps,
-            generation.stop_reason,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos_token_id,
-        )
-    return results

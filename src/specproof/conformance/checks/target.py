@@ -9,14 +9,17 @@ a real backend (fp16, BLAS kernels that differ between q=1 and q=K+1) states its
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specproof.contract import Violation, arrays_differ, states_differ
 from specproof.engine import Target
 
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._registry import Invariant
+
 __all__ = [
-    "TARGET_CHECKS",
     "check_capacity",
     "check_causality",
     "check_checkpoints",
@@ -69,15 +72,15 @@ def _ex(**kw: object) -> dict[str, object]:
 
 
 def _if_differs(
-    why: str | None, *, invariant: str, explanation: str, example: dict[str, object], round: int | None = None
+    why: str | None, *, inv: Invariant, explanation: str, example: dict[str, object], round: int | None = None
 ) -> list[Violation]:
     """``[]`` when a comparison found nothing (``why`` is None), else one violation: ``explanation: why``."""
     if why is None:
         return []
-    return [Violation(invariant=invariant, round=round, explanation=f"{explanation}: {why}", example=example)]
+    return [inv.violation(round=round, explanation=f"{explanation}: {why}", example=example)]
 
 
-def check_shape(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) -> list[Violation]:
+def check_shape(inv: Invariant, make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) -> list[Violation]:
     t = make()
     t.reset()
     out: list[Violation] = []
@@ -87,8 +90,7 @@ def check_shape(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) 
         logits = np.asarray(t.forward(feed))
         if logits.shape != (len(feed), t.vocab_size):
             out.append(
-                Violation(
-                    invariant="target.shape",
+                inv.violation(
                     explanation=f"forward of {len(feed)} {what} returned the wrong shape",
                     expected=[len(feed), t.vocab_size],
                     actual=list(logits.shape),
@@ -97,8 +99,7 @@ def check_shape(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) 
             )
         elif not np.issubdtype(logits.dtype, np.floating) or not np.isfinite(logits).all():
             out.append(
-                Violation(
-                    invariant="target.shape",
+                inv.violation(
                     explanation=f"forward of {len(feed)} {what} returned non-finite or non-float logits",
                     expected="finite floats",
                     actual=str(logits.dtype),
@@ -110,14 +111,13 @@ def check_shape(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) 
     return out
 
 
-def check_processed(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) -> list[Violation]:
+def check_processed(inv: Invariant, make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int]) -> list[Violation]:
     t = make()
     t.reset()
     ex = _ex(prefix=prefix, tokens=tokens)
     if t.processed != 0:
         return [
-            Violation(
-                invariant="target.processed",
+            inv.violation(
                 explanation="processed is not 0 after reset()",
                 expected=0,
                 actual=t.processed,
@@ -128,8 +128,7 @@ def check_processed(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[in
         t.forward(list(prefix))
     if t.processed != len(prefix):
         return [
-            Violation(
-                invariant="target.processed",
+            inv.violation(
                 explanation=f"forward of {len(prefix)} tokens did not advance processed by {len(prefix)}",
                 expected=len(prefix),
                 actual=t.processed,
@@ -140,8 +139,7 @@ def check_processed(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[in
     t.forward(list(tokens))
     if t.processed != len(prefix) + len(tokens):
         return [
-            Violation(
-                invariant="target.processed",
+            inv.violation(
                 explanation=f"forward of {len(tokens)} tokens did not advance processed by {len(tokens)}",
                 expected=len(prefix) + len(tokens),
                 actual=t.processed,
@@ -151,8 +149,7 @@ def check_processed(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[in
     t.restore(snap)
     if t.processed != len(prefix):
         return [
-            Violation(
-                invariant="target.processed",
+            inv.violation(
                 explanation="restore did not set processed back to the snapshot's",
                 expected=len(prefix),
                 actual=t.processed,
@@ -163,7 +160,13 @@ def check_processed(make: MakeTarget, prefix: Sequence[int], tokens: Sequence[in
 
 
 def check_chunk_invariance(
-    make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int], chunks: Sequence[int], *, tolerance: float
+    inv: Invariant,
+    make: MakeTarget,
+    prefix: Sequence[int],
+    tokens: Sequence[int],
+    chunks: Sequence[int],
+    *,
+    tolerance: float,
 ) -> list[Violation]:
     """One forward of all ``tokens`` == the same tokens in ``chunks`` == one-token forwards."""
     single = _fresh_logits(make, prefix, tokens)
@@ -171,7 +174,7 @@ def check_chunk_invariance(
     whole = np.asarray(t.forward(list(tokens)))
     found = _if_differs(
         compare_logits(single, whole, tolerance=tolerance),
-        invariant="target.chunk-invariance",
+        inv=inv,
         explanation=f"one forward of {len(tokens)} tokens differs from {len(tokens)} one-token forwards",
         example=_ex(prefix=prefix, tokens=tokens),
     )
@@ -191,13 +194,14 @@ def check_chunk_invariance(
         rows.append(np.asarray(t.forward(list(tokens[pos:]))))
     return _if_differs(
         compare_logits(single, np.concatenate(rows), tolerance=tolerance),
-        invariant="target.chunk-invariance",
+        inv=inv,
         explanation=f"chunked forwards {list(chunks)} differ from one-token forwards",
         example=_ex(prefix=prefix, tokens=tokens, chunks=chunks),
     )
 
 
 def check_causality(
+    inv: Invariant,
     make: MakeTarget,
     prefix: Sequence[int],
     tokens: Sequence[int],
@@ -216,14 +220,20 @@ def check_causality(
     rb = np.asarray(b.forward(other))[:split]
     return _if_differs(
         compare_logits(ra, rb, tolerance=tolerance),
-        invariant="target.causality",
+        inv=inv,
         explanation=f"rows before position {split} changed when later tokens changed",
         example=_ex(prefix=prefix, tokens=tokens, other=other),
     )
 
 
 def check_restore(
-    make: MakeTarget, prefix: Sequence[int], detour: Sequence[int], probe: Sequence[int], *, tolerance: float
+    inv: Invariant,
+    make: MakeTarget,
+    prefix: Sequence[int],
+    detour: Sequence[int],
+    probe: Sequence[int],
+    *,
+    tolerance: float,
 ) -> list[Violation]:
     """snapshot after ``prefix``, feed ``detour``, restore, feed ``probe`` == fresh target fed prefix + probe."""
     expected = _fresh_logits(make, prefix, probe)
@@ -234,7 +244,7 @@ def check_restore(
     actual = _one_by_one(t, probe)
     found = _if_differs(
         compare_logits(expected, actual, tolerance=tolerance),
-        invariant="target.restore",
+        inv=inv,
         explanation="after restore, forwards differ from a fresh target fed the same prefix",
         example=_ex(prefix=prefix, detour=detour, probe=probe),
     )
@@ -245,14 +255,20 @@ def check_restore(
     again = _one_by_one(t, probe)
     return _if_differs(
         compare_logits(expected, again, tolerance=tolerance),
-        invariant="target.restore",
+        inv=inv,
         explanation="a second restore of the same snapshot differs",
         example=_ex(prefix=prefix, detour=detour, probe=probe),
     )
 
 
 def check_checkpoints(
-    make: MakeTarget, prefix: Sequence[int], tokens: Sequence[int], probe: Sequence[int], *, tolerance: float
+    inv: Invariant,
+    make: MakeTarget,
+    prefix: Sequence[int],
+    tokens: Sequence[int],
+    probe: Sequence[int],
+    *,
+    tolerance: float,
 ) -> list[Violation]:
     """checkpoints[i] of a forward behaves as (and, white-box, equals) the snapshot after tokens[:i+1]."""
     t = make()
@@ -266,8 +282,7 @@ def check_checkpoints(
     ex = _ex(prefix=prefix, tokens=tokens, probe=probe)
     if len(cps) != len(tokens):
         return [
-            Violation(
-                invariant="target.checkpoints",
+            inv.violation(
                 explanation=f"{len(cps)} checkpoints for a forward of {len(tokens)} tokens",
                 expected=len(tokens),
                 actual=len(cps),
@@ -279,8 +294,7 @@ def check_checkpoints(
         t.restore(cps[i])
         if t.processed != len(prefix) + i + 1:
             return [
-                Violation(
-                    invariant="target.checkpoints",
+                inv.violation(
                     round=i,
                     explanation=f"checkpoint {i} restores processed={t.processed}",
                     expected=len(prefix) + i + 1,
@@ -293,7 +307,7 @@ def check_checkpoints(
         if hasattr(t, "state_arrays") and hasattr(fresh, "state_arrays"):
             found = _if_differs(
                 compare_states(fresh.state_arrays(), t.state_arrays(), tolerance=tolerance),  # type: ignore[attr-defined]
-                invariant="target.checkpoints",
+                inv=inv,
                 round=i,
                 explanation=f"checkpoint {i} is not the state after {i + 1} tokens",
                 example=ex,
@@ -304,7 +318,7 @@ def check_checkpoints(
         actual = _one_by_one(t, probe)
         found = _if_differs(
             compare_logits(expected, actual, tolerance=tolerance),
-            invariant="target.checkpoints",
+            inv=inv,
             round=i,
             explanation=f"after restoring checkpoint {i}, forwards differ from the state after {i + 1} tokens",
             example=ex,
@@ -314,7 +328,9 @@ def check_checkpoints(
     return []
 
 
-def check_capacity(make: MakeTarget, fill: Sequence[int], overflow: int, probe_token: int) -> list[Violation]:
+def check_capacity(
+    inv: Invariant, make: MakeTarget, fill: Sequence[int], overflow: int, probe_token: int
+) -> list[Violation]:
     """Fill to ``max_context - len(fill)``... then a forward past max_context must raise and change nothing.
 
     ``fill`` tokens are cycled to bring the target within ``overflow - 1`` tokens of
@@ -339,8 +355,7 @@ def check_capacity(make: MakeTarget, fill: Sequence[int], overflow: int, probe_t
     except Exception as exc:
         if t.processed != processed:
             return [
-                Violation(
-                    invariant="target.capacity",
+                inv.violation(
                     explanation=f"the failed forward changed processed ({exc!r})",
                     expected=processed,
                     actual=t.processed,
@@ -351,28 +366,16 @@ def check_capacity(make: MakeTarget, fill: Sequence[int], overflow: int, probe_t
             after = np.asarray(t.forward([probe_token]))
             return _if_differs(
                 compare_logits(before, after, tolerance=0.0),
-                invariant="target.capacity",
+                inv=inv,
                 explanation="the failed forward changed the state: the next forward differs",
                 example=ex,
             )
         return []
     return [
-        Violation(
-            invariant="target.capacity",
+        inv.violation(
             explanation=f"a forward of {overflow} tokens with {room} free slots (max_context={cap}) did not raise",
             expected="an error, state unchanged",
             actual=f"returned; processed={t.processed}",
             example=ex,
         )
     ]
-
-
-TARGET_CHECKS: dict[str, Callable[..., list[Violation]]] = {
-    "target.shape": check_shape,
-    "target.processed": check_processed,
-    "target.chunk-invariance": check_chunk_invariance,
-    "target.causality": check_causality,
-    "target.restore": check_restore,
-    "target.checkpoints": check_checkpoints,
-    "target.capacity": check_capacity,
-}

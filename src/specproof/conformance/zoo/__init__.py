@@ -19,12 +19,12 @@ member's failure is due to its one change.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Literal
 
 import attrs
 
-from specproof.conformance._registry import REGISTRY
+from specproof.conformance._registry import REGISTRY, Invariant
 from specproof.conformance.zoo._drafters import (
     LookupDrafter,
     MatchPointer,
@@ -38,7 +38,9 @@ from specproof.conformance.zoo._drafters import (
 )
 from specproof.conformance.zoo._engines import (
     AcceptsPastMismatch,
+    DraftsPastK,
     DropsBonusToken,
+    DropsLastStepAtEos,
     EmitsAfterEos,
     EosMaskedByLengthCap,
     ForgetsRecurrentRestore,
@@ -49,6 +51,7 @@ from specproof.conformance.zoo._engines import (
     ProcessedOffByOne,
     RaisesEveryCall,
     RefeedsAcceptedFirst,
+    ReplaysDespiteCheckpoints,
     StaleStateAfterZeroDraft,
     VaryingK,
     ZooEngine,
@@ -92,6 +95,10 @@ from specproof.conformance.zoo._targets import (
     CapacityWraps,
     CheckpointsOffByOne,
     ChunkedForwardDiffers,
+    MaskLeaksNextToken,
+    PadsVocab,
+    ProcessedIsLastIndex,
+    ResetKeepsConv,
     RestoreForgetsConv,
     RestoreForgetsRec,
     ZooTarget,
@@ -106,6 +113,15 @@ __all__ = [
     "ZOO",
     "ZOO_CONFIG",
     "ZooMember",
+    "ZooRegistryError",
+    "build_zoo",
+    "drafts_past_k",
+    "drops_last_step_at_eos",
+    "mask_leaks_next_token",
+    "pads_vocab",
+    "processed_is_last_index",
+    "replays_despite_checkpoints",
+    "reset_keeps_conv",
     "accepts_past_mismatch",
     "capacity_wraps",
     "checkpoints_off_by_one",
@@ -228,6 +244,34 @@ def capacity_wraps() -> CapacityWraps:
 
 def checkpoints_off_by_one() -> CheckpointsOffByOne:
     return CheckpointsOffByOne()
+
+
+def pads_vocab() -> PadsVocab:
+    return PadsVocab()
+
+
+def processed_is_last_index() -> ProcessedIsLastIndex:
+    return ProcessedIsLastIndex()
+
+
+def mask_leaks_next_token() -> MaskLeaksNextToken:
+    return MaskLeaksNextToken()
+
+
+def reset_keeps_conv() -> ResetKeepsConv:
+    return ResetKeepsConv()
+
+
+def drafts_past_k() -> DraftsPastK:
+    return DraftsPastK()
+
+
+def replays_despite_checkpoints() -> ReplaysDespiteCheckpoints:
+    return ReplaysDespiteCheckpoints()
+
+
+def drops_last_step_at_eos() -> DropsLastStepAtEos:
+    return DropsLastStepAtEos()
 
 
 def forgets_recurrent_restore() -> ForgetsRecurrentRestore:
@@ -380,159 +424,105 @@ def feature_engine_replay() -> FeatureZooEngine:
     return FeatureZooEngine(rollback="replay")
 
 
-# ---------------------------------------------------------------------------- the registry
+# ---------------------------------------------------------------------------- the members
 
-
-def _member(
-    name: str,
-    kind: Kind,
-    implementation: type,
-    invariant: str,
-    also: tuple[str, ...] = (),
-    found_by: Literal["quick", "search"] = "quick",
-) -> ZooMember:
-    # the description is the first line of the class docstring, less its "invariant-id: " prefix
-    doc = (implementation.__doc__ or "").strip().splitlines()[0]
-    if kind == "engine" and "engine.lossless" in (invariant, *also) and invariant != "engine.session":
-        also = (*also, "engine.session")  # a bug that changes the tokens fails every request of a session too
-    return ZooMember(
-        name=name,
-        kind=kind,
-        invariant=invariant,
-        description=doc.split(": ", 1)[-1] if doc.startswith(f"``{invariant}``") else doc,
-        spec=f"{_MODULE}:{name}",
-        implementation=implementation,
-        also=also,
-        found_by=found_by,
-    )
-
-
-# When the built-in engine meets a contract breach it raises (DrafterContractError, a wrong
-# ``processed``); the harness then reports that run as a failure of every engine invariant.
-_ENGINE_RAISES = (
-    "engine.lossless",
-    "engine.accept-bounds",
-    "engine.accept-rule",
-    "engine.kv-length",
-    "engine.state-restored",
-    "engine.stop",
-    "engine.cost",
-    "trace.consistency",
-)
-# A wrong restore also spoils the checks that use restore to probe something else.
-_RESTORE_USERS = ("target.checkpoints", "target.capacity", "engine.lossless", "engine.state-restored")
-
-ZOO: dict[str, ZooMember] = {
-    m.name: m
-    for m in (
-        _member("too_long", "drafter", TooLong, "drafter.max-length", also=_ENGINE_RAISES),
-        _member("out_of_range", "drafter", OutOfRange, "drafter.token-range", also=_ENGINE_RAISES),
-        _member("nondeterministic", "drafter", Nondeterministic, "drafter.deterministic"),
-        _member("mutates_input", "drafter", MutatesInput, "drafter.no-mutation"),
-        _member(
-            "chunked_forward_differs",
-            "target",
-            ChunkedForwardDiffers,
-            "target.chunk-invariance",
-            also=("engine.lossless",),
-        ),
-        _member(
-            "restore_forgets_conv",
-            "target",
-            RestoreForgetsConv,
-            "target.restore",
-            also=_RESTORE_USERS,
-        ),
-        _member(
-            "restore_forgets_rec",
-            "target",
-            RestoreForgetsRec,
-            "target.restore",
-            also=_RESTORE_USERS,
-        ),
-        _member("capacity_wraps", "target", CapacityWraps, "target.capacity"),
-        _member(
-            "checkpoints_off_by_one",
-            "target",
-            CheckpointsOffByOne,
-            "target.checkpoints",
-            also=_ENGINE_RAISES,
-        ),
-        _member(
-            "forgets_recurrent_restore",
-            "engine",
-            ForgetsRecurrentRestore,
-            "engine.state-restored",
-            also=("engine.lossless",),
-        ),
-        _member(
-            "processed_off_by_one",
-            "engine",
-            ProcessedOffByOne,
-            "engine.kv-length",
-            also=("engine.lossless", "engine.state-restored"),
-        ),
-        _member(
-            "accepts_past_mismatch", "engine", AcceptsPastMismatch, "engine.accept-rule", also=("engine.lossless",)
-        ),
-        _member("drops_bonus_token", "engine", DropsBonusToken, "engine.accept-rule"),
-        _member(
-            "emits_after_eos", "engine", EmitsAfterEos, "engine.stop", also=("engine.lossless", "trace.consistency")
-        ),
-        _member(
-            "stale_state_after_zero_draft",
-            "engine",
-            StaleStateAfterZeroDraft,
-            "engine.lossless",
-            also=("engine.state-restored",),
-        ),
-        _member("sticky_cache", "drafter", StickyCache, "drafter.deterministic"),
-        _member("match_pointer", "drafter", MatchPointer, "drafter.deterministic"),
-        _member(
-            "returns_generator",
-            "drafter",
-            ReturnsGenerator,
-            "drafter.token-range",
-            also=("drafter.max-length", *_ENGINE_RAISES),
-        ),
-        _member("reads_past_context", "drafter", ReadsPastContext, "drafter.deterministic"),
-        _member(
-            "refeeds_accepted_first",
-            "engine",
-            RefeedsAcceptedFirst,
-            "engine.state-restored",
-            also=("engine.lossless",),
-        ),
-        _member(
-            "eos_masked_by_length_cap",
-            "engine",
-            EosMaskedByLengthCap,
-            "engine.stop",
-            also=("engine.lossless", "trace.consistency"),
-        ),
-        _member(
-            "length_cap_hides_eos_in_block",
-            "engine",
-            LengthCapHidesEosInBlock,
-            "engine.stop",
-            also=("engine.lossless", "trace.consistency"),
-            found_by="search",
-        ),
-        _member("raises_every_call", "engine", RaisesEveryCall, "engine.lossless"),
-        _member("stale_prefix_cache", "engine", StalePrefixCache, "engine.session"),
-        _member("model_drafter_no_rollback", "drafter", DraftNoRollback, "drafter.deterministic"),
-        _member("model_drafter_kv_only_rollback", "drafter", DraftKVOnlyRollback, "drafter.deterministic"),
-        _member("model_drafter_kv_only_rollback_gdn", "drafter", DraftKVOnlyRollback, "drafter.deterministic"),
-        _member("model_drafter_reset_keeps_state", "drafter", DraftResetKeepsModel, "drafter.deterministic"),
-        _member("snapshot_only_last_call", "engine", SnapshotOnlyLastCall, "engine.session"),
-        _member("prompt_only_lookup", "drafter", PromptOnlyLookup, "drafter.deterministic"),
-        _member("head_keeps_chain", "drafter", HeadKeepsChain, "drafter.features", also=("drafter.deterministic",)),
-        _member("feature_from_rejected", "engine", FeatureFromRejected, "engine.features"),
-        _member("features_shifted", "engine", FeaturesShifted, "engine.features"),
-        _member("features_wrong_layer", "engine", FeaturesWrongLayer, "engine.features"),
-        _member("features_stale_across_requests", "engine", FeaturesStaleAcrossRequests, "engine.features"),
-    )
+# name -> (kind, implementation). Which invariant rejects each member, and which others its bug
+# also trips, is the registry's to say (``Invariant.zoo`` / ``Invariant.also``): no id is spelled here.
+_MEMBERS: dict[str, tuple[Kind, type]] = {
+    "too_long": ("drafter", TooLong),
+    "out_of_range": ("drafter", OutOfRange),
+    "nondeterministic": ("drafter", Nondeterministic),
+    "mutates_input": ("drafter", MutatesInput),
+    "sticky_cache": ("drafter", StickyCache),
+    "match_pointer": ("drafter", MatchPointer),
+    "returns_generator": ("drafter", ReturnsGenerator),
+    "reads_past_context": ("drafter", ReadsPastContext),
+    "model_drafter_no_rollback": ("drafter", DraftNoRollback),
+    "model_drafter_kv_only_rollback": ("drafter", DraftKVOnlyRollback),
+    "model_drafter_kv_only_rollback_gdn": ("drafter", DraftKVOnlyRollback),
+    "model_drafter_reset_keeps_state": ("drafter", DraftResetKeepsModel),
+    "pads_vocab": ("target", PadsVocab),
+    "processed_is_last_index": ("target", ProcessedIsLastIndex),
+    "chunked_forward_differs": ("target", ChunkedForwardDiffers),
+    "mask_leaks_next_token": ("target", MaskLeaksNextToken),
+    "restore_forgets_conv": ("target", RestoreForgetsConv),
+    "restore_forgets_rec": ("target", RestoreForgetsRec),
+    "capacity_wraps": ("target", CapacityWraps),
+    "checkpoints_off_by_one": ("target", CheckpointsOffByOne),
+    "reset_keeps_conv": ("target", ResetKeepsConv),
+    "forgets_recurrent_restore": ("engine", ForgetsRecurrentRestore),
+    "processed_off_by_one": ("engine", ProcessedOffByOne),
+    "accepts_past_mismatch": ("engine", AcceptsPastMismatch),
+    "drops_bonus_token": ("engine", DropsBonusToken),
+    "drafts_past_k": ("engine", DraftsPastK),
+    "emits_after_eos": ("engine", EmitsAfterEos),
+    "stale_state_after_zero_draft": ("engine", StaleStateAfterZeroDraft),
+    "refeeds_accepted_first": ("engine", RefeedsAcceptedFirst),
+    "eos_masked_by_length_cap": ("engine", EosMaskedByLengthCap),
+    "raises_every_call": ("engine", RaisesEveryCall),
+    "replays_despite_checkpoints": ("engine", ReplaysDespiteCheckpoints),
+    "drops_last_step_at_eos": ("engine", DropsLastStepAtEos),
+    "stale_prefix_cache": ("engine", StalePrefixCache),
+    "snapshot_only_last_call": ("engine", SnapshotOnlyLastCall),
+    "length_cap_hides_eos_in_block": ("engine", LengthCapHidesEosInBlock),
+    "prompt_only_lookup": ("drafter", PromptOnlyLookup),
+    "head_keeps_chain": ("drafter", HeadKeepsChain),
+    "feature_from_rejected": ("engine", FeatureFromRejected),
+    "features_shifted": ("engine", FeaturesShifted),
+    "features_wrong_layer": ("engine", FeaturesWrongLayer),
+    "features_stale_across_requests": ("engine", FeaturesStaleAcrossRequests),
 }
+
+
+# members that take a randomized search to find (a ``--seed``, a ``specproof fuzz`` campaign): the
+# derandomized quick profile is not promised to reject them; the example database replays them after
+_FOUND_BY_SEARCH = frozenset({"length_cap_hides_eos_in_block"})
+
+
+class ZooRegistryError(ValueError):
+    """The zoo and the registry disagree: a member no invariant claims, or a claim on no member."""
+
+
+def build_zoo(
+    members: Mapping[str, tuple[Kind, type]], invariants: Iterable[Invariant] = REGISTRY
+) -> dict[str, ZooMember]:
+    """Every member with the invariant that claims it (``Invariant.zoo``) and those that list it in ``also``.
+
+    Raises ``ZooRegistryError`` naming the member or the invariant when a member is claimed by no
+    invariant or by two, or when an invariant names a member the zoo lacks.
+    """
+    invariants = tuple(invariants)
+    claimed: dict[str, str] = {}
+    for inv in invariants:
+        for name in (*inv.zoo, *inv.also):
+            if name not in members:
+                raise ZooRegistryError(f"invariant {inv.id} names zoo member {name!r}, which the zoo does not have")
+        for name in inv.zoo:
+            if name in claimed:
+                raise ZooRegistryError(f"zoo member {name!r} is claimed by both {claimed[name]} and {inv.id}")
+            claimed[name] = inv.id
+    unclaimed = sorted(set(members) - set(claimed))
+    if unclaimed:
+        raise ZooRegistryError(f"zoo members {unclaimed} are claimed by no invariant (Invariant.zoo)")
+    zoo: dict[str, ZooMember] = {}
+    for name, (kind, implementation) in members.items():
+        invariant = claimed[name]
+        # the description is the first line of the class docstring, less its "invariant-id: " prefix
+        doc = (implementation.__doc__ or "").strip().splitlines()[0]
+        zoo[name] = ZooMember(
+            name=name,
+            kind=kind,
+            invariant=invariant,
+            description=doc.split(": ", 1)[-1] if doc.startswith(f"``{invariant}``") else doc,
+            spec=f"{_MODULE}:{name}",
+            implementation=implementation,
+            also=tuple(inv.id for inv in invariants if name in inv.also and inv.id != invariant),
+            found_by="search" if name in _FOUND_BY_SEARCH else "quick",
+        )
+    return zoo
+
+
+ZOO: dict[str, ZooMember] = build_zoo(_MEMBERS)
 
 CORRECT: dict[str, str] = {
     name: f"{_MODULE}:{name}"

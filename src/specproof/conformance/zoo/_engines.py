@@ -1,6 +1,6 @@
 """Broken engines: ``SpecDecoder``'s round, written flat with one hook per decision, one hook wrong each.
 
-``ZooEngine`` is the correct control. It follows DESIGN.md's round exactly (the
+``ZooEngine`` is the correct control. It follows docs/contract.md's round exactly (the
 same steps as ``specproof.engine.SpecDecoder``'s ``DecodeSession._round``) but
 names each decision as a method:
 
@@ -16,7 +16,7 @@ continuation, computed on a private copy of the target, corrupted by a fixed
 schedule so that fully accepted, rejected-at-0, partial and empty-draft rounds
 (one right after a fully accepted round) all happen in every generation.
 
-The engines expose what the suite needs (DESIGN.md, black-box engines): ``vocab_size``,
+The engines expose what the suite needs (docs/contract.md, black-box engines): ``vocab_size``,
 ``target`` (white-box, ``state_arrays``), ``k`` and ``rollback``; their
 ``Generation`` carries ``steps`` and ``stats``.
 """
@@ -36,7 +36,9 @@ from specproof.engine.errors import EmptyPromptError, InvalidSettingError, Token
 
 __all__ = [
     "AcceptsPastMismatch",
+    "DraftsPastK",
     "DropsBonusToken",
+    "DropsLastStepAtEos",
     "EmitsAfterEos",
     "EosMaskedByLengthCap",
     "LengthCapHidesEosInBlock",
@@ -48,6 +50,7 @@ __all__ = [
     "ProcessedOffByOne",
     "RaisesEveryCall",
     "RefeedsAcceptedFirst",
+    "ReplaysDespiteCheckpoints",
     "StaleStateAfterZeroDraft",
     "VaryingK",
     "ZooEngine",
@@ -153,6 +156,14 @@ class ZooEngine:
         """The tokens replay feeds after restoring the snapshot: ``[ctx[-1], *draft[:j]]``, in order."""
         return tokens
 
+    def _uses_checkpoints(self) -> bool:
+        """Rolls back to a checkpoint of the verify forward (with ``rollback='checkpoint'``)."""
+        return True
+
+    def _log(self, steps: list[Step], step: Step, *, at_eos: bool) -> None:
+        """Every round is recorded, the one that reaches EOS included."""
+        steps.append(step)
+
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
@@ -211,7 +222,7 @@ class ZooEngine:
             emitted = self._emit(accepted, remaining, eos)
             keep = self._kept(len(emitted))
             if keep < len(fed):
-                if checkpoints is not None:
+                if checkpoints is not None and self._uses_checkpoints():
                     self._restore(checkpoints[keep - 1] if keep > 0 else before)  # type: ignore[arg-type]
                 else:
                     self._restore(before)
@@ -220,7 +231,9 @@ class ZooEngine:
                         replay += 1
             else:
                 self._commit(before, draft)
-            steps.append(Step(base=base, draft=draft, argmax=argmax, accepted=accepted, processed=target.processed))
+            at_eos = eos is not None and eos in emitted
+            step = Step(base=base, draft=draft, argmax=argmax, accepted=accepted, processed=target.processed)
+            self._log(steps, step, at_eos=at_eos)
             drafted += len(draft)
             accepted_total += len(accepted) - 1
             for p in range(len(draft)):
@@ -243,6 +256,48 @@ class ZooEngine:
             position_accepts=tuple(accepts),
         )
         return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=stats)
+
+
+class DraftsPastK(ZooEngine):
+    """Asks the drafter for ``k + 1`` tokens: the draft length counts the bonus token.
+
+    Shipped as: ``num_speculative_tokens`` read as "tokens per round" (draft plus the
+    target's own token) in one place and as the draft length in another, so the verify
+    forward scores one draft token more than the engine was configured for.
+    """
+
+    bug = "drafts k + 1 tokens per round"
+
+    def _round_bound(self, remaining: int, room: int) -> int:
+        return min(self.k + 1, remaining - 1, room - 1)
+
+
+class ReplaysDespiteCheckpoints(ZooEngine):
+    """Says ``rollback='checkpoint'`` and computes checkpoints, but rolls back by snapshot and replay.
+
+    Shipped as: a checkpointing verify kernel whose checkpoints are dropped on the way
+    back to the scheduler, which falls back to restoring the round's snapshot and
+    re-feeding the accepted tokens: the right tokens, at the cost of an extra forward.
+    """
+
+    bug = "replays on rejection although it checkpoints"
+
+    def _uses_checkpoints(self) -> bool:
+        return False
+
+
+class DropsLastStepAtEos(ZooEngine):
+    """The round that reaches EOS is not recorded in ``steps``: its tokens appear from nowhere.
+
+    Shipped as: a step log appended after the loop's EOS check, so the ``break`` on EOS
+    skips the last round's record (traces then cannot account for the final tokens).
+    """
+
+    bug = "the round that emits EOS is missing from steps"
+
+    def _log(self, steps: list[Step], step: Step, *, at_eos: bool) -> None:
+        if not at_eos:
+            steps.append(step)
 
 
 class ForgetsRecurrentRestore(ZooEngine):

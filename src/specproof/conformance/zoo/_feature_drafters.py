@@ -74,9 +74,17 @@ def zoo_feature_head() -> FeatureHead:
             "norm.weight": np.ones(d, np.float32),
         }
         config = {
-            "kind": "eagle", "feature_layers": list(HEAD_LAYERS), "d_model": d, "n_heads": 2, "n_kv_heads": 1,
-            "head_dim": hd, "ffn_dim": f, "rope_theta": 10000.0, "norm_eps": 1e-5,
-            "max_context": ZOO_CONFIG.max_context, "vocab_size": ZOO_CONFIG.vocab_size,
+            "kind": "eagle",
+            "feature_layers": list(HEAD_LAYERS),
+            "d_model": d,
+            "n_heads": 2,
+            "n_kv_heads": 1,
+            "head_dim": hd,
+            "ffn_dim": f,
+            "rope_theta": 10000.0,
+            "norm_eps": 1e-5,
+            "max_context": ZOO_CONFIG.max_context,
+            "vocab_size": ZOO_CONFIG.vocab_size,
         }
         embed = zoo_feature_target().weights["model.embed_tokens.weight"]
         _HEAD.append(FeatureHead(config, weights, embed))
@@ -97,9 +105,7 @@ class HeadKeepsChain(HeadDrafter):
     """``drafter.features``: keeps the draft chain's head KV as if accepted (no head rollback after a partial
     accept), so the accepted draft positions keep keys computed from substituted features."""
 
-    def propose(
-        self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None
-    ) -> list[int]:
+    def propose(self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None) -> list[int]:
         draft = super().propose(context, k, features=features)
         if len(draft) > 1:
             # the bug: the chain's positions (computed from the head's own hiddens) count as real ones
@@ -111,9 +117,7 @@ class HeadKeepsChain(HeadDrafter):
 class HeadRecomputesFeatures(HeadDrafter):
     """Correct, differently: ignores the features it is handed and computes them from the accepted context."""
 
-    def propose(
-        self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None
-    ) -> list[int]:
+    def propose(self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None) -> list[int]:
         return super().propose(context, k)
 
 
@@ -130,9 +134,7 @@ class FeatureLookupDrafter:
     def reset(self) -> None:
         self.inner.reset()
 
-    def propose(
-        self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None
-    ) -> list[int]:
+    def propose(self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None) -> list[int]:
         return list(self.inner.propose(context, k))
 
 

@@ -17,6 +17,10 @@ import numpy.typing as npt
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid, ReferenceSnapshot
 
 __all__ = [
+    "MaskLeaksNextToken",
+    "PadsVocab",
+    "ProcessedIsLastIndex",
+    "ResetKeepsConv",
     "ZOO_CONFIG",
     "CapacityWraps",
     "CheckpointsOffByOne",
@@ -187,3 +191,84 @@ class CheckpointsOffByOne(ZooTarget):
         before = self.inner.snapshot()
         logits, checkpoints = self.inner.forward_with_checkpoints(tokens)
         return logits, [before, *checkpoints[:-1]]
+
+
+class PadsVocab(ZooTarget):
+    """``target.shape``: logits have the padded vocabulary's width (a multiple of 128), not ``vocab_size``.
+
+    Shipped as: exports that keep the embedding matrix padded for tensor cores (rows up
+    to a multiple of 64 or 128) and forget to slice the logits back to the tokenizer's
+    vocabulary; argmax may then pick an id the tokenizer does not have.
+    """
+
+    bug = "logits are [q, padded vocab] wide"
+
+    def _pad(self, logits: FloatArray) -> FloatArray:
+        width = -(-self.vocab_size // 128) * 128
+        if width == self.vocab_size:
+            width += 128
+        out = np.zeros((logits.shape[0], width), dtype=logits.dtype)
+        out[:, : logits.shape[1]] = logits
+        return out
+
+    def forward(self, tokens: Sequence[int]) -> FloatArray:
+        return self._pad(self.inner.forward(tokens))
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        logits, checkpoints = self.inner.forward_with_checkpoints(tokens)
+        return self._pad(logits), checkpoints
+
+
+class ProcessedIsLastIndex(ZooTarget):
+    """``target.processed``: ``processed`` is the index of the last cached position (count - 1).
+
+    Shipped as: a KV cache exposing its write pointer's last written slot where callers
+    expect the number of cached tokens (the ``cache_position[-1]`` vs ``seq_len`` mix-up).
+    """
+
+    bug = "processed reports the last position's index, one less than the count"
+
+    @property
+    def processed(self) -> int:
+        return max(self.inner.processed - 1, 0)
+
+
+class MaskLeaksNextToken(ZooTarget):
+    """``target.causality``: in a forward of q > 1 tokens, row i also sees token i + 1.
+
+    Shipped as: a causal mask built with ``<=`` against positions shifted by one (or a
+    sliding-window kernel with an off-by-one right edge), so a verify row peeks at the
+    next draft token; one-token decode steps are unaffected.
+    """
+
+    bug = "the causal mask lets row i attend to token i + 1"
+
+    def _leak(self, logits: FloatArray, tokens: Sequence[int]) -> FloatArray:
+        out = np.array(logits, copy=True)
+        for i in range(len(tokens) - 1):
+            out[i, int(tokens[i + 1]) % out.shape[1]] += 0.5
+        return out
+
+    def forward(self, tokens: Sequence[int]) -> FloatArray:
+        return self._leak(self.inner.forward(tokens), tokens)
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        logits, checkpoints = self.inner.forward_with_checkpoints(tokens)
+        return self._leak(logits, tokens), checkpoints
+
+
+class ResetKeepsConv(ZooTarget):
+    """``stateful.rollback-machine``: ``reset()`` zeroes ``processed`` and the recurrent state, not ``conv_state``.
+
+    Shipped as: a cache "clear" that resets the attention cache and the SSM state but
+    not the short-convolution window, so a new conversation on a reused target starts
+    with the last one's conv window. Every check on a fresh target passes; only a
+    target reused across conversations (the rollback machine's) shows it.
+    """
+
+    bug = "reset() keeps conv_state"
+
+    def reset(self) -> None:
+        conv = np.array(self.inner._conv_state, copy=True)
+        self.inner.reset()
+        self.inner._conv_state[...] = conv

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["JUDGES", "JudgeMemo"]
+__all__ = ["JudgeMemo"]
 
 
 class JudgeMemo:
@@ -16,7 +16,8 @@ class JudgeMemo:
     A judge is only ever fed forwards from a fresh model, never restored, so a broken restore
     in the subject cannot hide in it; memoizing by the processed tokens only saves the
     re-prefill of a long prompt after a reset or a snapshot round trip, and between the
-    machines of one certification (the checkpoint and replay machines share prompts).
+    checks of one certification (the engine cases and the rollback machine share prompts).
+    One memo belongs to one certification (its ``RunCache``): nothing outlives the run.
     ``at`` returns a private copy the caller may feed further.
     """
 
@@ -49,7 +50,3 @@ class JudgeMemo:
 
     def clear(self) -> None:
         self._models.clear()
-
-
-JUDGES = JudgeMemo()
-"""The memo the rollback machine and the certify harness share (cleared at the start of every certification)."""

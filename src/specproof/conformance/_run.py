@@ -1,0 +1,105 @@
+"""What every driver hands the registry: a capabilities record and a run record.
+
+``Capabilities`` is what a subject exposes (docs/contract.md, "capabilities"): each
+invariant's ``needs`` is judged against it, the same way for every driver (the
+engine-case search, ``check_trace``, the wire client, the state machines).
+``RunRecord`` is one generation as the engine-invariant checks see it: the
+``Generation`` and the settings it ran under, the lossless verdict against the
+driver's oracle and the state comparisons the driver made. Neither names an
+invariant: ids live in the registry only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from specproof.contract.lossless import LosslessVerdict
+from specproof.engine._records import Generation
+
+__all__ = ["CAPABILITIES", "Capabilities", "RunRecord"]
+
+CAPABILITIES: dict[str, str] = {
+    "steps": "the engine returns per-round `Step` records",
+    "stats": "the engine returns `DecodeStats`",
+    "rollback": "the engine says its rollback strategy (`checkpoint` / `replay`)",
+    "oracle": "plain greedy can be computed: a model (`oracle`, a pristine target), `greedy()`, or golden tokens",
+    "target": "the live target's state can be read (`state_arrays()`) or probed with a forward",
+    "builtin": "the subject is the built-in `SpecDecoder` on a target (the rollback machine drives it)",
+    "sessions": "one engine instance serves many requests (a plug-in engine; `SpecDecoder` keeps nothing)",
+    "forward_with_checkpoints": "the target exposes `forward_with_checkpoints`",
+    "forward_with_features": "a model that gives the target's features (`forward_with_features`) to judge them by",
+    "drafter": "the engine drafts with a feature drafter the suite can watch (its own, or the suite's installed one)",
+    "feature_layers": "the drafter declares `feature_layers` (a feature drafter)",
+    "feature_target_spec": "the feature drafter names the target whose features it reads (`feature_target_spec`)",
+}
+"""Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
+
+
+def _names(values: Iterable[str]) -> frozenset[str]:
+    out = frozenset(values)
+    unknown = sorted(out - set(CAPABILITIES))
+    if unknown:
+        raise ValueError(f"unknown capabilities {unknown}; known: {sorted(CAPABILITIES)}")
+    return out
+
+
+@attrs.frozen(kw_only=True)
+class Capabilities:
+    """What one subject exposes; ``why_not`` says, per missing capability, why it is missing."""
+
+    has: frozenset[str] = attrs.field(converter=_names)
+    why_not: Mapping[str, str] = attrs.field(factory=dict)
+
+    def lacks(self, needs: Iterable[str]) -> str | None:
+        """None when every need is met, else the reason the first unmet one is missing."""
+        for need in needs:
+            if need not in self.has:
+                return self.why_not.get(need) or f"not applicable: the subject lacks {need} ({CAPABILITIES[need]})"
+        return None
+
+    def with_(self, **present: bool | str) -> Capabilities:
+        """A copy with capabilities set: ``True`` adds one, a string removes it giving the reason."""
+        has, why = set(self.has), dict(self.why_not)
+        for name, value in present.items():
+            if value is True:
+                has.add(name)
+                why.pop(name, None)
+            else:
+                has.discard(name)
+                why[name] = str(value) if value else why.get(name, "")
+        return Capabilities(has=has, why_not=why)
+
+
+def _ints(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
+
+
+@attrs.frozen(kw_only=True)
+class RunRecord:
+    """One generation and what its driver observed, as the engine-invariant checks read it.
+
+    ``k`` bounds every draft (the engine's k, or the longest draft seen when it has none);
+    ``final_processed`` is the live target's KV length after the call (None: no live
+    target); ``lossless`` the verdict against the oracle (None: no oracle); ``state`` the
+    breaches of the state comparisons as violation fields (None: no comparison could be
+    made) and ``state_checks`` how many comparisons were made; ``features`` and
+    ``feature_checks`` the same for the features handed to a feature drafter.
+    """
+
+    generation: Generation
+    prompt: tuple[int, ...] = attrs.field(converter=_ints)
+    k: int
+    max_new_tokens: int
+    eos: int | None
+    max_context: int | None = None
+    rollback: str | None = None
+    final_processed: int | None = None
+    lossless: LosslessVerdict | None = None
+    state: tuple[dict[str, Any], ...] | None = None
+    state_checks: int = 0
+    features: tuple[dict[str, Any], ...] | None = None
+    feature_checks: int = 0
+    capabilities: Capabilities
