@@ -59,6 +59,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="test an engine at a context capacity of N tokens (default: its max_context, bounded by the "
         "profile: quick 4096, ci 16384, release 65536); the certificate says which capacity was tested",
     )
+    p.add_argument(
+        "--expect-fail",
+        action="append",
+        default=[],
+        metavar="ID[=REASON]",
+        help="a known, documented failure of this invariant: reported as xfail, not failing the verdict; "
+        "if it passes it is xpass and fails the verdict (strict). Repeatable",
+    )
+    p.add_argument(
+        "--expect-fail-file",
+        default=None,
+        metavar="FILE",
+        help="expected failures, one `ID [reason]` per line (`#` comments); a bad line is a usage error",
+    )
     p.add_argument("--report", default=None, metavar="FILE", help="write the specproof-report/2 JSON here")
     p.add_argument("--markdown", default=None, metavar="FILE", help="write the Markdown certificate here")
     p.add_argument("--junitxml", default=None, metavar="FILE", help="write JUnit XML (one testcase per check) here")
@@ -117,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specproof.conformance import Plan
     from specproof.conformance import run_plan as certify
+    from specproof.conformance._expected import load_expected_failures, parse_expected_failures
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,
@@ -137,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
             check_output_path(path, option=option)
     storage = _hypothesis_dir(args.hypothesis_dir)
     database = open_db(args, storage)
+    expected = load_expected_failures(args.expect_fail_file) if args.expect_fail_file else {}
+    expected.update(parse_expected_failures(args.expect_fail))
     plan = Plan.create(
         args.subject,
         drafter=args.drafter,
@@ -151,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         storage=str(storage.parent),
         max_context=args.max_context,
         database=database,
+        expected_failures=expected,
     )
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:
@@ -248,7 +266,15 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
     for col in ("check", "status", "examples", "exercised", "seconds"):
         table.add_column(col, justify="left" if col in ("check", "status") else "right", no_wrap=True)
     table.add_column("detail", overflow="fold")
-    style = {"pass": "green", "excused": "yellow", "fail": "bold red", "error": "bold red", "skip": "dim"}
+    style = {
+        "pass": "green",
+        "excused": "yellow",
+        "fail": "bold red",
+        "error": "bold red",
+        "skip": "dim",
+        "xfail": "yellow",
+        "xpass": "bold red",
+    }
     for r in report["results"]:
         table.add_row(
             r["id"],

@@ -69,6 +69,7 @@ def certify(
     atol: float | None = None,
     only: tuple[str, ...] = (),
     db: str | None = None,
+    expected_failures: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Certify plug-ins given as specs (as ``specproof certify`` does); returns the report dict.
 
@@ -92,6 +93,7 @@ def certify(
         atol=atol,
         only=only,
         database=open_database(db, default_dir=default_examples_dir()) if db is not None else None,
+        expected_failures=expected_failures,
     )
     return run(plan)[1]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import unittest
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -52,6 +52,7 @@ class Plan:
     storage: str | None = None  # where a failing session's history is saved (default ~/.cache/specproof)
     # the example database (an ExampleStore, _database.py): failures are saved and replayed first
     database: Any = attrs.field(default=None, eq=False)
+    expected_failures: dict[str, str] = attrs.field(factory=dict)  # invariant id -> reason (--expect-fail)
 
     @classmethod
     def create(
@@ -70,10 +71,12 @@ class Plan:
         storage: str | None = None,
         max_context: int | None = None,
         database: Any = None,
+        expected_failures: Mapping[str, str] | None = None,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
         selected = registry.select(only)
+        expected = {registry.get(i).id: str(r) for i, r in (expected_failures or {}).items()}
         try:
             tie = None if tie_tolerance is None else validate_tolerance(tie_tolerance, name="--tie-tolerance")
             tol = None if atol is None else validate_tolerance(atol, name="--atol")
@@ -124,6 +127,7 @@ class Plan:
             storage=storage,
             max_context=max_context,
             database=database,
+            expected_failures=expected,
         )
 
 
@@ -281,6 +285,9 @@ class Certification:
             result.settle()
         if result.status in ("fail", "error"):
             result.reproduce = self.reproduce_command(result)
+        reason = self.plan.expected_failures.get(inv.id)
+        if reason is not None:
+            result.expect_failure(reason)
         if self.on_result is not None:
             self.on_result(result)
         return result

@@ -11,7 +11,7 @@ from specproof.contract import Violation
 
 __all__ = ["CheckResult", "Status"]
 
-Status = Literal["pending", "pass", "excused", "fail", "skip", "error"]
+Status = Literal["pending", "pass", "excused", "fail", "skip", "error", "xfail", "xpass"]
 
 
 @attrs.define
@@ -37,6 +37,7 @@ class CheckResult:
     paths: Counter[str] = attrs.Factory(Counter)
     notes: list[str] = attrs.Factory(list)
     reproduce: str = ""
+    expected_failure: str | None = None  # the declared reason, when --expect-fail names this invariant
 
     def fail(self, violations: list[Violation]) -> None:
         self.status = "fail"
@@ -58,6 +59,16 @@ class CheckResult:
         else:
             self.status = "pass"
 
+    def expect_failure(self, reason: str) -> None:
+        """Apply a declared expected failure: ``fail`` becomes ``xfail``, a pass ``xpass`` (strict)."""
+        self.expected_failure = reason
+        if self.status == "fail":
+            self.status = "xfail"
+            self.detail = f"expected failure ({reason}): {self.detail}"
+        elif self.status in ("pass", "excused"):
+            self.status = "xpass"
+            self.detail = f"declared an expected failure ({reason}) but passed: remove the declaration"
+
     def to_json(self) -> dict[str, object]:
         return {
             "id": self.nodeid,
@@ -72,4 +83,5 @@ class CheckResult:
             "excused": {"count": self.excused, "margins": self.excused_margins} if self.excused else None,
             "violations": [v.to_json() for v in self.violations],
             "reproduce": self.reproduce or None,
+            "expected_failure": self.expected_failure,
         }

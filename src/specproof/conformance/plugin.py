@@ -110,6 +110,10 @@ def run_check(cert: Certification, item: CheckItem | None) -> None:
         raise ViolationError(result.violations)
     if result.status == "error":
         raise RuntimeError(result.detail)
+    if result.status == "xfail":
+        pytest.xfail(result.detail)
+    if result.status == "xpass":
+        pytest.fail(result.detail)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

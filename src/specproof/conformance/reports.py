@@ -2,12 +2,16 @@
 
 The verdict (docs/contract.md, "verdicts"):
 
-- ``fail``: a check failed or could not run (``error``);
+- ``fail``: a check failed or could not run (``error``), or a declared expected failure
+  passed (``xpass``: strict, as pytest's ``xfail(strict=True)``; the declaration is stale);
 - ``pass``: nothing failed, and every subject that was requested had at least one check
   pass on examples that exercised it;
 - ``inconclusive``: nothing failed, but nothing ran or some requested subject had no check
   that passed (everything skipped): not a pass;
 - ``interrupted``: Ctrl-C; the report holds what finished.
+
+A check named by ``--expect-fail`` that fails is ``xfail``: counted apart, it does not fail
+the verdict and counts as its subject having been checked.
 
 Every file goes through ``write_text_file``: the path is checked before any work
 (``check_output_path``), written atomically, with the usual permissions.
@@ -78,11 +82,14 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
         return "interrupted", "interrupted (Ctrl-C): the report holds the checks that finished"
     if any(r["status"] in ("fail", "error") for r in results):
         return "fail", ""
+    stale = sorted({r["invariant"] for r in results if r["status"] == "xpass"})
+    if stale:
+        return "fail", f"declared expected failures passed (strict): {', '.join(stale)}; remove the declarations"
     if not results:
         return "inconclusive", "no check ran (the selection is empty for these subjects)"
     by_subject: dict[str, bool] = {}
     for r in results:
-        by_subject[r["case"]] = by_subject.get(r["case"], False) or r["status"] in ("pass", "excused")
+        by_subject[r["case"]] = by_subject.get(r["case"], False) or r["status"] in ("pass", "excused", "xfail")
     unchecked = [s for s, ok in by_subject.items() if not ok]
     if unchecked:
         return "inconclusive", f"no check passed on exercised examples for: {', '.join(unchecked)}"
@@ -146,6 +153,7 @@ def build_report(cert: Certification) -> dict[str, Any]:
         "seed": plan.seed,
         "derandomized": plan.seed is None,
         "only": list(plan.only),
+        "expected_failures": [{"invariant": i, "reason": r} for i, r in plan.expected_failures.items()],
         "tie_tolerance": plan.tie_tolerance,
         "atol": plan.atol,
         "hypothesis_version": hypothesis.__version__,
@@ -202,6 +210,10 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| `{r['invariant']}` | {r['case']} | {r['status']} | {r['examples']} | {r['exercised']} | "
             f"{r['seconds']:.2f} | {detail} |"
         )
+    declared = report.get("expected_failures") or []
+    if declared:
+        lines += ["", "## Expected failures (declared with --expect-fail)", ""]
+        lines += [f"- `{d['invariant']}`: {d['reason']}" for d in declared]
     coverage = report.get("path_coverage") or {}
     if coverage:
         paths = [p for p in next(iter(coverage.values())) if p not in ("generations", "completed")]
@@ -214,7 +226,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         never = sorted({p for row in coverage.values() for p in paths if not row[p]})
         if never:
             lines += ["", f"Never exercised: {', '.join(never)}."]
-    for r in [r for r in report["results"] if r["status"] in ("fail", "error")]:
+    for r in [r for r in report["results"] if r["status"] in ("fail", "error", "xfail", "xpass")]:
         lines += ["", f"## {r['invariant']} ({r['case']}) — {r['status']}", ""]
         for v in r.get("violations") or []:
             lines.append(f"- round {v['round']}: {v['explanation']}")
@@ -238,9 +250,9 @@ def render_junit(report: dict[str, Any]) -> str:
         "testsuite",
         name="specproof certify",
         tests=str(len(results)),
-        failures=str(sum(r["status"] == "fail" for r in results)),
+        failures=str(sum(r["status"] in ("fail", "xpass") for r in results)),
         errors=str(sum(r["status"] == "error" for r in results)),
-        skipped=str(sum(r["status"] == "skip" for r in results)),
+        skipped=str(sum(r["status"] in ("skip", "xfail") for r in results)),
         time=f"{report['seconds']:.3f}",
     )
     for r in results:
@@ -254,7 +266,9 @@ def render_junit(report: dict[str, Any]) -> str:
             ET.SubElement(case, "failure", message=r["detail"][:300]).text = text
         elif r["status"] == "error":
             ET.SubElement(case, "error", message=r["detail"][:300])
-        elif r["status"] == "skip":
+        elif r["status"] == "xpass":  # strict: a declared expected failure that passed
+            ET.SubElement(case, "failure", message=r["detail"][:300])
+        elif r["status"] in ("skip", "xfail"):  # an expected failure is reported as pytest reports xfail
             ET.SubElement(case, "skipped", message=r["detail"][:300])
         ET.SubElement(case, "system-out").text = f"examples {r['examples']}, exercised {r['exercised']}"
     root = ET.Element("testsuites")
