@@ -66,5 +66,5 @@ def test_strict_decorator_after_the_loose_one_fails(specproof_check: object) -> 
     from specproof.conformance import check
     from specproof.contract import ViolationError
 
-    with pytest.raises(ViolationError, match="engine.state-restored"):
+    with pytest.raises(ViolationError, match=r"engine\.state-restored"):
         check(specproof_check)  # type: ignore[arg-type]
