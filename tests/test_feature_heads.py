@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specproof.conformance import certify
+from specproof.conformance import certify, get
 from specproof.conformance.checks.features import check_drafter_features
 from specproof.conformance.zoo import CORRECT_DRAFTERS, ZOO
 from specproof.engine import PluginError, SpecDecoder, greedy_decode, load_drafter
@@ -32,7 +32,13 @@ def test_head_decoding_equals_greedy_and_accepts_drafts(spec: str, rollback: str
 def test_along_a_decoding_each_draft_equals_a_fresh_drafters_and_the_self_computed_one(kind: str) -> None:
     ctx = list(b"def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n")
     vs, compared, _ = check_drafter_features(
-        lambda: load_drafter(f"{kind}:trained"), ctx, [4, 3, 4, 2, 4], [4, 1, 0, 2, 3], list(b"\n x=("), edit_at=3
+        get("drafter.features"),
+        lambda: load_drafter(f"{kind}:trained"),
+        ctx,
+        [4, 3, 4, 2, 4],
+        [4, 1, 0, 2, 3],
+        list(b"\n x=("),
+        edit_at=3,
     )
     assert compared == 5 and vs == []
 
