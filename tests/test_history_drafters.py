@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from specproof.conformance import certify
+from specproof.conformance import certify, get
 from specproof.conformance.checks.drafter import check_deterministic
 from specproof.conformance.zoo import CORRECT_DRAFTERS, ZOO
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
@@ -19,14 +19,16 @@ OTHER = [7, 8, 9, 7, 8, 9, 7, 8, 1, 2, 3, 6]
 
 
 def test_undeclared_prompt_only_lookup_fails_saying_how_to_declare() -> None:
-    found, compared = check_deterministic(PromptOnlyLookup, CTX, [2, 3], other=OTHER)
+    found, compared = check_deterministic(get("drafter.deterministic"), PromptOnlyLookup, CTX, [2, 3], other=OTHER)
     assert compared > 0 and len(found) == 1
     assert "history_dependent = True" in found[0].explanation
     assert "called at every position" in found[0].explanation
 
 
 def test_declared_prompt_only_lookup_passes() -> None:
-    found, compared = check_deterministic(DeclaredPromptOnlyLookup, CTX, [2, 3], other=OTHER)
+    found, compared = check_deterministic(
+        get("drafter.deterministic"), DeclaredPromptOnlyLookup, CTX, [2, 3], other=OTHER
+    )
     assert compared > 0 and found == []
 
 
@@ -52,12 +54,12 @@ class _ResetKeeps(SuffixDrafter):
 
 
 def test_a_declared_drafter_must_replay_its_call_sequence() -> None:
-    found, _ = check_deterministic(_Unreplayable, CTX, [2], other=OTHER)
+    found, _ = check_deterministic(get("drafter.deterministic"), _Unreplayable, CTX, [2], other=OTHER)
     assert len(found) == 1 and "not replayable" in found[0].explanation
 
 
 def test_a_declared_drafter_must_be_fresh_after_reset() -> None:
-    found, _ = check_deterministic(_ResetKeeps, CTX, [2], other=OTHER)
+    found, _ = check_deterministic(get("drafter.deterministic"), _ResetKeeps, CTX, [2], other=OTHER)
     assert len(found) == 1 and "after reset()" in found[0].explanation
 
 
