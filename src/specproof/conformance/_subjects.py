@@ -1,6 +1,6 @@
 """What is being certified: the subjects resolved from specs, and how to make fresh copies.
 
-``Suite.from_specs`` follows DESIGN.md: a drafter subject runs under the built-in
+``Suite.from_specs`` follows docs/contract.md ("Engines"): a drafter subject runs under the built-in
 engine on the chosen target; a target subject gets the target invariants and then
 the built-in engine on it; an engine subject is white-box (its Generation has
 steps) or black-box (``vocab_size`` plus ``target`` or ``greedy``).

@@ -58,7 +58,7 @@ class StaleSnapshotError(SpecproofError, ValueError):
 
 
 class ContractError(SpecproofError):
-    """A plugged-in component broke its protocol (see DESIGN.md)."""
+    """A plugged-in component broke its protocol (see docs/contract.md, "Protocols and records")."""
 
 
 class DrafterContractError(ContractError):

@@ -1,4 +1,4 @@
-"""The speculative decoder: draft, verify, accept, roll back (DESIGN.md, "One speculative round")."""
+"""The speculative decoder: draft, verify, accept, roll back (docs/contract.md, "The decode convention")."""
 
 from __future__ import annotations
 

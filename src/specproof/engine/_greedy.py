@@ -1,4 +1,4 @@
-"""The greedy oracle: one one-token forward per emitted token (DESIGN.md, "Plain greedy")."""
+"""The greedy oracle: one one-token forward per emitted token (docs/contract.md, "The decode convention")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Resolving ``module:attribute`` plug-ins (DESIGN.md: a factory called with no arguments, or an instance)."""
+"""Resolving ``module:attribute`` plug-ins (docs/contract.md, "Engines": a factory called with no arguments, or an instance)."""
 
 from __future__ import annotations
 
