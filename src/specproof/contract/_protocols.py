@@ -1,4 +1,6 @@
-"""The public protocols of docs/contract.md ("Protocols and records"): what a target, a drafter and an engine must provide.
+"""The public protocols: what a target, a drafter and an engine must provide.
+
+docs/contract.md ("Protocols and records") is their reference.
 
 They are ``typing.Protocol`` classes, so an adapter for another system implements
 them by shape; nothing needs to subclass them.

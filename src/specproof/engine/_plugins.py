@@ -1,4 +1,7 @@
-"""Resolving ``module:attribute`` plug-ins (docs/contract.md, "Engines": a factory called with no arguments, or an instance)."""
+"""Resolving ``module:attribute`` plug-ins: a factory called with no arguments, or an instance.
+
+docs/contract.md ("Engines") is the reference.
+"""
 
 from __future__ import annotations
 
