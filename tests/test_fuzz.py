@@ -216,3 +216,32 @@ def test_a_redis_that_goes_away_stops_the_campaign_with_finds_kept_locally(tmp_p
     # the failure is in the local directory: a certify against it replays it
     code, out = _finish(_specproof("certify", "engine", "--engine", MEMBER, "--only", "engine.stop", hyp=hyp))
     assert code == 1 and "replayed" in out, out
+
+
+def test_ctrl_c_stops_the_campaign_with_its_report(tmp_path: Path) -> None:
+    import signal
+
+    report = tmp_path / "c.json"
+    proc = _specproof(
+        "fuzz",
+        "engine",
+        "--engine",
+        "specproof.conformance.zoo:zoo_engine",
+        "--only",
+        "engine.stop",
+        "--workers",
+        "2",
+        "--report",
+        str(report),
+        hyp=tmp_path / "hyp",
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(12)  # the workers are running rounds
+    assert proc.poll() is None, proc.communicate()[0]
+    os.killpg(proc.pid, signal.SIGINT)
+    code, out = _finish(proc, timeout=60)
+    assert code == 130, out
+    data = json.loads(report.read_text())
+    assert data["campaign"]["stopped"] == "interrupted (Ctrl-C)"
+    assert "Traceback" not in out

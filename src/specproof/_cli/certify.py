@@ -261,7 +261,8 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
         f"target {subj['target']['spec']}" if subj.get("target") else "",
         ("engines " + "/".join(e["case"] for e in subj["engines"])) if subj.get("engines") else "",
     ]
-    title = "specproof certify — " + (", ".join(x for x in parts if x) or "nothing") + f" — profile {report['profile']}"
+    command = "specproof fuzz" if report.get("campaign") else "specproof certify"
+    title = f"{command} — " + (", ".join(x for x in parts if x) or "nothing") + f" — profile {report['profile']}"
     table = Table(title=title)
     for col in ("check", "status", "examples", "exercised", "seconds"):
         table.add_column(col, justify="left" if col in ("check", "status") else "right", no_wrap=True)

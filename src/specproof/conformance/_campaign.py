@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import queue as _queue
 import random
+import signal
 import time
 import traceback
 from collections import Counter
@@ -173,6 +174,9 @@ class CampaignState:
 
 def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
     """One worker process: seeded certify rounds until told to stop (or its database goes away)."""
+    # Ctrl-C reaches the whole process group: the parent handles it and sets `stop`; a worker stops
+    # between checks (or is terminated after the grace period), never mid-way through Hypothesis.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = options.hypothesis_dir
         from hypothesis.configuration import set_hypothesis_home_dir
