@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import sys
 import time
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specproof.engine import PluginError, resolve_plugin
@@ -17,6 +20,7 @@ from specproof.wire import (
     EngineProtocolError,
     EngineRequestError,
     ExecEngine,
+    WireTargetView,
     engine_from_spec,
     load_schema,
     message_errors,
@@ -362,3 +366,84 @@ def test_the_drafts_sent_are_kept_beside_the_drafts_reported(mode: str) -> None:
             assert sent == {} and any(reported.values())  # drafts verified, none asked for
         else:
             assert sent and any(reported[r] != d for r, d in sent.items())
+
+
+# --------------------------------------------------------------------------- state_delta (docs/protocol.md, state)
+
+
+def _kv_message(
+    rows: np.ndarray, processed: int, *, start: int | None = None, crc: int | None = None
+) -> dict[str, object]:
+    """A state message whose ``key_cache`` ([1, 1, n, 2]) is whole, or the rows from ``start`` on."""
+    whole = np.ascontiguousarray(rows, dtype="<f4")
+    spec: dict[str, object] = {"dtype": "float32", "shape": list(whole.shape)}
+    if start is None:
+        spec["data"] = base64.b64encode(whole.tobytes()).decode()
+    else:
+        part = np.ascontiguousarray(whole[:, :, start:], dtype="<f4")
+        spec |= {"axis": 2, "start": start, "crc32": zlib.crc32(whole.tobytes()) if crc is None else crc}
+        spec["data"] = base64.b64encode(part.tobytes()).decode()
+    message = {"type": "state", "id": 1, "processed": processed, "arrays": {"key_cache": spec}}
+    assert message_errors(message) == [], message_errors(message)
+    return message
+
+
+def test_state_deltas_rebuild_the_whole_array_and_a_changed_old_row_is_named() -> None:
+    rows = np.arange(10, dtype=np.float32).reshape(1, 1, 5, 2)
+    view = WireTargetView(256, 64, "t")
+    view.begin_request()
+    view.update(_kv_message(rows[:, :, :3], 3), delta=True)  # the first message of a request: whole
+    view.update(_kv_message(rows, 5, start=3), delta=True)  # correct: only rows 3 and 4 sent
+    assert np.array_equal(view.state_arrays()["key_cache"], rows) and view.state_problem is None
+    assert view.delta_arrays == 1 and view.rows_left_out == 3
+    # a correct-but-different engine: resends rows it need not (start 1 < 3) -- accepted
+    view.update(_kv_message(rows, 5, start=1), delta=True)
+    assert np.array_equal(view.state_arrays()["key_cache"], rows) and view.state_problem is None
+    # a broken engine: row 0 changed in the engine (the CRC is of its real array), but is not resent
+    changed = rows.copy()
+    changed[0, 0, 0, 0] += 0.01
+    view.update(_kv_message(changed, 5, start=4), delta=True)
+    assert view.state_problem is not None and "'key_cache'" in view.state_problem
+    assert "rows before 4 changed" in view.state_problem and "processed=5" in view.state_problem
+    view.begin_request()  # a new request starts clean
+    assert view.state_problem is None
+
+
+@pytest.mark.parametrize(
+    ("setup", "message", "delta", "what"),
+    [
+        ([], "delta-first", True, "no earlier state message of this request"),
+        (["whole3"], "delta-not-asked", False, "did not ask for state_delta"),
+        (["whole3"], "start-past-base", True, "does not extend"),
+        (["whole3"], "short-data", True, "bytes of data"),
+    ],
+)
+def test_malformed_state_deltas_are_protocol_errors(setup: list[str], message: str, delta: bool, what: str) -> None:
+    rows = np.arange(10, dtype=np.float32).reshape(1, 1, 5, 2)
+    view = WireTargetView(256, 64, "t")
+    view.begin_request()
+    if setup:
+        view.update(_kv_message(rows[:, :, :3], 3), delta=True)
+    if message == "start-past-base":
+        bad = _kv_message(rows, 5, start=4)  # rows 3..4 would be missing: the client holds only 0..2
+    elif message == "short-data":
+        bad = _kv_message(rows, 5, start=3)
+        bad["arrays"]["key_cache"]["data"] = B64_ONE  # type: ignore[index]
+    else:
+        bad = _kv_message(rows, 5, start=3 if setup else 0)
+    with pytest.raises(EngineProtocolError, match=what):
+        view.update(bad, delta=delta)
+
+
+def test_schema_requires_axis_and_crc_with_start() -> None:
+    message = _kv_message(np.zeros((1, 1, 2, 2), np.float32), 2, start=1)
+    del message["arrays"]["key_cache"]["crc32"]  # type: ignore[index]
+    assert any("crc32" in e for e in message_errors(message))
+
+
+def test_wire_state_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECPROOF_WIRE_STATE", "partial")
+    with pytest.raises(EngineProtocolError, match=r"SPECPROOF_WIRE_STATE='partial'.*'delta' or 'full'"):
+        engine_from_spec("exec:true")
+    with pytest.raises(ValueError, match="full_state"):
+        ExecEngine([sys.executable, str(FAKE), "ok"], full_state="yes")  # type: ignore[arg-type]

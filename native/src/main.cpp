@@ -35,7 +35,8 @@ namespace sp {
 
 static const char* kVersion = "0.1.0";
 static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
-                              "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos"};
+                              "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos",
+                              "old-kv-row"};
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t0) {
@@ -167,7 +168,7 @@ class Engine {
         o << "{\"type\":\"hello\",\"protocol\":\"specproof-engine/1\",\"engine\":{\"name\":\"specproof-native\",\"version\":\""
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
-          << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\"]";
+          << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\"]";
         if (!m_.model_spec.empty()) {
             // the oracle must have the same capacity: trained -> trained:max_context=N
             std::string spec = m_.model_spec;
@@ -200,9 +201,12 @@ class Engine {
         int eos = -1;
         if (const Json* e = req.get("eos_token_id"); e && e->kind == Json::Number) eos = static_cast<int>(e->integer);
         bool suite = false, state = false;
+        delta_ = false;
+        sent_rows_ = -1;  // the first state message of a request is whole
         if (!greedy) {
             if (const Json* d = req.get("drafts")) suite = d->str == "suite";
             if (const Json* s = req.get("state")) state = s->boolean;
+            if (const Json* s = req.get("state_delta")) delta_ = s->kind == Json::Bool && s->boolean;
         }
         if (prompt.empty()) throw RequestError("the prompt is empty: a generation needs at least one token (the pending one)");
         for (size_t i = 0; i < prompt.size(); ++i)
@@ -328,6 +332,8 @@ class Engine {
     Model& m_;
     Options opt_;
     int max_context_;
+    bool delta_ = false;                        // this request asked for state_delta
+    int sent_rows_ = -1;                        // KV rows the client holds from this request (-1: none)
     std::vector<int> fed_;                      // the tokens whose KV / conv state the model holds
     std::map<int, std::vector<float>> snaps_;   // processed -> conv_state kept for prefix reuse
     double io_us_ = 0;                          // time spent waiting for the client inside a request
@@ -400,6 +406,7 @@ class Engine {
             if (!bug("stale-conv") && !skip)
                 std::copy(ck.begin() + static_cast<long>((keep - 1) * m_.conv_size()),
                           ck.begin() + static_cast<long>(keep * m_.conv_size()), m_.conv_state.begin());
+            if (bug("old-kv-row") && base > 1) m_.key_cache[0] += 0.01f;  // row 0 of layer 0, long reported
             m_.processed = base + keep;
             return;
         }
@@ -408,24 +415,61 @@ class Engine {
             return;
         }
         if (!bug("stale-conv")) m_.conv_state = before;
+        if (bug("old-kv-row") && base > 1) m_.key_cache[0] += 0.01f;  // row 0 of layer 0, long reported
         m_.processed = base;
         std::vector<float> logits(static_cast<size_t>(keep) * m_.cfg.vocab_size);
         m_.forward(fed.data(), keep, logits.data());
         ++st.replay;
     }
 
+    // The live state. With state_delta, key_cache/value_cache carry only the rows written since this
+    // request's previous state message (KV is append-only: rows before it are the client's), with the
+    // whole array's CRC-32 so a change to an old row still shows (docs/protocol.md, state).
     void send_state(Channel& ch, long long id) {
         std::ostringstream o;
         o << "{\"type\":\"state\",\"id\":" << id << ",\"processed\":" << m_.processed << ",\"arrays\":{";
         bool first = true;
+        const int n = m_.processed;
         for (const auto& kv : m_.state_arrays()) {
             if (!first) o << ',';
             first = false;
-            o << json_quote(kv.first) << ":{\"dtype\":\"float32\",\"shape\":" << json_int_list(kv.second.shape)
-              << ",\"data\":\"" << base64(kv.second.data.data(), kv.second.data.size() * 4) << "\"}";
+            const auto& a = kv.second;
+            o << json_quote(kv.first) << ":{\"dtype\":\"float32\",\"shape\":" << json_int_list(a.shape);
+            const bool kv_cache = kv.first == "key_cache" || kv.first == "value_cache";
+            if (delta_ && kv_cache && sent_rows_ >= 0) {
+                const int start = std::min(sent_rows_, n), hd = a.shape[3], outer = a.shape[0] * a.shape[1];
+                std::vector<float> part;
+                part.reserve(static_cast<size_t>(outer) * (n - start) * hd);
+                for (int i = 0; i < outer; ++i) {
+                    const float* src = a.data.data() + (static_cast<size_t>(i) * n + start) * hd;
+                    part.insert(part.end(), src, src + static_cast<size_t>(n - start) * hd);
+                }
+                o << ",\"axis\":2,\"start\":" << start << ",\"crc32\":" << crc32(a.data.data(), a.data.size() * 4)
+                  << ",\"data\":\"" << base64(part.data(), part.size() * 4) << "\"}";
+            } else {
+                o << ",\"data\":\"" << base64(a.data.data(), a.data.size() * 4) << "\"}";
+            }
         }
         o << "}}";
+        sent_rows_ = n;
         send(ch, o.str());
+    }
+
+    static unsigned long crc32(const void* data, size_t n) {  // zlib's CRC-32 (reflected 0xEDB88320)
+        static unsigned long table[256];
+        static bool ready = false;
+        if (!ready) {
+            for (unsigned long i = 0; i < 256; ++i) {
+                unsigned long c = i;
+                for (int b = 0; b < 8; ++b) c = c & 1 ? 0xEDB88320UL ^ (c >> 1) : c >> 1;
+                table[i] = c;
+            }
+            ready = true;
+        }
+        unsigned long c = 0xFFFFFFFFUL;
+        const unsigned char* p = static_cast<const unsigned char*>(data);
+        for (size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+        return (c ^ 0xFFFFFFFFUL) & 0xFFFFFFFFUL;
     }
 
     std::vector<int> ask_draft(Channel& ch, long long id, int round, int ctx_len, int k) {

@@ -403,6 +403,9 @@ class RollbackMachine(RuleBasedStateMachine):
         tol = self.cfg.tolerance
         self._feed_reference(ctx[:-1])
         if self.white_box:
+            problem = getattr(self.target, "state_problem", None)  # a wire view's state_delta CRC-32 mismatch
+            if problem:
+                self._fail(invariant_id, str(problem))
             mine: Mapping[str, np.ndarray] = self.target.state_arrays()
             theirs: Mapping[str, np.ndarray] = self.reference.state_arrays()
             if set(mine) != set(theirs):

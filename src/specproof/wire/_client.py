@@ -31,6 +31,7 @@ import subprocess
 import threading
 import time
 import weakref
+import zlib
 from collections.abc import Callable, Sequence
 from typing import IO, Any, NoReturn
 
@@ -277,7 +278,14 @@ class _SocketTransport(_Transport):
 
 
 class WireTargetView:
-    """The state the engine last reported: ``processed`` and ``state_arrays()`` (read-only view)."""
+    """The state the engine last reported: ``processed`` and ``state_arrays()`` (read-only view).
+
+    With ``state_delta`` (docs/protocol.md, ``state``) an array may carry only the indices from
+    ``start`` along ``axis``; the rest is taken from the same request's previous state message,
+    and the whole array's CRC-32 must equal the engine's. A mismatch means rows the client holds
+    changed in the engine since it reported them: ``state_problem`` says so, and the state
+    checks report it on ``engine.state-restored``.
+    """
 
     def __init__(self, vocab_size: int, max_context: int, name: str) -> None:
         self.vocab_size = vocab_size
@@ -286,6 +294,13 @@ class WireTargetView:
         self.processed = 0
         self._arrays: dict[str, npt.NDArray[np.float32]] = {}
         self.updates = 0
+        #: the arrays a delta may build on (this request's previous state message; none at its start)
+        self._base: dict[str, npt.NDArray[np.float32]] = {}
+        #: why the arrays are not the engine's state (a CRC-32 mismatch), or None
+        self.state_problem: str | None = None
+        #: arrays sent as deltas, and the rows (indices along the axis) they left out
+        self.delta_arrays = 0
+        self.rows_left_out = 0
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.float32]]:
         return {name: array.copy() for name, array in self._arrays.items()}
@@ -293,19 +308,75 @@ class WireTargetView:
     def clear(self) -> None:
         self.processed = 0
         self._arrays = {}
+        self._base = {}
+        self.state_problem = None
 
-    def update(self, message: dict[str, Any]) -> None:
+    def begin_request(self) -> None:
+        """A new request: its first state message must be whole (deltas build on this request only)."""
+        self._base = {}
+        self.state_problem = None
+
+    def update(self, message: dict[str, Any], *, delta: bool = False) -> None:
         arrays: dict[str, npt.NDArray[np.float32]] = {}
+        problems: list[str] = []
         for name, spec in message["arrays"].items():
-            shape = check_array_shape(name, [int(n) for n in spec["shape"]], spec["data"])
+            full_shape = [int(n) for n in spec["shape"]]
+            start = spec.get("start")
+            if start is None:
+                shape = check_array_shape(name, full_shape, spec["data"])
+            else:
+                if not delta:
+                    raise EngineProtocolError(
+                        f"state array {name!r}: 'start' (a delta), but the request did not ask for state_delta"
+                    )
+                axis, start = int(spec["axis"]), int(start)
+                base = self._base.get(name)
+                if axis >= len(full_shape):
+                    raise EngineProtocolError(f"state array {name!r}: axis {axis} of a shape {full_shape[:12]}")
+                if base is None:
+                    raise EngineProtocolError(
+                        f"state array {name!r}: a delta (start {start}) with no earlier state message of this "
+                        "request to build on (the first state message of a request is whole)"
+                    )
+                kept = [n for i, n in enumerate(base.shape) if i != axis]
+                if kept != [n for i, n in enumerate(full_shape) if i != axis] or not (
+                    start <= min(base.shape[axis], full_shape[axis])
+                ):
+                    raise EngineProtocolError(
+                        f"state array {name!r}: a delta of shape {full_shape[:12]} from {start} along axis {axis} "
+                        f"does not extend the previous message's shape {list(base.shape)}"
+                    )
+                part = full_shape.copy()
+                part[axis] -= start
+                check_array_shape(name, part, spec["data"])
+                shape = tuple(full_shape)
             try:
                 raw = base64.b64decode(spec["data"], validate=True)
             except ValueError as exc:
                 raise EngineProtocolError(f"state array {name!r}: data is not base64 ({exc})") from None
-            arrays[name] = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(shape)
+            if start is None:
+                arrays[name] = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(shape)
+                continue
+            new = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(part)
+            old = np.take(self._base[name], np.arange(start), axis=axis)
+            whole = np.ascontiguousarray(np.concatenate([old, new], axis=axis), dtype="<f4")
+            self.delta_arrays += 1
+            self.rows_left_out += start
+            crc = zlib.crc32(whole.tobytes())
+            if crc != int(spec["crc32"]):
+                problems.append(
+                    f"state array {name!r} at processed={message['processed']}: the engine's CRC-32 "
+                    f"{int(spec['crc32']):#010x} is not that of the {start} rows it sent before plus the "
+                    f"{full_shape[axis] - start} it sent now ({crc:#010x}): rows before {start} changed after "
+                    "it reported them (append-only KV; docs/contract.md), or the CRC is wrong"
+                )
+            arrays[name] = whole.astype(np.float32)
         self._arrays = arrays
+        self._base = arrays
         self.processed = int(message["processed"])
         self.updates += 1
+        if problems and self.state_problem is None:
+            self.state_problem = "; ".join(problems)
 
     def __repr__(self) -> str:
         return f"<WireTargetView processed={self.processed} arrays={sorted(self._arrays)}>"
@@ -343,9 +414,12 @@ class WireEngine:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         state: bool = True,
+        full_state: bool = False,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
     ) -> None:
+        if not isinstance(full_state, bool):
+            raise ValueError(f"full_state={full_state!r}: expected a bool")
         if max_line_bytes is not None and (isinstance(max_line_bytes, bool) or int(max_line_bytes) < 1024):
             raise ValueError(f"max_line_bytes={max_line_bytes!r}: expected an int >= 1024 (bytes)")
         if isinstance(max_restarts, bool) or int(max_restarts) < 0:
@@ -397,6 +471,9 @@ class WireEngine:
         self.label = f"{self.engine_name} ({self.spec})"
         #: send state dumps with every round (capability ``state``); turn off to time the engine
         self.send_state = state and "state" in self.capabilities
+        #: ask for KV deltas (capability ``state_delta``) unless ``full_state``: rows the client holds
+        #: are left out and checked by CRC-32 (docs/protocol.md, ``state``)
+        self.state_delta = self.send_state and not full_state and "state_delta" in self.capabilities
         #: the engine's own time for the last generate (``final.elapsed_us``) and its prefill part
         self.last_elapsed_us: float | None = None
         self.last_prefill_us: float | None = None
@@ -566,7 +643,7 @@ class WireEngine:
             "generations": int(t["generations"]),
             "rounds": int(t["rounds"]),
             "overhead_us_per_round": None if overhead is None else round(overhead, 1),
-            "state": "full arrays" if self.send_state else "none",
+            "state": ("deltas" if self.state_delta else "full arrays") if self.send_state else "none",
             "restarts": self.restarts,
             "faults": len(self.faults),
         }
@@ -588,6 +665,9 @@ class WireEngine:
             reset = getattr(drafter, "reset", None)
             if callable(reset):
                 reset()
+        # the wall clock starts before the request goes out: the engine's own clock may start before
+        # this process runs again (a loaded machine), and sending is the protocol's cost anyway
+        started = time.perf_counter()
         self._send(
             {
                 "type": "generate",
@@ -597,15 +677,17 @@ class WireEngine:
                 "eos_token_id": None if eos_token_id is None else int(eos_token_id),
                 "drafts": "engine" if drafter is None else "suite",
                 "state": self.send_state,
+                **({"state_delta": True} if self.state_delta else {}),
             },
             request,
         )
+        if self.send_state:
+            self.target.begin_request()
         ctx = list(tokens)
         steps: list[Step] = []
         states = 0
         drafter_us = 0.0  # the suite's drafter: neither the engine's time nor the protocol's
         self.last_drafts_sent = {}
-        started = time.perf_counter()
         # every round emits a token: at most a state, a propose and a round per round, a state at the end
         budget = 3 * (max(0, int(max_new_tokens)) + 1) + 2
         while True:
@@ -635,7 +717,7 @@ class WireEngine:
                     self._fault("a state message, but the request asked for none", request)
                 states += 1
                 try:
-                    self.target.update(msg)
+                    self.target.update(msg, delta=self.state_delta)
                 except EngineProtocolError as exc:
                     self._fault(str(exc), request)
             elif kind == "propose":
@@ -850,6 +932,7 @@ class ExecEngine(WireEngine):
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
         state: bool = True,
+        full_state: bool = False,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
     ) -> None:
@@ -860,6 +943,7 @@ class ExecEngine(WireEngine):
             lambda limit: _ProcessTransport(argv, cwd=where, env=env, limit=limit),
             timeout=timeout,
             state=state,
+            full_state=full_state,
             max_line_bytes=max_line_bytes,
             max_restarts=max_restarts,
         )
@@ -887,6 +971,7 @@ class TcpEngine(WireEngine):
         *,
         timeout: float = DEFAULT_TIMEOUT,
         state: bool = True,
+        full_state: bool = False,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
     ) -> None:
@@ -895,6 +980,7 @@ class TcpEngine(WireEngine):
             lambda limit: _SocketTransport(host, where, timeout=timeout, limit=limit),
             timeout=timeout,
             state=state,
+            full_state=full_state,
             max_line_bytes=max_line_bytes,
             max_restarts=max_restarts,
         )
@@ -917,20 +1003,26 @@ def engine_from_spec(spec: str, *, timeout: float | None = None) -> Callable[[],
     """A factory for ``exec:CMD ARGS`` or ``tcp:HOST:PORT``.
 
     The timeout per message is ``$SPECPROOF_WIRE_TIMEOUT`` (default 60 s); the line limit
-    ``$SPECPROOF_WIRE_MAX_LINE`` bytes (default: worked out from the handshake).
+    ``$SPECPROOF_WIRE_MAX_LINE`` bytes (default: worked out from the handshake);
+    ``$SPECPROOF_WIRE_STATE=full`` asks for whole state arrays every time (default ``delta``:
+    KV deltas where the engine offers ``state_delta``).
     """
     if timeout is None:
         timeout = _env_number("SPECPROOF_WIRE_TIMEOUT", DEFAULT_TIMEOUT, minimum=0.01)
     assert timeout is not None
     limit = _env_number("SPECPROOF_WIRE_MAX_LINE", None, minimum=1024)
     max_line = None if limit is None else int(limit)
+    mode = os.environ.get("SPECPROOF_WIRE_STATE", "") or "delta"
+    if mode not in ("delta", "full"):
+        raise EngineProtocolError(f"$SPECPROOF_WIRE_STATE={mode!r}: expected 'delta' or 'full'")
+    full = mode == "full"
     kind, _, rest = spec.partition(":")
     if kind == "exec":
         argv = _split_command(rest)
-        return lambda: ExecEngine(argv, timeout=timeout, max_line_bytes=max_line)
+        return lambda: ExecEngine(argv, timeout=timeout, full_state=full, max_line_bytes=max_line)
     if kind == "tcp":
         host, sep, port = rest.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise EngineProtocolError(f"engine spec {spec!r}: expected tcp:HOST:PORT, for example tcp:127.0.0.1:7070")
-        return lambda: TcpEngine(host.strip("[]"), int(port), timeout=timeout, max_line_bytes=max_line)
+        return lambda: TcpEngine(host.strip("[]"), int(port), timeout=timeout, full_state=full, max_line_bytes=max_line)
     raise EngineProtocolError(f"engine spec {spec!r}: expected exec:CMD ARGS or tcp:HOST:PORT")
