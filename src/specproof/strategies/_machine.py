@@ -405,7 +405,7 @@ class RollbackMachine(RuleBasedStateMachine):
         if self.white_box:
             problem = getattr(self.target, "state_problem", None)  # a wire view's state_delta CRC-32 mismatch
             if problem:
-                self._fail(invariant_id, str(problem))
+                self._fail(prop, str(problem))
             mine: Mapping[str, np.ndarray] = self.target.state_arrays()
             theirs: Mapping[str, np.ndarray] = self.reference.state_arrays()
             if set(mine) != set(theirs):
