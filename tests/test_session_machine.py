@@ -16,11 +16,11 @@ from hypothesis.errors import InvalidArgument
 
 from specproof.conformance.zoo import _session_engines as zoo
 from specproof.conformance.zoo._targets import small_reference
-from specproof.contract import UsageError, ViolationError
+from specproof.contract import UsageError
 from specproof.engine import InvalidSettingError
-from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
-from specproof.strategies._sessions import (
+from specproof.strategies import (
     SESSION_FORMAT,
+    SessionFailure,
     SessionFileError,
     SessionHistory,
     SessionMachine,
@@ -31,6 +31,7 @@ from specproof.strategies._sessions import (
     shrink_history,
     target_greedy,
 )
+from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
 
 VOCAB = 64
 SCRIPTED = functools.partial(SessionRequest, kind="new_prompt", drafter="scripted")
@@ -64,9 +65,9 @@ def run(factory, max_examples: int = 5, steps: int = 8, phases=NO_EXPLAIN, **kwa
 
 
 @functools.cache
-def caught(factory, phases=tuple(NO_EXPLAIN)) -> ViolationError:
+def caught(factory, phases=tuple(NO_EXPLAIN)) -> SessionFailure:
     """The failure at a small budget (5 examples of 8 steps, derandomized); cached, as two tests read it."""
-    with pytest.raises(ViolationError) as info:
+    with pytest.raises(SessionFailure) as info:
         run(factory, phases=list(phases))
     return info.value
 
@@ -81,12 +82,11 @@ def caught(factory, phases=tuple(NO_EXPLAIN)) -> ViolationError:
 )
 def test_buggy_session_engine_fails_with_its_history(factory, phases, tmp_path):
     err = caught(factory, phases)
-    [violation] = err.violations
-    assert violation.invariant == "engine.session"
-    history = SessionHistory.from_example(violation.example)
+    assert str(err) == err.explanation and err.explanation.startswith(f"request {err.failing_request} (")
+    history = SessionHistory.from_example(err.example)
     assert len(history.requests) >= 2, "a session bug needs an earlier request"
     assert history.failing_request == len(history.requests) - 1
-    assert violation.example["failing_request"] == history.failing_request
+    assert err.example["failing_request"] == err.failing_request == history.failing_request
     notes = "\n".join(getattr(err, "__notes__", []))
     assert "<-- fails" in notes and "the whole session" in notes
 
@@ -94,14 +94,13 @@ def test_buggy_session_engine_fails_with_its_history(factory, phases, tmp_path):
     loaded = SessionHistory.load(path)
     assert loaded == history
     again = replay_session(loaded, engine_factory=factory, greedy=oracle(), vocab_size=VOCAB)
-    assert [v.invariant for v in again] == ["engine.session"]
+    assert [type(f) for f in again] == [SessionFailure]
     assert again[0].example["failing_request"] == history.failing_request
     assert replay_session(loaded, engine_factory=zoo.session_engine, greedy=oracle(), vocab_size=VOCAB) == []
 
 
 def test_the_stale_prefix_cache_shrinks_to_the_same_prompt_twice():
-    [violation] = caught(zoo.stale_prefix_cache, tuple(NO_EXPLAIN)).violations
-    history = SessionHistory.from_example(violation.example)
+    history = SessionHistory.from_example(caught(zoo.stale_prefix_cache, tuple(NO_EXPLAIN)).example)
     first, second = history.requests  # a prompt, then the same prompt again (a regenerate, however drawn)
     assert first.kind == "new_prompt" and second.prompt == first.prompt
 
@@ -111,9 +110,9 @@ def test_the_stale_prefix_cache_shrinks_to_the_same_prompt_twice():
 def test_shrink_history_keeps_a_failing_session(factory, white_box):
     """Found without Hypothesis's (slow) shrinking, then shrunk by replays: shorter, still failing, the failure last."""
     ref = small_reference if white_box else None
-    with pytest.raises(ViolationError) as info:
+    with pytest.raises(SessionFailure) as info:
         run(factory, max_examples=4, steps=10, phases=list(FIND_ONLY), reference_factory=ref)
-    found = SessionHistory.from_example(info.value.violations[0].example)
+    found = SessionHistory.from_example(info.value.example)
     kwargs = {"greedy": oracle(), "vocab_size": VOCAB, "reference_factory": ref}
     shrunk = shrink_history(found, engine_factory=factory, **kwargs)
     assert 2 <= len(shrunk.requests) <= len(found.requests)
@@ -199,7 +198,7 @@ def test_white_box_check_sees_a_stale_state_the_tokens_hide():
     [violation] = replay_session(
         history, engine_factory=zoo.snapshot_only_last_call, reference_factory=small_reference, **kwargs
     )
-    assert violation.invariant == "engine.session" and "does not hold the context" in violation.explanation
+    assert isinstance(violation, SessionFailure) and "does not hold the context" in violation.explanation
     assert violation.example["failing_request"] == 2
     assert replay_session(history, engine_factory=zoo.session_engine, reference_factory=small_reference, **kwargs) == []
 

@@ -22,8 +22,7 @@ from specproof.contract.files import (
     loads_bounded,
     read_bounded_text,
 )
-from specproof.strategies import SessionHistory
-from specproof.strategies._sessions import SessionFileError
+from specproof.strategies import SessionFileError, SessionHistory
 
 ROOT = Path(__file__).resolve().parents[1]
 DEEP = "[" * 200_000 + "]" * 200_000

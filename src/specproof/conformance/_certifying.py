@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import unittest
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -30,7 +30,7 @@ from specproof.conformance._results import CheckResult
 from specproof.conformance._run import Capabilities
 from specproof.conformance._subjects import EngineCase, Suite
 from specproof.conformance.checks.features import feature_layers_of
-from specproof.contract import SpecproofError, UsageError, ViolationError, validate_tolerance
+from specproof.contract import SpecproofError, UsageError, Violation, ViolationError, validate_tolerance
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
 __all__ = ["Certification", "CheckItem", "Plan"]
@@ -692,7 +692,7 @@ class Certification:
             ) from exc
 
     def _run_session_machine(self, item: CheckItem, result: CheckResult) -> None:
-        from specproof.strategies import SessionHistory, SessionMachine, replay_session, shrink_history
+        from specproof.strategies import SessionFailure, SessionHistory, SessionMachine, replay_session, shrink_history
 
         case = item.engine
         assert case is not None and case.make_engine is not None
@@ -710,9 +710,9 @@ class Certification:
         if self.plan.replay_session is not None:
             history = SessionHistory.load(self.plan.replay_session)
             result.examples = result.exercised = 1
-            violations = replay_session(history, **judge)  # type: ignore[arg-type]
-            if violations:
-                raise ViolationError(violations)
+            failures = replay_session(history, **judge)  # type: ignore[arg-type]
+            if failures:
+                raise ViolationError(_session_violations(item, failures))
             return
         self._replay_histories(item, judge, result)
         profile = self.plan.profile
@@ -734,16 +734,13 @@ class Certification:
             # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
             # shrink_history replays the found history on fresh engines instead (well under a second)
             self._run_machine(Counted, item, shrink=False)
-        except ViolationError as exc:
-            found = next((v for v in exc.violations if "history" in v.example), None)
-            if found is None:
-                raise
-            history = SessionHistory.from_example(found.example, vocab_size=case.vocab_size)
+        except SessionFailure as exc:
+            history = SessionHistory.from_example(exc.example, vocab_size=case.vocab_size)
             history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
             shorter = shrink_history(history, **judge)  # type: ignore[arg-type]
-            violations = replay_session(shorter, **judge) or exc.violations  # type: ignore[arg-type]
+            failures = replay_session(shorter, **judge) or [exc]  # type: ignore[arg-type]
             self._save_history(shorter, case, item)
-            raise ViolationError(violations) from exc
+            raise ViolationError(_session_violations(item, failures)) from exc
 
     def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
         """Replay the failing session histories the database holds for this check (before any search)."""
@@ -762,12 +759,12 @@ class Certification:
                 continue
             result.examples += 1
             result.exercised += 1
-            violations = replay_session(history, **judge)
-            if violations:
+            failures = replay_session(history, **judge)
+            if failures:
                 store.replayed[item.id] += 1
                 assert item.engine is not None
                 self._save_history(history, item.engine, None)  # the file the reproduce line replays
-                raise ViolationError(violations)
+                raise ViolationError(_session_violations(item, failures))
             view.delete(_HISTORIES, raw)  # no longer fails: the bug was fixed
 
     def _save_history(self, history: Any, case: EngineCase, item: CheckItem | None) -> None:
@@ -824,6 +821,14 @@ class Certification:
                 completed += run.completed
             out[case.id] = {"generations": len(search.runs), "completed": completed, **{p: total[p] for p in PATHS}}
         return out
+
+
+def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violation]:
+    """The session machine's failures (``SessionFailure``) as violations of the check's invariant."""
+    return [
+        item.invariant.violation(f.explanation, expected=f.expected, actual=f.actual, example=f.example)
+        for f in failures
+    ]
 
 
 _HISTORIES = b"specproof-session-histories"  # the record name of saved histories in a check's namespace

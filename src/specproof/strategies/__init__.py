@@ -8,7 +8,8 @@
   whole generations with their expected (plain greedy) output;
 - ``SessionMachine.configure(...)`` / ``run_session_machine(...)`` / ``replay_session(...)``: requests
   on one live engine (new prompt, regenerate, edits, user turns, earlier prefixes) against plain
-  greedy; ``SessionHistory`` is the ``specproof-session/1`` record a failure saves and replays;
+  greedy; a failing request raises ``SessionFailure``; ``SessionHistory`` is the
+  ``specproof-session/1`` record a failure saves and replays;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -32,15 +33,12 @@ from specproof.strategies._rounds import (
     planned_round,
     round_plans,
 )
-from specproof.strategies._sessions import (
-    SESSION_FORMAT,
-    SessionFileError,
-    SessionHistory,
-    SessionMachine,
-    SessionRequest,
+from specproof.strategies._session_history import SESSION_FORMAT, SessionFileError, SessionHistory, SessionRequest
+from specproof.strategies._session_machine import SessionMachine, run_session_machine
+from specproof.strategies._session_runner import (
+    SessionFailure,
     engine_greedy,
     replay_session,
-    run_session_machine,
     shrink_history,
     target_greedy,
 )
@@ -63,6 +61,7 @@ __all__ = [
     "RollbackMachineFailure",
     "RoundPlan",
     "SESSION_FORMAT",
+    "SessionFailure",
     "SessionFileError",
     "SessionHistory",
     "SessionMachine",

@@ -1,0 +1,283 @@
+"""The ``specproof-session/1`` request history: ``SessionRequest``, ``SessionHistory`` and their file.
+
+A session machine failure carries the whole request history; ``SessionHistory`` saves it
+as a ``specproof-session/1`` JSON file (bounded reading, errors naming the file and the
+field or line: docs/contract.md, sessions), which ``replay_session`` replays. This module
+only reads, validates and writes the record; running it is ``_session_runner``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from numbers import Integral
+from pathlib import Path
+
+import attrs
+
+from specproof.contract import UsageError
+from specproof.contract.files import FileTooLargeError, loads_bounded, read_bounded_text, write_text_file
+from specproof.strategies._rounds import PlannedRound, RoundPlan
+
+__all__ = ["DRAFTER_CHOICES", "REQUEST_KINDS", "SESSION_FORMAT", "SessionFileError", "SessionHistory", "SessionRequest"]
+
+SESSION_FORMAT = "specproof-session/1"
+
+# Request kinds, in the order the machine's rules are listed. "reset" carries no prompt.
+REQUEST_KINDS: tuple[str, ...] = ("new_prompt", "regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
+# A request's drafter: a ScriptedDrafter following its plan, or the engine's own put back.
+DRAFTER_CHOICES: tuple[str, ...] = ("scripted", "engine")
+
+
+class SessionFileError(UsageError):
+    """A ``specproof-session/1`` history (file or JSON object) is malformed; the message names the field."""
+
+
+# --------------------------------------------------------------------------- the history record
+
+
+def _field_error(source: str, where: str, problem: str) -> SessionFileError:
+    return SessionFileError(f"{source}: {where} {problem}")
+
+
+def _int_field(value: object, *, source: str, where: str, minimum: int = 0, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise _field_error(source, where, f"must be an integer, got {value!r}")
+    number = int(value)
+    if number < minimum or (maximum is not None and number >= maximum):
+        span = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum})"
+        raise _field_error(source, where, f"= {number} must be {span}")
+    return number
+
+
+@attrs.frozen(kw_only=True)
+class SessionRequest:
+    """One request of a session: ``kind`` (``REQUEST_KINDS``), what was asked, and the scripted plan.
+
+    ``plan`` is ``((draft_length, correct), ...)`` when the machine installed a
+    ``ScriptedDrafter`` following that plan; ``drafter`` is ``"scripted"``, ``"engine"``
+    (the engine's own drafter, put back) or None (the engine takes no drafter).
+    ``note`` says in words how the prompt was made (for people; replay ignores it).
+    A ``reset`` request has an empty prompt and ``max_new_tokens == 0``.
+    """
+
+    kind: str
+    prompt: tuple[int, ...] = ()
+    max_new_tokens: int = 0
+    eos_token_id: int | None = None
+    drafter: str | None = None
+    plan: tuple[tuple[int, int], ...] | None = None
+    note: str = ""
+
+    def round_plan(self) -> RoundPlan | None:
+        if self.plan is None:
+            return None
+        return RoundPlan(tuple(PlannedRound(length, correct) for length, correct in self.plan))
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": self.kind}
+        if self.kind != "reset":
+            out.update(
+                prompt=list(self.prompt),
+                max_new_tokens=self.max_new_tokens,
+                eos_token_id=self.eos_token_id,
+                drafter=self.drafter,
+                plan=None if self.plan is None else [list(r) for r in self.plan],
+            )
+        if self.note:
+            out["note"] = self.note
+        return out
+
+    def describe(self) -> str:
+        """One line: ``edit(prompt=[...], max_new_tokens=8, eos_token_id=None, plan=[...]) -- note``."""
+        if self.kind == "reset":
+            return "reset()"
+        plan = "" if self.plan is None else ", plan=" + self.round_plan().describe()  # type: ignore[union-attr]
+        drafter = "" if self.drafter in (None, "scripted") else f", drafter={self.drafter}"
+        text = (
+            f"{self.kind}(prompt={_fmt(self.prompt)}, max_new_tokens={self.max_new_tokens}, "
+            f"eos_token_id={self.eos_token_id}{drafter}{plan})"
+        )
+        return f"{text} -- {self.note}" if self.note else text
+
+    @classmethod
+    def from_json(cls, obj: object, *, source: str, where: str, vocab_size: int | None) -> SessionRequest:
+        if not isinstance(obj, Mapping):
+            raise _field_error(source, where, f"must be a JSON object, got {type(obj).__name__}")
+        known = {"kind", "prompt", "max_new_tokens", "eos_token_id", "drafter", "plan", "note"}
+        extra = sorted(set(obj) - known)
+        if extra:
+            raise _field_error(
+                source, f"{where}.{extra[0]}", f"is not a known field (known: {', '.join(sorted(known))})"
+            )
+        kind = obj.get("kind")
+        if kind not in REQUEST_KINDS:
+            raise _field_error(source, f"{where}.kind", f"= {kind!r} is not one of {', '.join(REQUEST_KINDS)}")
+        note = obj.get("note", "")
+        if not isinstance(note, str):
+            raise _field_error(source, f"{where}.note", f"must be a string, got {note!r}")
+        if kind == "reset":
+            return cls(kind="reset", note=note)
+        for name in ("prompt", "max_new_tokens"):
+            if name not in obj:
+                raise _field_error(source, where, f"has no {name!r} field (a {kind} request needs one)")
+        prompt = obj["prompt"]
+        if not isinstance(prompt, list) or not prompt:
+            raise _field_error(source, f"{where}.prompt", "must be a non-empty list of token ids")
+        tokens = tuple(
+            _int_field(t, source=source, where=f"{where}.prompt[{i}]", maximum=vocab_size) for i, t in enumerate(prompt)
+        )
+        budget = _int_field(obj["max_new_tokens"], source=source, where=f"{where}.max_new_tokens")
+        eos = obj.get("eos_token_id")
+        if eos is not None:
+            eos = _int_field(eos, source=source, where=f"{where}.eos_token_id", maximum=vocab_size)
+        drafter = obj.get("drafter")
+        if drafter is not None and drafter not in DRAFTER_CHOICES:
+            raise _field_error(source, f"{where}.drafter", f"= {drafter!r} is not null or one of {DRAFTER_CHOICES}")
+        raw_plan = obj.get("plan")
+        plan: tuple[tuple[int, int], ...] | None = None
+        if raw_plan is not None:
+            if drafter != "scripted":
+                raise _field_error(source, f"{where}.plan", f"is given but drafter is {drafter!r}, not 'scripted'")
+            if not isinstance(raw_plan, list) or not raw_plan:
+                raise _field_error(source, f"{where}.plan", "must be a non-empty list of [draft_length, correct] pairs")
+            rounds = []
+            for r, pair in enumerate(raw_plan):
+                at = f"{where}.plan[{r}]"
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise _field_error(source, at, f"must be a [draft_length, correct] pair, got {pair!r}")
+                length = _int_field(pair[0], source=source, where=f"{at}[0] (draft_length)")
+                correct = _int_field(pair[1], source=source, where=f"{at}[1] (correct)")
+                if correct > length:
+                    raise _field_error(source, at, f"has correct={correct} > draft_length={length}")
+                rounds.append((length, correct))
+            plan = tuple(rounds)
+        elif drafter == "scripted":
+            raise _field_error(source, f"{where}.plan", "is missing: a scripted request needs its plan")
+        return cls(
+            kind=kind,
+            prompt=tokens,
+            max_new_tokens=budget,
+            eos_token_id=eos,
+            drafter=drafter,
+            plan=plan,
+            note=note,
+        )
+
+
+@attrs.frozen(kw_only=True)
+class SessionHistory:
+    """Every request of a session, in order, and which one failed: what ``replay_session`` replays.
+
+    JSON (``specproof-session/1``)::
+
+        {"format": "specproof-session/1", "vocab_size": 64, "engine": "mypkg.engine:make",
+         "failing_request": 3, "requests": [{"kind": "new_prompt", "prompt": [...],
+         "max_new_tokens": 8, "eos_token_id": null, "drafter": "scripted",
+         "plan": [[4, 4], [4, 1]], "note": "..."}, ...]}
+
+    ``engine`` (optional) names the plug-in the history was recorded on; ``failing_request``
+    (optional) the index of the request that failed.
+    """
+
+    requests: tuple[SessionRequest, ...]
+    vocab_size: int | None = None
+    engine: str | None = None
+    failing_request: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "format": SESSION_FORMAT,
+            "vocab_size": self.vocab_size,
+            "engine": self.engine,
+            "failing_request": self.failing_request,
+            "requests": [r.to_json() for r in self.requests],
+        }
+
+    def describe(self) -> str:
+        """The history, one numbered request per line (the failing one marked)."""
+        lines = []
+        for i, req in enumerate(self.requests):
+            mark = "  <-- fails" if i == self.failing_request else ""
+            lines.append(f"  [{i}] {req.describe()}{mark}")
+        return "\n".join(lines)
+
+    @classmethod
+    def from_json(cls, obj: object, *, source: str = "<session history>") -> SessionHistory:
+        """Validate and build; a ``SessionFileError`` names the offending field (``requests[2].prompt[5]``)."""
+        if not isinstance(obj, Mapping):
+            raise SessionFileError(f"{source}: a session history is a JSON object, got {type(obj).__name__}")
+        fmt = obj.get("format")
+        if fmt != SESSION_FORMAT:
+            raise _field_error(source, "format", f"= {fmt!r}; expected {SESSION_FORMAT!r}")
+        known = {"format", "vocab_size", "engine", "failing_request", "requests"}
+        extra = sorted(set(obj) - known)
+        if extra:
+            raise _field_error(source, extra[0], f"is not a known field (known: {', '.join(sorted(known))})")
+        vocab = obj.get("vocab_size")
+        if vocab is not None:
+            vocab = _int_field(vocab, source=source, where="vocab_size", minimum=1)
+        engine = obj.get("engine")
+        if engine is not None and not isinstance(engine, str):
+            raise _field_error(source, "engine", f"must be a string or null, got {engine!r}")
+        raw = obj.get("requests")
+        if not isinstance(raw, list) or not raw:
+            raise _field_error(source, "requests", "must be a non-empty list of requests")
+        requests = tuple(
+            SessionRequest.from_json(r, source=source, where=f"requests[{i}]", vocab_size=vocab)
+            for i, r in enumerate(raw)
+        )
+        failing = obj.get("failing_request")
+        if failing is not None:
+            failing = _int_field(failing, source=source, where="failing_request", maximum=len(requests))
+        return cls(requests=requests, vocab_size=vocab, engine=engine, failing_request=failing)
+
+    @classmethod
+    def from_example(cls, example: Mapping[str, object], *, vocab_size: int | None = None) -> SessionHistory:
+        """From a ``SessionFailure``'s ``example`` (``{"history": [...], "failing_request": i}``)."""
+        obj: dict[str, object] = {
+            "format": SESSION_FORMAT,
+            "vocab_size": example.get("vocab_size", vocab_size),
+            "engine": example.get("engine"),
+            "failing_request": example.get("failing_request"),
+            "requests": example.get("history"),
+        }
+        return cls.from_json(obj, source="the violation's example")
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the history as indented JSON (one request per line) and return the path."""
+        out = Path(path)
+        data = self.to_json()
+        requests = data.pop("requests")
+        head = json.dumps(data, indent=1)[:-2]  # the object without its closing brace
+        body = ",\n".join("  " + json.dumps(r, separators=(", ", ": ")) for r in requests)  # type: ignore[attr-defined]
+        write_text_file(out, f'{head},\n "requests": [\n{body}\n ]\n}}\n')
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> SessionHistory:
+        """Read and validate a ``specproof-session/1`` file; errors name the file and the line or field."""
+        source = str(path)
+        try:
+            text = read_bounded_text(path)
+        except FileTooLargeError as err:
+            raise SessionFileError(f"{source}: not a session history: {err} (docs/contract.md, sessions)") from None
+        except OSError as err:
+            raise SessionFileError(f"{source}: cannot read the session history ({err.strerror or err})") from None
+        except UnicodeDecodeError as err:
+            raise SessionFileError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        try:
+            obj = loads_bounded(text)
+        except json.JSONDecodeError as err:
+            raise SessionFileError(
+                f"{source}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg})"
+            ) from None
+        except ValueError as err:
+            raise SessionFileError(f"{source}: not a session history: {err}") from None
+        return cls.from_json(obj, source=source)
+
+
+def _fmt(tokens: Sequence[int], limit: int = 12) -> str:
+    seq = list(tokens)
+    return str(seq) if len(seq) <= limit else f"<{len(seq)} tokens: {seq[:6]} ... {seq[-4:]}>"

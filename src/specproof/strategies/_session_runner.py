@@ -1,0 +1,551 @@
+"""Running a session: one engine, a list of requests, each judged against plain greedy.
+
+``_SessionRunner`` issues ``SessionRequest``s to one engine instance (installing the
+recorded ``ScriptedDrafter`` for scripted requests) and compares every request's tokens
+with plain greedy from the oracle, tie-aware (``compare_lossless``), with its length and
+stop reason; given a reference, the engine's live target must also hold exactly the
+context after each request. The ``SessionMachine`` drives one runner for a whole run;
+``replay_session`` replays a saved ``SessionHistory`` on a fresh engine, and
+``shrink_history`` shortens a failing history by such replays (drop requests, then simplify
+EOS, budget and plan): far cheaper than Hypothesis's shrinker, which re-runs whole sessions
+for every choice.
+
+A failing request is a ``SessionFailure`` (an ``AssertionError``) whose ``example`` holds
+the whole request history; the runner names no invariant id: certification reports it as
+a violation of the session invariant (docs/contract.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from numbers import Integral
+from typing import Any, Protocol
+
+import attrs
+from hypothesis import event
+
+from specproof.contract import STOP_REASONS, UsageError, states_differ
+from specproof.contract.lossless import compare_lossless
+from specproof.engine import greedy_with_margins
+from specproof.engine.errors import InvalidSettingError
+from specproof.strategies._machine import check_tolerance
+from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
+from specproof.strategies._session_history import SessionHistory, SessionRequest
+
+__all__ = [
+    "GreedyOracle",
+    "SessionFailure",
+    "SetDrafter",
+    "engine_greedy",
+    "replay_session",
+    "shrink_history",
+    "target_greedy",
+]
+
+_DEFAULT_K = 4  # the plan's draft budget for an engine that does not say its k
+
+
+class SessionFailure(AssertionError):
+    """A request of a session broke losslessness (or left the target off the context).
+
+    ``str(self)`` is the explanation (``request i (kind), after n earlier request(s) ...: why``);
+    ``example`` is ``{"history": [...], "failing_request": i, "vocab_size": v}``, which
+    ``SessionHistory.from_example`` reads back. Certification maps it to the session invariant.
+    """
+
+    def __init__(self, explanation: str, *, expected: object, actual: object, example: Mapping[str, object]) -> None:
+        super().__init__(explanation)
+        self.explanation = explanation
+        self.expected = expected
+        self.actual = actual
+        self.example = dict(example)
+
+    @property
+    def failing_request(self) -> int:
+        """The index of the failing request in the history."""
+        return int(self.example["failing_request"])  # type: ignore[call-overload]
+
+
+class GreedyOracle(Protocol):
+    """``greedy(prompt, max_new_tokens, eos_token_id) -> (tokens, top-2 margins or None)``: plain greedy."""
+
+    def __call__(
+        self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, /
+    ) -> tuple[list[int], list[float] | None]: ...
+
+
+SetDrafter = Callable[[Any, Sequence[int], Sequence[int], RoundPlan], None]
+
+
+# --------------------------------------------------------------------------- oracles
+
+
+def target_greedy(target: Any) -> GreedyOracle:
+    """A ``GreedyOracle`` over a Target the engine does not decode on (``greedy_with_margins``; margins given)."""
+
+    def greedy(prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None) -> tuple[list[int], list[float]]:
+        gen, margins = greedy_with_margins(target, prompt, max_new_tokens, eos_token_id=eos_token_id)
+        return [int(t) for t in gen.tokens], [float(m) for m in margins]
+
+    return greedy
+
+
+def engine_greedy(engine: Any) -> GreedyOracle:
+    """A ``GreedyOracle`` over an engine's own ``greedy(prompt, max_new_tokens) -> list[int]`` (no margins).
+
+    Pass an engine instance the machine does not drive (a second one from the factory):
+    an oracle that shares the engine's caches could hide the bug it is meant to judge.
+    """
+    method = getattr(engine, "greedy", None)
+    if not callable(method):
+        raise InvalidSettingError(f"engine_greedy: {engine!r} has no greedy(prompt, max_new_tokens) method")
+
+    def greedy(prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None) -> tuple[list[int], None]:
+        tokens = [int(t) for t in method(list(prompt), max_new_tokens)]
+        if eos_token_id is not None and eos_token_id in tokens:
+            tokens = tokens[: tokens.index(eos_token_id) + 1]
+        return tokens, None
+
+    return greedy
+
+
+# --------------------------------------------------------------------------- running requests
+
+
+class _SessionRunner:
+    """Issues requests to one engine and judges each against the oracle; shared by the machine and replay."""
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        greedy: GreedyOracle,
+        vocab_size: int,
+        tie_tolerance: float,
+        set_drafter: SetDrafter | None,
+        memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] | None = None,
+        ask_at_least: int = 0,
+        reference: Any = None,
+        atol: float = 0.0,
+    ) -> None:
+        self.engine = engine
+        self.greedy = greedy
+        self.vocab_size = vocab_size
+        self.tie_tolerance = tie_tolerance
+        self.set_drafter = set_drafter
+        self.settable = set_drafter is not None or hasattr(engine, "drafter")
+        # "engine": the drafter the engine came with, put back for requests that use it
+        self.own_drafter = getattr(engine, "drafter", None)
+        self.can_choose_own = set_drafter is None and self.settable
+        self.can_reset = callable(getattr(engine, "reset", None))
+        self.history: list[SessionRequest] = []
+        # plain greedy is a function of the prompt: one memo may serve every example of a run
+        self._greedy_memo = {} if memo is None else memo
+        self.ask_at_least = ask_at_least  # ask the oracle for this many tokens at least (fewer calls)
+        # white-box: the live target's state after each request against a fresh reference's
+        live = getattr(engine, "target", None)
+        self.live = live if reference is not None and callable(getattr(live, "state_arrays", None)) else None
+        self.reference: Any = reference if self.live is not None else None
+        self.atol = atol
+
+    @property
+    def plan_k(self) -> int:
+        k = getattr(self.engine, "k", None)
+        if isinstance(k, Integral) and not isinstance(k, bool) and int(k) >= 0:
+            return int(k)
+        return _DEFAULT_K
+
+    def continuation(self, prompt: Sequence[int], n: int) -> tuple[list[int], list[float] | None]:
+        """Plain greedy's first ``n`` tokens after ``prompt`` (no EOS), memoised per prompt."""
+        key = tuple(prompt)
+        memo = self._greedy_memo.get(key)
+        if memo is not None and (memo[0] >= n or len(memo[1]) < memo[0]):
+            _, tokens, margins = memo
+            return tokens[:n], None if margins is None else margins[:n]
+        ask = max(n, self.ask_at_least)
+        tokens, margins = self.greedy(list(prompt), ask, None)
+        tokens = [int(t) for t in tokens]
+        margins = None if margins is None else [float(m) for m in margins]
+        self._greedy_memo[key] = (ask, tokens, margins)
+        return tokens[:n], None if margins is None else margins[:n]
+
+    def _install(self, req: SessionRequest, continuation: list[int]) -> None:
+        if req.drafter is None:
+            return
+        if not self.settable:
+            raise UsageError(
+                f"the session asks for drafter={req.drafter!r} but the engine {self.engine!r} has no settable "
+                "'drafter' and no set_drafter hook was given"
+            )
+        if req.drafter == "engine":
+            if not self.can_choose_own:
+                raise UsageError("the session puts back the engine's own drafter, which a set_drafter hook cannot do")
+            self.engine.drafter = self.own_drafter
+            return
+        plan = req.round_plan()
+        assert plan is not None  # SessionRequest.from_json guarantees a plan for scripted requests
+        if self.set_drafter is not None:
+            self.set_drafter(self.engine, list(req.prompt), list(continuation), plan)
+        else:
+            self.engine.drafter = ScriptedDrafter(req.prompt, continuation, plan, vocab_size=self.vocab_size)
+
+    def run(self, req: SessionRequest) -> tuple[list[int], SessionFailure | None]:
+        """Append ``req`` to the history, run it; return the engine's tokens and the failure, if any."""
+        index = len(self.history)
+        self.history.append(req)
+        if req.kind == "reset":
+            try:
+                self.engine.reset()
+            except Exception as err:
+                return [], self._failure(index, f"engine.reset() raised {type(err).__name__}: {err}", None, None)
+            return [], None
+        prompt = list(req.prompt)
+        n = req.max_new_tokens
+        continuation, margins = self.continuation(prompt, n)
+        expected = list(continuation)
+        expected_margins = margins
+        expected_stop = "max_new_tokens" if len(continuation) >= n else "context_full"
+        if req.eos_token_id is not None and req.eos_token_id in expected:
+            cut = expected.index(req.eos_token_id) + 1
+            expected = expected[:cut]
+            expected_margins = None if margins is None else margins[:cut]
+            expected_stop = "eos"
+        self._install(req, continuation)
+        try:
+            gen = self.engine.generate(prompt, n, eos_token_id=req.eos_token_id)
+        except Exception as err:
+            return [], self._failure(
+                index, f"generate raised {type(err).__name__}: {err}", expected, None, stop=expected_stop
+            )
+        tokens = [int(t) for t in getattr(gen, "tokens", ())]
+        stop = getattr(gen, "stop_reason", None)
+        verdict = compare_lossless(
+            tokens,
+            expected,
+            expected_margins=expected_margins,
+            tie_tolerance=self.tie_tolerance,
+            actual_stop_reason=stop if stop in STOP_REASONS and stop != "error" else None,
+            expected_stop_reason=expected_stop,
+        )
+        if verdict.status == "fail":
+            return tokens, self._failure(index, verdict.explanation, expected, tokens, stop=expected_stop)
+        if verdict.status == "excused":
+            event("SessionMachine: an excused near-tie")
+            return tokens, self._check_state(index, [*prompt, *tokens])
+        if len(tokens) != len(expected):
+            return tokens, self._failure(
+                index,
+                f"the engine emitted {len(tokens)} tokens (stop {stop!r}); plain greedy emits {len(expected)} "
+                f"({expected_stop})",
+                expected,
+                tokens,
+                stop=expected_stop,
+            )
+        if stop != expected_stop:
+            return tokens, self._failure(
+                index,
+                f"the tokens equal plain greedy's but stop_reason is {stop!r}; it must be {expected_stop!r}",
+                expected,
+                tokens,
+                stop=expected_stop,
+            )
+        return tokens, self._check_state(index, [*prompt, *tokens])
+
+    def _check_state(self, index: int, ctx: list[int]) -> SessionFailure | None:
+        """White-box (a reference given, the engine's live target has ``state_arrays``): the target holds ``ctx[:-1]``.
+
+        The decode convention leaves the target at every token but the pending one after a
+        generation; its state must equal a fresh reference's fed ``ctx[:-1]`` with plain
+        forwards (bitwise, or within ``atol``). A stale recurrent state that the next tokens
+        happen not to reveal (a short conv window refilled, a decaying recurrent state) shows here.
+        """
+        if self.live is None:
+            return None
+        processed = int(self.live.processed)
+        if processed != len(ctx) - 1:
+            return self._failure(
+                index,
+                f"after the request the engine's target has processed {processed} tokens; the context has "
+                f"{len(ctx)}, so it must be {len(ctx) - 1} (every token but the pending one)",
+                len(ctx) - 1,
+                processed,
+            )
+        ref = self.reference
+        ref.reset()
+        if len(ctx) > 1:
+            ref.forward(ctx[:-1])
+        problem = states_differ(ref.state_arrays(), self.live.state_arrays(), atol=self.atol)
+        if problem is None:
+            return None
+        return self._failure(
+            index,
+            f"the tokens equal plain greedy's, but the engine's target does not hold the context: {problem} "
+            f"(the reference was fed ctx[:-1], {len(ctx) - 1} tokens, with plain forwards)",
+            None,
+            None,
+        )
+
+    def _failure(
+        self,
+        index: int,
+        why: str,
+        expected: list[int] | int | None,
+        actual: list[int] | int | None,
+        *,
+        stop: str | None = None,
+    ) -> SessionFailure:
+        req = self.history[index]
+        before = "the first request" if index == 0 else f"after {index} earlier request(s) on the same engine"
+        history = SessionHistory(requests=tuple(self.history), vocab_size=self.vocab_size, failing_request=index)
+        explanation = f"request {index} ({req.kind}), {before}: {why}"
+        if stop is not None and expected is not None:
+            explanation += f" [greedy stops at {stop}]"
+        return SessionFailure(
+            explanation,
+            expected=expected,
+            actual=actual,
+            example={"history": history.to_json()["requests"], "failing_request": index, "vocab_size": self.vocab_size},
+        )
+
+
+def replay_session(
+    history: SessionHistory,
+    *,
+    engine_factory: Callable[[], Any],
+    greedy: GreedyOracle,
+    vocab_size: int,
+    tie_tolerance: float = 0.0,
+    set_drafter: SetDrafter | None = None,
+    reference_factory: Callable[[], Any] | None = None,
+    atol: float = 0.0,
+) -> list[SessionFailure]:
+    """Replay ``history`` request by request on a fresh ``engine_factory()``; the failures found (at most one).
+
+    Scripted requests get the same ``ScriptedDrafter`` (same plan, continuation from
+    ``greedy``) or the same ``set_drafter`` call as when recorded. The replay stops at
+    the first failing request (later requests build on a context it got wrong).
+    Pass the same ``reference_factory`` / ``atol`` as the run that recorded the history:
+    a failure found by the white-box state check needs it to fail again.
+    """
+    replay = _Replayer.make(
+        history,
+        "replay_session()",
+        engine_factory=engine_factory,
+        greedy=greedy,
+        vocab_size=vocab_size,
+        tie_tolerance=tie_tolerance,
+        set_drafter=set_drafter,
+        reference_factory=reference_factory,
+        atol=atol,
+    )
+    failure = replay(history.requests)
+    return [] if failure is None else [failure]
+
+
+def shrink_history(
+    history: SessionHistory,
+    *,
+    engine_factory: Callable[[], Any],
+    greedy: GreedyOracle,
+    vocab_size: int,
+    tie_tolerance: float = 0.0,
+    set_drafter: SetDrafter | None = None,
+    reference_factory: Callable[[], Any] | None = None,
+    atol: float = 0.0,
+    max_replays: int = 200,
+) -> SessionHistory:
+    """A shorter history that still fails on a fresh engine (the history itself when it does not fail).
+
+    Cheap next to Hypothesis's shrinker (which re-runs whole sessions for every choice it
+    simplifies): cut after the failing request; drop requests one at a time while the
+    replay still fails; then, per request, no EOS and a smaller ``max_new_tokens``. Prompts
+    are left as they are (their shared prefixes are what the failure is about). At most
+    ``max_replays`` replays, each on a fresh ``engine_factory()``.
+    """
+    replay = _Replayer.make(
+        history,
+        "shrink_history()",
+        engine_factory=engine_factory,
+        greedy=greedy,
+        vocab_size=vocab_size,
+        tie_tolerance=tie_tolerance,
+        set_drafter=set_drafter,
+        reference_factory=reference_factory,
+        atol=atol,
+    )
+    if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 1:
+        raise InvalidSettingError(f"shrink_history: max_replays={max_replays!r} must be an integer >= 1")
+    budget = [max_replays]
+
+    def failing_prefix(requests: Sequence[SessionRequest]) -> list[SessionRequest] | None:
+        """The requests up to the one that fails, or None when the replay passes (or the budget is spent)."""
+        if budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        failure = replay(requests)
+        if failure is None:
+            return None
+        index = failure.example.get("failing_request")
+        return list(requests[: int(index) + 1]) if isinstance(index, int) else list(requests)
+
+    current = failing_prefix(history.requests)
+    if current is None:
+        return history
+    changed = True
+    while changed and budget[0] > 0:
+        changed = False
+        i = len(current) - 2  # latest first: the requests right before the failure matter most
+        while i >= 0 and budget[0] > 0:
+            candidate = failing_prefix([*current[:i], *current[i + 1 :]])
+            if candidate is not None:
+                current, changed = candidate, True
+            i = min(i - 1, len(current) - 2)
+    for i in range(len(current)):
+        for simplify in _SIMPLIFICATIONS:
+            simpler = simplify(current[i])
+            if simpler is None or simpler == current[i]:
+                continue
+            candidate = failing_prefix([*current[:i], simpler, *current[i + 1 :]])
+            if candidate is not None and len(candidate) == len(current):
+                current[i] = simpler
+    return SessionHistory(
+        requests=tuple(_renote(current, replay.continuation)),
+        vocab_size=history.vocab_size if history.vocab_size is not None else vocab_size,
+        engine=history.engine,
+        failing_request=len(current) - 1,
+    )
+
+
+def _renote(
+    requests: Sequence[SessionRequest], continuation: Callable[[Sequence[int], int], list[int]]
+) -> list[SessionRequest]:
+    """Notes that say how each request relates to the one before it in the *shrunk* history.
+
+    The recorded notes name contexts of the original run ("context 4 of 6"), which the
+    shrunk history no longer has; the previous context is the previous prompt plus its
+    plain-greedy output (what a correct engine emitted).
+    """
+    out: list[SessionRequest] = []
+    previous: list[int] | None = None
+    prev_prompt: tuple[int, ...] = ()
+    for req in requests:
+        if req.kind == "reset":
+            out.append(attrs.evolve(req, note="the engine forgets its caches"))
+            previous = None
+            continue
+        prompt = list(req.prompt)
+        if previous is None:
+            note = "a cold start" if out else "the first request"
+        else:
+            common = next(
+                (i for i, (a, b) in enumerate(zip(previous, prompt)) if a != b), min(len(previous), len(prompt))
+            )
+            if req.prompt == prev_prompt:
+                note = "the previous prompt again"
+            elif common == 0:
+                note = "shares nothing with the previous context"
+            else:
+                note = f"shares its first {common} tokens with the previous context ({len(prev_prompt)} prompt + "
+                note += f"{len(previous) - len(prev_prompt)} output tokens)"
+        out.append(attrs.evolve(req, note=note))
+        output = continuation(prompt, req.max_new_tokens)
+        if req.eos_token_id is not None and req.eos_token_id in output:
+            output = output[: output.index(req.eos_token_id) + 1]
+        previous, prev_prompt = [*prompt, *output], req.prompt
+    return out
+
+
+def _without_eos(req: SessionRequest) -> SessionRequest | None:
+    return None if req.kind == "reset" else attrs.evolve(req, eos_token_id=None)
+
+
+def _budget_to(fraction: float) -> Callable[[SessionRequest], SessionRequest | None]:
+    def smaller(req: SessionRequest) -> SessionRequest | None:
+        if req.kind == "reset":
+            return None
+        return attrs.evolve(req, max_new_tokens=int(req.max_new_tokens * fraction))
+
+    return smaller
+
+
+def _first_planned_round(req: SessionRequest) -> SessionRequest | None:
+    return None if req.plan is None else attrs.evolve(req, plan=req.plan[:1])
+
+
+# tried in order on each request of a shrunk history, each kept if the replay still fails there
+_SIMPLIFICATIONS: tuple[Callable[[SessionRequest], SessionRequest | None], ...] = (
+    _without_eos,
+    _budget_to(0.0),
+    _budget_to(0.5),
+    _first_planned_round,
+)
+
+
+class _Replayer:
+    """Replays request lists on fresh engines, sharing one greedy memo (shrinking replays the same prompts)."""
+
+    def __init__(self, make_runner: Callable[[], _SessionRunner]) -> None:
+        self.make_runner = make_runner
+        self._oracle: _SessionRunner | None = None
+
+    def continuation(self, prompt: Sequence[int], n: int) -> list[int]:
+        """Plain greedy's first ``n`` tokens after ``prompt`` (from the shared memo)."""
+        if self._oracle is None:
+            self._oracle = self.make_runner()
+        return self._oracle.continuation(prompt, n)[0]
+
+    @classmethod
+    def make(
+        cls,
+        history: SessionHistory,
+        where: str,
+        *,
+        engine_factory: Callable[[], Any],
+        greedy: GreedyOracle,
+        vocab_size: int,
+        tie_tolerance: float,
+        set_drafter: SetDrafter | None,
+        reference_factory: Callable[[], Any] | None,
+        atol: float,
+    ) -> _Replayer:
+        if not isinstance(history, SessionHistory):
+            raise InvalidSettingError(f"{where}: history must be a SessionHistory, got {type(history).__name__}")
+        if not callable(engine_factory) or not callable(greedy):
+            raise InvalidSettingError(f"{where}: engine_factory and greedy must be callable")
+        if history.vocab_size is not None and history.vocab_size != vocab_size:
+            raise UsageError(
+                f"{where}: the history was recorded with vocab_size={history.vocab_size}; the engine has {vocab_size}"
+            )
+        tol = _check_tolerance(tie_tolerance, where)
+        state_atol = _check_tolerance(atol, where, name="atol")
+        if reference_factory is not None and not callable(reference_factory):
+            raise InvalidSettingError(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+        memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = {}
+        ask = max((r.max_new_tokens for r in history.requests), default=0)
+
+        def make_runner() -> _SessionRunner:
+            return _SessionRunner(
+                engine_factory(),
+                greedy=greedy,
+                vocab_size=vocab_size,
+                tie_tolerance=tol,
+                set_drafter=set_drafter,
+                memo=memo,
+                ask_at_least=ask,
+                reference=None if reference_factory is None else reference_factory(),
+                atol=state_atol,
+            )
+
+        return cls(make_runner)
+
+    def __call__(self, requests: Sequence[SessionRequest]) -> SessionFailure | None:
+        runner = self.make_runner()
+        for req in requests:
+            _, failure = runner.run(req)
+            if failure is not None:
+                return failure
+        return None
+
+
+def _check_tolerance(value: object, where: str, name: str = "tie_tolerance") -> float:
+    return check_tolerance(value, where=where, name=name)
