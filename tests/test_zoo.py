@@ -39,7 +39,7 @@ def _certify(kind: str, spec: str, *, only: tuple[str, ...] = (), seed: int | No
 
 
 # a seed whose random quick search finds each member that derandomized quick is not promised to find
-SEARCH_SEEDS = {"length_cap_hides_eos_in_block": 1}
+SEARCH_SEEDS: dict[str, int] = {}  # member -> a seed whose randomized quick search finds it
 
 
 def _failing(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:

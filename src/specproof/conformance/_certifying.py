@@ -24,7 +24,15 @@ from hypothesis import strategies as st
 
 from specproof.conformance import _registry as registry
 from specproof.conformance._database import check_key, derandomized_seed
-from specproof.conformance._harness import PATHS, EngineRun, RunCache, greedy_continuation, run_builtin, run_plugin
+from specproof.conformance._harness import (
+    PATHS,
+    EngineRun,
+    HostileDrafter,
+    RunCache,
+    greedy_continuation,
+    run_builtin,
+    run_plugin,
+)
 from specproof.conformance._profiles import Profile, get_profile
 from specproof.conformance._results import CheckResult
 from specproof.conformance._run import Capabilities
@@ -33,7 +41,12 @@ from specproof.conformance.checks.features import feature_layers_of
 from specproof.contract import SpecproofError, UsageError, Violation, ViolationError, validate_tolerance
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
-__all__ = ["Certification", "CheckItem", "Plan"]
+__all__ = ["OWN_DRAFT_PATHS", "Certification", "CheckItem", "Plan"]
+
+# The rollback paths an engine judged on its own drafts (no suite_drafts) must reach for a PASS:
+# the suite cannot drive it there, so a path it never took is a path nobody checked
+# (docs/contract.md, "Engines").
+OWN_DRAFT_PATHS: tuple[str, ...] = ("all_accepted", "partial", "rejected_at_0", "eos_in_accepted")
 
 
 @attrs.frozen(kw_only=True)
@@ -380,7 +393,8 @@ class Certification:
         else:
             vocab, cap = case.vocab_size, case.capacity
             k = case.k if case.k is not None else 4
-        n = data.draw(st.integers(1, profile.max_new_tokens), label="max_new_tokens")
+        # max_new_tokens = 0 is a valid request (docs/contract.md, the decode convention): drawn too
+        n = data.draw(st.integers(0, profile.max_new_tokens), label="max_new_tokens")
         if case.kind == "builtin" and case.capacity is not None:
             cap = case.capacity
         max_prompt = max(1, min(profile.max_prompt, cap - 1)) if cap is not None else profile.max_prompt
@@ -405,7 +419,14 @@ class Certification:
         scripted_ok = vocab >= 2 and (case.kind == "builtin" or case.takes_drafter)
         kind = data.draw(st.sampled_from(["scripted", "subject"]), label="drafter") if scripted_ok else "subject"
         plan = data.draw(round_plans(k=k, max_rounds=8), label="round plan") if kind == "scripted" else None
-        return self._execute(case, prompt=prompt, k=k, n=n, eos=eos, plan=plan)
+        hostile: tuple[str, int, int] | None = None
+        if plan is not None and case.kind == "plugin":
+            # the hostile-drafter rule: now and then a draft longer than k or out of range
+            mode = data.draw(st.sampled_from([None] * 6 + list(HostileDrafter.MODES)), label="hostile drafts")
+            if mode is not None:
+                extra = data.draw(st.integers(1, 3), label="hostile extra tokens")
+                hostile = (mode, extra, data.draw(st.integers(0, 3), label="hostile from call"))
+        return self._execute(case, prompt=prompt, k=k, n=n, eos=eos, plan=plan, hostile=hostile)
 
     def _greedy(self, case: EngineCase, prompt: list[int], n: int, eos: int | None) -> tuple[list[int], Any]:
         if case.kind == "builtin":
@@ -433,7 +454,15 @@ class Certification:
         )
 
     def _execute(
-        self, case: EngineCase, *, prompt: list[int], k: int, n: int, eos: int | None, plan: RoundPlan | None
+        self,
+        case: EngineCase,
+        *,
+        prompt: list[int],
+        k: int,
+        n: int,
+        eos: int | None,
+        plan: RoundPlan | None,
+        hostile: tuple[str, int, int] | None = None,
     ) -> EngineRun:
         suite, horizon = self.plan.suite, self.plan.profile.max_new_tokens
         drafter: Any = None
@@ -442,6 +471,13 @@ class Certification:
             continuation, _ = self._greedy(case, prompt, n, None)
             drafter = ScriptedDrafter(prompt, continuation, plan, vocab_size=case.vocab_size or 2)
             script = plan.describe()
+            if hostile is not None:
+                mode, extra, start = hostile
+                longer, _ = self._greedy(case, prompt, n + k + extra, None)
+                drafter = HostileDrafter(
+                    drafter, prompt, longer, mode=mode, extra=extra, start=start, vocab_size=case.vocab_size or 2
+                )
+                script += f" hostile={mode}+{extra} from call {start}"
         if case.kind == "builtin":
             t, d = suite.target, suite.drafter
             assert t is not None and d is not None
@@ -521,7 +557,42 @@ class Certification:
             eos = continuation[-k]
             if eos not in continuation[:-k]:
                 out.append({"prompt": prompt, "k": k, "n": 2 * (k + 1), "plan": RoundPlan((full,)), "eos": eos})
+        crossing = self._cap_crossing_eos(continuation, prompt=prompt, k=k, full=full, empty=empty)
+        if crossing is not None:
+            out.append(crossing)
+        if case.kind == "plugin":
+            # the hostile-drafter rule: a draft longer than k, and one with an id outside the vocabulary
+            n = 2 * (k + 1)
+            for hostile in (("overlong", 2, 0), ("out_of_range", 1, 0)):
+                out.append(
+                    {"prompt": prompt, "k": k, "n": n, "plan": RoundPlan((full,)), "eos": None, "hostile": hostile}
+                )
         return out
+
+    @staticmethod
+    def _cap_crossing_eos(
+        continuation: list[int], *, prompt: list[int], k: int, full: PlannedRound, empty: PlannedRound
+    ) -> dict[str, Any] | None:
+        """A speculative block that reaches ``max_new_tokens`` with EOS inside the budget, past its first token.
+
+        The EOS is the first occurrence of a greedy token at position ``p + 1``; rounds of
+        full accepts and empty drafts bring the context to ``p``; the budget is ``p + 3``, so
+        the last round drafts two tokens (the second is EOS) and its block ``[t, EOS, bonus]``
+        ends exactly at the cap. An engine that does not bound its draft by the budget
+        verifies a longer block that crosses it; one that cuts such a block at the cap, or
+        scans only the block's first or last token for EOS, emits past the EOS. A correct
+        engine stops at the EOS with one token of budget left.
+        """
+        if k < 2:
+            return None
+        end = min(len(continuation) - 1, 2 * (k + 1))
+        firsts = [q for q in range(1, end) if continuation[q] not in continuation[:q]]
+        if not firsts:
+            return None
+        p = firsts[-1] - 1
+        whole, rest = divmod(p, k + 1)
+        rounds = (full,) * whole + (empty,) * rest + (full,)
+        return {"prompt": prompt, "k": k, "n": p + 3, "plan": RoundPlan(rounds), "eos": continuation[p + 1]}
 
     def _search(self, case: EngineCase) -> _CaseSearch:
         found = self._searches.get(case.token)
@@ -532,9 +603,7 @@ class Certification:
         try:
             self._replay(case, found)
             for ex in self._explicit(case):
-                found.runs.append(
-                    self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
-                )
+                found.runs.append(self._execute(case, **ex))
 
             @hypothesis.given(data=st.data())
             def search(data: st.DataObject) -> None:
@@ -622,7 +691,7 @@ class Certification:
         # raises the minimal failing example when the search finds one (and saves it in the database)
         self._settings(self._failing_test(item), item=item)()
         for ex in self._explicit(case):  # only an explicit example failed: it is small already
-            run = self._execute(case, prompt=ex["prompt"], k=ex["k"], n=ex["n"], eos=ex["eos"], plan=ex["plan"])
+            run = self._execute(case, **ex)
             found = inv.check(case, run).violations
             if found:
                 raise ViolationError(found)
@@ -821,6 +890,32 @@ class Certification:
                 completed += run.completed
             out[case.id] = {"generations": len(search.runs), "completed": completed, **{p: total[p] for p in PATHS}}
         return out
+
+    def unreached_paths(self) -> dict[str, list[str]]:
+        """Per engine case judged on its own drafts: the rollback paths its rounds never took.
+
+        The suite drives an engine that takes its drafts down every path; one that drafts for
+        itself (no settable drafter, or no ``suite_drafts`` capability) reaches what its drafter
+        happens to reach. A path in ``OWN_DRAFT_PATHS`` it never took makes the verdict
+        INCONCLUSIVE (the checks of that path ran on nothing), not a pass.
+        """
+        out: dict[str, list[str]] = {}
+        for case in self.plan.suite.engines:
+            search = self._searches.get(case.token)
+            if search is None or case.kind != "plugin" or case.takes_drafter:
+                continue
+            if not any(run.record is not None and run.record.generation.steps for run in search.runs):
+                continue  # black-box: no rounds to classify (its certificate says which checks were skipped)
+            total: Counter[str] = Counter()
+            for run in search.runs:
+                total.update(run.paths)
+            missing = [p for p in OWN_DRAFT_PATHS if not total[p]]
+            if missing:
+                out[case.id] = missing
+        return out
+
+
+_HISTORIES = b"specproof-session-histories"  # the record name of saved histories in a check's namespace
 
 
 def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violation]:

@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 
 from specproof.conformance._judges import JudgeMemo
-from specproof.conformance._run import Capabilities, RunRecord
+from specproof.conformance._run import Capabilities, Proposal, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
 from specproof.contract import arrays_differ, states_differ
 from specproof.contract.lossless import compare_lossless
@@ -31,6 +31,7 @@ from specproof.engine import CapacityError, DecodeError, Drafter, Generation, Sp
 __all__ = [
     "PATHS",
     "EngineRun",
+    "HostileDrafter",
     "RunCache",
     "StateProbe",
     "classify_rounds",
@@ -63,6 +64,7 @@ class EngineRun:
     record: RunRecord | None = None
     error: str | None = None
     paths: Counter[str] = attrs.Factory(Counter)
+    refused: str | None = None  # the engine refused a hostile draft (allowed): why, as it said
 
     @property
     def completed(self) -> bool:
@@ -136,6 +138,7 @@ class StateProbe:
         self.checks = 0
         self._fed = 0
         self._round = 0
+        self.proposals: list[Proposal] = []  # every draft handed to the engine (engine.drafts-used)
         self.name = getattr(inner, "name", type(inner).__name__)
 
     def reset(self) -> None:
@@ -191,8 +194,79 @@ class StateProbe:
             self.features.check(context, features, round_index=self._round)
         self._round += 1
         if features is not None and feature_layers_of(self.inner) is not None:
-            return self.inner.propose(context, k, features=features)  # type: ignore[call-arg]
-        return self.inner.propose(context, k)
+            draft = self.inner.propose(context, k, features=features)  # type: ignore[call-arg]
+        else:
+            draft = self.inner.propose(context, k)
+        # a sized sequence only: a generator is handed on untouched (the engine must reject it)
+        tokens = tuple(draft) if hasattr(draft, "__len__") and not isinstance(draft, (str, bytes)) else ()
+        hostile = bool(getattr(self.inner, "last_hostile", False))
+        self.proposals.append(Proposal(context_length=len(context), k=int(k), draft=tokens, hostile=hostile))
+        return draft
+
+    @property
+    def refused_hostile(self) -> bool:
+        """The last draft handed out was hostile (over-long or out of range): a refusal is allowed."""
+        return bool(self.proposals) and self.proposals[-1].hostile
+
+
+class HostileDrafter:
+    """The hostile-drafter rule (docs/contract.md, "Engines"): drafts an engine must cut or refuse.
+
+    Wraps the suite's scripted drafter. From its ``start``-th call on it answers
+    ``overlong``: the greedy continuation, ``extra`` tokens longer than the k asked for (an
+    engine that trusts the draft accepts every token of it and runs past ``max_new_tokens``);
+    ``out_of_range``: the scripted draft with its last token replaced by an id outside the
+    vocabulary. ``last_hostile`` says whether the last answer broke the rule, so a refusal
+    right after it is told apart from a crash.
+    """
+
+    MODES = ("overlong", "out_of_range")
+
+    def __init__(
+        self,
+        inner: Drafter,
+        prompt: Sequence[int],
+        continuation: Sequence[int],
+        *,
+        mode: str,
+        extra: int,
+        start: int,
+        vocab_size: int,
+    ) -> None:
+        if mode not in self.MODES:
+            raise ValueError(f"HostileDrafter mode={mode!r} is not one of {self.MODES}")
+        self.inner = inner
+        self.prompt_length = len(prompt)
+        self.continuation = [int(t) for t in continuation]
+        self.mode, self.extra, self.start, self.vocab_size = mode, extra, start, vocab_size
+        self.calls = 0
+        self.last_hostile = False
+        self.name = f"HostileDrafter({mode}, +{extra}, from call {start})"
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.last_hostile = False
+        reset = getattr(self.inner, "reset", None)
+        if callable(reset):
+            reset()
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        draft = [int(t) for t in self.inner.propose(context, k)]
+        self.calls += 1
+        self.last_hostile = False
+        if self.calls <= self.start:
+            return draft
+        if self.mode == "overlong":
+            pos = len(context) - self.prompt_length
+            longer = self.continuation[pos : pos + int(k) + self.extra]
+            if len(longer) > int(k):
+                self.last_hostile = True
+                return longer
+            return draft
+        if draft:
+            draft[-1] = self.vocab_size + self.extra - 1
+            self.last_hostile = True
+        return draft
 
 
 class _LRU(OrderedDict[object, Any]):
@@ -289,6 +363,8 @@ def _record(
     probe: StateProbe,
     state: list[dict[str, Any]] | None,
     state_note: str,
+    suite_drafts: bool,
+    vocab_size: int | None,
 ) -> EngineRun:
     """Fill ``run`` with its record: what the engine exposed this time decides what applies."""
     bound = k if k is not None else max((len(s.draft) for s in gen.steps or ()), default=0)
@@ -303,6 +379,10 @@ def _record(
         else "no feature drafter was installed (the drafter declares no feature_layers, or there is no model "
         "to compute features with)",
         forward_with_features=True if judge is not None else "no model to compute the target's features with",
+        suite_drafts=True
+        if suite_drafts
+        else "the engine drafted for itself (it takes no drafts from the suite: no settable drafter, or no "
+        "suite_drafts capability)",
     )
     run.record = RunRecord(
         generation=gen,
@@ -318,6 +398,8 @@ def _record(
         state_checks=probe.checks,
         features=None if judge is None else tuple(judge.found),
         feature_checks=0 if judge is None else judge.checks,
+        proposals=tuple(probe.proposals) if suite_drafts else None,
+        vocab_size=vocab_size,
         capabilities=caps,
     )
     if gen.steps is not None:
@@ -327,7 +409,20 @@ def _record(
 
 
 def _incomplete(example: dict[str, object], error: BaseException, component: str) -> EngineRun:
-    return EngineRun(example=example, record=None, error=f"{component} raised {_cause(error)}")
+    hint = ""
+    if example.get("max_new_tokens") == 0:
+        hint = (
+            " (max_new_tokens = 0 is a valid request: no tokens, stop reason max_new_tokens, no round; "
+            "docs/contract.md, the decode convention)"
+        )
+    return EngineRun(example=example, record=None, error=f"{component} raised {_cause(error)}{hint}")
+
+
+def _refused(example: dict[str, object], error: BaseException, probe: StateProbe) -> EngineRun:
+    """The engine raised right after the suite sent a hostile draft: a refusal, which the rule allows."""
+    sent = probe.proposals[-1]
+    why = f"refused the hostile draft {list(sent.draft)[:12]} (asked for k={sent.k}): {_cause(error)}"
+    return EngineRun(example=example, record=None, error=why, refused=why)
 
 
 def _observational(live: Any, reference: Target, context: Sequence[int], atol: float, *, keep: bool) -> str | None:
@@ -415,6 +510,8 @@ def run_builtin(
     try:
         gen = SpecDecoder(target, probe, k=k, rollback=rollback).generate(prompt, max_new_tokens, eos_token_id=eos)  # type: ignore[arg-type]
     except DecodeError as exc:
+        if probe.refused_hostile:
+            return cache.runs.remember(key, _refused(example, exc, probe))  # type: ignore[no-any-return]
         return cache.runs.remember(key, _incomplete(example, exc, "the drafter or the target"))  # type: ignore[no-any-return]
     expected, margins = greedy_continuation(
         make_target, None, cache_key, prompt, max_new_tokens, eos, horizon=horizon, cache=cache
@@ -439,6 +536,8 @@ def run_builtin(
         probe=probe,
         state=state,
         state_note="the target has no state_arrays() and the pending token could not be probed",
+        suite_drafts=True,
+        vocab_size=target.vocab_size,
     )
     return cache.runs.remember(key, run)  # type: ignore[no-any-return]
 
@@ -497,6 +596,8 @@ def run_plugin(
             engine.drafter = probe
         gen = engine.generate(list(prompt), max_new_tokens, eos_token_id=eos)
     except Exception as exc:
+        if drafter is not None and probe.refused_hostile:
+            return cache.runs.remember(key, _refused(example, exc, probe))  # type: ignore[no-any-return]
         return cache.runs.remember(key, _incomplete(example, exc, f"the engine {case.name}"))  # type: ignore[no-any-return]
     finally:
         if drafter is not None:
@@ -510,9 +611,9 @@ def run_plugin(
         case.confirm_live(_fingerprint(live) != before)
         live = case.live_target
         if live is None:
-            judge = probe.features
+            judge, sent = probe.features, probe.proposals
             probe = StateProbe(probe.inner, None, None, atol=atol, judges=cache.judges)
-            probe.features = judge
+            probe.features, probe.proposals = judge, sent
     expected, margins = greedy_continuation(
         case.make_reference,
         case.greedy_fn,
@@ -543,6 +644,8 @@ def run_plugin(
         probe=probe,
         state=state,
         state_note=case.state_note,
+        suite_drafts=drafter is not None,
+        vocab_size=case.vocab_size,
     )
     return cache.runs.remember(key, run)  # type: ignore[no-any-return]
 

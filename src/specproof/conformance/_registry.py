@@ -45,6 +45,7 @@ from hypothesis import strategies as st
 
 from specproof.conformance._run import Capabilities, RunRecord
 from specproof.conformance.checks import drafter as drafter_checks
+from specproof.conformance.checks import drafts as drafts_checks
 from specproof.conformance.checks import features as feature_checks
 from specproof.conformance.checks import generation as generation_checks
 from specproof.conformance.checks import target as target_checks
@@ -162,6 +163,9 @@ class Invariant:
         return self.on_record(self, record)
 
     def _judge_run(self, run: EngineRun) -> Outcome:
+        if run.refused is not None:
+            # the hostile-drafter rule: refusing a draft longer than k or out of range is allowed
+            return Outcome([], exercised=0, note=f"the engine {run.refused}")
         if run.record is None:
             # A generation that did not complete passes nothing: it fails every check that was asked
             # about it, naming the component that broke it.
@@ -359,6 +363,22 @@ def _features(inv: Invariant, record: RunRecord) -> Outcome:
     n = record.feature_checks
     note = "the engine never handed its feature drafter features" if not n else "" if vs else f"{n} proposals"
     return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
+
+
+def _drafts_used(inv: Invariant, record: RunRecord) -> Outcome:
+    if record.proposals is None:
+        return Outcome([], exercised=0, note="the engine drafted for itself (it takes no drafts from the suite)")
+    vs, compared = drafts_checks.check_drafts_used(
+        inv,
+        _steps(record),
+        record.proposals,
+        max_new_tokens=record.max_new_tokens,
+        k=record.k,
+        max_context=record.max_context,
+        vocab_size=record.vocab_size,
+    )
+    note = "nothing reached it" if not compared else "" if vs else f"{compared} rounds used the draft sent"
+    return Outcome(vs, exercised=compared if not vs else max(compared, 1), note=note)
 
 
 def _accept_bounds(inv: Invariant, r: RunRecord) -> list[Violation]:
@@ -566,6 +586,7 @@ REGISTRY: tuple[Invariant, ...] = (
             "refeeds_accepted_first",
             "eos_masked_by_length_cap",
             "length_cap_hides_eos_in_block",
+            "trusts_overlong_draft",
         ),
     ),
     Invariant(
@@ -581,7 +602,7 @@ REGISTRY: tuple[Invariant, ...] = (
             lambda r: f"1 <= accepted <= draft + 1 <= k + 1 = {r.k + 1} in all {_rounds(r)} rounds",
         ),
         zoo=("drafts_past_k",),
-        also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator"),
+        also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator", "trusts_overlong_draft"),
     ),
     Invariant(
         id="engine.accept-rule",
@@ -642,7 +663,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_ENGINE_DRAWS,
         driver="engine-case",
         on_record=_on_record(_stop, lambda r: 1, _stop_held),
-        zoo=("emits_after_eos", "eos_masked_by_length_cap", "length_cap_hides_eos_in_block"),
+        zoo=("emits_after_eos", "eos_masked_by_length_cap", "length_cap_hides_eos_in_block", "trusts_overlong_draft"),
         also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator"),
     ),
     Invariant(
@@ -678,6 +699,7 @@ REGISTRY: tuple[Invariant, ...] = (
             "emits_after_eos",
             "eos_masked_by_length_cap",
             "length_cap_hides_eos_in_block",
+            "trusts_overlong_draft",
         ),
     ),
     Invariant(
@@ -692,6 +714,17 @@ REGISTRY: tuple[Invariant, ...] = (
         driver="engine-case",
         on_record=_features,
         zoo=("feature_from_rejected", "features_shifted", "features_wrong_layer", "features_stale_across_requests"),
+    ),
+    Invariant(
+        id="engine.drafts-used",
+        subject="engine",
+        summary="every round verifies the draft the suite's drafter sent (cut to the k asked for, or before an id "
+        "outside the vocabulary), and an engine the suite set a drafter on asks for its drafts",
+        needs=("steps", "suite_drafts"),
+        draws=_ENGINE_DRAWS + "; hostile drafts (longer than k, out of range) that the engine must cut or refuse",
+        driver="engine-case",
+        on_record=_drafts_used,
+        zoo=("ignores_suite_drafts", "verifies_own_draft"),
     ),
     Invariant(
         id="stateful.rollback-machine",

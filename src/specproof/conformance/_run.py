@@ -19,7 +19,7 @@ import attrs
 from specproof.contract.lossless import LosslessVerdict
 from specproof.engine._records import Generation
 
-__all__ = ["CAPABILITIES", "Capabilities", "RunRecord"]
+__all__ = ["CAPABILITIES", "Capabilities", "Proposal", "RunRecord"]
 
 CAPABILITIES: dict[str, str] = {
     "steps": "the engine returns per-round `Step` records",
@@ -28,6 +28,7 @@ CAPABILITIES: dict[str, str] = {
     "oracle": "plain greedy can be computed: a model (`oracle`, a pristine target), `greedy()`, or golden tokens",
     "target": "the live target's state can be read (`state_arrays()`) or probed with a forward",
     "builtin": "the subject is the built-in `SpecDecoder` on a target (the rollback machine drives it)",
+    "suite_drafts": "the suite drives the engine's drafts (a settable `drafter`; over the wire `suite_drafts`)",
     "sessions": "one engine instance serves many requests (a plug-in engine; `SpecDecoder` keeps nothing)",
     "forward_with_checkpoints": "the target exposes `forward_with_checkpoints`",
     "forward_with_features": "a model that gives the target's features (`forward_with_features`) to judge them by",
@@ -73,6 +74,16 @@ class Capabilities:
         return Capabilities(has=has, why_not=why)
 
 
+@attrs.frozen(kw_only=True)
+class Proposal:
+    """One draft the suite handed an engine: the context length and k asked for, and the answer."""
+
+    context_length: int
+    k: int
+    draft: tuple[object, ...]
+    hostile: bool = False  # deliberately longer than k or out of range (the hostile-drafter rule)
+
+
 def _ints(values: Iterable[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
@@ -102,4 +113,6 @@ class RunRecord:
     state_checks: int = 0
     features: tuple[dict[str, Any], ...] | None = None
     feature_checks: int = 0
+    proposals: tuple[Proposal, ...] | None = None  # the suite's drafts, when its drafter drove the run
+    vocab_size: int | None = None
     capabilities: Capabilities

@@ -22,7 +22,7 @@ from specproof.engine import (
     Target,
     load_target,
 )
-from specproof.engine._plugins import plugin_factory
+from specproof.engine._plugins import declared_capabilities, plugin_factory, takes_suite_drafts
 from specproof.engine._validate import component_name
 from specproof.engine.drafters import drafter_factory
 from specproof.engine.errors import PluginError
@@ -222,6 +222,7 @@ class EngineCase:
             "oracle": self.make_reference is not None,
             "greedy": self.greedy_fn is not None,
             "suite_drafts": self.takes_drafter,
+            "declared": sorted(declared) if (declared := declared_capabilities(self.engine)) is not None else None,
             "k": self.k,
             "rollback": self.rollback,
         }
@@ -301,7 +302,9 @@ def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float |
         )
     k = getattr(engine, "k", None)
     max_context = getattr(engine, "max_context", None) or getattr(model, "max_context", None)
-    takes = _settable(engine, "drafter")
+    # an engine that declares its capabilities takes the suite's drafts only with `suite_drafts`;
+    # without it, it is judged on its own drafts (docs/contract.md, engines)
+    takes = _settable(engine, "drafter") and takes_suite_drafts(engine)
     tie, tol = declared_tolerances(
         engine if hasattr(engine, "tie_tolerance") else model, tie_tolerance=tie_tolerance, atol=atol
     )

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from specproof.engine.errors import PluginError, SpecproofError
 
-__all__ = ["plugin_factory", "resolve_plugin"]
+__all__ = ["declared_capabilities", "plugin_factory", "resolve_plugin", "takes_suite_drafts"]
 
 # The method that marks an object as an instance of each kind, not a factory.
 _MARKERS = {"drafter": "propose", "target": "forward", "engine": "generate"}
@@ -98,3 +98,23 @@ def resolve_plugin(spec: str, *, kind: str) -> object:
     instance (it has the kind's method) from a factory.
     """
     return plugin_factory(spec, kind=kind)()
+
+
+def declared_capabilities(engine: object) -> frozenset[str] | None:
+    """The capabilities an engine declares (``capabilities``: strings; a wire engine's come from its
+    handshake), or None when it declares none and what it exposes says what it can do."""
+    declared = getattr(engine, "capabilities", None)
+    if declared is None or callable(declared) or isinstance(declared, (str, bytes)):
+        return None
+    try:
+        names = frozenset(declared)
+    except TypeError:
+        return None
+    return names if all(isinstance(n, str) for n in names) else None
+
+
+def takes_suite_drafts(engine: object) -> bool:
+    """Whether the suite may drive the engine's drafts: a ``drafter`` attribute, and ``suite_drafts``
+    among its capabilities when it declares any (docs/contract.md, engines)."""
+    declared = declared_capabilities(engine)
+    return hasattr(engine, "drafter") and (declared is None or "suite_drafts" in declared)

@@ -27,6 +27,7 @@ from hypothesis import event
 from specproof.contract import STOP_REASONS, UsageError, states_differ
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
+from specproof.engine._plugins import takes_suite_drafts
 from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._machine import check_tolerance
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
@@ -133,7 +134,8 @@ class _SessionRunner:
         self.vocab_size = vocab_size
         self.tie_tolerance = tie_tolerance
         self.set_drafter = set_drafter
-        self.settable = set_drafter is not None or hasattr(engine, "drafter")
+        # an engine that declares capabilities without suite_drafts is judged on its own drafts
+        self.settable = set_drafter is not None or takes_suite_drafts(engine)
         # "engine": the drafter the engine came with, put back for requests that use it
         self.own_drafter = getattr(engine, "drafter", None)
         self.can_choose_own = set_drafter is None and self.settable

@@ -45,15 +45,19 @@ from specproof.conformance.zoo._engines import (
     EosMaskedByLengthCap,
     ForgetsRecurrentRestore,
     GreedyOnlyEngine,
+    IgnoresSuiteDrafts,
     LengthCapHidesEosInBlock,
     OracleOnlyEngine,
     OwnCopyEngine,
+    OwnDraftsEngine,
     ProcessedOffByOne,
     RaisesEveryCall,
     RefeedsAcceptedFirst,
     ReplaysDespiteCheckpoints,
     StaleStateAfterZeroDraft,
+    TrustsOverlongDraft,
     VaryingK,
+    VerifiesOwnDraft,
     ZooEngine,
 )
 from specproof.conformance.zoo._feature_drafters import (
@@ -132,6 +136,7 @@ __all__ = [
     "greedy_only_engine",
     "length_cap_hides_eos_in_block",
     "greedy_only_session_engine",
+    "ignores_suite_drafts",
     "match_pointer",
     "model_drafter_checkpoint",
     "model_drafter_kv_only_rollback",
@@ -142,6 +147,7 @@ __all__ = [
     "model_drafter_reset_keeps_state",
     "oracle_only_engine",
     "own_copy_engine",
+    "own_drafts_engine",
     "raises_every_call",
     "reads_past_context",
     "refeeds_accepted_first",
@@ -164,6 +170,8 @@ __all__ = [
     "small_reference",
     "stale_state_after_zero_draft",
     "too_long",
+    "trusts_overlong_draft",
+    "verifies_own_draft",
     "zoo_engine",
     "zoo_target",
 ]
@@ -330,6 +338,23 @@ def raises_every_call() -> RaisesEveryCall:
     return RaisesEveryCall()
 
 
+def ignores_suite_drafts() -> IgnoresSuiteDrafts:
+    return IgnoresSuiteDrafts()
+
+
+def verifies_own_draft() -> VerifiesOwnDraft:
+    return VerifiesOwnDraft()
+
+
+def trusts_overlong_draft() -> TrustsOverlongDraft:
+    return TrustsOverlongDraft()
+
+
+def own_drafts_engine() -> OwnDraftsEngine:
+    """Correct: drafts for itself, declares no ``suite_drafts`` (judged on its own drafts)."""
+    return OwnDraftsEngine()
+
+
 def own_copy_engine() -> OwnCopyEngine:
     """Correct: decodes on its own copy, exposes a same-model ``target`` that never moves."""
     return OwnCopyEngine()
@@ -459,6 +484,9 @@ _MEMBERS: dict[str, tuple[Kind, type]] = {
     "stale_state_after_zero_draft": ("engine", StaleStateAfterZeroDraft),
     "refeeds_accepted_first": ("engine", RefeedsAcceptedFirst),
     "eos_masked_by_length_cap": ("engine", EosMaskedByLengthCap),
+    "ignores_suite_drafts": ("engine", IgnoresSuiteDrafts),
+    "verifies_own_draft": ("engine", VerifiesOwnDraft),
+    "trusts_overlong_draft": ("engine", TrustsOverlongDraft),
     "raises_every_call": ("engine", RaisesEveryCall),
     "replays_despite_checkpoints": ("engine", ReplaysDespiteCheckpoints),
     "drops_last_step_at_eos": ("engine", DropsLastStepAtEos),
@@ -476,7 +504,7 @@ _MEMBERS: dict[str, tuple[Kind, type]] = {
 
 # members that take a randomized search to find (a ``--seed``, a ``specproof fuzz`` campaign): the
 # derandomized quick profile is not promised to reject them; the example database replays them after
-_FOUND_BY_SEARCH = frozenset({"length_cap_hides_eos_in_block"})
+_FOUND_BY_SEARCH: frozenset[str] = frozenset()  # members only a randomized search finds
 
 
 class ZooRegistryError(ValueError):
@@ -537,6 +565,7 @@ CORRECT: dict[str, str] = {
         "greedy_only_session_engine",
         "feature_engine",
         "feature_engine_replay",
+        "own_drafts_engine",
     )
 }
 """Correct engines that differ from the control in what they expose or how they draft: certification accepts them."""

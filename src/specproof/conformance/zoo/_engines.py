@@ -44,15 +44,19 @@ __all__ = [
     "LengthCapHidesEosInBlock",
     "ForgetsRecurrentRestore",
     "GreedyOnlyEngine",
+    "IgnoresSuiteDrafts",
     "OracleDrafter",
     "OracleOnlyEngine",
     "OwnCopyEngine",
+    "OwnDraftsEngine",
     "ProcessedOffByOne",
     "RaisesEveryCall",
     "RefeedsAcceptedFirst",
     "ReplaysDespiteCheckpoints",
     "StaleStateAfterZeroDraft",
+    "TrustsOverlongDraft",
     "VaryingK",
+    "VerifiesOwnDraft",
     "ZooEngine",
 ]
 
@@ -146,6 +150,16 @@ class ZooEngine:
     def _kept(self, keep: int) -> int:
         return keep
 
+    def _take(self, proposed: Sequence[int], k_eff: int) -> list[int]:
+        """The draft verified: what the drafter sent, cut to ``k_eff`` and before an id outside the vocabulary
+        (the hostile-drafter rule, docs/contract.md: cut or refuse, never trust)."""
+        draft: list[int] = []
+        for t in list(proposed)[:k_eff]:
+            if not 0 <= int(t) < self.vocab_size:
+                break
+            draft.append(int(t))
+        return draft
+
     def _restore(self, snapshot: ReferenceSnapshot) -> None:
         self.target.restore(snapshot)
 
@@ -209,7 +223,7 @@ class ZooEngine:
             k_eff = self._round_bound(remaining, room)
             base = target.processed
             before = target.snapshot()
-            draft = [int(t) for t in drafter.propose(ctx, k_eff)] if k_eff > 0 else []  # type: ignore[attr-defined]
+            draft = self._take(drafter.propose(ctx, k_eff), k_eff) if k_eff > 0 else []  # type: ignore[attr-defined]
             fed = [ctx[-1], *draft]
             checkpoints: list[object] | None = None
             if self.rollback == "checkpoint":
@@ -237,6 +251,9 @@ class ZooEngine:
             drafted += len(draft)
             accepted_total += len(accepted) - 1
             for p in range(len(draft)):
+                if p == len(attempts):  # a draft longer than k (only an engine that trusts one gets here)
+                    attempts.append(0)
+                    accepts.append(0)
                 attempts[p] += 1
                 accepts[p] += p < len(accepted) - 1
             ctx.extend(emitted)
@@ -432,8 +449,8 @@ class LengthCapHidesEosInBlock(ZooEngine):
     EOS, and a verified block that crosses ``max_new_tokens`` is then finished by length,
     so an EOS accepted *later in the block but inside the budget* is emitted and followed
     by more tokens. It needs a block that crosses the cap with EOS past its first token
-    and before the cut: derandomized ``quick`` draws no such example (random seeds and
-    campaigns do; ``EosMaskedByLengthCap`` is the variant ``quick`` catches).
+    and before the cut: the search rarely draws one, so every engine case runs an explicit
+    example of exactly that shape, and ``quick`` catches it there.
     """
 
     bug = "a block crossing max_new_tokens is cut by length after checking only its first token for EOS"
@@ -451,6 +468,83 @@ class LengthCapHidesEosInBlock(ZooEngine):
         if gen.stop_reason == "eos" and gen.tokens and gen.tokens[-1] != eos_token_id:
             gen = attrs.evolve(gen, stop_reason="max_new_tokens")  # it believes it finished by length
         return gen
+
+
+class TrustsOverlongDraft(ZooEngine):
+    """Trusts the drafter's length: verifies a draft longer than k and emits the whole accepted block.
+
+    Shipped as: engines that bound the budget only through ``k_eff`` (asking for at most
+    ``remaining - 1`` tokens) and never check what came back, so a drafter that answers
+    with more tokens than asked makes the engine emit past ``max_new_tokens``.
+    """
+
+    bug = "a draft longer than asked is verified whole, and the block is not cut at max_new_tokens"
+
+    def _take(self, proposed: Sequence[int], k_eff: int) -> list[int]:
+        return [int(t) for t in proposed]
+
+    def _emit(self, accepted: list[int], remaining: int, eos: int | None) -> list[int]:
+        if eos is not None and eos in accepted:
+            return accepted[: accepted.index(eos) + 1]
+        return accepted
+
+
+class IgnoresSuiteDrafts(ZooEngine):
+    """Has a settable ``drafter`` but never calls it: every round verifies the engine's own draft.
+
+    Shipped as: engines whose drafter attribute is read once at construction (or only by
+    another code path), so the suite's scripted drafts never reach the rounds and the
+    rollback paths they plan go untested.
+    """
+
+    bug = "the drafter the suite sets is never asked; the engine drafts for itself"
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        suite, self.drafter = self.drafter, None
+        try:
+            return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        finally:
+            self.drafter = suite
+
+
+class VerifiesOwnDraft(ZooEngine):
+    """Asks the suite's drafter every round, then verifies a draft of its own instead.
+
+    Shipped as: an engine that keeps a proposer of its own and calls the configured one
+    only for its side effects (or its statistics), so the round reports a draft other
+    than the one it was sent.
+    """
+
+    bug = "asks the suite for a draft, then verifies its own"
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        suite = self.drafter
+        if suite is None:
+            return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        continuation = greedy_decode(self._oracle, [int(t) for t in prompt], max_new_tokens + self.k).tokens
+        own = OracleDrafter(prompt, continuation, vocab_size=self.vocab_size)
+
+        class _Own:
+            def reset(self) -> None:
+                if callable(getattr(suite, "reset", None)):
+                    suite.reset()  # type: ignore[attr-defined]
+
+            def propose(self, context: Sequence[int], k: int) -> list[int]:
+                suite.propose(context, k)  # type: ignore[attr-defined]
+                return own.propose(context, k)
+
+        self.drafter = _Own()
+        try:
+            return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        finally:
+            self.drafter = suite
+
+
+class OwnDraftsEngine(ZooEngine):
+    """Correct: drafts for itself and declares no ``suite_drafts`` capability; judged on its own drafts."""
+
+    bug = "none (correct: takes no drafts from the suite)"
+    capabilities = frozenset({"state"})  # declared: its state can be read, but no suite_drafts
 
 
 class VaryingK(ZooEngine):

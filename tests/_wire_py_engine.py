@@ -1,0 +1,169 @@
+"""A specproof-engine/1 engine in Python for the conformance meta-tests: ``python _wire_py_engine.py MODE``.
+
+It decodes with specproof's ``SpecDecoder`` on the zoo's small reference model, one round
+per ``DecodeSession.generate(..., max_rounds=1)`` call, and speaks the protocol around it
+(docs/protocol.md): ``propose``/``draft`` when the request says ``"drafts": "suite"``, a
+``round`` record per round, ``state`` before every round and after the last one when
+asked, ``final``. A draft it cannot take (longer than k, out of range) is refused with an
+``error`` answer, as ``SpecDecoder`` refuses it.
+
+MODE says how it treats what the suite sends (each a scenario of issue 20):
+
+- ``ok``: correct; capabilities ``greedy``, ``suite_drafts``, ``state``;
+- ``ignores-drafts``: advertises ``suite_drafts`` but never sends ``propose``: it drafts for itself;
+- ``swaps-drafts``: asks with ``propose``, then verifies a draft of its own instead;
+- ``no-suite-drafts``: correct, but does not advertise ``suite_drafts`` (drafts for itself).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from specproof.conformance.zoo import small_reference
+from specproof.engine import NgramDrafter, SpecDecoder, greedy_decode
+
+MODE = sys.argv[1] if len(sys.argv) > 1 else "ok"
+MODES = ("ok", "ignores-drafts", "swaps-drafts", "no-suite-drafts")
+K = 4
+MODEL = "specproof.conformance.zoo:small_reference"
+
+
+class Abort(Exception):
+    """The suite sent a reset in place of a draft: abandon the request."""
+
+
+def send(message: object) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def read() -> dict[str, object]:
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
+def state_message(rid: int, target: object) -> dict[str, object]:
+    arrays = {}
+    for name, array in target.state_arrays().items():  # type: ignore[attr-defined]
+        a = np.ascontiguousarray(np.asarray(array, dtype="<f4"))
+        arrays[name] = {"dtype": "float32", "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+    return {"type": "state", "id": rid, "processed": int(target.processed), "arrays": arrays}  # type: ignore[attr-defined]
+
+
+class Drafts:
+    """The drafter SpecDecoder calls: the suite's drafts over the wire, or the engine's own n-gram drafts."""
+
+    def __init__(self, rid: int, suite: bool) -> None:
+        self.rid, self.suite = rid, suite
+        self.round = 0
+        self.own = NgramDrafter()
+
+    def reset(self) -> None:
+        self.own.reset()
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        if not self.suite or MODE == "ignores-drafts":
+            return [int(t) for t in self.own.propose(context, k)]
+        send({"type": "propose", "id": self.rid, "round": self.round, "context_length": len(context), "k": k})
+        answer = read()
+        if answer["type"] != "draft":
+            raise Abort(str(answer.get("type")))
+        if MODE == "swaps-drafts":
+            return [int(t) for t in self.own.propose(context, k)]
+        return list(answer["tokens"])  # type: ignore[call-overload]
+
+
+def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
+    rid = int(req["id"])  # type: ignore[call-overload]
+    n, eos = int(req["max_new_tokens"]), req.get("eos_token_id")  # type: ignore[call-overload]
+    drafts = Drafts(rid, req.get("drafts") == "suite" and "suite_drafts" in caps)
+    send_state = bool(req.get("state")) and "state" in caps
+    session = SpecDecoder(target, drafts, k=K, rollback="checkpoint").start(req["prompt"])  # type: ignore[arg-type]
+    out: list[int] = []
+    stop = "max_new_tokens"
+    rounds = 0
+    while len(out) < n:
+        if target.processed >= target.max_context:  # type: ignore[attr-defined]
+            stop = "context_full"  # no room for the pending token: no round, so no state before one
+            break
+        if send_state:
+            send(state_message(rid, target))
+        drafts.round = rounds
+        gen = session.generate(n - len(out), eos_token_id=eos, max_rounds=1)  # type: ignore[arg-type]
+        if not gen.steps:
+            stop = gen.stop_reason
+            break
+        step = gen.steps[0]
+        send(
+            {
+                "type": "round",
+                "id": rid,
+                "round": rounds,
+                "base": step.base,
+                "draft": list(step.draft),
+                "argmax": list(step.argmax),
+                "accepted": list(step.accepted),
+                "processed": step.processed,
+            }
+        )
+        rounds += 1
+        out.extend(gen.tokens)
+        if gen.stop_reason == "eos":
+            stop = "eos"
+            break
+    if send_state:
+        send(state_message(rid, target))
+    send({"type": "final", "id": rid, "tokens": out, "stop_reason": stop, "processed": int(target.processed)})  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    if MODE not in MODES:
+        print(f"unknown mode {MODE!r}; one of {MODES}", file=sys.stderr)
+        sys.exit(2)
+    target = small_reference()
+    caps = ["greedy", "suite_drafts", "state"]
+    if MODE == "no-suite-drafts":
+        caps.remove("suite_drafts")
+    if MODE in ("ignores-drafts", "swaps-drafts"):
+        caps.remove("state")
+    send(
+        {
+            "type": "hello",
+            "protocol": "specproof-engine/1",
+            "engine": {"name": f"py-{MODE}", "version": "0"},
+            "vocab_size": target.vocab_size,
+            "max_context": target.max_context,
+            "k": K,
+            "rollback": "checkpoint",
+            "capabilities": caps,
+            "model": MODEL,
+            "atol": 1e-5,
+        }
+    )
+    while True:
+        req = read()
+        rid = req["id"]
+        if req["type"] in ("reset", "shutdown"):
+            send({"type": "ok", "id": rid})
+            if req["type"] == "shutdown":
+                return
+            continue
+        if req["type"] == "greedy":
+            tokens = greedy_decode(small_reference(), req["prompt"], req["max_new_tokens"]).tokens  # type: ignore[arg-type]
+            send({"type": "final", "id": rid, "tokens": list(tokens), "stop_reason": "max_new_tokens"})
+            continue
+        try:
+            generate(req, target, caps)
+        except Exception as exc:  # a refused draft, a reset in place of a draft: the request fails, the engine lives
+            send({"type": "error", "id": rid, "message": f"{type(exc).__name__}: {exc}"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Engines over the wire judged on what they did (issue 20's conformance scenarios).
+
+Each scenario is an engine process speaking specproof-engine/1 (``tests/_wire_py_engine.py``,
+``SpecDecoder`` on the zoo's small reference model behind the protocol), certified through
+``certify engine --engine exec:...`` at quick:
+
+- drafts ignored (``suite_drafts`` advertised, ``propose`` never sent) and drafts swapped
+  (asked, then its own verified) fail ``engine.drafts-used``;
+- an honest engine without ``suite_drafts`` is judged on its own drafts: nothing fails;
+- an engine without the ``state`` capability: the state checks are skipped with a reason
+  in the protocol's words, not the Python API's (one that advertises it and sends none is
+  a protocol error: tests/test_wire_protocol.py);
+- the correct engine passes ``engine.drafts-used`` and refuses the suite's hostile drafts
+  (an ``error`` answer) without failing;
+
+and no engine process is left running afterwards.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from specproof.conformance import certify
+
+ENGINE = Path(__file__).with_name("_wire_py_engine.py")
+ONLY = ("engine.drafts-used", "engine.lossless", "engine.stop", "engine.accept-rule", "engine.state-restored")
+
+
+def _spec(mode: str) -> str:
+    return "exec:" + shlex.join([sys.executable, str(ENGINE), mode])
+
+
+def _engine_processes() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if str(ENGINE) in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _run(mode: str, only: tuple[str, ...] = ONLY) -> dict[str, Any]:
+    report = certify("engine", engine=_spec(mode), profile="quick", only=only)
+    assert _engine_processes() == [], "an engine process was left running"
+    return report
+
+
+def _by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["invariant"]: r for r in report["results"]}
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [("ignores-drafts", "asked for 0 drafts"), ("swaps-drafts", "but the round reports the draft")],
+)
+def test_an_engine_that_does_not_verify_the_suite_drafts_fails_drafts_used(mode: str, words: str) -> None:
+    report = _run(mode)
+    assert report["verdict"] == "fail"
+    result = _by_id(report)["engine.drafts-used"]
+    assert result["status"] == "fail", result
+    assert words in result["detail"]
+    assert all(v["invariant"] == "engine.drafts-used" for v in result["violations"])
+    # the engine's own drafts are lossless: only the rule it broke fails
+    assert _by_id(report)["engine.lossless"]["status"] == "pass"
+    state = _by_id(report)["engine.state-restored"]  # these modes do not advertise `state`
+    assert state["status"] == "skip" and "`target`" not in state["detail"], state
+
+
+def test_an_honest_engine_without_suite_drafts_is_judged_on_its_own_drafts() -> None:
+    report = _run("no-suite-drafts", only=())  # every check, the session machine included
+    results = _by_id(report)
+    assert results["engine.session"]["status"] == "pass"  # no scripted drafter is forced on it there either
+    assert not [r for r in report["results"] if r["status"] in ("fail", "error")], report["results"]
+    assert report["verdict"] in ("pass", "inconclusive")
+    if report["verdict"] == "inconclusive":  # its n-gram drafts may never reach a rollback path
+        assert report["unreached_paths"] and "drafts for itself" in report["verdict_reason"]
+    assert results["engine.drafts-used"]["status"] == "skip"
+    assert "drafted for itself" in results["engine.drafts-used"]["detail"]
+    assert results["engine.lossless"]["status"] == "pass" and results["engine.accept-rule"]["exercised"] > 0
+    (engine,) = report["subjects"]["engines"]
+    assert engine["capabilities"]["suite_drafts"] is False
+
+
+def test_the_correct_engine_uses_the_suite_drafts_and_refuses_hostile_ones() -> None:
+    report = _run("ok")
+    assert report["verdict"] == "pass", [(r["invariant"], r["status"], r["detail"]) for r in report["results"]]
+    results = _by_id(report)
+    assert results["engine.drafts-used"]["exercised"] > 10
+    assert results["engine.state-restored"]["status"] == "pass"
+    (coverage,) = report["path_coverage"].values()
+    # the hostile drafts (explicit on every profile) were refused: those generations did not complete
+    assert coverage["completed"] < coverage["generations"]
