@@ -221,6 +221,10 @@ class Certification:
         """``on_result`` is called with each check's result as it finishes (progress for the CLI)."""
         self.plan = plan
         self.on_result = on_result
+        # Inside a pytest run a check executes under pytest's output capture, where a progress line
+        # would be swallowed: the plugin sets this and hands the results on after each test.
+        self.defer_results = False
+        self._finished: list[CheckResult] = []
         self.cache = RunCache()  # runs, greedy continuations and judges: this certification's only
         self.results: dict[str, CheckResult] = {}
         self.started = time.perf_counter()
@@ -302,8 +306,18 @@ class Certification:
         if reason is not None:
             result.expect_failure(reason)
         if self.on_result is not None:
-            self.on_result(result)
+            if self.defer_results:
+                self._finished.append(result)
+            else:
+                self.on_result(result)
         return result
+
+    def hand_on_results(self) -> None:
+        """Give ``on_result`` the results deferred while a check ran under pytest's capture."""
+        finished, self._finished = self._finished, []
+        if self.on_result is not None:
+            for result in finished:
+                self.on_result(result)
 
     def _settings(
         self, fn: Any, *, max_examples: int | None = None, item: CheckItem | None = None, phases: Any = None

@@ -116,8 +116,25 @@ def run_check(cert: Certification, item: CheckItem | None) -> None:
         pytest.fail(result.detail)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    cert = session.config.stash.get(CERTIFICATION, None)
+    if cert is not None:
+        cert.defer_results = True  # progress goes out after each test, outside pytest's capture
+
+
+@pytest.hookimpl(tryfirst=True)  # a firstresult hook: run before the one that returns the report
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    # after the teardown phase pytest's capture of the test is over: a progress line reaches the log
+    if call.when == "teardown":
+        cert = item.config.stash.get(CERTIFICATION, None)
+        if cert is not None:
+            cert.hand_on_results()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     cert = session.config.stash.get(CERTIFICATION, None)
+    if cert is not None:
+        cert.hand_on_results()
     path = session.config.getoption("--specproof-report", default=None)
     if cert is not None and path:
         from specproof.conformance.reports import build_report, write_json_report
