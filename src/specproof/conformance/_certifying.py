@@ -731,7 +731,8 @@ class Certification:
         if seed is None and database is not None:
             seed = derandomized_seed(test)  # the examples derandomize=True draws, with the database replayed first
         if seed is not None:
-            test._hypothesis_internal_use_seed = seed  # (not @seed: it would drop the database)
+            # (not @seed: it would drop the database)
+            test._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
         test()
 
     def _run_rollback_machine(self, item: CheckItem, result: CheckResult) -> None:

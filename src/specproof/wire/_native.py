@@ -1,8 +1,10 @@
 """Finding and building the native C++ engine (sources in ``native/`` at the repository root).
 
 The build never writes into the source tree: it goes to
-``$SPECPROOF_NATIVE_BUILD_DIR``, else ``~/.cache/specproof/native/<hash of the sources>/``,
-so a changed source is a new folder (never a stale binary) and a read-only checkout builds.
+``$SPECPROOF_NATIVE_BUILD_DIR``, else ``~/.cache/specproof/native/<hash of the sources and
+their folder>/``, so a changed source is a new folder (never a stale binary), a read-only checkout
+builds, and two checkouts of the same sources never share a CMake cache (CMake refuses a build
+folder configured from another source folder).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def native_build_dir() -> Path:
     if env:
         return Path(env)
     src = native_dir()
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(str(src.resolve()).encode() + b"\0")
     for path in _sources(src):
         if path.is_file():
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")

@@ -231,7 +231,7 @@ class HFTarget:
                     return full
 
                 originals.append(i)
-                layer.update_conv_state = capture
+                layer.update_conv_state = capture  # type: ignore[method-assign]
         try:
             logits = self.forward(toks)
         finally:

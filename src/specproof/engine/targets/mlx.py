@@ -248,7 +248,8 @@ class MLXTarget:
 
         kinds = "+".join("attn" if isinstance(c, self._kv_type) else "state" for c in self._cache)
 
-        params = sum(int(v.size) for _, v in tree_flatten(self.model.parameters()))
+        flat: list[tuple[str, Any]] = tree_flatten(self.model.parameters())  # type: ignore[assignment]
+        params = sum(int(v.size) for _, v in flat)
         return (
             f"{self.name}: mlx-lm {self.model_type} layers={kinds} vocab={self.vocab_size} "
             f"max_context={self.max_context} params={params:,} dtype={self._dtype_name()} rollback=replay"
