@@ -116,3 +116,23 @@ def test_spec_engine_keeps_the_session_and_stays_lossless() -> None:
 def test_bad_suffix_specs_are_clear(spec: str) -> None:
     with pytest.raises(PluginError, match="suffix"):
         load_drafter(spec)
+
+
+@pytest.mark.parametrize(
+    ("context", "expected"),
+    [([5, 9, 2] + [7] * 12, [7, 7, 7, 7]), ([1, 2, 3] * 5, [1, 2, 3, 1]), ([1, 2, 3, 4, 1, 2], [3, 4, 1, 2])],
+)
+def test_suffix_continues_a_loop_by_its_period(context: list[int], expected: list[int]) -> None:
+    """A match that runs into the end of the context is continued by its period, k tokens deep."""
+    assert SuffixDrafter().propose(context, 4) == expected
+
+
+def test_suffix_drafts_the_same_from_a_growing_list_and_from_copies() -> None:
+    """The fast path (the same growing list) drafts what the full comparison (fresh copies) drafts."""
+    rng = random.Random(0)
+    ctx = [rng.randrange(6) for _ in range(40)]
+    grown, copied = SuffixDrafter(), SuffixDrafter()
+    growing: list[int] = []
+    for tok in ctx:
+        growing.append(tok)
+        assert grown.propose(growing, 4) == copied.propose(list(growing), 4)

@@ -4,7 +4,9 @@ SuffixDecoding-style (docs/contract.md, "Drafters that learn across calls"): the
 every context it has been shown in the session — the current one, growing call by call, and
 the final contexts of earlier requests (prompt plus output) — and drafts what followed the
 longest suffix of the context (``max_n`` tokens down to ``min_n``) that occurs in that history,
-preferring the current request, then the most recent earlier one. A request that repeats or
+preferring the current request, then the most recent earlier one. A match in the current request
+whose continuation runs into the end of the context is continued by its period, so a loop is
+drafted k tokens deep. A request that repeats or
 edits an earlier one is drafted from it.
 
 Its drafts depend on the calls it has seen, so it declares ``history_dependent = True``:
@@ -50,15 +52,19 @@ class SuffixDrafter:
         self._docs: list[list[int]] = []  # earlier requests' final contexts, oldest first
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> (doc number << 32) | end, latest wins
         self._cur: list[int] = []
+        self._source: Sequence[int] | None = None  # the sequence object the last call was given
         self._cur_index: dict[tuple[int, ...], int] = {}  # n-gram -> end in the current context
         self.proposals = 0
         self.history_drafts = 0
         self.current_drafts = 0
         self.requests = 0
 
-    def _add(self, index: dict[tuple[int, ...], int], doc: Sequence[int], start: int, tag: int) -> None:
-        """Index the n-grams of ``doc`` that end at positions ``>= start`` (exclusive end), tagged."""
-        for end in range(max(start, self.min_n), len(doc) + 1):
+    def _add(
+        self, index: dict[tuple[int, ...], int], doc: Sequence[int], start: int, tag: int, stop: int | None = None
+    ) -> None:
+        """Index the n-grams of ``doc`` that end at positions ``start <= end <= stop`` (exclusive end), tagged."""
+        last = len(doc) if stop is None else stop
+        for end in range(max(start, self.min_n), last + 1):
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 index[tuple(doc[end - n : end])] = (tag << 32) | end
 
@@ -78,7 +84,11 @@ class SuffixDrafter:
     def _follow(self, context: Sequence[int]) -> None:
         """Make ``context`` the current request: extend it, or archive the old one and start anew."""
         n = len(self._cur)
-        if n and len(context) >= n and list(context[:n]) == self._cur:
+        # the same growing list the last call saw needs no full comparison (a proposal then costs
+        # the same at 64K tokens as at 1K); any other sequence is compared token by token
+        same = context is self._source and len(context) >= n and (not n or context[n - 1] == self._cur[-1])
+        self._source = context
+        if n and len(context) >= n and (same or list(context[:n]) == self._cur):
             new = [int(t) for t in context[n:]]
         else:
             self._archive()
@@ -89,7 +99,7 @@ class SuffixDrafter:
             self._cur.extend(new)
             # an n-gram ending at the very end has no continuation yet: index ends up to len - 1 only,
             # and re-index the previous last end now that it has one
-            self._add(self._cur_index, self._cur[:-1], max(start - 1, 0), 0)
+            self._add(self._cur_index, self._cur, max(start - 1, 0), 0, stop=len(self._cur) - 1)
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
         if k <= 0 or not context:
@@ -101,9 +111,12 @@ class SuffixDrafter:
             key = tuple(cur[len(cur) - n :])
             hit = self._cur_index.get(key)
             if hit is not None:
+                # a match in the current context may run into its end: continue it by its period
+                # (the suffix recurs every len(cur) - end tokens), as the n-gram drafter does
                 end = hit & 0xFFFFFFFF
+                period = len(cur) - end
                 self.current_drafts += 1
-                return cur[end : end + k]
+                return [cur[end + i % period] for i in range(k)]
             hit = self._index.get(key)
             if hit is not None:
                 doc, end = self._docs[hit >> 32], hit & 0xFFFFFFFF
