@@ -24,7 +24,8 @@ import time
 from typing import Any
 
 from specproof.bench._real import measure_real_contexts, real_context_texts
-from specproof.engine import SpecDecoder, load_drafter, load_target
+from specproof.engine import SpecDecoder
+from specproof.plugins import load_drafter, load_target
 
 DRAFTERS = ("ngram", "model:trained-small", "combined:trained-small", "eagle:trained", "mtp:trained", "suffix")
 

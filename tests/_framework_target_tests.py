@@ -29,11 +29,11 @@ from specproof.engine import (
     SpecDecoder,
     TokenRangeError,
     greedy_decode,
-    load_target,
     register_target_family,
 )
 from specproof.engine.targets import TARGET_FAMILIES, convert
 from specproof.engine.targets.convert import tiny_lfm2_reference
+from specproof.plugins import load_target
 
 __all__ = [
     "REPETITIVE",

@@ -6,7 +6,8 @@ import pytest
 
 from specproof.bench import DEGENERATE_SHARE, compare, distinct_ngram_share, figures, final_period, make_baseline
 from specproof.bench._real import RealContextText, _continuations, measure_real_contexts, real_context_texts
-from specproof.engine import InvalidSettingError, NgramDrafter, greedy_decode, load_target
+from specproof.engine import InvalidSettingError, NgramDrafter, greedy_decode
+from specproof.plugins import load_target
 
 TARGET_SPEC = "reference:d_model=32,max_context=512"
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from specproof.cli import main
-from specproof.engine import InvalidSettingError, PluginError, ReferenceHybrid, SpecDecoder, greedy_decode, load_target
+from specproof.engine import InvalidSettingError, PluginError, ReferenceHybrid, SpecDecoder, greedy_decode
 from specproof.engine.drafters import ModelDrafter, NgramDrafter
-from specproof.engine.targets import TARGET_FAMILIES
 from specproof.fixtures import (
     load_trained_small_target,
     load_trained_small_weights,
@@ -20,6 +19,7 @@ from specproof.fixtures import (
     trained_small_config,
     trained_small_metadata,
 )
+from specproof.plugins import load_target, target_families
 
 
 def test_loads_and_matches_its_record() -> None:
@@ -33,7 +33,7 @@ def test_loads_and_matches_its_record() -> None:
     blob = resources.files("specproof.fixtures").joinpath("data", "trained-small.npz").read_bytes()
     assert len(blob) == meta["weights"]["bytes"] <= 1024 * 1024
     assert hashlib.sha256(blob).hexdigest() == meta["weights"]["sha256"]
-    assert "trained-small" in TARGET_FAMILIES and load_target("trained-small").config == cfg
+    assert "trained-small" in target_families() and load_target("trained-small").config == cfg
 
 
 def test_record_says_how_it_was_made() -> None:

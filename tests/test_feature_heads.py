@@ -11,9 +11,10 @@ import pytest
 from specproof.conformance import certify, get
 from specproof.conformance.checks.features import check_drafter_features
 from specproof.conformance.zoo import CORRECT_DRAFTERS, ZOO
-from specproof.engine import PluginError, SpecDecoder, greedy_decode, load_drafter
+from specproof.engine import PluginError, SpecDecoder, greedy_decode
 from specproof.fixtures import _feature_heads, _trained, load_trained_target
 from specproof.fixtures._feature_heads import feature_heads_metadata, load_feature_head
+from specproof.plugins import load_drafter
 
 PROMPT = list(b'import os\n\n\ndef main():\n    """Run the thing."""\n    for x in range(10):\n        print(x)\n')
 

@@ -150,7 +150,7 @@ def test_a_feature_drafter_needs_a_feature_target() -> None:
 def test_hf_features_are_the_reference_features_and_feed_the_heads() -> None:
     pytest.importorskip("torch", reason="needs specproof[hf] (torch not installed)")
     pytest.importorskip("transformers", reason="needs specproof[hf] (transformers not installed)")
-    from specproof.engine import load_drafter, load_target
+    from specproof.plugins import load_drafter, load_target
 
     reference = load_target("trained:max_context=512")
     hf = load_target("hf:lfm2-trained,max_context=512")

@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch", reason="needs the hf extra: pip install 'sp
 pytest.importorskip("transformers", reason="needs the hf extra: pip install 'specproof[hf]'")
 
 from specproof.engine import Engine, InvalidSettingError, TokenRangeError, greedy_with_margins  # noqa: E402
-from specproof.engine._plugins import resolve_plugin  # noqa: E402
 from specproof.engine.adapters.hf_prompt_lookup import HFPromptLookupEngine, make  # noqa: E402
 from specproof.engine.targets.hf import HFTarget, load_spec  # noqa: E402
+from specproof.plugins import resolve_plugin  # noqa: E402
 
 torch.set_num_threads(1)  # tiny models on shared cores
 

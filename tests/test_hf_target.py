@@ -16,13 +16,9 @@ torch.set_num_threads(1)
 # the Target-protocol tests (and their fixtures) both framework targets share, run here
 from _framework_target_tests import *  # noqa: F403, E402
 from _framework_target_tests import REPETITIVE  # noqa: E402
-from specproof.engine import (  # noqa: E402
-    StaleSnapshotError,
-    TargetContractError,
-    greedy_decode,
-    load_target,
-)
+from specproof.engine import StaleSnapshotError, TargetContractError, greedy_decode  # noqa: E402
 from specproof.engine.targets.hf import TINY_MODELS, HFTarget, load_spec  # noqa: E402
+from specproof.plugins import load_target  # noqa: E402
 
 # transformers' kernels are not batch-invariant: a q-token forward differs from q one-token forwards
 # by up to ~4e-5 on these float32 models (the chunked vs recurrent delta rule, gemm vs gemv), so the

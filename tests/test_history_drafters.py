@@ -11,8 +11,9 @@ from specproof.conformance import certify, get
 from specproof.conformance.checks.drafter import check_deterministic
 from specproof.conformance.zoo import CORRECT_DRAFTERS, ZOO
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
-from specproof.engine import PluginError, ReferenceConfig, ReferenceHybrid, SpecDecoder, greedy_decode, load_drafter
+from specproof.engine import PluginError, ReferenceConfig, ReferenceHybrid, SpecDecoder, greedy_decode
 from specproof.engine.drafters import SuffixDrafter
+from specproof.plugins import load_drafter
 
 CTX = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3, 4, 9, 1, 2]
 OTHER = [7, 8, 9, 7, 8, 9, 7, 8, 1, 2, 3, 6]

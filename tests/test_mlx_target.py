@@ -16,13 +16,9 @@ from mlx_lm.generate import generate_step
 # the Target-protocol tests (and their fixtures) both framework targets share, run here
 from _framework_target_tests import *  # noqa: F403
 from _framework_target_tests import REPETITIVE
-from specproof.engine import (
-    StaleSnapshotError,
-    TargetContractError,
-    greedy_decode,
-    load_target,
-)
+from specproof.engine import StaleSnapshotError, TargetContractError, greedy_decode
 from specproof.engine.targets.mlx import TINY_MODELS, MLXTarget
+from specproof.plugins import load_target
 
 # MLX's CPU kernels give the same bits for a q-token forward as for q one-token forwards on these
 # models (measured: max |diff| 0.0); the shared chunking checks still allow the target's stated

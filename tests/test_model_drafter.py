@@ -16,9 +16,9 @@ from specproof.engine import (
     ReferenceHybrid,
     SpecDecoder,
     greedy_decode,
-    load_target,
 )
-from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter, drafter_factory, load_drafter
+from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
+from specproof.plugins import drafter_factory, load_drafter, load_target
 
 SMALL = "reference:d_model=16,n_heads=2,n_kv_heads=1,head_dim=8,ffn_dim=32,max_context=96,layers=conv+attn+gdn"
 

@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 from specproof.bench._workloads import build_workloads, encode_text
 from specproof.conformance import check_generation
-from specproof.engine import Generation, NgramDrafter, greedy_decode, load_target
+from specproof.engine import Generation, NgramDrafter, greedy_decode
 from specproof.engine.targets.reference import ReferenceHybrid
+from specproof.plugins import load_target
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, round_plans
 from specproof.wire import (
     EngineRequestError,
@@ -64,7 +65,7 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         except NativeBuildError as exc:
             pytest.fail(f"the native engine does not build: {exc}")
     weights = tmp_path_factory.mktemp("native") / "trained.safetensors"
-    export_weights(weights, target="trained")
+    export_weights(weights, target="trained", load_target=load_target)
     return binary, weights
 
 
@@ -73,7 +74,12 @@ def start(native: tuple[Path, Path]) -> Callable[..., ExecEngine]:
     binary, weights = native
 
     def make(*args: str, full_state: bool = False) -> ExecEngine:
-        return ExecEngine([str(binary), "--weights", str(weights), *args], timeout=30.0, full_state=full_state)
+        return ExecEngine(
+            [str(binary), "--weights", str(weights), *args],
+            timeout=30.0,
+            full_state=full_state,
+            load_target=load_target,
+        )
 
     return make
 

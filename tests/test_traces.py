@@ -27,7 +27,8 @@ from specproof.conformance.traces import (
     write_golden,
     write_trace,
 )
-from specproof.engine import Generation, InvalidSettingError, NgramDrafter, SpecDecoder, load_target
+from specproof.engine import Generation, InvalidSettingError, NgramDrafter, SpecDecoder
+from specproof.plugins import load_target
 
 # check_trace lists every engine invariant judged over a run record; a trace has steps (and, given
 # golden tokens or a target, an oracle) but no stats and no live target, so the rest are skipped

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specproof.engine import InvalidSettingError, PluginError, ReferenceHybrid, greedy_decode, load_target
-from specproof.engine.targets import TARGET_FAMILIES
+from specproof.engine import InvalidSettingError, PluginError, ReferenceHybrid, greedy_decode
 from specproof.fixtures import (
     FixtureDataError,
     _trained,
@@ -20,6 +19,7 @@ from specproof.fixtures import (
     trained_config,
     trained_metadata,
 )
+from specproof.plugins import load_target
 
 CODE_PROMPT = b"import os\n\n\ndef read_lines(path):\n    with open(path) as f:\n"
 OTHER_PROMPT = b'class Queue:\n    """A FIFO queue."""\n\n    def __init__(self):\n'
@@ -106,8 +106,7 @@ def test_spec_overrides(target: ReferenceHybrid) -> None:
         load_trained_target("d_model=32")
 
 
-def test_target_spec_trained(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(TARGET_FAMILIES, "trained", "specproof.fixtures._trained:load_trained_target")
+def test_target_spec_trained() -> None:
     assert isinstance(load_target("trained"), ReferenceHybrid)
     assert load_target("trained:max_context=512").max_context == 512
     with pytest.raises(PluginError, match=r"--target 'trained:n_heads=2'.*cannot override"):

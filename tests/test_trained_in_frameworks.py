@@ -4,7 +4,8 @@ and give the reference target's logits and greedy tokens."""
 import numpy as np
 import pytest
 
-from specproof.engine import greedy_decode, load_target
+from specproof.engine import greedy_decode
+from specproof.plugins import load_target
 
 PROMPT = list(b"def read(self, path):\n    with open(path) as f:\n")
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specproof.engine import PluginError, resolve_plugin
+from specproof.engine import PluginError
+from specproof.plugins import resolve_plugin
 from specproof.wire import (
     CLIENT_MESSAGES,
     ENGINE_MESSAGES,

@@ -31,7 +31,8 @@ from specproof.conformance.zoo import (
     ZooRegistryError,
     build_zoo,
 )
-from specproof.engine import SpecproofError, resolve_plugin
+from specproof.engine import SpecproofError
+from specproof.plugins import resolve_plugin
 
 
 def _certify(kind: str, spec: str, *, only: tuple[str, ...] = (), seed: int | None = None) -> dict[str, Any]:

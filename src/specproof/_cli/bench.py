@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
                 raise BaselineError(
                     f"baseline {args.gate}: field {field!r} is {baseline[field]!r} but this run has {field}={value!r}"
                 )
-    from specproof.engine import load_target
+    from specproof.plugins import load_target
 
     for spec in config.targets:  # a bad --target is a usage error now, not after the first workload
         load_target(spec)

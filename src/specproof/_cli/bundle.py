@@ -157,7 +157,8 @@ def export_target_spec(spec: str, max_context: int) -> str:
 def run_export(args: argparse.Namespace) -> int:
     from specproof.contract import UsageError
     from specproof.coreml import check_exportable, export_bundle, write_golden
-    from specproof.engine import ReferenceHybrid, load_target
+    from specproof.engine import ReferenceHybrid
+    from specproof.plugins import load_target
 
     if args.target.split(":", 1)[0] not in ("reference", "reference-moe"):
         raise UsageError(f"--target {args.target!r}: only reference targets can be exported")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from specproof.engine import Target, load_target
+from specproof.engine import Target
 from specproof.engine.errors import PluginError
+from specproof.plugins import load_target
 
 __all__ = ["add_target_argument", "decode_tokens", "encode_prompt", "make_target", "parse_ids"]
 

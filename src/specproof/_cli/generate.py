@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specproof.contract import UsageError
     from specproof.engine import SpecDecoder, greedy_decode
-    from specproof.engine.drafters import load_drafter
+    from specproof.plugins import load_drafter
 
     sources = [
         name
@@ -221,7 +221,8 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from specproof.engine import greedy_decode, resolve_plugin
+    from specproof.engine import greedy_decode
+    from specproof.plugins import resolve_plugin
 
     engine: Any = resolve_plugin(args.engine, kind="engine")
     if getattr(engine, "send_state", False):

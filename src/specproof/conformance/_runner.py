@@ -11,6 +11,7 @@ import io
 import os
 from collections.abc import Callable
 from contextlib import redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,9 @@ from specproof.conformance._certifying import Certification, Plan
 from specproof.conformance._results import CheckResult
 from specproof.conformance.plugin import CERTIFICATION
 from specproof.conformance.reports import build_report
+
+# the conformance package's folder (its test modules run under pytest from there)
+_PACKAGE_DIR = str(Path(__file__).parent)
 
 __all__ = ["MODULES", "certify"]
 
@@ -32,12 +36,10 @@ def certify(
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> tuple[Certification, dict[str, Any]]:
     """Run every check ``plan`` selects; returns the certification and its ``specproof-report/2``."""
-    import specproof.conformance as pkg
-
     cert = Certification(plan, on_result=on_result)
     if on_start is not None:
         on_start(len(cert.all_checks()))
-    args = [f"{pkg.__path__[0]}/{m}.py" for m in MODULES]
+    args = [f"{_PACKAGE_DIR}/{m}.py" for m in MODULES]
     args += [
         "-p",
         "no:cacheprovider",
@@ -54,7 +56,7 @@ def certify(
         "no:logging",
         "--override-ini=addopts=",
         "--override-ini=python_files=test_*.py",
-        f"--rootdir={pkg.__path__[0]}",
+        f"--rootdir={_PACKAGE_DIR}",
     ]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):  # the pytest11 entry point is not loaded then
         args += ["-p", "specproof.conformance.plugin"]

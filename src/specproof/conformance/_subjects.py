@@ -17,15 +17,11 @@ import attrs
 
 from specproof.conformance._run import Capabilities
 from specproof.contract import validate_tolerance
-from specproof.engine import (
-    Drafter,
-    Target,
-    load_target,
-)
-from specproof.engine._plugins import declared_capabilities, plugin_factory, takes_suite_drafts
+from specproof.engine import Drafter, Target
+from specproof.engine._plugins import declared_capabilities, takes_suite_drafts
 from specproof.engine._validate import component_name
-from specproof.engine.drafters import drafter_factory
 from specproof.engine.errors import PluginError
+from specproof.plugins import drafter_factory, load_target, plugin_factory
 
 __all__ = ["DEFAULT_TARGET", "DrafterSubject", "EngineCase", "Suite", "TargetSubject"]
 

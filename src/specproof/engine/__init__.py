@@ -1,5 +1,5 @@
 """specproof.engine: protocols, records, the speculative decoder, the greedy oracle,
-drafters and targets.
+drafters and targets (command-line specs resolve in ``specproof.plugins``).
 
 This module is the public facade; the implementation lives in private modules.
 """
@@ -12,7 +12,6 @@ from specproof.engine._decoder import (
     longest_accepted_prefix,
 )
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
-from specproof.engine._plugins import resolve_plugin
 from specproof.engine._protocols import (
     CheckpointingTarget,
     Drafter,
@@ -23,7 +22,7 @@ from specproof.engine._protocols import (
     WhiteBoxTarget,
 )
 from specproof.engine._records import STOP_REASONS, Generation, Stats, Step, StopReason
-from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter, load_drafter
+from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from specproof.engine.errors import (
     CapacityError,
     ContractError,
@@ -39,7 +38,7 @@ from specproof.engine.errors import (
     TargetContractError,
     TokenRangeError,
 )
-from specproof.engine.targets import load_target, register_target_family
+from specproof.engine.targets import register_target_family
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid, ReferenceSnapshot
 
 __all__ = [
@@ -80,10 +79,7 @@ __all__ = [
     "WhiteBoxTarget",
     "greedy_decode",
     "greedy_with_margins",
-    "load_drafter",
-    "load_target",
     "longest_accepted_prefix",
     "register_target_family",
-    "resolve_plugin",
     "top2_margin",
 ]

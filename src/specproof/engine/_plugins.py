@@ -1,5 +1,8 @@
 """Resolving ``module:attribute`` plug-ins: a factory called with no arguments, or an instance.
 
+The command-line specs (``exec:``, ``tcp:``, fixtures, drafter prefixes) resolve in
+``specproof.plugins``, above this package.
+
 docs/contract.md ("Engines") is the reference.
 """
 
@@ -9,36 +12,12 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from specproof.engine.errors import PluginError, SpecproofError
+from specproof.engine.errors import PluginError
 
 __all__ = ["declared_capabilities", "plugin_factory", "resolve_plugin", "takes_suite_drafts"]
 
 # The method that marks an object as an instance of each kind, not a factory.
 _MARKERS = {"drafter": "propose", "target": "forward", "engine": "generate"}
-
-
-# External engines over specproof-engine/1: ``exec:CMD ARGS`` and ``tcp:HOST:PORT``.
-_WIRE_PREFIXES = ("exec:", "tcp:")
-
-
-def _wire_engine_factory(spec: str, flag: str) -> Callable[[], object]:
-    """A factory for an external engine (imports ``specproof.wire`` only when such a spec is used)."""
-    try:
-        from specproof.wire import engine_from_spec
-    except ImportError as exc:
-        raise PluginError(f"{flag} {spec!r}: external engines need specproof.wire and its dependencies: {exc}") from exc
-    try:
-        make = engine_from_spec(spec)
-    except SpecproofError as exc:
-        raise PluginError(f"{flag} {spec!r}: {exc}") from exc
-
-    def start() -> object:
-        try:
-            return make()
-        except SpecproofError as exc:
-            raise PluginError(f"{flag} {spec!r}: starting the engine failed: {exc}") from exc
-
-    return start
 
 
 def plugin_factory(spec: str, *, kind: str) -> Callable[[], object]:
@@ -48,8 +27,6 @@ def plugin_factory(spec: str, *, kind: str) -> Callable[[], object]:
     errors name the plug-in; an instance attribute is returned by every call.
     """
     flag = f"--{kind}"
-    if kind == "engine" and spec.startswith(_WIRE_PREFIXES):
-        return _wire_engine_factory(spec, flag)
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
         raise PluginError(f"{flag} {spec!r}: expected MODULE:ATTRIBUTE, for example mypkg.drafters:make")

@@ -26,10 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     spec.add_argument("engine_args", nargs=argparse.REMAINDER, help="extra engine arguments, e.g. --bug stale-conv")
     args = parser.parse_args(argv)
     from specproof import wire
+    from specproof.plugins import load_target
 
     try:
         if args.command == "export-weights":
-            print(wire.export_weights(args.out, target=args.target))
+            print(wire.export_weights(args.out, target=args.target, load_target=load_target))
         elif args.command == "build-native":
             print(wire.build_native())
         else:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             import os
 
             if not os.path.isfile(weights):
-                wire.export_weights(weights)
+                wire.export_weights(weights, load_target=load_target)
             extra = [a for a in args.engine_args if a != "--"]
             print("exec:" + shlex.join([str(binary), "--weights", weights, *extra]))
     except SpecproofError as exc:

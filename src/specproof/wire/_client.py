@@ -38,7 +38,8 @@ from typing import IO, Any, NoReturn
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine import Generation, Stats, Step, Target, load_target
+from specproof.engine import Generation, Stats, Step, Target
+from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._limits import (
     HANDSHAKE_LINE_BYTES,
@@ -405,7 +406,9 @@ class WireEngine:
     ``connect(limit)`` makes a transport (starts the process, or connects); it is called again
     by ``reset()`` after a fault — at most ``max_restarts`` times — so one crash costs one
     check its verdict, not the run. ``max_line_bytes`` bounds every line the engine sends
-    (default: the handshake's, see docs/protocol.md "Limits").
+    (default: the handshake's, see docs/protocol.md "Limits"). ``load_target`` turns the handshake's
+    ``model`` into the oracle (default: engine-level target specs only; ``specproof.plugins`` passes
+    its own, which also knows the fixtures).
     """
 
     def __init__(
@@ -417,6 +420,7 @@ class WireEngine:
         full_state: bool = False,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        load_target: Callable[[str], Target] | None = None,
     ) -> None:
         if not isinstance(full_state, bool):
             raise ValueError(f"full_state={full_state!r}: expected a bool")
@@ -425,6 +429,8 @@ class WireEngine:
         if isinstance(max_restarts, bool) or int(max_restarts) < 0:
             raise ValueError(f"max_restarts={max_restarts!r}: expected an int >= 0")
         self._connect = connect
+        #: turns the handshake's ``model`` spec into the oracle (``specproof.plugins.load_target`` knows fixtures)
+        self._load_target = load_engine_target if load_target is None else load_target
         self.timeout = float(timeout)
         self._max_line_setting = None if max_line_bytes is None else int(max_line_bytes)
         self.max_restarts = int(max_restarts)
@@ -482,7 +488,7 @@ class WireEngine:
         self.oracle: Target | None = None
         if self.model is not None:
             try:
-                self.oracle = load_target(self.model)
+                self.oracle = self._load_target(self.model)
             except Exception as exc:
                 self._kill()
                 raise EngineProtocolError(
@@ -935,6 +941,7 @@ class ExecEngine(WireEngine):
         full_state: bool = False,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        load_target: Callable[[str], Target] | None = None,
     ) -> None:
         self.argv = _split_command(command)
         where = None if cwd is None else os.fspath(cwd)
@@ -946,6 +953,7 @@ class ExecEngine(WireEngine):
             full_state=full_state,
             max_line_bytes=max_line_bytes,
             max_restarts=max_restarts,
+            load_target=load_target,
         )
 
     @property
@@ -974,6 +982,7 @@ class TcpEngine(WireEngine):
         full_state: bool = False,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
+        load_target: Callable[[str], Target] | None = None,
     ) -> None:
         where = int(port)
         super().__init__(
@@ -983,6 +992,7 @@ class TcpEngine(WireEngine):
             full_state=full_state,
             max_line_bytes=max_line_bytes,
             max_restarts=max_restarts,
+            load_target=load_target,
         )
 
 
@@ -999,8 +1009,10 @@ def _env_number(name: str, default: float | None, *, minimum: float) -> float | 
     return value
 
 
-def engine_from_spec(spec: str, *, timeout: float | None = None) -> Callable[[], WireEngine]:
-    """A factory for ``exec:CMD ARGS`` or ``tcp:HOST:PORT``.
+def engine_from_spec(
+    spec: str, *, timeout: float | None = None, load_target: Callable[[str], Target] | None = None
+) -> Callable[[], WireEngine]:
+    """A factory for ``exec:CMD ARGS`` or ``tcp:HOST:PORT`` (``load_target``: see ``WireEngine``).
 
     The timeout per message is ``$SPECPROOF_WIRE_TIMEOUT`` (default 60 s); the line limit
     ``$SPECPROOF_WIRE_MAX_LINE`` bytes (default: worked out from the handshake);
@@ -1019,10 +1031,19 @@ def engine_from_spec(spec: str, *, timeout: float | None = None) -> Callable[[],
     kind, _, rest = spec.partition(":")
     if kind == "exec":
         argv = _split_command(rest)
-        return lambda: ExecEngine(argv, timeout=timeout, full_state=full, max_line_bytes=max_line)
+        return lambda: ExecEngine(
+            argv, timeout=timeout, full_state=full, max_line_bytes=max_line, load_target=load_target
+        )
     if kind == "tcp":
         host, sep, port = rest.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise EngineProtocolError(f"engine spec {spec!r}: expected tcp:HOST:PORT, for example tcp:127.0.0.1:7070")
-        return lambda: TcpEngine(host.strip("[]"), int(port), timeout=timeout, full_state=full, max_line_bytes=max_line)
+        return lambda: TcpEngine(
+            host.strip("[]"),
+            int(port),
+            timeout=timeout,
+            full_state=full,
+            max_line_bytes=max_line,
+            load_target=load_target,
+        )
     raise EngineProtocolError(f"engine spec {spec!r}: expected exec:CMD ARGS or tcp:HOST:PORT")

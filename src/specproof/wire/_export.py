@@ -11,20 +11,26 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import numpy as np
 
-from specproof.engine import InvalidSettingError, ReferenceHybrid, load_target
+from specproof.engine import InvalidSettingError, ReferenceHybrid, Target
 
 __all__ = ["WEIGHTS_FORMAT", "export_weights"]
 
 WEIGHTS_FORMAT = "specproof-weights/1"
 
 
-def export_weights(path: str | os.PathLike[str], *, target: str = "trained") -> Path:
-    """Write the weights of target spec ``target`` (a ``ReferenceHybrid``) to ``path``; returns the path."""
+def export_weights(
+    path: str | os.PathLike[str], *, target: str = "trained", load_target: Callable[[str], Target]
+) -> Path:
+    """Write the weights of target spec ``target`` (a ``ReferenceHybrid``) to ``path``; returns the path.
+
+    ``load_target`` resolves the spec (``specproof.plugins.load_target``, which knows the fixtures).
+    """
     try:
         from safetensors.numpy import save_file
     except ImportError as exc:  # pragma: no cover - depends on the environment

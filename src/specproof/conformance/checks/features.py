@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specproof.contract import Violation
-from specproof.engine import Target, load_target
+from specproof.engine import Target
+from specproof.plugins import load_target
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant

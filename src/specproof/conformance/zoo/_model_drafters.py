@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import attrs
 
 from specproof.engine.drafters.model import ModelDrafter
-from specproof.engine.targets import load_target
+from specproof.plugins import load_target
 
 __all__ = [
     "DRAFT_MODEL",

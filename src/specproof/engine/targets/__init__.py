@@ -7,8 +7,11 @@
   overrides config fields (``layers=conv+attn+gdn``);
 - ``PREFIX:ARGS`` for a registered adapter family (``mlx:``, ``hf:``, ``coreml:``),
   loaded lazily so a missing optional dependency only matters when it is used;
-- a bare registered name (``trained``);
+- a bare registered name;
 - ``module:attribute`` — any plug-in (a factory or an instance).
+
+The fixtures (``trained``, ``trained-small``) live above the engine: ``specproof.plugins.load_target``
+knows them and every family here.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ TARGET_FAMILIES: dict[str, str] = {
     "coreml": "specproof.engine.targets.coreml:load_spec",
     "mlx": "specproof.engine.targets.mlx:load_spec",
     "hf": "specproof.engine.targets.hf:load_spec",
-    "trained": "specproof.fixtures._trained:load_trained_target",
-    "trained-small": "specproof.fixtures._trained_small:load_trained_small_target",
 }
 
 

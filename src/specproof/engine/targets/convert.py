@@ -142,7 +142,7 @@ def _check_ref(ref: object, framework: str) -> ReferenceHybrid:
 
 def reference_to_hf_lfm2(ref: ReferenceHybrid) -> Any:
     """A ``transformers.Lfm2ForCausalLM`` holding ``ref``'s weights (float32, eval mode, no special token ids)."""
-    from specproof.engine.targets.hf import require_hf
+    from specproof.engine.targets._requires import require_hf
 
     ref = _check_ref(ref, "hf")
     torch, transformers = require_hf()
@@ -181,7 +181,7 @@ def reference_to_hf_lfm2(ref: ReferenceHybrid) -> Any:
 
 def reference_to_mlx_lfm2(ref: ReferenceHybrid) -> Any:
     """mlx-lm's ``lfm2.Model`` holding ``ref``'s weights (float32)."""
-    from specproof.engine.targets.mlx import require_mlx
+    from specproof.engine.targets._requires import require_mlx
 
     ref = _check_ref(ref, "mlx")
     mx, _nn, lm = require_mlx()
@@ -208,7 +208,7 @@ def save_hf_lfm2(ref: ReferenceHybrid, path: str) -> None:
 
 def save_mlx_lfm2(ref: ReferenceHybrid, path: str) -> None:
     """Write ``ref`` as an mlx-lm LFM2 model directory (``config.json`` + ``model.safetensors``)."""
-    from specproof.engine.targets.mlx import require_mlx
+    from specproof.engine.targets._requires import require_mlx
 
     _mx, _nn, lm = require_mlx()
     model = reference_to_mlx_lfm2(ref)
@@ -328,7 +328,7 @@ def tiny_qwen3_5_weights(*, seed: int = 0, init_scale: float = 2.0) -> dict[str,
 def qwen3_5_weights_to_mlx(model: Any, weights: Mapping[str, npt.NDArray[np.float32]]) -> None:
     """Load HF-layout Qwen3.5 weights into an mlx-lm ``qwen3_5.Model`` through mlx-lm's own ``sanitize``
     (which moves the conv axis and turns the ``1 + weight`` norms into plain weights), strictly."""
-    from specproof.engine.targets.mlx import require_mlx
+    from specproof.engine.targets._requires import require_mlx
 
     mx, _nn, _lm = require_mlx()
     sanitized = model.sanitize({k: mx.array(v) for k, v in weights.items()})

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import InvalidSettingError, MissingDependencyError, StaleSnapshotError, TargetContractError
+from specproof.engine.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
 from specproof.engine.targets._framework import (
     ByteTokenizer,
     FrameworkSnapshot,
@@ -48,52 +48,12 @@ from specproof.engine.targets._framework import (
     parse_spec,
     seeded_normal_init,
 )
+from specproof.engine.targets._requires import require_hf
 
 __all__ = ["TINY_MODELS", "HFTarget", "load_spec", "require_hf", "tiny_model"]
 
 TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny", "llama-tiny", "lfm2-trained")
 _DEFAULT_MAX_CONTEXT: Final = 512
-
-
-_THREADS_SET = False
-
-
-def _set_threads(torch: Any) -> None:
-    """One torch thread unless ``SPECPROOF_TORCH_THREADS`` says otherwise (set once per process).
-
-    Tiny models gain nothing from intra-op threads, and on a machine where another job holds
-    a core torch's default (one thread per core) makes every forward wait for the busy core:
-    measured 2x slower certification on a busy 2-core machine. One thread keeps certify's time
-    independent of what else the machine runs.
-    """
-    global _THREADS_SET
-    if _THREADS_SET:
-        return
-    import os
-
-    wanted = os.environ.get("SPECPROOF_TORCH_THREADS", "1")
-    if wanted.isdigit() and int(wanted) > 0:
-        torch.set_num_threads(int(wanted))
-    _THREADS_SET = True
-
-
-def require_hf() -> tuple[Any, Any]:
-    """``(torch, transformers)``, or ``MissingDependencyError`` saying which extra to install."""
-    try:
-        import torch
-        import transformers
-        import transformers.cache_utils as cache_utils
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"the Hugging Face targets need torch and transformers ({exc}); install specproof[hf]"
-        ) from exc
-    _set_threads(torch)
-    if not hasattr(cache_utils, "LinearAttentionCacheLayerMixin"):
-        raise MissingDependencyError(
-            f"HFTarget needs the transformers 5 cache API (LinearAttentionLayer); transformers "
-            f"{transformers.__version__} is installed: pip install -U 'transformers>=5'"
-        )
-    return torch, transformers
 
 
 class HFTarget:
@@ -465,7 +425,9 @@ def _load_exact(model: Any, weights: dict[str, npt.NDArray[np.float32]], what: s
             params[name].copy_(torch.from_numpy(np.array(value, dtype=np.float32, copy=True)))
 
 
-def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONTEXT) -> Any:
+def tiny_model(
+    name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONTEXT, trained: Callable[[int], Any] | None = None
+) -> Any:
     """The transformers model of a built-in tiny config (seeded, float32, CPU, eval mode)."""
     torch, transformers = require_hf()
     if name == "lfm2-tiny":
@@ -474,9 +436,12 @@ def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONT
         return _no_special_tokens(reference_to_hf_lfm2(tiny_lfm2_reference(seed=seed, max_context=max_context)))
     if name == "lfm2-trained":  # the committed trained fixture (issue 7), converted
         from specproof.engine.targets.convert import reference_to_hf_lfm2
-        from specproof.fixtures import load_trained_target
 
-        return _no_special_tokens(reference_to_hf_lfm2(load_trained_target(f"max_context={max_context}")))
+        if trained is None:
+            raise InvalidSettingError(
+                "hf:lfm2-trained converts the trained fixture: load it through specproof.plugins.load_target"
+            )
+        return _no_special_tokens(reference_to_hf_lfm2(trained(max_context)))
     if name == "qwen3_5-tiny":
         from specproof.engine.targets.convert import tiny_qwen3_5_config, tiny_qwen3_5_weights
 
@@ -507,14 +472,14 @@ def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONT
     raise InvalidSettingError(f"unknown tiny HF model {name!r}; known: {', '.join(TINY_MODELS)}")
 
 
-def load_spec(args: str) -> HFTarget:
+def load_spec(args: str, *, trained: Callable[[int], Any] | None = None) -> HFTarget:
     """The ``hf:`` target family: ``hf:lfm2-tiny``, ``hf:qwen3_5-tiny``, ``hf:llama-tiny``
     (``,seed=N,max_context=N``), or ``hf:/local/path`` (offline)."""
     name, extra = parse_spec(args, family="hf", tiny=TINY_MODELS)
     if name is not None:
         assert isinstance(extra, dict)
         max_context = extra.get("max_context", _DEFAULT_MAX_CONTEXT)
-        model = tiny_model(name, seed=extra.get("seed", 0), max_context=max_context)
+        model = tiny_model(name, seed=extra.get("seed", 0), max_context=max_context, trained=trained)
         spec = f"hf:{name}" + "".join(f",{k}={v}" for k, v in sorted(extra.items()))
         return HFTarget(model, tokenizer=ByteTokenizer(256), max_context=max_context, name=spec)
     assert isinstance(extra, Path)

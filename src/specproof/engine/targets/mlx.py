@@ -26,14 +26,14 @@ layers and one attention layer), both with a byte tokenizer and optional ``,seed
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import InvalidSettingError, MissingDependencyError, StaleSnapshotError, TargetContractError
+from specproof.engine.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
 from specproof.engine.targets._framework import (
     ByteTokenizer,
     FrameworkSnapshot,
@@ -44,25 +44,12 @@ from specproof.engine.targets._framework import (
     next_target_id,
     parse_spec,
 )
+from specproof.engine.targets._requires import require_mlx
 
 __all__ = ["TINY_MODELS", "MLXTarget", "load_spec", "require_mlx", "tiny_model"]
 
 TINY_MODELS: Final[tuple[str, ...]] = ("lfm2-tiny", "qwen3_5-tiny", "lfm2-trained")
 _DEFAULT_MAX_CONTEXT: Final = 512
-
-
-def require_mlx() -> tuple[Any, Any, Any]:
-    """``(mlx.core, mlx.nn, mlx_lm)``, or ``MissingDependencyError`` saying which extra to install."""
-    try:
-        import mlx.core as mx
-        import mlx.nn as nn
-        import mlx_lm
-        import mlx_lm.models.cache
-        import mlx_lm.models.lfm2
-        import mlx_lm.utils
-    except ImportError as exc:
-        raise MissingDependencyError(f"the MLX targets need mlx and mlx-lm ({exc}); install specproof[mlx]") from exc
-    return mx, nn, mlx_lm
 
 
 def _text_args(model: Any) -> Any:
@@ -265,7 +252,9 @@ class MLXTarget:
 # --------------------------------------------------------------------------- tiny models
 
 
-def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONTEXT) -> Any:
+def tiny_model(
+    name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONTEXT, trained: Callable[[int], Any] | None = None
+) -> Any:
     """The mlx-lm model of a built-in tiny config (seeded, float32)."""
     require_mlx()
     if name == "lfm2-tiny":
@@ -274,9 +263,12 @@ def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONT
         return reference_to_mlx_lfm2(tiny_lfm2_reference(seed=seed, max_context=max_context))
     if name == "lfm2-trained":  # the committed trained fixture (issue 7), converted
         from specproof.engine.targets.convert import reference_to_mlx_lfm2
-        from specproof.fixtures import load_trained_target
 
-        return reference_to_mlx_lfm2(load_trained_target(f"max_context={max_context}"))
+        if trained is None:
+            raise InvalidSettingError(
+                "mlx:lfm2-trained converts the trained fixture: load it through specproof.plugins.load_target"
+            )
+        return reference_to_mlx_lfm2(trained(max_context))
     if name == "qwen3_5-tiny":
         import importlib
 
@@ -291,14 +283,14 @@ def tiny_model(name: str, *, seed: int = 0, max_context: int = _DEFAULT_MAX_CONT
     raise InvalidSettingError(f"unknown tiny MLX model {name!r}; known: {', '.join(TINY_MODELS)}")
 
 
-def load_spec(args: str) -> MLXTarget:
+def load_spec(args: str, *, trained: Callable[[int], Any] | None = None) -> MLXTarget:
     """The ``mlx:`` target family: ``mlx:lfm2-tiny``, ``mlx:qwen3_5-tiny`` (``,seed=N,max_context=N``),
     or ``mlx:/local/path`` (offline)."""
     name, extra = parse_spec(args, family="mlx", tiny=TINY_MODELS)
     if name is not None:
         assert isinstance(extra, dict)
         max_context = extra.get("max_context", _DEFAULT_MAX_CONTEXT)
-        model = tiny_model(name, seed=extra.get("seed", 0), max_context=max_context)
+        model = tiny_model(name, seed=extra.get("seed", 0), max_context=max_context, trained=trained)
         spec = f"mlx:{name}" + "".join(f",{k}={v}" for k, v in sorted(extra.items()))
         return MLXTarget(model, tokenizer=ByteTokenizer(256), max_context=max_context, name=spec)
     assert isinstance(extra, Path)

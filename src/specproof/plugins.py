@@ -1,0 +1,212 @@
+"""Resolving command-line specs: targets, drafters and engines (docs/contract.md, "Engines").
+
+This module sits above ``specproof.engine``, ``specproof.wire`` and ``specproof.fixtures``
+and is the one place that knows all three; none of them imports it (tests/test_layers.py).
+
+- ``load_target(spec)``: the engine's target families (``reference``, ``reference-moe``,
+  ``reference:FIELD=V,...``, ``hf:``, ``mlx:``, ``coreml:``, any ``register_target_family``
+  prefix), the fixtures (``trained``, ``trained-small``; ``hf:lfm2-trained``/``mlx:lfm2-trained``
+  convert ``trained``), or ``MODULE:ATTRIBUTE``;
+- ``drafter_factory(spec)`` / ``load_drafter(spec)``: ``ngram[:MIN_N,MAX_N[,recent|earliest]]``,
+  ``model:TARGET``, ``combined:TARGET``, ``eagle:trained[,replay]``, ``mtp:trained``,
+  ``suffix[:MIN_N,MAX_N]`` or ``MODULE:ATTRIBUTE`` (see ``DRAFTER_SPECS``);
+- ``plugin_factory(spec, kind=...)`` / ``resolve_plugin(spec, kind=...)``: ``MODULE:ATTRIBUTE``,
+  and for engines ``exec:CMD ARGS`` / ``tcp:HOST:PORT`` (``specproof-engine/1``).
+
+``ngram``, ``model``, ``combined``, ``eagle``, ``mtp`` and ``suffix`` are reserved drafter prefixes:
+a plug-in module of that name must be spelled as a longer dotted path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from specproof.engine import (
+    CombinedDrafter,
+    Drafter,
+    InvalidSettingError,
+    ModelDrafter,
+    NgramDrafter,
+    PluginError,
+    ReferenceHybrid,
+    SpecproofError,
+    Target,
+)
+from specproof.engine import _plugins as engine_plugins
+from specproof.engine import targets as engine_targets
+from specproof.engine.drafters import SuffixDrafter
+from specproof.fixtures import load_trained_small_target, load_trained_target
+from specproof.fixtures._feature_heads import load_head_drafter
+
+__all__ = [
+    "DRAFTER_SPECS",
+    "FIXTURE_TARGETS",
+    "drafter_factory",
+    "load_drafter",
+    "load_target",
+    "plugin_factory",
+    "resolve_plugin",
+    "target_families",
+]
+
+DRAFTER_SPECS = (
+    "ngram[:MIN_N,MAX_N]", "model:TARGET", "combined:TARGET", "eagle:trained", "mtp:trained", "suffix[:MIN_N,MAX_N]",
+    "MODULE:ATTRIBUTE",
+)  # fmt: skip
+
+#: target specs served by the packaged fixtures: prefix -> loader of the text after ``prefix:``
+FIXTURE_TARGETS: dict[str, Callable[[str], ReferenceHybrid]] = {
+    "trained": load_trained_target,
+    "trained-small": load_trained_small_target,
+}
+
+# External engines over specproof-engine/1.
+_WIRE_PREFIXES = ("exec:", "tcp:")
+
+
+def _trained_at(max_context: int) -> ReferenceHybrid:
+    return load_trained_target(f"max_context={max_context}")
+
+
+def target_families() -> tuple[str, ...]:
+    """Every target spec prefix ``load_target`` knows (engine families and fixtures), sorted."""
+    return tuple(sorted({*engine_targets.TARGET_FAMILIES, *FIXTURE_TARGETS}))
+
+
+def load_target(spec: str) -> Target:
+    """Build the target a spec names; ``PluginError`` naming the spec on a bad one."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PluginError(f"--target {spec!r}: expected a target spec such as 'reference' or 'mypkg.targets:make'")
+    prefix, sep, rest = spec.partition(":")
+    if prefix in FIXTURE_TARGETS:
+        try:
+            return FIXTURE_TARGETS[prefix](rest if sep else "")
+        except InvalidSettingError as exc:
+            raise PluginError(f"--target {spec!r}: {exc}") from exc
+    if prefix in ("hf", "mlx") and engine_targets.TARGET_FAMILIES.get(prefix, "").startswith("specproof.engine."):
+        # the built-in framework families: ``lfm2-trained`` converts the trained fixture
+        if prefix == "hf":
+            from specproof.engine.targets import hf as family
+        else:
+            from specproof.engine.targets import mlx as family  # type: ignore[no-redef]
+        try:
+            return family.load_spec(rest if sep else "", trained=_trained_at)
+        except InvalidSettingError as exc:
+            raise PluginError(f"--target {spec!r}: {exc}") from exc
+    if not sep and prefix not in engine_targets.TARGET_FAMILIES:
+        known = ", ".join(target_families())
+        raise PluginError(f"--target {spec!r}: unknown target; known: {known}, or MODULE:ATTRIBUTE")
+    return engine_targets.load_target(spec)
+
+
+def _wire_engine_factory(spec: str, flag: str) -> Callable[[], object]:
+    """A factory for an external engine; its handshake's ``model`` resolves through ``load_target``."""
+    from specproof.wire import engine_from_spec
+
+    try:
+        make = engine_from_spec(spec, load_target=load_target)
+    except SpecproofError as exc:
+        raise PluginError(f"{flag} {spec!r}: {exc}") from exc
+
+    def start() -> object:
+        try:
+            return make()
+        except SpecproofError as exc:
+            raise PluginError(f"{flag} {spec!r}: starting the engine failed: {exc}") from exc
+
+    return start
+
+
+def plugin_factory(spec: str, *, kind: str) -> Callable[[], object]:
+    """A zero-argument callable that gives the ``kind`` ("drafter", "target", "engine") ``spec`` names.
+
+    ``MODULE:ATTRIBUTE`` (a factory, called per instance, or an instance); for engines also
+    ``exec:CMD ARGS`` and ``tcp:HOST:PORT``.
+    """
+    if kind == "engine" and isinstance(spec, str) and spec.startswith(_WIRE_PREFIXES):
+        return _wire_engine_factory(spec, f"--{kind}")
+    return engine_plugins.plugin_factory(spec, kind=kind)
+
+
+def resolve_plugin(spec: str, *, kind: str) -> object:
+    """The instance ``plugin_factory(spec, kind=kind)`` makes."""
+    return plugin_factory(spec, kind=kind)()
+
+
+def _ngram_factory(spec: str, args: str) -> Callable[[], Drafter]:
+    """``ngram:MIN_N,MAX_N[,recent|earliest]`` (the syntax ``specproof generate`` has always taken)."""
+    parts = [p.strip() for p in args.split(",") if p.strip()]
+    prefer = "earliest" if "earliest" in parts else "recent"
+    try:
+        nums = [int(p) for p in parts if p not in ("recent", "earliest")]
+    except ValueError:
+        raise PluginError(f"--drafter {spec!r}: expected ngram or ngram:MIN_N,MAX_N[,recent|earliest]") from None
+    if len(nums) > 2:
+        raise PluginError(f"--drafter {spec!r}: expected ngram or ngram:MIN_N,MAX_N[,recent|earliest]")
+    min_n, max_n = (nums + [1, 3][len(nums) :])[:2]
+    try:
+        NgramDrafter(min_n=min_n, max_n=max_n, prefer=prefer)  # type: ignore[arg-type]
+    except SpecproofError as exc:
+        raise PluginError(f"--drafter {spec!r}: {exc}") from exc
+    return lambda: NgramDrafter(min_n=min_n, max_n=max_n, prefer=prefer)  # type: ignore[arg-type]
+
+
+def _model(spec: str, target_spec: str) -> ModelDrafter:
+    if not target_spec.strip():
+        raise PluginError(
+            f"--drafter {spec!r}: expected a draft model target spec after the colon, e.g. model:trained-small"
+        )
+    try:
+        model = load_target(target_spec)
+    except SpecproofError as exc:
+        raise PluginError(f"--drafter {spec!r}: cannot load the draft model {target_spec!r}: {exc}") from exc
+    return ModelDrafter(model, name=f"specproof.ModelDrafter({target_spec})")
+
+
+def drafter_factory(spec: str) -> Callable[[], Drafter]:
+    """A zero-argument callable that makes a fresh drafter for ``spec`` (each call a new instance).
+
+    The spec is checked (and a draft model loaded once) before this returns, so a bad spec
+    raises ``PluginError`` naming it here, not later.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise PluginError(f"--drafter {spec!r}: expected a drafter spec: {', '.join(DRAFTER_SPECS)}")
+    prefix, sep, rest = spec.partition(":")
+    if prefix == "ngram":
+        return _ngram_factory(spec, rest)
+    if prefix in ("model", "combined"):
+        first = [_model(spec, rest)]  # load now, so a bad spec fails here; the first call gets this one
+
+        def make() -> Drafter:
+            model = first.pop() if first else _model(spec, rest)
+            return model if prefix == "model" else CombinedDrafter(model)
+
+        return make
+    if prefix == "suffix":
+        kwargs: dict[str, Any]
+        try:
+            nums = [int(p) for p in rest.split(",") if p.strip()]
+            if len(nums) not in (0, 2):
+                raise ValueError
+            kwargs = dict(zip(("min_n", "max_n"), nums, strict=False))
+            SuffixDrafter(**kwargs)
+        except ValueError:
+            raise PluginError(f"--drafter {spec!r}: expected suffix or suffix:MIN_N,MAX_N") from None
+        except SpecproofError as exc:
+            raise PluginError(f"--drafter {spec!r}: {exc}") from exc
+        return lambda: SuffixDrafter(**kwargs)
+    if prefix in ("eagle", "mtp"):
+        try:
+            load_head_drafter(prefix, rest)  # load now, so a bad spec fails here
+        except SpecproofError as exc:
+            raise PluginError(f"--drafter {spec!r}: {exc}") from exc
+        return lambda: load_head_drafter(prefix, rest)
+    if sep:
+        return plugin_factory(spec, kind="drafter")  # type: ignore[return-value]
+    raise PluginError(f"--drafter {spec!r}: unknown drafter; expected {', '.join(DRAFTER_SPECS)}")
+
+
+def load_drafter(spec: str) -> Drafter:
+    """The drafter a spec names (see the module docstring); ``PluginError`` naming the spec on a bad one."""
+    return drafter_factory(spec)()
