@@ -296,13 +296,13 @@ def test_tcp_listen(native: tuple[Path, Path]) -> None:
         line = proc.stdout.readline()
         assert line.startswith("listening 127.0.0.1:"), line
         port = int(line.rsplit(":", 1)[1])
-        with TcpEngine("127.0.0.1", port, timeout=30.0) as engine:
+        with TcpEngine("127.0.0.1", port, timeout=30.0, load_target=load_target) as engine:
             prompt = PROMPTS[1]
             gen = engine.generate(prompt, 20)
             assert list(gen.tokens) == greedy(prompt, 20)
             assert engine.target.processed == len(prompt) + 19
         assert proc.poll() is None  # close() only disconnected: the engine listens for the next session
-        engine = TcpEngine("127.0.0.1", port, timeout=30.0)
+        engine = TcpEngine("127.0.0.1", port, timeout=30.0, load_target=load_target)
         assert engine.greedy(PROMPTS[0], 5) == greedy(PROMPTS[0], 5)
         engine.shutdown()
         assert proc.wait(timeout=10) == 0
