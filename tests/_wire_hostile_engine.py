@@ -139,6 +139,9 @@ def speculate(req: dict[str, object], send: object, rd: IO[str]) -> None:
                 send({"type": "error", "id": rid, "message": "abandoned"})  # type: ignore[operator]
                 return
             draft = answer["tokens"][:k_eff] if MODE != "swap-drafts" else [ctx[-1]] * k_eff
+            # the hostile-drafter rule (docs/contract.md): cut a draft before an id outside the vocabulary
+            bad = [i for i, t in enumerate(draft) if not 0 <= t < HELLO["vocab_size"]]  # type: ignore[operator]
+            draft = draft[: bad[0]] if bad else draft
         argmax = [ctx[-1], *draft]
         j = 0
         while j < len(draft) and draft[j] == argmax[j]:

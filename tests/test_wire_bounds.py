@@ -301,8 +301,10 @@ def test_max_context_option_is_validated_before_anything_starts(value: object, w
         Plan.create("engine", engine="exec:/nonexistent/engine", max_context=value)  # type: ignore[arg-type]
 
 
-def test_an_honest_engine_without_suite_drafts_passes_on_its_own_drafts(tmp_path: Path) -> None:
+def test_an_honest_engine_without_suite_drafts_is_judged_on_its_own_drafts(tmp_path: Path) -> None:
+    """No check fails it; it never drafts, so the rollback paths it never took make it INCONCLUSIVE (exit 3)."""
     spec = "exec:" + shlex.join([sys.executable, str(HOSTILE), "ok"])
     rc, out, _, _ = _certify(["engine", "--engine", spec, "--profile", "quick"])
-    assert rc == 0, out[-3000:]
+    assert rc == 3, out[-3000:]
+    assert "INCONCLUSIVE" in out and "never took these rollback paths" in out
     assert "does not take drafts from the suite" not in out
