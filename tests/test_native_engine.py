@@ -572,9 +572,12 @@ def test_the_build_goes_to_a_folder_named_by_the_sources(monkeypatch: pytest.Mon
     monkeypatch.delenv("SPECPROOF_NATIVE_BUILD_DIR", raising=False)
     first = native_build_dir()
     assert native_dir() not in first.parents  # out of the source tree
+    assert native_build_dir() == first  # same sources in the same folder, same build folder
     src = tmp_path / "native"
     shutil.copytree(native_dir(), src, ignore=shutil.ignore_patterns("build"))
     monkeypatch.setenv("SPECPROOF_NATIVE_DIR", str(src))
-    assert native_build_dir() == first  # same sources, same folder
+    copy = native_build_dir()
+    assert copy != first  # another checkout never shares a CMake cache (CMake refuses one from another folder)
+    assert native_build_dir() == copy
     (src / "src" / "main.cpp").write_text((src / "src" / "main.cpp").read_text() + "\n// changed\n")
-    assert native_build_dir() != first  # a changed source is a new build, never a stale binary
+    assert native_build_dir() not in (first, copy)  # a changed source is a new build, never a stale binary
