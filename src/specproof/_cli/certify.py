@@ -24,33 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         ),
         epilog=EPILOG,
     )
-    p.add_argument("subject", nargs="?", default=None, choices=("drafter", "target", "engine", "all"))
-    p.add_argument("--drafter", default=None, metavar="SPEC", help="drafter to certify (default: ngram)")
-    p.add_argument("--target", default=None, metavar="SPEC", help="target (default: reference)")
-    p.add_argument(
-        "--engine", default=None, metavar="SPEC", help="engine to certify: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT"
-    )
+    add_subject_options(p, verb="certify")
     p.add_argument("--profile", default="quick", help="quick | ci | release (default quick)")
     p.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: derandomized)")
-    p.add_argument(
-        "--tie-tolerance",
-        type=float,
-        default=None,
-        help="top-2 logit margin under which a divergence from greedy is excused (default: the subject's own, else 0)",
-    )
-    p.add_argument(
-        "--atol",
-        type=float,
-        default=None,
-        help="absolute tolerance on logits and recurrent state (default: the subject's own, else 0 = exact)",
-    )
-    p.add_argument(
-        "--only",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="run only these invariant ids or globs (comma-separated or repeated; `specproof invariants` lists them)",
-    )
     p.add_argument(
         "--max-context",
         type=int,
@@ -106,6 +82,35 @@ def _hypothesis_dir(arg: str | None) -> Path:
             raise UsageError(f"--hypothesis-dir {chosen!r}: the directory {str(path.parent)!r} does not exist")
         return path
     return hypothesis_home()
+
+
+def add_subject_options(p: argparse.ArgumentParser, *, verb: str) -> None:
+    """What to check and how strictly: the options `certify` and `fuzz` share (one definition for both)."""
+    p.add_argument("subject", nargs="?", default=None, choices=("drafter", "target", "engine", "all"))
+    p.add_argument("--drafter", default=None, metavar="SPEC", help=f"drafter to {verb} (default: ngram)")
+    p.add_argument("--target", default=None, metavar="SPEC", help="target (default: reference)")
+    p.add_argument(
+        "--engine", default=None, metavar="SPEC", help=f"engine to {verb}: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT"
+    )
+    p.add_argument(
+        "--tie-tolerance",
+        type=float,
+        default=None,
+        help="top-2 logit margin under which a divergence from greedy is excused (default: the subject's own, else 0)",
+    )
+    p.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        help="absolute tolerance on logits and recurrent state (default: the subject's own, else 0 = exact)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="run only these invariant ids or globs (comma-separated or repeated; `specproof invariants` lists them)",
+    )
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:

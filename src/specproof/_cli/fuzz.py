@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from specproof._cli.certify import _hypothesis_dir as hypothesis_dir
-from specproof._cli.certify import add_db_option, open_db, print_database
+from specproof._cli.certify import add_db_option, add_subject_options, open_db, print_database
 
 EPILOG = """Every worker runs the checks `certify` would run with a new random seed per round (a seeded
 certify run: every failure has a reproduce line that works without the database) and saves what it
@@ -32,22 +32,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         ),
         epilog=EPILOG,
     )
-    p.add_argument("subject", nargs="?", default=None, choices=("drafter", "target", "engine", "all"))
-    p.add_argument("--drafter", default=None, metavar="SPEC", help="drafter to fuzz (default: ngram)")
-    p.add_argument("--target", default=None, metavar="SPEC", help="target (default: reference)")
-    p.add_argument(
-        "--engine", default=None, metavar="SPEC", help="engine to fuzz: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT"
-    )
+    add_subject_options(p, verb="fuzz")
     p.add_argument(
         "--profile",
         default="quick",
         help="quick | ci | release: how much each round searches and how large its examples are; failures are "
         "saved under this profile, so the gate that replays them uses the same one (default quick)",
-    )
-    p.add_argument("--tie-tolerance", type=float, default=None, help="as for certify: the top-2 margin that excuses")
-    p.add_argument("--atol", type=float, default=None, help="as for certify: absolute tolerance on logits and state")
-    p.add_argument(
-        "--only", action="append", default=[], metavar="ID", help="invariant ids or globs (comma-separated or repeated)"
     )
     p.add_argument(
         "--for",
