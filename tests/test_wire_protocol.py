@@ -177,6 +177,28 @@ def test_fake_engine_ok_handshake_and_requests() -> None:
     assert engine.returncode == 0  # shut down cleanly by close()
 
 
+def test_a_fault_report_waits_for_stderr_the_engine_already_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loaded CI runner once reported "(the engine wrote nothing to stderr)" for an engine that had:
+    # the fault was seen on stdout before the stderr reader thread ran. A slow reader recreates that.
+    from specproof.wire import _client
+
+    drain = _client._ProcessTransport._drain_stderr
+
+    def slow_drain(self: _client._ProcessTransport) -> None:
+        time.sleep(0.3)
+        drain(self)
+
+    monkeypatch.setattr(_client._ProcessTransport, "_drain_stderr", slow_drain)
+    engine = fake("schema-violation", timeout=1.5)
+    try:
+        with pytest.raises(EngineProtocolError) as info:
+            engine.generate([3, 4], 2)
+    finally:
+        engine.close()
+    assert "schema violation" in str(info.value)
+    assert "fake engine starting in mode schema-violation" in info.value.stderr_tail
+
+
 @pytest.mark.parametrize(
     ("mode", "what"),
     [

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import queue
+import select
 import shlex
 import signal
 import socket
@@ -162,6 +163,9 @@ class _Transport:
     def stderr_tail(self) -> str:
         return ""
 
+    def settle_stderr(self) -> None:
+        """Let the stderr reader take what the engine has already written (nothing to do over TCP)."""
+
     def close(self, timeout: float) -> None:
         raise NotImplementedError
 
@@ -212,6 +216,25 @@ class _ProcessTransport(_Transport):
     @property
     def stderr_tail(self) -> str:
         return "\n".join(self._stderr)[-4000:]
+
+    def settle_stderr(self, timeout: float = 0.5) -> None:
+        """Wait (at most ``timeout``) until the stderr reader has taken what is already in the pipe.
+
+        A fault is often noticed on stdout before the reader thread has run (seen on a loaded CI
+        runner: the engine's first stderr line missing from the report), and the tail is the clue
+        the report exists to give. Nothing is read here: the pipe belongs to the reader thread.
+        """
+        stream = self.proc.stderr
+        if stream is None or not self._stderr_thread.is_alive():
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            fd = stream.fileno()
+            while time.monotonic() < deadline and select.select([fd], [], [], 0)[0]:
+                time.sleep(0.005)
+        except (OSError, ValueError):
+            return
+        time.sleep(0.02)  # the reader has the bytes; let it append them
 
     def send(self, line: str) -> None:
         assert self.proc.stdin is not None
@@ -562,6 +585,7 @@ class WireEngine:
         if self._broken is None:
             self._broken = f"{request}: {what}. Last message received: {_clip(self._last, 200)}"
             self.faults.append(self._broken)
+        self._transport.settle_stderr()
         tail = self.stderr_tail
         text = f"engine {self.label}, {request}: {what}. Last message received: {_clip(self._last)}" + (
             f"\nengine stderr (tail):\n{tail}" if tail else "\n(the engine wrote nothing to stderr)"
