@@ -93,3 +93,40 @@ def test_stale_and_foreign_snapshots_are_refused(target: MLXTarget) -> None:
     assert target.processed == 4
     with pytest.raises(TargetContractError):
         target.restore(object())
+
+
+def test_features_are_the_reference_features_and_feed_the_heads() -> None:
+    # the converted trained fixture: layer i of mlx-lm's LFM2 is block i of the reference
+    from specproof.engine import InvalidSettingError, SpecDecoder
+    from specproof.plugins import load_drafter
+
+    reference = load_target("trained:max_context=512")
+    mlx_target = load_target("mlx:lfm2-trained,max_context=512")
+    assert mlx_target.feature_layers == reference.feature_layers and mlx_target.d_model == reference.d_model
+    toks = list(b"def read(self, path):\n    with open(path) as f:\n")
+    _, want, _ = reference.forward_with_features(toks, (0, 1, 3))
+    for start, stop in ((0, 10), (10, len(toks))):
+        chunk = toks[start:stop]
+        logits, got, cks = mlx_target.forward_with_features(chunk, (0, 1, 3))
+        assert cks is None and logits.shape == (len(chunk), mlx_target.vocab_size)
+        for layer in (0, 1, 3):
+            assert np.abs(got[layer] - want[layer][start : start + len(chunk)]).max() < 1e-4
+    assert mlx_target.processed == len(toks)
+    # the layers are put back: a plain forward afterwards is not captured, and still agrees
+    layers = mlx_target._decoder_layers()
+    assert all(type(layer).__name__ != "_CapturingLayer" for layer in layers)
+    with pytest.raises(InvalidSettingError, match="layers"):
+        mlx_target.forward_with_features([1], (9,))
+    with pytest.raises(InvalidSettingError, match="checkpoints=True"):
+        mlx_target.forward_with_features([1], (0,), checkpoints=True)
+    assert mlx_target.processed == len(toks)  # refused before anything changed
+    qwen = load_target("mlx:qwen3_5-tiny")  # layers under language_model
+    _, feats, _ = qwen.forward_with_features([1, 2, 3], (0, qwen.feature_layers[-1]))
+    last = qwen.feature_layers[-1]
+    assert {layer: f.shape for layer, f in feats.items()} == {0: (3, qwen.d_model), last: (3, qwen.d_model)}
+    expected = list(greedy_decode(load_target("trained:max_context=512"), toks, 24).tokens)
+    gen = SpecDecoder(
+        load_target("mlx:lfm2-trained,max_context=512"), load_drafter("eagle:trained"), k=4, rollback="replay"
+    ).generate(toks, 24)
+    assert list(gen.tokens) == expected
+    assert gen.stats is not None and gen.stats.accepted > 0

@@ -218,6 +218,77 @@ class MLXTarget:
                         )
         return out
 
+    # ----------------------------------------------------------------- features (docs/contract.md, "Targets")
+
+    def _decoder_layers(self) -> list[Any]:
+        """The model's list of decoder layers (``model.model.layers``, or under ``language_model`` for
+        Qwen3.5-style wrappers): the list the model iterates in ``__call__``, mutated in place by
+        ``forward_with_features``."""
+        for owner in (self.model, getattr(self.model, "language_model", None)):
+            layers = getattr(getattr(owner, "model", None), "layers", None)
+            if isinstance(layers, list) and layers:
+                return layers
+        raise InvalidSettingError(
+            f"{self.name}: the model exposes no decoder layers (model.model.layers or "
+            "model.language_model.model.layers), so it cannot return features"
+        )
+
+    @property
+    def d_model(self) -> int:
+        return int(_arg(_text_args(self.model), "hidden_size"))
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Layer ``i``: the residual stream after decoder layer ``i``."""
+        return tuple(range(len(self._decoder_layers())))
+
+    def forward_with_features(
+        self, tokens: Sequence[int], layers: Sequence[int], *, checkpoints: bool = False
+    ) -> tuple[npt.NDArray[np.float32], dict[int, npt.NDArray[np.float32]], list[object] | None]:
+        """``forward`` plus each requested decoder layer's output ``[len(tokens), d_model]`` (float32), read in
+        the same pass.
+
+        MLX has no forward hooks, so each requested layer is swapped, for this call only, for a wrapper that
+        calls it and keeps its output (attribute reads such as ``is_attention_layer`` go through to the
+        layer). ``checkpoints=True`` is refused: this target has no ``forward_with_checkpoints`` (module
+        docstring), so feature drafters run on it with ``rollback="replay"``.
+        """
+        from specproof.engine.targets.reference import _check_feature_layers
+
+        blocks = self._decoder_layers()
+        wanted = _check_feature_layers(layers, len(blocks), who=f"{self.name}.forward_with_features")
+        if checkpoints:
+            raise InvalidSettingError(
+                f"{self.name}: checkpoints=True, but an MLX target has no forward_with_checkpoints "
+                "(use rollback='replay')"
+            )
+        captured: dict[int, Any] = {}
+        originals = {layer: blocks[layer] for layer in dict.fromkeys(wanted)}
+        for layer, block in originals.items():
+            blocks[layer] = _CapturingLayer(block, layer, captured)
+        try:
+            logits = self.forward(tokens)
+        finally:
+            for layer, block in originals.items():
+                blocks[layer] = block
+        n = len(logits)
+        mx = self._mx
+        feats: dict[int, npt.NDArray[np.float32]] = {}
+        for layer in wanted:
+            hidden = captured.get(layer)
+            arr = (
+                np.zeros((0, self.d_model), np.float32)
+                if hidden is None
+                else np.array(hidden[0].astype(mx.float32), dtype=np.float32, copy=True)
+            )
+            if arr.shape != (n, self.d_model):
+                raise TargetContractError(
+                    f"{self.name}: decoder layer {layer} produced features of shape {arr.shape}, expected "
+                    f"({n}, {self.d_model})"
+                )
+            feats[layer] = arr
+        return logits, feats, None
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         """An independent target in the same state over the *same* model object (its weights are never written;
         all per-sequence state lives in the cache), with its own snapshot identity."""
@@ -304,3 +375,21 @@ def load_spec(args: str, *, trained: Callable[[int], Any] | None = None) -> MLXT
     except Exception:  # a model directory without tokenizer files: ids only, no encode/decode
         tokenizer = None
     return MLXTarget(model, tokenizer=tokenizer, name=f"mlx:{extra}")
+
+
+class _CapturingLayer:
+    """A stand-in for one decoder layer during ``MLXTarget.forward_with_features``: calls the layer and keeps
+    its output; every other attribute is the layer's."""
+
+    def __init__(self, layer: Any, index: int, captured: dict[int, Any]) -> None:
+        self._layer = layer
+        self._index = index
+        self._captured = captured
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._layer(*args, **kwargs)
+        self._captured[self._index] = out[0] if isinstance(out, tuple) else out
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._layer, name)
