@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _processes import running_processes
 from specproof.wire import EngineProtocolError, ExecEngine, TcpEngine
 from specproof.wire._client import WireTargetView
 from specproof.wire._limits import MAX_DEPTH, parse_line
@@ -28,21 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def hostile(mode: str, *, timeout: float = 5.0, **kw: object) -> ExecEngine:
     return ExecEngine([sys.executable, str(HOSTILE), mode], timeout=timeout, **kw)  # type: ignore[arg-type]
-
-
-def _running(tag: str) -> list[str]:
-    """Processes whose command line holds ``tag`` (the hostile engines a test started)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if tag in cmd and "pytest" not in cmd:
-            found.append(f"{pid}: {cmd}")
-    return found
 
 
 def _certify(args: list[str], *, timeout: float = 120.0) -> tuple[int, str, float, int]:
@@ -122,7 +108,7 @@ def test_certify_against_a_flooding_engine_stays_under_1_gb_and_leaves_no_proces
     assert "longer than the limit of 4194304 bytes" in out  # the first failure, also after a failed restart
     assert rss < 1 << 30, f"peak RSS {rss / 2**20:.0f} MB"
     assert seconds < 60
-    assert _running(tag) == []
+    assert running_processes(tag) == []
 
 
 # --------------------------------------------------------------------------- depth

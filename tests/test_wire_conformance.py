@@ -18,7 +18,6 @@ and no engine process is left running afterwards.
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from _processes import running_processes
 from specproof.conformance import certify
 
 ENGINE = Path(__file__).with_name("_wire_py_engine.py")
@@ -36,25 +36,9 @@ def _spec(mode: str) -> str:
     return "exec:" + shlex.join([sys.executable, str(ENGINE), mode])
 
 
-def _engine_processes() -> list[str]:
-    """Live (not zombie) processes running this file's engine, read from /proc (no psutil needed)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if str(ENGINE) in cmd and "pytest" not in cmd and state != "Z":
-            found.append(f"{pid}: {cmd}")
-    return found
-
-
 def _run(mode: str, only: tuple[str, ...] = ONLY) -> dict[str, Any]:
     report = certify("engine", engine=_spec(mode), profile="quick", only=only)
-    assert _engine_processes() == [], "an engine process was left running"
+    assert running_processes(str(ENGINE)) == [], "an engine process was left running"
     return report
 
 
