@@ -68,3 +68,20 @@ def test_invariants_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert [d["id"] for d in data] == [inv.id for inv in REGISTRY]
     assert main(["invariants"]) == 0
     assert "engine.session" in capsys.readouterr().out
+
+
+def test_a_record_check_counts_what_it_reached_and_never_hides_a_violation() -> None:
+    """The one rule for a record check's outcome (``_counted``), which every record check uses."""
+    from specproof.conformance import _registry
+
+    def never() -> str:
+        raise AssertionError("held() is called only when the check held")
+
+    inv = REGISTRY[0]
+    found = [inv.violation("x")]
+    assert _registry._counted([], 0, never) == _registry.Outcome([], exercised=0, note="nothing reached it")
+    assert _registry._counted([], 0, never, unreached="no features").note == "no features"
+    assert _registry._counted([], 3, lambda: "3 held") == _registry.Outcome([], exercised=3, note="3 held")
+    # a violation found where the count says nothing was reached still counts as exercised
+    assert _registry._counted(found, 0, never) == _registry.Outcome(found, exercised=1, note="nothing reached it")
+    assert _registry._counted(found, 5, never) == _registry.Outcome(found, exercised=5, note="")

@@ -321,12 +321,22 @@ def _on_record(
     and, when it held, what held (one line, for ``check_trace``'s table)."""
 
     def check(inv: Invariant, record: RunRecord) -> Outcome:
-        vs = fn(inv, record)
-        n = exercised(record)
-        note = "nothing reached it" if not n else "" if vs else held(record)
-        return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
+        return _counted(fn(inv, record), exercised(record), lambda: held(record))
 
     return check
+
+
+def _counted(
+    vs: list[Violation], n: int, held: Callable[[], str], *, unreached: str = "nothing reached it"
+) -> Outcome:
+    """The outcome of a check that reached ``n`` things (rounds, comparisons) and found ``vs``.
+
+    A violation is never reported as nothing exercised (``max(n, 1)``); the note says why
+    nothing was exercised (``unreached``) or, when the check held, what held (``held()``,
+    called only then: some read fields that exist only on a run that reached the check).
+    """
+    note = unreached if not n else "" if vs else held()
+    return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
 
 
 def _stop_held(r: RunRecord) -> str:
@@ -350,19 +360,20 @@ def _lossless(inv: Invariant, record: RunRecord) -> Outcome:
 def _state_restored(inv: Invariant, record: RunRecord) -> Outcome:
     if record.state is None:
         return Outcome([], exercised=0, note="no state comparison could be made")
-    vs = [inv.violation(**found) for found in record.state]
     n = record.state_checks
-    note = "nothing reached it" if not n else "" if vs else f"{n} state comparisons"
-    return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
+    return _counted([inv.violation(**found) for found in record.state], n, lambda: f"{n} state comparisons")
 
 
 def _features(inv: Invariant, record: RunRecord) -> Outcome:
     if record.features is None:
         return Outcome([], exercised=0, note="no feature drafter was installed")
-    vs = [inv.violation(**found) for found in record.features]
     n = record.feature_checks
-    note = "the engine never handed its feature drafter features" if not n else "" if vs else f"{n} proposals"
-    return Outcome(vs, exercised=n if not vs else max(n, 1), note=note)
+    return _counted(
+        [inv.violation(**found) for found in record.features],
+        n,
+        lambda: f"{n} proposals",
+        unreached="the engine never handed its feature drafter features",
+    )
 
 
 def _drafts_used(inv: Invariant, record: RunRecord) -> Outcome:
@@ -377,8 +388,7 @@ def _drafts_used(inv: Invariant, record: RunRecord) -> Outcome:
         max_context=record.max_context,
         vocab_size=record.vocab_size,
     )
-    note = "nothing reached it" if not compared else "" if vs else f"{compared} rounds used the draft sent"
-    return Outcome(vs, exercised=compared if not vs else max(compared, 1), note=note)
+    return _counted(vs, compared, lambda: f"{compared} rounds used the draft sent")
 
 
 def _accept_bounds(inv: Invariant, r: RunRecord) -> list[Violation]:
