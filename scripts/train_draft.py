@@ -18,17 +18,16 @@ seed, steps, time, held-out bits per byte, top-1 agreement with the teacher).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _train_common as common
 import train_fixture as tf
 
 torch = tf.torch
@@ -51,14 +50,6 @@ DRAFT_CONFIG: dict[str, Any] = {
 MAX_NPZ_BYTES = 1024 * 1024
 
 
-def load_teacher() -> Any:
-    meta = json.loads((tf.DATA_DIR / "trained.json").read_text())
-    model = tf.torch_from_npz(meta["config"], tf.DATA_DIR / "trained.npz")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, meta
-
-
 @torch.no_grad()
 def agreement(student: Any, teacher: Any, windows: Any, batch: int = 16) -> float:
     """Fraction of held-out positions where the student's argmax equals the teacher's."""
@@ -74,27 +65,24 @@ def agreement(student: Any, teacher: Any, windows: Any, batch: int = 16) -> floa
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seed", type=int, default=4321)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--steps", type=int, default=100000)
-    p.add_argument("--budget-minutes", type=float, default=8.5, help="hard wall-clock limit on the training loop")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--lr", type=float, default=4e-3)
-    p.add_argument("--warmup", type=int, default=40)
-    p.add_argument("--alpha", type=float, default=0.8, help="weight of the teacher's distribution in the target")
-    p.add_argument("--grounded-fraction", type=float, default=0.7)
-    p.add_argument("--copy-fraction", type=float, default=0.3)
+    common.add_options(
+        p,
+        seed=4321,
+        threads=2,
+        budget_minutes=8.5,
+        budget_help="hard wall-clock limit on the training loop",
+        seq_len=512,
+        lr=4e-3,
+        warmup=40,
+    )
     p.add_argument("--eval-bytes", type=int, default=1024 * 192)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--out", default=str(tf.DATA_DIR))
     args = p.parse_args(argv)
 
     t_start = time.monotonic()
     tf.seed_everything(args.seed, args.threads)
-    teacher, teacher_meta = load_teacher()
-    corpus = tf.load_corpus(Path(sysconfig.get_paths()["stdlib"]))
-    sampler = tf.Sampler(corpus, args.seq_len, args.seed, args.grounded_fraction, args.copy_fraction, 1.0)
+    teacher, teacher_meta = common.load_teacher()
+    corpus = common.load_corpus()
+    sampler = common.sampler(corpus, args)
     held = tf.heldout_windows(corpus, 1024, args.eval_bytes)
     quick_held = held[:: max(1, held.shape[0] // 8)][:8]
     cfg = dict(DRAFT_CONFIG)
@@ -102,30 +90,14 @@ def main(argv: list[str] | None = None) -> None:
     model.init_weights()
     n_params = sum(x.numel() for x in model.parameters())
     teacher_params = sum(x.numel() for x in teacher.parameters())
-    decay = [x for x in model.parameters() if x.ndim >= 2]
-    no_decay = [x for x in model.parameters() if x.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
-    budget_s = args.budget_minutes * 60.0
+    opt = common.adamw(model, lr=args.lr, weight_decay=0.1)
     print(
         f"student {n_params:,} params (teacher {teacher_params:,}); setup {time.monotonic() - t_start:.1f}s; "
         f"load {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    t0 = time.monotonic()
-    stopped_by = "steps"
-    step = 0
-    for step in range(args.steps):
-        elapsed = time.monotonic() - t0
-        if elapsed >= budget_s:
-            stopped_by = "budget"
-            break
-        progress = max(step / args.steps, elapsed / budget_s)
-        for group in opt.param_groups:
-            group["lr"] = tf.lr_at(progress, step, args.lr, args.warmup)
+    loop = common.BudgetedSteps(opt, args)
+    for step in loop:
         batch, _ = sampler.batch(args.batch_size)
         inputs, labels = batch[:, :-1], batch[:, 1:]
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -141,13 +113,12 @@ def main(argv: list[str] | None = None) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % args.log_every == 0:
-            line = f"step {step} loss {float(loss.detach()):.3f} elapsed {time.monotonic() - t0:.0f}s"
+            line = f"step {step} loss {float(loss.detach()):.3f} elapsed {time.monotonic() - loop.t0:.0f}s"
             if step % (args.log_every * 10) == 0:
                 line += f" held-out(quick) {tf.bits_per_byte(model, quick_held):.3f} bpb"
             print(line, flush=True)
-    else:
-        step = args.steps
-    train_s = time.monotonic() - t0
+    step, stopped_by = loop.steps, loop.stopped_by
+    train_s = time.monotonic() - loop.t0
     load_after = os.getloadavg()
     print(f"trained {step} steps in {train_s:.0f}s ({stopped_by}); evaluating", flush=True)
     heldout_bpb = tf.bits_per_byte(model, held)
@@ -157,10 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     npz = out / "trained-small.npz"
-    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
-    tf.np.savez_compressed(npz, **state)
-    if npz.stat().st_size > MAX_NPZ_BYTES:
-        raise SystemExit(f"train_draft: {npz} is {npz.stat().st_size} bytes (limit {MAX_NPZ_BYTES})")
+    weights = common.save_npz(model, npz, limit=MAX_NPZ_BYTES, script="train_draft")
     check = tf.compare_with_reference(cfg, npz, [bytes(w[:200].tolist()) for w in held[:4]], greedy_tokens=24)
     print(f"torch vs ReferenceHybrid: {check}", flush=True)
     meta = {
@@ -169,10 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         "from trained by scripts/train_draft.py",
         "config": cfg,
         "weights": {
-            "file": npz.name,
-            "dtype": "float32",
-            "bytes": npz.stat().st_size,
-            "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
+            **weights,
             "parameters": n_params,
             "teacher_parameters": teacher_params,
         },
@@ -196,10 +161,7 @@ def main(argv: list[str] | None = None) -> None:
             "train_seconds": round(train_s, 1),
             "total_seconds": round(time.monotonic() - t_start, 1),
             "load_average_after_training": [round(x, 2) for x in load_after],
-            "torch": torch.__version__,
-            "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-            "train_fixture_sha256": hashlib.sha256(Path(tf.__file__).read_bytes()).hexdigest(),
-            "command": "python scripts/train_draft.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            **common.provenance("train_draft.py", argv),
         },
         "heldout": {
             "bits_per_byte": round(heldout_bpb, 4),

@@ -31,18 +31,17 @@ acceptance by position, command).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _train_common as common
 import train_fixture as tf
 
 torch = tf.torch
@@ -214,30 +213,15 @@ def evaluate(head: Head, teacher: Any, windows: Any, passes: int, batch: int = 8
 def train_head(name: str, args: argparse.Namespace, teacher: Any, corpus: Any, held: Any) -> dict[str, Any]:
     cfg = dict(HEAD_CONFIGS[name])
     tf.seed_everything(args.seed, args.threads)
-    sampler = tf.Sampler(corpus, args.seq_len, args.seed, args.grounded_fraction, args.copy_fraction, 1.0)
+    sampler = common.sampler(corpus, args)
     head = Head(cfg, teacher.model.embed_tokens.weight.detach().clone())
     head.init_weights()
     n_params = sum(x.numel() for x in head.parameters())
-    decay = [x for x in head.parameters() if x.ndim >= 2]
-    no_decay = [x for x in head.parameters() if x.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95),
-    )
-    budget_s = args.budget_minutes * 60.0
+    opt = common.adamw(head, lr=args.lr, weight_decay=0.05)
     weights = [args.pass_decay**i for i in range(args.passes)]
     print(f"[{name}] {n_params:,} params; load {os.getloadavg()[0]:.2f}", flush=True)
-    t0 = time.monotonic()
-    stopped_by = "steps"
-    step = 0
-    for step in range(args.steps):
-        elapsed = time.monotonic() - t0
-        if elapsed >= budget_s:
-            stopped_by = "budget"
-            break
-        progress = max(step / args.steps, elapsed / budget_s)
-        for group in opt.param_groups:
-            group["lr"] = tf.lr_at(progress, step, args.lr, args.warmup)
+    loop = common.BudgetedSteps(opt, args)
+    for step in loop:
         batch, _ = sampler.batch(args.batch_size)
         logits, feats = teacher_features(teacher, batch, cfg["feature_layers"])
         soft = F.softmax(logits[:, 1:], dim=-1)  # the teacher's distribution of the token at t + 2
@@ -256,29 +240,21 @@ def train_head(name: str, args: argparse.Namespace, teacher: Any, corpus: Any, h
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
         opt.step()
         if step % args.log_every == 0:
-            print(f"[{name}] step {step} loss {float(loss.detach()):.3f} elapsed {time.monotonic() - t0:.0f}s",
+            print(f"[{name}] step {step} loss {float(loss.detach()):.3f} elapsed {time.monotonic() - loop.t0:.0f}s",
                   flush=True)
-    else:
-        step = args.steps
-    train_s = time.monotonic() - t0
+    step, stopped_by = loop.steps, loop.stopped_by
+    train_s = time.monotonic() - loop.t0
     load_after = os.getloadavg()
     print(f"[{name}] trained {step} steps in {train_s:.0f}s ({stopped_by}); evaluating", flush=True)
     scores = evaluate(head, teacher, held, args.eval_passes)
     print(f"[{name}] held-out {scores}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    npz = out / f"{name}-trained.npz"
-    state = {k: v.detach().float().numpy() for k, v in head.state_dict().items()}
-    np.savez_compressed(npz, **state)
-    if npz.stat().st_size > MAX_NPZ_BYTES:
-        raise SystemExit(f"train_heads: {npz} is {npz.stat().st_size} bytes (limit {MAX_NPZ_BYTES})")
+    weights = common.save_npz(head, out / f"{name}-trained.npz", limit=MAX_NPZ_BYTES, script="train_heads")
     return {
         "config": cfg,
         "weights": {
-            "file": npz.name,
-            "dtype": "float32",
-            "bytes": npz.stat().st_size,
-            "sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
+            **weights,
             "parameters": n_params,
             "note": "the LM head is the target's tied embedding matrix, read from trained.npz, not stored here",
         },
@@ -295,32 +271,26 @@ def train_head(name: str, args: argparse.Namespace, teacher: Any, corpus: Any, h
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", default="eagle,mtp")
-    p.add_argument("--seed", type=int, default=5678)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--steps", type=int, default=100000)
-    p.add_argument("--budget-minutes", type=float, default=6.3, help="wall-clock limit on EACH head's training loop")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=256)
+    common.add_options(
+        p,
+        seed=5678,
+        threads=1,
+        budget_minutes=6.3,
+        budget_help="wall-clock limit on EACH head's training loop",
+        seq_len=256,
+        lr=3e-3,
+        warmup=30,
+    )
     p.add_argument("--passes", type=int, default=3, help="chain passes unrolled in training (training-time test)")
     p.add_argument("--pass-decay", type=float, default=0.8)
     p.add_argument("--eval-passes", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--alpha", type=float, default=0.8, help="weight of the teacher's distribution in the target")
-    p.add_argument("--grounded-fraction", type=float, default=0.7)
-    p.add_argument("--copy-fraction", type=float, default=0.3)
     p.add_argument("--eval-windows", type=int, default=48)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--out", default=str(tf.DATA_DIR))
     args = p.parse_args(argv)
 
     t_start = time.monotonic()
     tf.seed_everything(args.seed, args.threads)
-    meta_t = json.loads((tf.DATA_DIR / "trained.json").read_text())
-    teacher = tf.torch_from_npz(meta_t["config"], tf.DATA_DIR / "trained.npz")
-    for x in teacher.parameters():
-        x.requires_grad_(False)
-    corpus = tf.load_corpus(Path(sysconfig.get_paths()["stdlib"]))
+    teacher, meta_t = common.load_teacher()
+    corpus = common.load_corpus()
     held_all = tf.heldout_windows(corpus, 512, 1024 * 1024)
     held = held_all[:: max(1, held_all.shape[0] // args.eval_windows)][: args.eval_windows]
     print(f"setup {time.monotonic() - t_start:.1f}s; load {os.getloadavg()[0]:.2f}", flush=True)
@@ -350,10 +320,7 @@ def main(argv: list[str] | None = None) -> None:
             "lr": args.lr,
             "budget_minutes_per_head": args.budget_minutes,
             "total_seconds": round(time.monotonic() - t_start, 1),
-            "torch": torch.__version__,
-            "script_sha256": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
-            "train_fixture_sha256": hashlib.sha256(Path(tf.__file__).read_bytes()).hexdigest(),
-            "command": "python scripts/train_heads.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            **common.provenance("train_heads.py", argv),
             "environment": {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS") if k in os.environ},
         },
     }
