@@ -1,4 +1,9 @@
-"""The ``trained-small`` draft model: it loads, matches its record, drafts for ``trained`` losslessly."""
+"""The ``trained-small`` draft model: it loads, matches its record, drafts for ``trained`` losslessly.
+
+Its record's figures (held-out bits per byte, top-1 agreement with ``trained``, greedy agreement
+with the reference) are recomputed by ``tests/_hybrid_oracle.py``, an independent numpy copy of
+the model and of the held-out split: neither the package's loader nor the training script.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
+import _hybrid_oracle as oracle
 from specproof.cli import main
 from specproof.engine import InvalidSettingError, PluginError, ReferenceHybrid, SpecDecoder, greedy_decode
 from specproof.engine.drafters import ModelDrafter, NgramDrafter
@@ -41,12 +47,73 @@ def test_record_says_how_it_was_made() -> None:
     training = meta["training"]
     for field in ("command", "seed", "steps", "train_seconds", "total_seconds", "script_sha256", "torch"):
         assert field in training, field
+    # a claim about the training run, not a figure of the weights: nothing here can recompute it
     assert training["total_seconds"] <= 600  # the issue's budget: at most 10 minutes on this machine
     assert training["command"].startswith("python scripts/train_draft.py")
-    held = meta["heldout"]
-    assert 1.0 < held["bits_per_byte"] < 3.0 and held["top1_agreement_with_teacher"] > 0.6
-    assert meta["torch_vs_reference"]["same_greedy"] is True
     json.dumps(meta)
+
+
+def test_greedy_matches_the_independent_model() -> None:
+    """What the record's ``torch_vs_reference.same_greedy`` claims, recomputed against the oracle."""
+    record = oracle.load_record("trained-small")
+    independent = oracle.OracleLM(record["config"], oracle.packaged_weights("trained-small"))
+    target = load_trained_small_target()
+    for prompt in (b"def add(a, b):\n    return", b"The quick brown fox"):
+        target.reset()
+        np.testing.assert_allclose(target.forward(list(prompt)), independent.logits(list(prompt)), rtol=0, atol=1e-4)
+        assert list(greedy_decode(target, list(prompt), 24).tokens) == independent.greedy(list(prompt), 24), prompt
+
+
+needs_recorded_stdlib = pytest.mark.skipif(
+    not oracle.same_stdlib(),
+    reason="the held-out split is files of the CPython 3.11.7 standard library the records were measured on",
+)
+
+
+def _heldout() -> tuple[dict[str, float], np.ndarray, np.ndarray, np.ndarray]:
+    """The record's held-out figures; per sampled window: the draft's bits, the teacher's, top-1 agreement."""
+    small, small_top = oracle.scored_sample("trained-small")
+    teacher, teacher_top = oracle.scored_sample("trained")
+    return oracle.load_record("trained-small")["heldout"], small, teacher, (small_top == teacher_top).mean(-1)
+
+
+def _problems(held: dict[str, float], small: np.ndarray, teacher: np.ndarray, agree: np.ndarray) -> list[str]:
+    n = held["windows"]
+    found = [
+        oracle.judge_figure(held["bits_per_byte"], small, n, "bits/byte"),
+        # paired with the teacher on the same windows: the text's difficulty cancels, a tighter check
+        oracle.judge_figure(
+            held["bits_per_byte"] - held["teacher_bits_per_byte"], small - teacher, n, "bits/byte over the teacher's"
+        ),
+        oracle.judge_figure(held["top1_agreement_with_teacher"], agree, n, "top-1 agreement"),
+    ]
+    return [p for p in found if p is not None]
+
+
+@needs_recorded_stdlib
+def test_heldout_figures_recomputed() -> None:
+    held, small, teacher, agree = _heldout()
+    assert held["teacher_bits_per_byte"] == oracle.load_record("trained")["heldout"]["bits_per_byte"]
+    bpb, _ = oracle.mean_and_error(small, held["windows"])
+    top1, _ = oracle.mean_and_error(agree, held["windows"])
+    assert 1.0 < bpb < 3.0 and top1 > 0.6, (bpb, top1)
+    assert _problems(held, small, teacher, agree) == []
+
+
+@needs_recorded_stdlib
+def test_a_record_edited_by_a_plausible_amount_is_refused() -> None:
+    """The tolerances are tight enough to matter: bits/byte 15% off, or agreement 0.05 off, fails."""
+    held, small, teacher, agree = _heldout()
+    bpb, top1 = held["bits_per_byte"], held["top1_agreement_with_teacher"]
+    for wrong in (
+        {"bits_per_byte": bpb * 0.85},
+        {"bits_per_byte": bpb * 1.15},
+        {"top1_agreement_with_teacher": top1 - 0.05},
+        {"top1_agreement_with_teacher": top1 + 0.05},
+    ):
+        assert _problems({**held, **wrong}, small, teacher, agree), wrong
+    for right in ({"bits_per_byte": round(bpb, 2)}, {"top1_agreement_with_teacher": round(top1, 2)}):
+        assert _problems({**held, **right}, small, teacher, agree) == [], right
 
 
 def test_a_small_draft_model_for_trained() -> None:
