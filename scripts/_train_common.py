@@ -125,6 +125,16 @@ def save_npz(module: Any, path: Path, *, limit: int, script: str) -> dict[str, A
     }
 
 
+def data_fields(teacher_meta: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The record's data fields both scripts share: the teacher's source and split, and the mix."""
+    return {
+        "source": teacher_meta["data"]["source"],
+        "split": teacher_meta["data"]["split"],
+        "grounded_fraction": args.grounded_fraction,
+        "copy_fraction": args.copy_fraction,
+    }
+
+
 def provenance(script: str, argv: list[str] | None) -> dict[str, str]:
     """The training record's code fields: torch, the sha256 of the code that ran, the command."""
     here = Path(__file__).resolve().parent

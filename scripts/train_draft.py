@@ -142,10 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             "teacher_parameters": teacher_params,
         },
         "data": {
-            "source": teacher_meta["data"]["source"],
-            "split": teacher_meta["data"]["split"],
-            "grounded_fraction": args.grounded_fraction,
-            "copy_fraction": args.copy_fraction,
+            **common.data_fields(teacher_meta, args),
             "teacher": "trained (sha256 " + teacher_meta["weights"]["sha256"] + ")",
             "objective": f"cross-entropy against {args.alpha} * teacher softmax + {1 - args.alpha:.1f} * next byte",
         },

@@ -304,10 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         "target": "trained (sha256 " + meta_t["weights"]["sha256"] + ")",
         "heads": heads,
         "data": {
-            "source": meta_t["data"]["source"],
-            "split": meta_t["data"]["split"],
-            "grounded_fraction": args.grounded_fraction,
-            "copy_fraction": args.copy_fraction,
+            **common.data_fields(meta_t, args),
             "objective": f"cross-entropy against {args.alpha} * target softmax + {1 - args.alpha:.1f} * next byte, "
             f"{args.passes} chain passes weighted {args.pass_decay}^(p-1)",
         },
