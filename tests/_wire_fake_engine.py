@@ -34,6 +34,8 @@ HELLO = {
 }
 if MODE == "no-state":
     HELLO["capabilities"] = ["greedy", "state"]
+if MODE == "future-capabilities":  # a newer engine: capabilities this client has never heard of
+    HELLO["capabilities"] = ["greedy", "telepathy", "state_hologram"]
 
 
 def send(message: object) -> None:

@@ -73,11 +73,12 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def start(native: tuple[Path, Path]) -> Callable[..., ExecEngine]:
     binary, weights = native
 
-    def make(*args: str, full_state: bool = False) -> ExecEngine:
+    def make(*args: str, full_state: bool = False, state_mode: str | None = None) -> ExecEngine:
         return ExecEngine(
             [str(binary), "--weights", str(weights), *args],
             timeout=30.0,
             full_state=full_state,
+            state_mode=state_mode,
             load_target=load_target,
         )
 
@@ -159,7 +160,8 @@ def test_greedy_and_speculative_equal_numpy_greedy_on_the_bench_prompts(engine: 
 def test_handshake(engine: ExecEngine) -> None:
     assert engine.engine_name == "specproof-native"
     assert engine.vocab_size == 256 and engine.k == 4 and engine.max_context == 4096
-    assert engine.capabilities == {"greedy", "suite_drafts", "state", "sessions", "state_delta"}
+    assert engine.capabilities == {"greedy", "suite_drafts", "state", "sessions", "state_delta", "state_digest"}
+    assert engine.state_kind() == "digests"  # the default where the engine offers them
     assert engine.model == "trained" and isinstance(engine.oracle, ReferenceHybrid)
     assert 0 < engine.atol <= 1e-3 and engine.tie_tolerance > 0
     assert "specproof-engine" in engine.stderr_tail
@@ -206,16 +208,10 @@ class StateChecking:
         ref.reset()
         if len(context) > 1:
             ref.forward(list(context[:-1]))
-        want = ref.state_arrays()
-        got = view.state_arrays()
         self.checks += 1
-        if view.state_problem is not None:  # a state_delta CRC-32 mismatch: an old row changed
-            self.problems.append(f"{when}: {view.state_problem}")
-        for name, array in want.items():
-            if name not in got or got[name].shape != array.shape:
-                self.problems.append(f"{when}: {name} shape")
-            elif not np.allclose(got[name], array, rtol=0, atol=self.engine.atol):
-                self.problems.append(f"{when}: {name} differs by {np.abs(got[name] - array).max():.3g}")
+        # the view compares itself: whole arrays element-wise, digests by projection, a CRC-32 chain
+        if why := view.state_differs(ref.state_arrays(), atol=self.engine.atol):
+            self.problems.append(f"{when}: {why}")
 
     def propose(self, context: Sequence[int], k: int) -> Sequence[int]:
         self.check(context, f"round at context length {len(context)}")
@@ -369,21 +365,29 @@ def test_the_correct_engine_has_no_findings(start: Callable[..., ExecEngine], ro
 
 @pytest.mark.parametrize("bug", BUGS)
 @pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
-@pytest.mark.parametrize("full_state", [False, True], ids=["deltas", "full"])
-def test_every_planted_bug_is_caught(
-    start: Callable[..., ExecEngine], bug: str, rollback: str, full_state: bool
-) -> None:
-    with start("--rollback", rollback, "--bug", bug, full_state=full_state) as engine:
+@pytest.mark.parametrize("mode", ["digest", "delta", "full"])
+def test_every_planted_bug_is_caught(start: Callable[..., ExecEngine], bug: str, rollback: str, mode: str) -> None:
+    with start("--rollback", rollback, "--bug", bug, state_mode=mode) as engine:
         assert f"planted bugs: {bug}" in json.dumps(engine.hello)
-        assert engine.state_delta is not full_state
-        assert findings(engine), f"--bug {bug} ({rollback}) went unnoticed"
+        assert engine.state_kind() == {"digest": "digests", "delta": "deltas", "full": "full arrays"}[mode]
+        assert findings(engine), f"--bug {bug} ({rollback}, {mode}) went unnoticed"
+
+
+@pytest.mark.parametrize("mode", ["digest", "delta", "full"])
+def test_the_correct_engine_passes_every_state_mode(start: Callable[..., ExecEngine], mode: str) -> None:
+    with start(state_mode=mode) as engine:
+        assert findings(engine) == []
+        if mode == "digest":
+            view = engine.target
+            # the C++ engine is not bit-equal to numpy: its digests were compared, not waved through by CRC
+            assert view.digest_arrays > 0 and view.digest_slices_compared > 0
 
 
 def test_state_deltas_leave_out_old_rows_and_a_changed_old_row_shows(start: Callable[..., ExecEngine]) -> None:
     """With state_delta the KV rows the client holds are left out; the CRC-32 still shows an old row
     the engine changed (planted bug old-kv-row), which the full arrays agree with."""
     prompt = PROMPTS[0]
-    with start() as engine:
+    with start(state_mode="delta") as engine:
         engine.drafter = NgramDrafter()
         gen = engine.generate(prompt, 16)
         view = engine.target
@@ -395,14 +399,14 @@ def test_state_deltas_leave_out_old_rows_and_a_changed_old_row_shows(start: Call
         ref.forward(context[:-1])
         for name, array in ref.state_arrays().items():  # the reconstruction is the whole state
             assert np.allclose(view.state_arrays()[name], array, rtol=0, atol=engine.atol), name
-    for full_state in (False, True):
-        with start("--rollback", "replay", "--bug", "old-kv-row", full_state=full_state) as engine:
+    for mode in ("digest", "delta", "full"):
+        with start("--rollback", "replay", "--bug", "old-kv-row", state_mode=mode) as engine:
             probe = StateChecking(NgramDrafter(), engine)
             engine.drafter = probe
             gen = engine.generate(prompt, 16)
             probe.check([*prompt, *gen.tokens], "after the generation")
-            assert probe.problems, f"old-kv-row unnoticed (full_state={full_state})"
-            if full_state:
+            assert probe.problems, f"old-kv-row unnoticed ({mode})"
+            if mode == "full":
                 assert engine.target.delta_arrays == 0 and "key_cache differs" in " ".join(probe.problems)
             else:
                 assert "CRC-32" in " ".join(probe.problems) and "rows before" in " ".join(probe.problems)
@@ -465,7 +469,7 @@ def test_traffic_and_protocol_overhead_are_reported(
         gen = engine.generate([1, 2, 3, 1, 2, 3], 12)
         summary = engine.wire_summary()
         assert summary["generations"] == 1 and summary["rounds"] == len(gen.steps or ())
-        assert summary["state"] == "deltas"
+        assert summary["state"] == "digests"
         assert isinstance(summary["bytes_received"], int) and summary["bytes_received"] > 1000  # state dumps
         overhead = summary["overhead_us_per_round"]
         # an estimate: on a loaded machine a process descheduled between two clock reads is counted
@@ -473,12 +477,15 @@ def test_traffic_and_protocol_overhead_are_reported(
         assert isinstance(overhead, float) and abs(overhead) < 1e6
         assert engine.traffic["wall_us"] > engine.traffic["engine_us"] > 0
         assert set(engine.last_drafts_sent) <= set(range(len(gen.steps or ())))
-    with start(full_state=True) as engine:  # the same generation with whole arrays: more bytes
-        engine.drafter = NgramDrafter()
-        engine.generate([1, 2, 3, 1, 2, 3], 12)
-        full = engine.wire_summary()
-        assert full["state"] == "full arrays" and full["rounds"] == summary["rounds"]
-        assert int(full["bytes_received"]) > int(summary["bytes_received"])  # type: ignore[call-overload]
+    received = {"digest": int(summary["bytes_received"])}  # type: ignore[call-overload]
+    for mode, kind in (("delta", "deltas"), ("full", "full arrays")):  # the same generation: more bytes
+        with start(state_mode=mode) as engine:
+            engine.drafter = NgramDrafter()
+            engine.generate([1, 2, 3, 1, 2, 3], 12)
+            other = engine.wire_summary()
+            assert other["state"] == kind and other["rounds"] == summary["rounds"]
+            received[mode] = int(other["bytes_received"])  # type: ignore[call-overload]
+    assert received["full"] > received["delta"] > received["digest"], received
     binary, weights = native
     spec = "exec:" + shlex.join([str(binary), "--weights", str(weights)])
     done = subprocess.run(

@@ -22,11 +22,13 @@ from specproof.wire import (
     EngineRequestError,
     ExecEngine,
     WireTargetView,
+    encode_digest,
     engine_from_spec,
     load_schema,
     message_errors,
     validate_message,
 )
+from specproof.wire._digest import projections
 
 FAKE = Path(__file__).with_name("_wire_fake_engine.py")
 B64_ONE = "AACAPw=="  # float32 1.0, little-endian
@@ -102,7 +104,8 @@ VALID: dict[str, dict[str, object]] = {
 INVALID = [
     ("hello", {"protocol": "specproof-engine/2"}, "protocol"),
     ("hello", {"rollback": "rewind"}, "rollback"),
-    ("hello", {"capabilities": ["telepathy"]}, "capabilities"),
+    ("hello", {"capabilities": [""]}, "capabilities"),
+    ("hello", {"capabilities": ["state", "state"]}, "capabilities"),
     ("hello", {"k": -1}, "k"),
     ("generate", {"prompt": []}, "prompt"),
     ("generate", {"drafts": "oracle"}, "drafts"),
@@ -466,7 +469,171 @@ def test_schema_requires_axis_and_crc_with_start() -> None:
 
 def test_wire_state_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECPROOF_WIRE_STATE", "partial")
-    with pytest.raises(EngineProtocolError, match=r"SPECPROOF_WIRE_STATE='partial'.*'delta' or 'full'"):
+    with pytest.raises(EngineProtocolError, match=r"SPECPROOF_WIRE_STATE='partial'.*'digest', 'delta' or 'full'"):
         engine_from_spec("exec:true")
     with pytest.raises(ValueError, match="full_state"):
         ExecEngine([sys.executable, str(FAKE), "ok"], full_state="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="choose one"):
+        ExecEngine([sys.executable, str(FAKE), "ok"], full_state=True, state_mode="digest")
+    with pytest.raises(ValueError, match="state_mode"):
+        ExecEngine([sys.executable, str(FAKE), "ok"], state_mode="sketch")
+
+
+def test_a_newer_engines_unknown_capabilities_are_accepted_and_ignored() -> None:
+    """Forward compatibility (docs/protocol.md, Capabilities): a name the client does not know changes nothing."""
+    with ExecEngine([sys.executable, str(FAKE), "future-capabilities"], timeout=10) as engine:
+        assert "telepathy" in engine.capabilities and engine.state_kind() == "none"
+        assert isinstance(engine.greedy([1, 2], 2), list)
+
+
+# --------------------------------------------------------------------------- state_digest (docs/protocol.md, state)
+
+ATOL = 5e-4
+SEED, N = 12345, 2
+
+
+def _state(kv: np.ndarray, conv: np.ndarray, **kv_digest: object) -> dict[str, object]:
+    """A state message: key_cache ([2, 2, n, 24]) as a digest (from ``start`` with ``start=``), conv whole-digested."""
+    processed = kv.shape[2]
+    arrays = {
+        "key_cache": encode_digest(kv, seed=SEED, n=N, **kv_digest),  # type: ignore[arg-type]
+        "conv_state": encode_digest(conv, seed=SEED, n=N, slice_axes=2),
+    }
+    message = {"type": "state", "id": 1, "processed": processed, "arrays": arrays}
+    assert message_errors(message) == [], message_errors(message)
+    return message
+
+
+def _reference(n: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(2, 2, n, 24)).astype(np.float32), rng.normal(size=(2, 8, 3)).astype(np.float32)
+
+
+def _judge(kv: np.ndarray, conv: np.ndarray, ref_kv: np.ndarray, ref_conv: np.ndarray, *, split: int = 4) -> str | None:
+    """Two state messages of one request (rows ``< split`` whole, then the rest from ``split``), each judged."""
+    view = WireTargetView(256, 64, "t")
+    view.begin_request(digest=(SEED, N))
+    view.update(_state(kv[:, :, :split], conv))
+    first = view.state_differs({"key_cache": ref_kv[:, :, :split], "conv_state": ref_conv}, atol=ATOL)
+    if first:
+        return first
+    view.update(_state(kv, conv, axis=2, start=split))
+    return view.state_differs({"key_cache": ref_kv, "conv_state": ref_conv}, atol=ATOL)
+
+
+def test_digests_accept_the_reference_and_correct_but_different_engines() -> None:
+    ref_kv, ref_conv = _reference()
+    view = WireTargetView(256, 64, "t")
+    view.begin_request(digest=(SEED, N))
+    view.update(_state(ref_kv, ref_conv))
+    assert view.state_differs({"key_cache": ref_kv, "conv_state": ref_conv}, atol=0.0) is None  # bit-identical
+    assert view.digest_crc_matches == 2 and view.digest_slices_compared == 0
+    with pytest.raises(ValueError, match="state_differs"):
+        view.state_arrays()  # no values came: the view says how to compare instead
+    rng = np.random.default_rng(1)
+    for scale in (0.25, 1.0):  # atol/4 per element with random signs; atol exactly, every element
+        kv = ref_kv + (scale * ATOL * rng.choice([-1.0, 1.0], size=ref_kv.shape)).astype(np.float32)
+        conv = ref_conv + (scale * ATOL * rng.choice([-1.0, 1.0], size=ref_conv.shape)).astype(np.float32)
+        assert _judge(kv, conv, ref_kv, ref_conv) is None, scale
+    # the tightest case: every element atol off with the sign of projection 0, so |dp_0| = atol * m
+    unit = np.broadcast_to(np.eye(24), (2, 2, 7, 24, 24)).transpose(0, 1, 2, 4, 3)
+    r0 = np.stack([projections(unit[..., i], seed=SEED, n=1, slice_axes=1)[0][..., 0] for i in range(24)], -1)
+    tight = (ref_kv.astype(np.float64) + 0.999 * ATOL * r0).astype(np.float32)
+    assert np.abs(tight.astype(np.float64) - ref_kv).max() <= ATOL
+    assert _judge(tight, ref_conv, ref_kv, ref_conv) is None
+
+
+def _bugs() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    ref_kv, ref_conv = _reference(8)
+    stale = ref_conv.copy()
+    stale[:, :, -1] = _reference(9)[1][:, :, 0]  # the last tap from another context (a rejected token's)
+    shifted = np.concatenate([ref_kv[:, :, 1:], ref_kv[:, :, -1:]], axis=2)  # off by one: row p holds p + 1
+    swapped = ref_kv.copy()
+    swapped[1, 0, 6] = swapped[1, 0, 6, ::-1]  # one row's elements reversed (a transposed/permuted row)
+    heads = ref_kv.copy()
+    heads[:, :, 5:] = ref_kv[:, ::-1, 5:]  # heads swapped in the new rows: sums and norms agree
+    return {
+        "stale-conv": (ref_kv, stale),
+        "off-by-one-kv": (shifted[:, :, :8], ref_conv),
+        "permuted-row": (swapped, ref_conv),
+        "swapped-heads": (heads, ref_conv),
+    }
+
+
+@pytest.mark.parametrize("bug", sorted(_bugs()))
+def test_digests_reject_planted_state_bugs_naming_the_slice(bug: str) -> None:
+    ref_kv, ref_conv = _reference(8)
+    kv, conv = _bugs()[bug]
+    why = _judge(kv, conv, ref_kv, ref_conv, split=4)
+    assert why is not None, bug
+    array = "conv_state" if bug == "stale-conv" else "key_cache"
+    assert f"{array} differs at layer " in why and "signed projection" in why and "the bound" in why
+    assert "in the engine" in why and "in the reference" in why and "SPECPROOF_WIRE_STATE=full" in why
+
+
+def test_digests_show_a_changed_old_row_by_its_prefix_crc() -> None:
+    ref_kv, ref_conv = _reference()
+    view = WireTargetView(256, 64, "t")
+    view.begin_request(digest=(SEED, N))
+    view.update(_state(ref_kv[:, :, :4], ref_conv))
+    changed = ref_kv.copy()
+    changed[0, 0, 0, 0] += 0.01  # a row reported long ago changes (native --bug old-kv-row)
+    view.update(_state(changed, ref_conv, axis=2, start=4))
+    why = view.state_differs({"key_cache": ref_kv, "conv_state": ref_conv}, atol=ATOL)
+    assert why is not None and "rows before 4 changed" in why and "'key_cache'" in why
+
+
+def test_digests_can_miss_an_error_spread_within_a_slice_as_documented() -> None:
+    """docs/protocol.md: an error below atol * m within one slice can pass a digest; whole arrays catch it."""
+    ref_kv, ref_conv = _reference()
+    kv = ref_kv.copy()
+    kv[0, 1, 2, 3] += 3 * ATOL  # one element 3 atol off: |dp| <= 3 atol < 24 atol
+    assert _judge(kv, ref_conv, ref_kv, ref_conv) is None
+    view = WireTargetView(256, 64, "t")
+    view.begin_request()
+    view.update(_kv_message(kv, 7))
+    assert "key_cache differs at (0, 1, 2, 3)" in str(view.state_differs({"key_cache": ref_kv}, atol=ATOL))
+
+
+@pytest.mark.parametrize(
+    ("change", "what"),
+    [
+        ("short", "a digest of 27 floats"),
+        ("no-crc", "needs crc32"),
+        ("slice-past-rank", "a digest's slice of 5 trailing axes"),
+        ("start-not-previous", "start must be its length along the axis"),
+        ("no-prefix", "needs prefix_crc32"),
+        ("not-asked", "did not ask for state_digest"),
+        ("not-base64", "not padded base64"),
+    ],
+)
+def test_malformed_digests_are_protocol_errors(change: str, what: str) -> None:
+    ref_kv, ref_conv = _reference()
+    view = WireTargetView(256, 64, "t")
+    view.begin_request(digest=None if change == "not-asked" else (SEED, N))
+    if change in ("start-not-previous", "no-prefix"):
+        view.update(_state(ref_kv[:, :, :4], ref_conv))
+    message = _state(ref_kv, ref_conv, **({"axis": 2, "start": 3} if change == "start-not-previous" else {}))
+    spec = message["arrays"]["key_cache"]  # type: ignore[index]
+    if change == "short":
+        spec["digest"] = base64.b64encode(np.zeros(27, "<f4").tobytes()).decode()
+    elif change == "no-crc":
+        del spec["crc32"]
+    elif change == "slice-past-rank":
+        spec["slice"] = 5
+    elif change == "no-prefix":
+        spec |= {"axis": 2, "start": 4}
+        spec["digest"] = encode_digest(ref_kv, seed=SEED, n=N, axis=2, start=4)["digest"]
+    elif change == "not-base64":
+        spec["digest"] = "%%%"
+    with pytest.raises(EngineProtocolError, match=what):
+        view.update(message)
+
+
+def test_the_schema_takes_data_or_a_digest_never_both() -> None:
+    message = _state(*_reference())
+    spec = message["arrays"]["key_cache"]  # type: ignore[index]
+    spec["data"] = B64_ONE
+    assert message_errors(message)
+    del spec["data"], spec["digest"]
+    assert message_errors(message)

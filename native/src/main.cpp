@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -168,7 +169,7 @@ class Engine {
         o << "{\"type\":\"hello\",\"protocol\":\"specproof-engine/1\",\"engine\":{\"name\":\"specproof-native\",\"version\":\""
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
-          << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\"]";
+          << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\"]";
         if (!m_.model_spec.empty()) {
             // the oracle must have the same capacity: trained -> trained:max_context=N
             std::string spec = m_.model_spec;
@@ -202,11 +203,21 @@ class Engine {
         if (const Json* e = req.get("eos_token_id"); e && e->kind == Json::Number) eos = static_cast<int>(e->integer);
         bool suite = false, state = false;
         delta_ = false;
+        digest_n_ = 0;
         sent_rows_ = -1;  // the first state message of a request is whole
         if (!greedy) {
             if (const Json* d = req.get("drafts")) suite = d->str == "suite";
             if (const Json* s = req.get("state")) state = s->boolean;
             if (const Json* s = req.get("state_delta")) delta_ = s->kind == Json::Bool && s->boolean;
+            if (const Json* d = req.get("state_digest"); d && d->kind == Json::Object) {
+                const Json* seed = d->get("seed");
+                const Json* n = d->get("projections");
+                if (!seed || !seed->is_int() || seed->integer < 0 || !n || !n->is_int() || n->integer < 1 ||
+                    n->integer > 16)
+                    throw RequestError("state_digest needs an integer seed >= 0 and projections in 1..16");
+                digest_seed_ = static_cast<uint64_t>(seed->integer);
+                digest_n_ = static_cast<int>(n->integer);
+            }
         }
         if (prompt.empty()) throw RequestError("the prompt is empty: a generation needs at least one token (the pending one)");
         for (size_t i = 0; i < prompt.size(); ++i)
@@ -333,6 +344,8 @@ class Engine {
     Options opt_;
     int max_context_;
     bool delta_ = false;                        // this request asked for state_delta
+    int digest_n_ = 0;                          // state_digest: projections per slice (0: no digests)
+    uint64_t digest_seed_ = 0;                  // state_digest: the signs' seed (the client's, per request)
     int sent_rows_ = -1;                        // KV rows the client holds from this request (-1: none)
     std::vector<int> fed_;                      // the tokens whose KV / conv state the model holds
     std::map<int, std::vector<float>> snaps_;   // processed -> conv_state kept for prefix reuse
@@ -424,7 +437,9 @@ class Engine {
 
     // The live state. With state_delta, key_cache/value_cache carry only the rows written since this
     // request's previous state message (KV is append-only: rows before it are the client's), with the
-    // whole array's CRC-32 so a change to an old row still shows (docs/protocol.md, state).
+    // whole array's CRC-32 so a change to an old row still shows (docs/protocol.md, state). With
+    // state_digest, arrays go as signed projections per slice instead of values (digest_of), KV from
+    // the previous message's rows on, with the CRC-32 of the rows before (the client's chain).
     void send_state(Channel& ch, long long id) {
         std::ostringstream o;
         o << "{\"type\":\"state\",\"id\":" << id << ",\"processed\":" << m_.processed << ",\"arrays\":{";
@@ -436,7 +451,24 @@ class Engine {
             const auto& a = kv.second;
             o << json_quote(kv.first) << ":{\"dtype\":\"float32\",\"shape\":" << json_int_list(a.shape);
             const bool kv_cache = kv.first == "key_cache" || kv.first == "value_cache";
-            if (delta_ && kv_cache && sent_rows_ >= 0) {
+            const unsigned long whole_crc = crc32(a.data.data(), a.data.size() * 4);
+            if (digest_n_ > 0) {
+                // KV: one slice per layer/head/position row; conv: one per layer (a row of 3 taps is
+                // as long as its digest); anything else: a row along the last axis
+                const int slice = kv.first == "conv_state" ? 2 : 1;
+                const bool from_prev = kv_cache && sent_rows_ >= 0;
+                const int start = from_prev ? std::min(sent_rows_, n) : 0;
+                o << ",\"crc32\":" << whole_crc;
+                if (slice != 1) o << ",\"slice\":" << slice;
+                if (from_prev) {
+                    const int hd = a.shape[3], outer = a.shape[0] * a.shape[1];
+                    unsigned long head = 0;
+                    for (int i = 0; i < outer; ++i)
+                        head = crc32(a.data.data() + static_cast<size_t>(i) * n * hd, static_cast<size_t>(start) * hd * 4, head);
+                    o << ",\"axis\":2,\"start\":" << start << ",\"prefix_crc32\":" << head;
+                }
+                o << ",\"digest\":\"" << digest_of(a, slice, from_prev ? 2 : -1, start) << "\"}";
+            } else if (delta_ && kv_cache && sent_rows_ >= 0) {
                 const int start = std::min(sent_rows_, n), hd = a.shape[3], outer = a.shape[0] * a.shape[1];
                 std::vector<float> part;
                 part.reserve(static_cast<size_t>(outer) * (n - start) * hd);
@@ -444,7 +476,7 @@ class Engine {
                     const float* src = a.data.data() + (static_cast<size_t>(i) * n + start) * hd;
                     part.insert(part.end(), src, src + static_cast<size_t>(n - start) * hd);
                 }
-                o << ",\"axis\":2,\"start\":" << start << ",\"crc32\":" << crc32(a.data.data(), a.data.size() * 4)
+                o << ",\"axis\":2,\"start\":" << start << ",\"crc32\":" << whole_crc
                   << ",\"data\":\"" << base64(part.data(), part.size() * 4) << "\"}";
             } else {
                 o << ",\"data\":\"" << base64(a.data.data(), a.data.size() * 4) << "\"}";
@@ -455,7 +487,60 @@ class Engine {
         send(ch, o.str());
     }
 
-    static unsigned long crc32(const void* data, size_t n) {  // zlib's CRC-32 (reflected 0xEDB88320)
+    // The signs of a digest (docs/protocol.md, state; specproof/wire/_digest.py is the same in numpy):
+    // for the element at multi-index (i_0..i_{R-1}) and projection j, s = seed, s = mix(s + G(i_k + 1))
+    // per axis, then mix(s + G(j + 1)); the top bit set means -1. mix is splitmix64's finalizer.
+    static uint64_t mix(uint64_t z) {
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        return z ^ (z >> 31);
+    }
+    static uint64_t step(uint64_t s, uint64_t i) { return mix(s + 0x9E3779B97F4A7C15ULL * (i + 1)); }
+
+    // base64 of the float32 projections of every slice (the last `slice` axes) from `start` along
+    // `axis` (-1: all), summed in double, in C order over the leading axes.
+    std::string digest_of(const Model::Array& a, int slice, int axis, int start) const {
+        const int R = static_cast<int>(a.shape.size()), L = R - slice;
+        size_t m = 1, count = 1;
+        for (int k = L; k < R; ++k) m *= static_cast<size_t>(a.shape[k]);
+        std::vector<int> lo(static_cast<size_t>(L), 0);
+        if (axis >= 0) lo[static_cast<size_t>(axis)] = start;
+        for (int k = 0; k < L; ++k) count *= static_cast<size_t>(std::max(0, a.shape[k] - lo[k]));
+        std::vector<float> out;
+        out.reserve(count * static_cast<size_t>(digest_n_));
+        std::vector<int> idx = lo, t(static_cast<size_t>(slice), 0);
+        double p[16];
+        for (size_t c = 0; c < count; ++c) {
+            uint64_t s = digest_seed_;
+            size_t flat = 0;
+            for (int k = 0; k < L; ++k) {
+                s = step(s, static_cast<uint64_t>(idx[k]));
+                flat = flat * static_cast<size_t>(a.shape[k]) + static_cast<size_t>(idx[k]);
+            }
+            const float* x = a.data.data() + flat * m;
+            std::fill(p, p + digest_n_, 0.0);
+            std::fill(t.begin(), t.end(), 0);
+            for (size_t e = 0; e < m; ++e) {
+                uint64_t se = s;
+                for (int k = 0; k < slice; ++k) se = step(se, static_cast<uint64_t>(t[k]));
+                const double v = x[e];
+                for (int j = 0; j < digest_n_; ++j) p[j] += (step(se, static_cast<uint64_t>(j)) >> 63) ? -v : v;
+                for (int k = slice - 1; k >= 0; --k) {
+                    if (++t[k] < a.shape[L + k]) break;
+                    t[k] = 0;
+                }
+            }
+            for (int j = 0; j < digest_n_; ++j) out.push_back(static_cast<float>(p[j]));
+            for (int k = L - 1; k >= 0; --k) {
+                if (++idx[k] < a.shape[k]) break;
+                idx[k] = lo[k];
+            }
+        }
+        return base64(out.data(), out.size() * 4);
+    }
+
+    // zlib's CRC-32 (reflected 0xEDB88320); `prev` continues an earlier CRC, as zlib's crc32(crc, buf, len)
+    static unsigned long crc32(const void* data, size_t n, unsigned long prev = 0) {
         static unsigned long table[256];
         static bool ready = false;
         if (!ready) {
@@ -466,7 +551,7 @@ class Engine {
             }
             ready = true;
         }
-        unsigned long c = 0xFFFFFFFFUL;
+        unsigned long c = (prev ^ 0xFFFFFFFFUL) & 0xFFFFFFFFUL;
         const unsigned char* p = static_cast<const unsigned char*>(data);
         for (size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
         return (c ^ 0xFFFFFFFFUL) & 0xFFFFFFFFUL;

@@ -24,7 +24,7 @@ import numpy as np
 from specproof.conformance._judges import JudgeMemo
 from specproof.conformance._run import Capabilities, Proposal, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
-from specproof.contract import arrays_differ, states_differ
+from specproof.contract import arrays_differ, live_state_differs
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import CapacityError, DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
 
@@ -171,13 +171,8 @@ class StateProbe:
         if int(self.live.processed) != want:  # type: ignore[attr-defined]
             return  # the KV-length check reports this; comparing states would only repeat it
         self.checks += 1
-        # a live view that cannot vouch for its arrays says why (over the wire: a state_delta CRC-32
-        # mismatch, rows changed after they were reported); that is the state not restored
-        why = getattr(self.live, "state_problem", None) or states_differ(
-            self.reference.state_arrays(),  # type: ignore[union-attr]
-            self.live.state_arrays(),  # type: ignore[attr-defined]
-            atol=self.atol,
-        )
+        # a wire view compares itself: digests, or a CRC-32 saying rows changed after they were reported
+        why = live_state_differs(self.reference.state_arrays(), self.live, atol=self.atol)  # type: ignore[union-attr]
         if why is not None:
             self.found.append(
                 {

@@ -21,7 +21,7 @@ from specproof.contract._protocols import (
 )
 from specproof.contract._records import STOP_REASONS, Generation, Stats, Step, StopReason
 from specproof.contract._violations import INVARIANT_ID, Violation, ViolationError
-from specproof.contract.compare import arrays_differ, states_differ, validate_tolerance
+from specproof.contract.compare import arrays_differ, live_state_differs, states_differ, validate_tolerance
 from specproof.contract.errors import SpecproofError, UsageError
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "ViolationError",
     "WhiteBoxTarget",
     "arrays_differ",
+    "live_state_differs",
     "states_differ",
     "validate_tolerance",
 ]

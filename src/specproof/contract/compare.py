@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["arrays_differ", "states_differ", "validate_tolerance"]
+__all__ = ["arrays_differ", "live_state_differs", "states_differ", "validate_tolerance"]
 
 
 def validate_tolerance(value: object, *, name: str) -> float:
@@ -74,3 +74,16 @@ def states_differ(expected: Mapping[str, object], actual: Mapping[str, object], 
         return f"state names {sorted(actual)} != expected {sorted(expected)}"
     problems = [p for name in expected if (p := arrays_differ(expected[name], actual[name], atol=atol, name=name))]
     return "; ".join(problems) if problems else None
+
+
+def live_state_differs(expected: Mapping[str, object], live: object, *, atol: float) -> str | None:
+    """Compare a live target's state with ``expected`` (a reference's ``state_arrays()``).
+
+    A live target that cannot hand over its values — an engine over the wire that sends digests,
+    or one whose reported rows changed — compares itself: its ``state_differs(expected, atol=)``
+    decides. Any other target's ``state_arrays()`` goes through ``states_differ``.
+    """
+    own = getattr(live, "state_differs", None)
+    if callable(own):
+        return own(expected, atol=atol)  # type: ignore[no-any-return]
+    return states_differ(expected, live.state_arrays(), atol=atol)  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import attrs
 from hypothesis import event
 
-from specproof.contract import STOP_REASONS, UsageError, states_differ
+from specproof.contract import STOP_REASONS, UsageError, live_state_differs
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
 from specproof.engine._plugins import takes_suite_drafts
@@ -276,7 +276,7 @@ class _SessionRunner:
         ref.reset()
         if len(ctx) > 1:
             ref.forward(ctx[:-1])
-        problem = states_differ(ref.state_arrays(), self.live.state_arrays(), atol=self.atol)
+        problem = live_state_differs(ref.state_arrays(), self.live, atol=self.atol)
         if problem is None:
             return None
         return self._failure(

@@ -4,6 +4,7 @@
   contract the suite consumes); ``engine_from_spec("exec:CMD ARGS" | "tcp:HOST:PORT")``;
 - ``load_schema`` / ``validate_message``: the JSON Schema of every message (package data);
   ``field_tables()`` renders their fields as the Markdown tables in docs/protocol.md;
+- ``encode_digest``: a state array as a ``state_digest`` entry (signed projections per slice);
 - ``export_weights``: a reference target's weights as safetensors for a native engine;
 - ``build_native`` / ``native_binary``: the C++ reference engine in ``native/`` (built out of the
   source tree, under ``~/.cache/specproof/native/``).
@@ -20,6 +21,7 @@ from specproof.wire._client import (
     WireTargetView,
     engine_from_spec,
 )
+from specproof.wire._digest import encode_digest
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._export import WEIGHTS_FORMAT, export_weights
 from specproof.wire._native import (
@@ -55,6 +57,7 @@ __all__ = [
     "WireEngine",
     "WireTargetView",
     "build_native",
+    "encode_digest",
     "engine_from_spec",
     "export_weights",
     "field_tables",

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import queue
+import secrets
 import select
 import shlex
 import signal
@@ -33,14 +34,16 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
+from specproof.contract import states_differ
 from specproof.engine import Generation, Stats, Step, Target
 from specproof.engine.targets import load_target as load_engine_target
+from specproof.wire._digest import digest_bound, projections, slice_length
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._limits import (
     HANDSHAKE_LINE_BYTES,
@@ -48,6 +51,7 @@ from specproof.wire._limits import (
     STATE_LINE_BYTES,
     LineTooLong,
     check_array_shape,
+    check_digest_shape,
     check_handshake_sizes,
     message_kind,
     parse_line,
@@ -301,6 +305,35 @@ class _SocketTransport(_Transport):
 # --------------------------------------------------------------------------- the live view
 
 
+#: what each axis of the reference family's state arrays indexes (names a slice in a digest mismatch)
+_AXIS_NAMES: dict[str, tuple[str, ...]] = {
+    "key_cache": ("layer", "head", "position", "dim"),
+    "value_cache": ("layer", "head", "position", "dim"),
+    "conv_state": ("layer", "channel", "tap"),
+    "rec_state": ("layer", "head", "key", "value"),
+}
+_FULL_HINT = (
+    "rerun with whole arrays for the element-level detail: $SPECPROOF_WIRE_STATE=full "
+    "(full_state=True on ExecEngine/TcpEngine)"
+)
+
+
+def _slice_text(name: str, index: tuple[int, ...]) -> str:
+    names = _AXIS_NAMES.get(name, ())
+    return ", ".join(f"{names[k] if k < len(names) else f'axis {k}'} {i}" for k, i in enumerate(index))
+
+
+class _Digest:
+    """What the client holds of one digested array: the projections of every slice of the request so far."""
+
+    def __init__(self, shape: tuple[int, ...], slice_axes: int, proj: npt.NDArray[np.float32], crc: int) -> None:
+        self.shape, self.slice_axes, self.proj, self.crc = shape, slice_axes, proj, crc
+        self.axis: int | None = None
+        #: slices from this index along ``axis`` (all of them when ``axis`` is None) not yet compared
+        self.unchecked_from = 0
+        self.checked = False
+
+
 class WireTargetView:
     """The state the engine last reported: ``processed`` and ``state_arrays()`` (read-only view).
 
@@ -309,6 +342,10 @@ class WireTargetView:
     and the whole array's CRC-32 must equal the engine's. A mismatch means rows the client holds
     changed in the engine since it reported them: ``state_problem`` says so, and the state
     checks report it on ``engine.state-restored``.
+
+    With ``state_digest`` an array may come as signed projections per slice instead of its values
+    (``_digest``): ``state_arrays()`` cannot give it, and ``state_differs(expected, atol=)`` — which
+    the state checks call — compares the digests with the reference's.
     """
 
     def __init__(self, vocab_size: int, max_context: int, name: str) -> None:
@@ -317,34 +354,131 @@ class WireTargetView:
         self.name = f"{name} (live state over the wire)"
         self.processed = 0
         self._arrays: dict[str, npt.NDArray[np.float32]] = {}
+        self._digests: dict[str, _Digest] = {}
         self.updates = 0
         #: the arrays a delta may build on (this request's previous state message; none at its start)
         self._base: dict[str, npt.NDArray[np.float32]] = {}
+        #: the previous state message's (shape, whole CRC-32) per array: what a digest's prefix must equal
+        self._prev: dict[str, tuple[tuple[int, ...], int]] = {}
+        #: this request's digest parameters (seed, projections per slice), None without state_digest
+        self.digest: tuple[int, int] | None = None
         #: why the arrays are not the engine's state (a CRC-32 mismatch), or None
         self.state_problem: str | None = None
         #: arrays sent as deltas, and the rows (indices along the axis) they left out
         self.delta_arrays = 0
         self.rows_left_out = 0
+        #: arrays sent as digests, slices compared by digest, and arrays accepted by their CRC-32 alone
+        self.digest_arrays = 0
+        self.digest_slices_compared = 0
+        self.digest_crc_matches = 0
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.float32]]:
+        if self._digests:
+            raise ValueError(
+                f"{self.name}: the engine sent digests of {sorted(self._digests)}, not their values "
+                "(state_digest): compare with state_differs(expected, atol=...), or ask for whole arrays "
+                "with full_state=True or $SPECPROOF_WIRE_STATE=full"
+            )
         return {name: array.copy() for name, array in self._arrays.items()}
 
     def clear(self) -> None:
         self.processed = 0
         self._arrays = {}
+        self._digests = {}
         self._base = {}
+        self._prev = {}
         self.state_problem = None
 
-    def begin_request(self) -> None:
+    def begin_request(self, *, digest: tuple[int, int] | None = None) -> None:
         """A new request: its first state message must be whole (deltas build on this request only)."""
         self._base = {}
+        self._prev = {}
+        self.digest = digest
         self.state_problem = None
+
+    def state_differs(self, expected: Mapping[str, npt.ArrayLike], *, atol: float) -> str | None:
+        """None when the reported state can be the reference's ``expected`` within ``atol``; else why not.
+
+        Whole arrays are compared element-wise (``specproof.contract.states_differ``). A digested
+        array must have the reference's exact shape; then its CRC-32 equal to the reference's accepts
+        it outright (bit-identical), and otherwise every slice not compared yet in this request (KV:
+        the rows sent since the last comparison) must have each projection within
+        ``digest_bound`` of the reference's. Every test is a necessary condition of ``within atol``.
+        """
+        if self.state_problem:
+            return self.state_problem
+        names = set(self._arrays) | set(self._digests)
+        if names != set(expected):
+            return f"state names {sorted(names)} != expected {sorted(expected)}"
+        whole = {n: expected[n] for n in self._arrays}
+        problems = []
+        if whole and (why := states_differ(whole, self._arrays, atol=atol)):
+            problems.append(why)
+        for name, held in self._digests.items():
+            if why := self._digest_differs(name, held, np.asarray(expected[name]), atol):
+                problems.append(why)
+        return "; ".join(problems) if problems else None
+
+    def _digest_differs(self, name: str, held: _Digest, want: npt.NDArray[Any], atol: float) -> str | None:
+        if tuple(want.shape) != held.shape:
+            return f"{name} has shape {held.shape}, expected {tuple(want.shape)}"
+        if held.checked:
+            return None
+        if zlib.crc32(np.ascontiguousarray(want, dtype="<f4").tobytes()) == held.crc:
+            self.digest_crc_matches += 1  # bit-identical to the reference: nothing to project
+            held.checked = True
+            return None
+        assert self.digest is not None
+        seed, n = self.digest
+        start = held.unchecked_from if held.axis is not None else 0
+        ref, norm = projections(want, seed=seed, n=n, slice_axes=held.slice_axes, axis=held.axis, start=start)
+        got = held.proj.astype(np.float64)
+        if held.axis is not None and start:
+            got = np.take(got, np.arange(start, got.shape[held.axis]), axis=held.axis)
+        m = slice_length(held.shape, held.slice_axes)
+        bound = digest_bound(norm, atol=atol, m=m)[..., None]
+        with np.errstate(invalid="ignore"):
+            close = np.abs(got - ref) <= bound
+        close |= ~np.isfinite(ref) & ~np.isfinite(got)  # NaN/inf in the reference: the engine's must be too
+        self.digest_slices_compared += int(norm.size)
+        if close.all():
+            held.checked = True
+            return None
+        bad = np.argwhere(~close)
+        where = tuple(int(i) for i in bad[0])
+        index = list(where[:-1])
+        if held.axis is not None:
+            index[held.axis] += start
+        j = where[-1]
+        gap, limit = abs(float(got[where]) - float(ref[where])), float(bound[where[:-1]][0])
+        slices = len({tuple(b[:-1]) for b in bad.tolist()})
+        return (
+            f"{name} differs at {_slice_text(name, tuple(index))} (a slice of {m} elements): signed projection "
+            f"{j} is {float(got[where]):.9g} in the engine, {float(ref[where]):.9g} in the reference, "
+            f"|difference| {gap:.3g} > the bound {limit:.3g} "
+            f"(atol {atol:g} x {m} + float slack); {slices} of {int(norm.size)} slices compared differ, so some "
+            f"element differs by more than atol (certain, whatever the engine's float arithmetic; state_digest, "
+            f"seed {seed}); {_FULL_HINT}"
+        )
 
     def update(self, message: dict[str, Any], *, delta: bool = False) -> None:
         arrays: dict[str, npt.NDArray[np.float32]] = {}
+        digests: dict[str, _Digest] = {}
+        prev: dict[str, tuple[tuple[int, ...], int]] = {}
         problems: list[str] = []
         for name, spec in message["arrays"].items():
             full_shape = [int(n) for n in spec["shape"]]
+            if "digest" in spec:
+                if "data" in spec:
+                    raise EngineProtocolError(f"state array {name!r}: both data and a digest")
+                held = self._read_digest(name, spec, full_shape, message, problems)
+                digests[name] = held
+                prev[name] = (held.shape, held.crc)
+                continue
+            if "data" not in spec:
+                raise EngineProtocolError(f"state array {name!r}: neither data nor a digest")
+            if "prefix_crc32" in spec or "slice" in spec:
+                raise EngineProtocolError(f"state array {name!r}: prefix_crc32 or slice without a digest")
             start = spec.get("start")
             if start is None:
                 shape = check_array_shape(name, full_shape, spec["data"])
@@ -380,6 +514,7 @@ class WireTargetView:
                 raise EngineProtocolError(f"state array {name!r}: data is not base64 ({exc})") from None
             if start is None:
                 arrays[name] = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(shape)
+                prev[name] = (shape, zlib.crc32(raw))
                 continue
             new = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(part)
             old = np.take(self._base[name], np.arange(start), axis=axis)
@@ -395,12 +530,88 @@ class WireTargetView:
                     "it reported them (append-only KV; docs/contract.md), or the CRC is wrong"
                 )
             arrays[name] = whole.astype(np.float32)
+            prev[name] = (shape, crc)
         self._arrays = arrays
+        self._digests = digests
         self._base = arrays
+        self._prev = prev
         self.processed = int(message["processed"])
         self.updates += 1
         if problems and self.state_problem is None:
             self.state_problem = "; ".join(problems)
+
+    def _read_digest(
+        self, name: str, spec: dict[str, Any], full_shape: list[int], message: dict[str, Any], problems: list[str]
+    ) -> _Digest:
+        """A digested array (docs/protocol.md, state): checked, decoded and joined to the request's earlier slices."""
+        if self.digest is None:
+            raise EngineProtocolError(f"state array {name!r}: a digest, but the request did not ask for state_digest")
+        if "crc32" not in spec:
+            raise EngineProtocolError(f"state array {name!r}: a digest needs crc32 (the whole array's CRC-32)")
+        slice_axes = int(spec.get("slice", 1))
+        start = spec.get("start")
+        axis = None if start is None else int(spec["axis"])
+        start = 0 if start is None else int(start)
+        if axis is not None and "prefix_crc32" not in spec:
+            raise EngineProtocolError(f"state array {name!r}: a digest from start {start} needs prefix_crc32")
+        if axis is None and "prefix_crc32" in spec:
+            raise EngineProtocolError(f"state array {name!r}: prefix_crc32 without start")
+        part = check_digest_shape(
+            name,
+            full_shape,
+            slice_axes=slice_axes,
+            projections=self.digest[1],
+            axis=axis,
+            start=start,
+            data=spec["digest"],
+        )
+        try:
+            raw = base64.b64decode(spec["digest"], validate=True)
+        except ValueError as exc:
+            raise EngineProtocolError(f"state array {name!r}: digest is not base64 ({exc})") from None
+        proj = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(part)
+        shape, crc = tuple(full_shape), int(spec["crc32"])
+        self.digest_arrays += 1
+        if axis is None:
+            return _Digest(shape, slice_axes, proj, crc)
+        earlier = self._digests.get(name) if name in self._prev else None
+        before = self._prev.get(name)
+        if before is None:
+            raise EngineProtocolError(
+                f"state array {name!r}: a digest from start {start} with no earlier state message of this "
+                "request to build on (the first state message of a request is whole)"
+            )
+        old_shape, old_crc = before
+        if (
+            len(old_shape) != len(shape)
+            or any(a != b for i, (a, b) in enumerate(zip(old_shape, shape, strict=True)) if i != axis)
+            or start != old_shape[axis]
+        ):
+            raise EngineProtocolError(
+                f"state array {name!r}: a digest of shape {list(shape)} from {start} along axis {axis} does not "
+                f"extend the previous message's shape {list(old_shape)} (start must be its length along the axis)"
+            )
+        if int(spec["prefix_crc32"]) != old_crc:
+            problems.append(
+                f"state array {name!r} at processed={message['processed']}: the CRC-32 of its first {start} "
+                f"rows is now {int(spec['prefix_crc32']):#010x}, but the whole array was {old_crc:#010x} when the "
+                f"engine reported it in the previous state message: rows before {start} changed after it "
+                "reported them (append-only KV; docs/contract.md), or a CRC is wrong"
+            )
+        if earlier is not None and earlier.slice_axes != slice_axes:
+            raise EngineProtocolError(f"state array {name!r}: slice {slice_axes}, but {earlier.slice_axes} before")
+        if earlier is None:  # the previous message sent its values: digest them (compared again, soundly)
+            seed, n = self.digest
+            values, _ = projections(self._base[name], seed=seed, n=n, slice_axes=slice_axes)
+            held_rows, unchecked = values.astype(np.float32), 0
+        else:
+            held_rows = earlier.proj
+            unchecked = start if earlier.checked else earlier.unchecked_from
+        held = _Digest(shape, slice_axes, np.concatenate([held_rows, proj], axis=axis), crc)
+        held.axis = axis
+        held.unchecked_from = min(unchecked, start)
+        self.rows_left_out += start
+        return held
 
     def __repr__(self) -> str:
         return f"<WireTargetView processed={self.processed} arrays={sorted(self._arrays)}>"
@@ -417,6 +628,13 @@ def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
         with contextlib.suppress(Exception):
             engine.close()
 
+
+#: how the state may travel (docs/protocol.md, ``state``); the default is the first the engine offers
+#: of digest, delta, full
+STATE_MODES = ("digest", "delta", "full")
+#: signed projections per slice in a digest: each one that is missed lets a wrong slice through with
+#: chance 1/2 for a two-element swap, so two per slice and many slices make a miss negligible
+DIGEST_PROJECTIONS = 2
 
 #: how often a failed engine is restarted in one run before every later request fails at once
 DEFAULT_MAX_RESTARTS = 8
@@ -441,12 +659,18 @@ class WireEngine:
         timeout: float = DEFAULT_TIMEOUT,
         state: bool = True,
         full_state: bool = False,
+        state_mode: str | None = None,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         load_target: Callable[[str], Target] | None = None,
     ) -> None:
         if not isinstance(full_state, bool):
             raise ValueError(f"full_state={full_state!r}: expected a bool")
+        if state_mode not in (None, *STATE_MODES):
+            raise ValueError(f"state_mode={state_mode!r}: expected one of {', '.join(map(repr, STATE_MODES))}")
+        if full_state and state_mode not in (None, "full"):
+            raise ValueError(f"full_state=True with state_mode={state_mode!r}: choose one")
+        mode = "full" if full_state else state_mode or "digest"
         if max_line_bytes is not None and (isinstance(max_line_bytes, bool) or int(max_line_bytes) < 1024):
             raise ValueError(f"max_line_bytes={max_line_bytes!r}: expected an int >= 1024 (bytes)")
         if isinstance(max_restarts, bool) or int(max_restarts) < 0:
@@ -500,9 +724,14 @@ class WireEngine:
         self.label = f"{self.engine_name} ({self.spec})"
         #: send state dumps with every round (capability ``state``); turn off to time the engine
         self.send_state = state and "state" in self.capabilities
-        #: ask for KV deltas (capability ``state_delta``) unless ``full_state``: rows the client holds
+        #: ask for digests (capability ``state_digest``; the default): signed projections per slice
+        #: instead of values, KV rows the client has seen left out (docs/protocol.md, ``state``)
+        self.state_digest = self.send_state and mode == "digest" and "state_digest" in self.capabilities
+        #: else ask for KV deltas (capability ``state_delta``) unless ``full_state``: rows the client holds
         #: are left out and checked by CRC-32 (docs/protocol.md, ``state``)
-        self.state_delta = self.send_state and not full_state and "state_delta" in self.capabilities
+        self.state_delta = (
+            self.send_state and not self.state_digest and mode != "full" and "state_delta" in self.capabilities
+        )
         #: the engine's own time for the last generate (``final.elapsed_us``) and its prefill part
         self.last_elapsed_us: float | None = None
         self.last_prefill_us: float | None = None
@@ -673,10 +902,16 @@ class WireEngine:
             "generations": int(t["generations"]),
             "rounds": int(t["rounds"]),
             "overhead_us_per_round": None if overhead is None else round(overhead, 1),
-            "state": ("deltas" if self.state_delta else "full arrays") if self.send_state else "none",
+            "state": self.state_kind(),
             "restarts": self.restarts,
             "faults": len(self.faults),
         }
+
+    def state_kind(self) -> str:
+        """How the state travels: ``digests``, ``deltas``, ``full arrays`` or ``none`` (the ``wire:`` line)."""
+        if not self.send_state:
+            return "none"
+        return "digests" if self.state_digest else "deltas" if self.state_delta else "full arrays"
 
     # ----------------------------------------------------------------- requests
 
@@ -698,6 +933,7 @@ class WireEngine:
         # the wall clock starts before the request goes out: the engine's own clock may start before
         # this process runs again (a loaded machine), and sending is the protocol's cost anyway
         started = time.perf_counter()
+        digest = (secrets.randbits(53), DIGEST_PROJECTIONS) if self.state_digest else None
         self._send(
             {
                 "type": "generate",
@@ -708,11 +944,12 @@ class WireEngine:
                 "drafts": "engine" if drafter is None else "suite",
                 "state": self.send_state,
                 **({"state_delta": True} if self.state_delta else {}),
+                **({"state_digest": {"seed": digest[0], "projections": digest[1]}} if digest else {}),
             },
             request,
         )
         if self.send_state:
-            self.target.begin_request()
+            self.target.begin_request(digest=digest)
         ctx = list(tokens)
         steps: list[Step] = []
         states = 0
@@ -963,6 +1200,7 @@ class ExecEngine(WireEngine):
         env: dict[str, str] | None = None,
         state: bool = True,
         full_state: bool = False,
+        state_mode: str | None = None,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         load_target: Callable[[str], Target] | None = None,
@@ -975,6 +1213,7 @@ class ExecEngine(WireEngine):
             timeout=timeout,
             state=state,
             full_state=full_state,
+            state_mode=state_mode,
             max_line_bytes=max_line_bytes,
             max_restarts=max_restarts,
             load_target=load_target,
@@ -1004,6 +1243,7 @@ class TcpEngine(WireEngine):
         timeout: float = DEFAULT_TIMEOUT,
         state: bool = True,
         full_state: bool = False,
+        state_mode: str | None = None,
         max_line_bytes: int | None = None,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         load_target: Callable[[str], Target] | None = None,
@@ -1014,6 +1254,7 @@ class TcpEngine(WireEngine):
             timeout=timeout,
             state=state,
             full_state=full_state,
+            state_mode=state_mode,
             max_line_bytes=max_line_bytes,
             max_restarts=max_restarts,
             load_target=load_target,
@@ -1040,23 +1281,23 @@ def engine_from_spec(
 
     The timeout per message is ``$SPECPROOF_WIRE_TIMEOUT`` (default 60 s); the line limit
     ``$SPECPROOF_WIRE_MAX_LINE`` bytes (default: worked out from the handshake);
-    ``$SPECPROOF_WIRE_STATE=full`` asks for whole state arrays every time (default ``delta``:
-    KV deltas where the engine offers ``state_delta``).
+    ``$SPECPROOF_WIRE_STATE`` says how the state travels: ``digest`` (the default: digests where the
+    engine offers ``state_digest``, else deltas, else whole arrays), ``delta`` (KV deltas where the
+    engine offers ``state_delta``) or ``full`` (whole arrays every time).
     """
     if timeout is None:
         timeout = _env_number("SPECPROOF_WIRE_TIMEOUT", DEFAULT_TIMEOUT, minimum=0.01)
     assert timeout is not None
     limit = _env_number("SPECPROOF_WIRE_MAX_LINE", None, minimum=1024)
     max_line = None if limit is None else int(limit)
-    mode = os.environ.get("SPECPROOF_WIRE_STATE", "") or "delta"
-    if mode not in ("delta", "full"):
-        raise EngineProtocolError(f"$SPECPROOF_WIRE_STATE={mode!r}: expected 'delta' or 'full'")
-    full = mode == "full"
+    mode = os.environ.get("SPECPROOF_WIRE_STATE", "") or "digest"
+    if mode not in STATE_MODES:
+        raise EngineProtocolError(f"$SPECPROOF_WIRE_STATE={mode!r}: expected 'digest', 'delta' or 'full'")
     kind, _, rest = spec.partition(":")
     if kind == "exec":
         argv = _split_command(rest)
         return lambda: ExecEngine(
-            argv, timeout=timeout, full_state=full, max_line_bytes=max_line, load_target=load_target
+            argv, timeout=timeout, state_mode=mode, max_line_bytes=max_line, load_target=load_target
         )
     if kind == "tcp":
         host, sep, port = rest.rpartition(":")
@@ -1066,7 +1307,7 @@ def engine_from_spec(
             host.strip("[]"),
             int(port),
             timeout=timeout,
-            full_state=full,
+            state_mode=mode,
             max_line_bytes=max_line,
             load_target=load_target,
         )

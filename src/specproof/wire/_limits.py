@@ -14,6 +14,7 @@ import re
 from typing import Any, Final
 
 from specproof.contract.files import json_depth_exceeds
+from specproof.wire._digest import MAX_SLICE, slice_length
 from specproof.wire._errors import EngineProtocolError
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "STATE_LINE_BYTES",
     "LineTooLong",
     "check_array_shape",
+    "check_digest_shape",
     "check_handshake_sizes",
     "decoded_length",
     "message_kind",
@@ -123,6 +125,54 @@ def check_array_shape(name: str, shape: list[int], data: str) -> tuple[int, ...]
             f"state array {name!r}: {have} bytes of data for shape {shape} ({want} expected); nothing was allocated"
         )
     return tuple(shape)
+
+
+def check_digest_shape(
+    name: str, shape: list[int], *, slice_axes: int, projections: int, axis: int | None, start: int, data: str
+) -> tuple[int, ...]:
+    """The shape of a digest's projections (``shape`` without its slice axes, cut from ``start`` along
+    ``axis``, then ``projections``), checked against the data's length before anything is decoded."""
+    if len(shape) > MAX_RANK:
+        raise EngineProtocolError(
+            f"state array {name!r}: shape {shape[:12]} has {len(shape)} dimensions (limit {MAX_RANK})"
+        )
+    if any(n > MAX_SIZE for n in shape):
+        raise EngineProtocolError(f"state array {name!r}: shape {shape} has a dimension over {MAX_SIZE}")
+    if not 1 <= slice_axes <= len(shape):
+        raise EngineProtocolError(
+            f"state array {name!r}: a digest's slice of {slice_axes} trailing axes in a shape {shape} "
+            f"(expected 1..{len(shape)})"
+        )
+    m = slice_length(shape, slice_axes)
+    if m > MAX_SLICE:
+        raise EngineProtocolError(
+            f"state array {name!r}: a digest's slices of {m} elements (shape {shape}, slice {slice_axes}); "
+            f"the limit is {MAX_SLICE} (the bound atol * m would say little)"
+        )
+    lead = list(shape[: len(shape) - slice_axes])
+    if axis is not None:
+        if axis >= len(lead):
+            raise EngineProtocolError(
+                f"state array {name!r}: a digest's axis {axis} is not one of the leading axes of shape {shape} "
+                f"(slice {slice_axes})"
+            )
+        if start > lead[axis]:
+            raise EngineProtocolError(
+                f"state array {name!r}: start {start} past the length {lead[axis]} of axis {axis}"
+            )
+        lead[axis] -= start
+    out = (*lead, projections)
+    want = 4 * math.prod(out)
+    have = decoded_length(data)
+    if have is None:
+        raise EngineProtocolError(f"state array {name!r}: a digest of {len(data)} characters is not padded base64")
+    if have != want:
+        raise EngineProtocolError(
+            f"state array {name!r}: a digest of {have // 4 if have % 4 == 0 else have / 4} floats for shape {shape} "
+            f"(slice {slice_axes}{f', from {start} along axis {axis}' if axis is not None else ''}): "
+            f"{math.prod(out)} expected ({projections} projections per slice); nothing was allocated"
+        )
+    return out
 
 
 def state_line_bytes(fixed_bytes: int, per_token_bytes: int, max_context: int) -> int:
