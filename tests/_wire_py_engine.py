@@ -12,7 +12,11 @@ MODE says how it treats what the suite sends (each a scenario of issue 20):
 - ``ok``: correct; capabilities ``greedy``, ``suite_drafts``, ``state``;
 - ``ignores-drafts``: advertises ``suite_drafts`` but never sends ``propose``: it drafts for itself;
 - ``swaps-drafts``: asks with ``propose``, then verifies a draft of its own instead;
-- ``no-suite-drafts``: correct, but does not advertise ``suite_drafts`` (drafts for itself).
+- ``no-suite-drafts``: correct, but does not advertise ``suite_drafts`` (drafts for itself);
+- ``digest-perturbed``: correct but not bit-equal: advertises ``state_digest`` and reports its
+  state with every element moved by +-atol/4 (a float implementation unlike numpy's), as digests;
+- ``digest-stale-conv``: advertises ``state_digest`` and reports a conv state whose newest tap
+  was never written (zeros), as digests.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ import numpy as np
 
 from specproof.conformance.zoo import small_reference
 from specproof.engine import NgramDrafter, SpecDecoder, greedy_decode
+from specproof.wire import encode_digest
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "ok"
-MODES = ("ok", "ignores-drafts", "swaps-drafts", "no-suite-drafts")
+MODES = ("ok", "ignores-drafts", "swaps-drafts", "no-suite-drafts", "digest-perturbed", "digest-stale-conv")
+ATOL = 1e-5
 K = 4
 MODEL = "specproof.conformance.zoo:small_reference"
 
@@ -49,12 +55,50 @@ def read() -> dict[str, object]:
     return json.loads(line)  # type: ignore[no-any-return]
 
 
-def state_message(rid: int, target: object) -> dict[str, object]:
+class Reported:
+    """What a digest-mode engine reported in this request: the KV length and the arrays (their bytes)."""
+
+    def __init__(self) -> None:
+        self.rows = -1
+        self.arrays: dict[str, np.ndarray] = {}
+
+
+def reported_state(target: object, rng: np.random.Generator, held: Reported) -> dict[str, np.ndarray]:
+    """The state this mode reports: the target's, perturbed or broken as MODE says (KV rows reported once stay)."""
+    arrays = {n: np.ascontiguousarray(np.asarray(a, dtype="<f4")) for n, a in target.state_arrays().items()}  # type: ignore[attr-defined]
+    if MODE == "digest-perturbed":
+        for name, a in arrays.items():
+            moved = (a + (ATOL / 4) * rng.choice([-1.0, 1.0], size=a.shape)).astype("<f4")
+            old = held.arrays.get(name)
+            if name in ("key_cache", "value_cache") and old is not None and held.rows > 0:
+                moved[:, :, : held.rows] = old[:, :, : held.rows]  # append-only: earlier rows as reported
+            arrays[name] = moved
+    elif MODE == "digest-stale-conv" and arrays["conv_state"].size:
+        arrays["conv_state"][..., -1] = 0.0
+    return arrays
+
+
+def state_message(
+    rid: int, target: object, digest: dict[str, int] | None = None, held: Reported | None = None
+) -> dict[str, object]:
+    processed = int(target.processed)  # type: ignore[attr-defined]
+    if digest is None or held is None:
+        arrays: dict[str, object] = {}
+        for name, array in target.state_arrays().items():  # type: ignore[attr-defined]
+            a = np.ascontiguousarray(np.asarray(array, dtype="<f4"))
+            arrays[name] = {"dtype": "float32", "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
+        return {"type": "state", "id": rid, "processed": processed, "arrays": arrays}
+    values = reported_state(target, np.random.default_rng(processed), held)
+    seed, n = digest["seed"], digest["projections"]
     arrays = {}
-    for name, array in target.state_arrays().items():  # type: ignore[attr-defined]
-        a = np.ascontiguousarray(np.asarray(array, dtype="<f4"))
-        arrays[name] = {"dtype": "float32", "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
-    return {"type": "state", "id": rid, "processed": int(target.processed), "arrays": arrays}  # type: ignore[attr-defined]
+    for name, a in values.items():
+        append = name in ("key_cache", "value_cache") and held.rows >= 0
+        slice_axes = 2 if name == "conv_state" else 1
+        arrays[name] = encode_digest(
+            a, seed=seed, n=n, slice_axes=slice_axes, axis=2 if append else None, start=held.rows if append else 0
+        )
+    held.rows, held.arrays = processed, values
+    return {"type": "state", "id": rid, "processed": processed, "arrays": arrays}
 
 
 class Drafts:
@@ -85,6 +129,8 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
     n, eos = int(req["max_new_tokens"]), req.get("eos_token_id")  # type: ignore[call-overload]
     drafts = Drafts(rid, req.get("drafts") == "suite" and "suite_drafts" in caps)
     send_state = bool(req.get("state")) and "state" in caps
+    digest = req.get("state_digest") if "state_digest" in caps else None
+    held = Reported()
     session = SpecDecoder(target, drafts, k=K, rollback="checkpoint").start(req["prompt"])  # type: ignore[arg-type]
     out: list[int] = []
     stop = "max_new_tokens"
@@ -94,7 +140,7 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
             stop = "context_full"  # no room for the pending token: no round, so no state before one
             break
         if send_state:
-            send(state_message(rid, target))
+            send(state_message(rid, target, digest, held))
         drafts.round = rounds
         gen = session.generate(n - len(out), eos_token_id=eos, max_rounds=1)  # type: ignore[arg-type]
         if not gen.steps:
@@ -119,7 +165,7 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
             stop = "eos"
             break
     if send_state:
-        send(state_message(rid, target))
+        send(state_message(rid, target, digest, held))
     send({"type": "final", "id": rid, "tokens": out, "stop_reason": stop, "processed": int(target.processed)})  # type: ignore[attr-defined]
 
 
@@ -133,6 +179,8 @@ def main() -> None:
         caps.remove("suite_drafts")
     if MODE in ("ignores-drafts", "swaps-drafts"):
         caps.remove("state")
+    if MODE.startswith("digest-"):
+        caps.append("state_digest")
     send(
         {
             "type": "hello",
@@ -144,7 +192,7 @@ def main() -> None:
             "rollback": "checkpoint",
             "capabilities": caps,
             "model": MODEL,
-            "atol": 1e-5,
+            "atol": ATOL,
         }
     )
     while True:

@@ -87,3 +87,21 @@ def test_the_correct_engine_uses_the_suite_drafts_and_refuses_hostile_ones() -> 
     (coverage,) = report["path_coverage"].values()
     # the hostile drafts (explicit on every profile) were refused: those generations did not complete
     assert coverage["completed"] < coverage["generations"]
+
+
+def test_state_digests_pass_a_perturbed_engine_and_fail_a_stale_conv_state() -> None:
+    """Digests over the wire (capability state_digest): a correct engine whose state is atol/4 off
+    everywhere (not bit-equal to numpy) passes; one that reports a conv tap never written fails."""
+    only = ("engine.state-restored", "engine.lossless")
+    report = _run("digest-perturbed", only=only)
+    results = _by_id(report)
+    assert results["engine.state-restored"]["status"] == "pass", results["engine.state-restored"]
+    assert results["engine.state-restored"]["exercised"] > 0
+    (engine,) = report["subjects"]["engines"]
+    assert engine["wire"]["state"] == "digests", engine["wire"]
+    report = _run("digest-stale-conv", only=only)
+    result = _by_id(report)["engine.state-restored"]
+    assert result["status"] == "fail", result
+    text = " ".join(v["explanation"] for v in result["violations"])
+    assert "conv_state differs at layer" in text and "signed projection" in text and "the bound" in text
+    assert "SPECPROOF_WIRE_STATE=full" in text
