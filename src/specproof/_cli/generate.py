@@ -252,6 +252,9 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
             summary["protocol_overhead_us_per_round"] = (
                 round((wall_us - float(elapsed)) / len(steps), 1) if steps else None
             )
+            wire = getattr(engine, "wire_summary", None)
+            if callable(wire):
+                summary["wire"] = wire()  # bytes each way and how the state travelled (digests, deltas, ...)
         equal = True
         if args.compare_greedy:
             greedy_fn = getattr(engine, "greedy", None)
