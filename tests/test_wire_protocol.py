@@ -479,6 +479,18 @@ def test_wire_state_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPa
         ExecEngine([sys.executable, str(FAKE), "ok"], state_mode="sketch")
 
 
+def test_digest_seeds_are_secret_per_client_and_stable_per_request() -> None:
+    """The same request replays with the same signs (a shrinking search sees one verdict); another
+    request, or another client, gets others."""
+    with (
+        ExecEngine([sys.executable, str(FAKE), "ok"], timeout=10) as one,
+        ExecEngine([sys.executable, str(FAKE), "ok"], timeout=10) as two,
+    ):
+        seed = one._digest_seed([1, 2, 3], 8, None)
+        assert seed == one._digest_seed([1, 2, 3], 8, None) and 0 <= seed < 2**53
+        assert seed != one._digest_seed([1, 2, 3], 9, None) and seed != two._digest_seed([1, 2, 3], 8, None)
+
+
 def test_a_newer_engines_unknown_capabilities_are_accepted_and_ignored() -> None:
     """Forward compatibility (docs/protocol.md, Capabilities): a name the client does not know changes nothing."""
     with ExecEngine([sys.executable, str(FAKE), "future-capabilities"], timeout=10) as engine:

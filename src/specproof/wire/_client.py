@@ -21,6 +21,7 @@ import atexit
 import base64
 import collections
 import contextlib
+import hashlib
 import json
 import os
 import queue
@@ -676,6 +677,8 @@ class WireEngine:
         if isinstance(max_restarts, bool) or int(max_restarts) < 0:
             raise ValueError(f"max_restarts={max_restarts!r}: expected an int >= 0")
         self._connect = connect
+        #: keys the digest seeds (``_digest_seed``): secret from the engine, fixed for this client
+        self._salt = secrets.token_bytes(16)
         #: turns the handshake's ``model`` spec into the oracle (``specproof.plugins.load_target`` knows fixtures)
         self._load_target = load_engine_target if load_target is None else load_target
         self.timeout = float(timeout)
@@ -907,6 +910,16 @@ class WireEngine:
             "faults": len(self.faults),
         }
 
+    def _digest_seed(self, prompt: list[int], max_new_tokens: int, eos_token_id: int | None) -> int:
+        """The signs' seed for a request: this client's secret salt and the request, hashed (below 2**53).
+
+        The engine cannot predict it, and the same request gets the same signs in this client, so a
+        search that replays a failing example sees the same verdict (never a flaky one).
+        """
+        text = json.dumps([prompt, int(max_new_tokens), eos_token_id], separators=(",", ":")).encode()
+        digest = hashlib.blake2b(text, key=self._salt, digest_size=8).digest()
+        return int.from_bytes(digest, "little") & ((1 << 53) - 1)
+
     def state_kind(self) -> str:
         """How the state travels: ``digests``, ``deltas``, ``full arrays`` or ``none`` (the ``wire:`` line)."""
         if not self.send_state:
@@ -933,7 +946,9 @@ class WireEngine:
         # the wall clock starts before the request goes out: the engine's own clock may start before
         # this process runs again (a loaded machine), and sending is the protocol's cost anyway
         started = time.perf_counter()
-        digest = (secrets.randbits(53), DIGEST_PROJECTIONS) if self.state_digest else None
+        digest = (
+            (self._digest_seed(tokens, max_new_tokens, eos_token_id), DIGEST_PROJECTIONS) if self.state_digest else None
+        )
         self._send(
             {
                 "type": "generate",
