@@ -583,6 +583,18 @@ def test_digests_reject_planted_state_bugs_naming_the_slice(bug: str) -> None:
     assert "in the engine" in why and "in the reference" in why and "SPECPROOF_WIRE_STATE=full" in why
 
 
+def test_digests_judge_non_finite_slices_by_finiteness() -> None:
+    """A reference slice holding inf (or NaN) needs a non-finite engine projection; finite needs finite."""
+    ref_kv, ref_conv = _reference()
+    ref_kv[0, 0, 5, 7] = np.inf
+    same = ref_kv.copy()
+    same[0, 0, 5, 0] += ATOL / 2  # not bit-identical: the projections are compared
+    assert _judge(same, ref_conv, ref_kv, ref_conv) is None
+    finite = ref_kv.copy()
+    finite[0, 0, 5, 7] = 1.0
+    assert "position 5" in str(_judge(finite, ref_conv, ref_kv, ref_conv))
+
+
 def test_digests_show_a_changed_old_row_by_its_prefix_crc() -> None:
     ref_kv, ref_conv = _reference()
     view = WireTargetView(256, 64, "t")
