@@ -49,6 +49,8 @@ BUGS = (
     "prefix-reuse-stale-state",
     "tokens-after-eos",
     "old-kv-row",
+    "never-reuses-prefix",
+    "overclaims-prefix-reuse",
 )
 
 
@@ -346,7 +348,7 @@ def findings(engine: ExecEngine) -> list[str]:
     # a session: a second request sharing only part of the first one's prompt
     engine.reset()
     long_prompt = bench_prompts()["code-edit"][:60]
-    engine.generate(long_prompt, 4)
+    first = engine.generate(long_prompt, 4)
     edited = [*long_prompt[:30], *b"changed tail"]
     gen = engine.generate(edited, 12)
     if list(gen.tokens) != greedy(edited, 12):
@@ -354,6 +356,16 @@ def findings(engine: ExecEngine) -> list[str]:
     probe = StateChecking(NgramDrafter(), engine)
     probe.check([*edited, *gen.tokens], "session: after the generation")
     found += probe.problems
+    # prefix reuse as reported (capability sessions): nothing after a reset, at most the shared prefix
+    # after an edit, something of a user turn that continues the last context exactly
+    turn = [*edited, *gen.tokens, *b" ok"]
+    third = engine.generate(turn, 4)
+    reused = [g.stats.prefix_reused if g.stats else None for g in (first, gen, third)]
+    if reused[0] != 0 or reused[1] is None or reused[1] > 30:
+        found.append(f"session: prefix_reused {reused[:2]}: at most [0, 30] after a reset and an edit")
+    held = len(edited) + len(gen.tokens) - 1
+    if not reused[2] or reused[2] > held:
+        found.append(f"session: prefix_reused {reused[2]} for a turn continuing the {held} tokens held")
     return found
 
 
@@ -511,6 +523,8 @@ CAUGHT_BY = {
     "prefix-reuse-stale-state": "engine.session",
     "tokens-after-eos": "engine.stop",
     "old-kv-row": "engine.state-restored",
+    "never-reuses-prefix": "engine.session",
+    "overclaims-prefix-reuse": "engine.session",
 }
 slow_certify = pytest.mark.skipif(
     os.environ.get("SPECPROOF_NATIVE_CERTIFY") != "1",

@@ -37,7 +37,7 @@ namespace sp {
 static const char* kVersion = "0.1.0";
 static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
                               "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos",
-                              "old-kv-row"};
+                              "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse"};
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t0) {
@@ -146,6 +146,7 @@ struct Options {
 
 struct StatsCounter {
     int rounds = 0, emitted = 0, prefill = 0, verify = 0, replay = 0, drafted = 0, accepted = 0;
+    int reused = 0;  // prompt tokens served from the session's caches (final.stats.prefix_reused)
     std::vector<int> attempts, accepts;
 };
 
@@ -316,7 +317,8 @@ class Engine {
               << ",\"prefill_forwards\":" << st.prefill << ",\"verify_forwards\":" << st.verify
               << ",\"replay_forwards\":" << st.replay << ",\"drafted\":" << st.drafted << ",\"accepted\":" << st.accepted
               << ",\"position_attempts\":" << json_int_list(st.attempts)
-              << ",\"position_accepts\":" << json_int_list(st.accepts) << "}";
+              << ",\"position_accepts\":" << json_int_list(st.accepts) << ",\"prefix_reused\":" << st.reused
+              << "}";
         o << ",\"elapsed_us\":" << static_cast<long long>(us_since(t0) - io_us_)
           << ",\"prefill_us\":" << static_cast<long long>(prefill_us) << "}";
         io_us_ = 0;
@@ -377,7 +379,10 @@ class Engine {
         int c = 0;
         const int limit = std::min(static_cast<int>(fed_.size()), want);
         while (c < limit && fed_[c] == prompt[c]) ++c;
-        if (c == static_cast<int>(fed_.size()) && c == m_.processed) {
+        if (bug("never-reuses-prefix")) {
+            m_.reset();  // advertises sessions, yet re-prefills every prompt from scratch
+            snaps_.clear();
+        } else if (c == static_cast<int>(fed_.size()) && c == m_.processed) {
             // everything processed is a prefix of the new prompt: the live state is right as it is
         } else if (bug("prefix-reuse-stale-state")) {
             m_.processed = c;  // moves the KV pointer back but keeps the conv state of the old context
@@ -400,6 +405,7 @@ class Engine {
         }
         fed_.resize(m_.processed);
         snaps_.erase(snaps_.upper_bound(m_.processed), snaps_.end());
+        st.reused = bug("overclaims-prefix-reuse") ? want : m_.processed;
         if (want > m_.processed) {
             std::vector<float> logits(static_cast<size_t>(want - m_.processed) * m_.cfg.vocab_size);
             const int start = m_.processed;

@@ -782,10 +782,15 @@ class Certification:
         assert case is not None and case.make_engine is not None
         # white-box after every request where the live target shows its state
         white_box = callable(getattr(case.live_target, "state_arrays", None)) and case.make_reference is not None
+        def greedy(prompt: Sequence[int], n: int, eos: int | None) -> tuple[list[int], Any]:
+            # the same memoized continuations the engine-case search uses
+            return self._greedy(case, list(prompt), n, eos)
+
+        # without a reference model the oracle is the engine's own greedy(), on the engine's caches
+        greedy.shares_engine = case.make_reference is None  # type: ignore[attr-defined]
         judge = {
             "engine_factory": case.make_engine,
-            # the same memoized continuations the engine-case search uses
-            "greedy": lambda prompt, n, eos: self._greedy(case, list(prompt), n, eos),
+            "greedy": greedy,
             "vocab_size": case.vocab_size,
             "tie_tolerance": case.tie_tolerance,
             "reference_factory": case.make_reference if white_box else None,

@@ -750,12 +750,13 @@ REGISTRY: tuple[Invariant, ...] = (
         id="engine.session",
         subject="engine",
         summary="requests on one live engine (new prompt, regenerate, an edit sharing a prefix, a user turn, a "
-        "shorter prefix, other max_new_tokens / EOS) each equal plain greedy",
+        "shorter prefix, other max_new_tokens / EOS) each equal plain greedy; an engine that declares a cache "
+        "reports `prefix_reused`, never more than it can hold and never nothing on a user turn",
         needs=("oracle", "sessions"),
         draws="a RuleBasedStateMachine whose rules are requests on one engine instance; a failure shows, and "
         "its reproduce command replays, the whole request history",
         driver="session-machine",
-        zoo=("stale_prefix_cache", "snapshot_only_last_call"),
+        zoo=("stale_prefix_cache", "snapshot_only_last_call", "never_reuses_prefix", "overclaims_prefix_reuse"),
         also=(
             "forgets_recurrent_restore",
             "processed_off_by_one",

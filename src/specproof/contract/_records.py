@@ -47,7 +47,9 @@ class Stats:
     """Counts for one generation.
 
     ``position_attempts[p]`` counts rounds whose draft had a token at position ``p``;
-    ``position_accepts[p]`` those where it was accepted.
+    ``position_accepts[p]`` those where it was accepted. ``prefix_reused``: prompt tokens an
+    engine that keeps caches between requests served from them instead of prefilling (``None``:
+    the engine does not say; docs/contract.md, "Sessions").
     """
 
     rounds: int = 0
@@ -59,6 +61,7 @@ class Stats:
     accepted: int = 0
     position_attempts: tuple[int, ...] = ()
     position_accepts: tuple[int, ...] = ()
+    prefix_reused: int | None = None
 
     @property
     def target_forwards(self) -> int:

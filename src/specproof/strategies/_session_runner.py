@@ -68,7 +68,12 @@ class SessionFailure(AssertionError):
 
 
 class GreedyOracle(Protocol):
-    """``greedy(prompt, max_new_tokens, eos_token_id) -> (tokens, top-2 margins or None)``: plain greedy."""
+    """``greedy(prompt, max_new_tokens, eos_token_id) -> (tokens, top-2 margins or None)``: plain greedy.
+
+    An oracle that asks the engine under test itself (its own ``greedy``, sharing its caches)
+    says so with an attribute ``shares_engine = True``: the engine may then hold the oracle's
+    continuations too, and the prefix-reuse bound counts them.
+    """
 
     def __call__(
         self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, /
@@ -113,6 +118,15 @@ def engine_greedy(engine: Any) -> GreedyOracle:
 # --------------------------------------------------------------------------- running requests
 
 
+def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 class _SessionRunner:
     """Issues requests to one engine and judges each against the oracle; shared by the machine and replay."""
 
@@ -149,6 +163,13 @@ class _SessionRunner:
         self.live = live if reference is not None and callable(getattr(live, "state_arrays", None)) else None
         self.reference: Any = reference if self.live is not None else None
         self.atol = atol
+        # prefix reuse (docs/contract.md, "Sessions"): an engine that keeps caches declares it and reports
+        # stats.prefix_reused; the runner bounds the claim by what the engine can have processed since
+        # its last reset, and holds a declared engine to reusing a prompt that continues the last context
+        self.reuses_prefix = getattr(engine, "reuses_prefix", False) is True
+        self._seen: list[list[int]] = []  # contexts the engine may hold since its last reset
+        self.oracle_shares_engine = getattr(greedy, "shares_engine", False) is True
+        self._last_context: list[int] | None = None  # what the previous generate left processed
 
     @property
     def plan_k(self) -> int:
@@ -200,10 +221,15 @@ class _SessionRunner:
                 self.engine.reset()
             except Exception as err:
                 return [], self._failure(index, f"engine.reset() raised {type(err).__name__}: {err}", None, None)
+            self._seen.clear()
+            self._last_context = None
             return [], None
         prompt = list(req.prompt)
         n = req.max_new_tokens
         continuation, margins = self.continuation(prompt, n)
+        if self.oracle_shares_engine:  # the engine may hold the oracle's whole memoised continuation
+            asked = self._greedy_memo.get(tuple(prompt))
+            self._seen.append([*prompt, *(asked[1] if asked else continuation)][:-1])
         expected = list(continuation)
         expected_margins = margins
         expected_stop = "max_new_tokens" if len(continuation) >= n else "context_full"
@@ -233,7 +259,7 @@ class _SessionRunner:
             return tokens, self._failure(index, verdict.explanation, expected, tokens, stop=expected_stop)
         if verdict.status == "excused":
             event("SessionMachine: an excused near-tie")
-            return tokens, self._check_state(index, [*prompt, *tokens])
+            return tokens, self._check_reuse(index, prompt, gen) or self._check_state(index, [*prompt, *tokens])
         if len(tokens) != len(expected):
             return tokens, self._failure(
                 index,
@@ -251,7 +277,63 @@ class _SessionRunner:
                 tokens,
                 stop=expected_stop,
             )
-        return tokens, self._check_state(index, [*prompt, *tokens])
+        return tokens, self._check_reuse(index, prompt, gen) or self._check_state(index, [*prompt, *tokens])
+
+    def _check_reuse(self, index: int, prompt: list[int], gen: Any) -> SessionFailure | None:
+        """``stats.prefix_reused`` against what the engine can have cached, and a declared cache against disuse.
+
+        Sound for any cache design (one sequence, snapshots, a radix tree over every request):
+        the engine cannot reuse more of ``prompt[:-1]`` than the longest prefix it shares with
+        some context processed since the last reset (requests, and the oracle's continuations
+        in case the oracle is the engine's own ``greedy``); and an engine that declares
+        ``reuses_prefix`` must reuse something of a prompt that continues exactly the context
+        the previous request left, which every cache design holds.
+        """
+        want = prompt[:-1]
+        shared = max((_shared_prefix(ctx, want) for ctx in self._seen), default=0)
+        last, self._last_context = self._last_context, [*prompt, *[int(t) for t in getattr(gen, "tokens", ())]][:-1]
+        self._seen.append(self._last_context)
+        stats = getattr(gen, "stats", None)
+        if stats is None:
+            return None  # a black box: it reports nothing to check
+        reused = getattr(stats, "prefix_reused", None)
+        declared = "the engine keeps caches between requests (it declares reuses_prefix; over the wire: `sessions`)"
+        if reused is None:
+            if self.reuses_prefix:
+                return self._failure(
+                    index,
+                    f"{declared}, but its stats do not say how many prompt tokens it served from them "
+                    "(stats.prefix_reused; docs/contract.md, Sessions)",
+                    None,
+                    None,
+                )
+            return None
+        if isinstance(reused, bool) or not isinstance(reused, Integral) or not 0 <= int(reused) <= len(want):
+            return self._failure(
+                index,
+                f"stats.prefix_reused={reused!r}: it must be an integer from 0 to {len(want)} (the prompt's tokens "
+                "but the pending one)",
+                None,
+                None,
+            )
+        if int(reused) > shared:
+            return self._failure(
+                index,
+                f"the engine reports reusing {int(reused)} prompt tokens from its caches (stats.prefix_reused), but "
+                f"no context it processed since its last reset shares more than the first {shared} of this "
+                f"prompt's {len(want)} (all but the pending one): it cannot have cached the rest",
+                shared,
+                int(reused),
+            )
+        if self.reuses_prefix and last and want[: len(last)] == last and int(reused) == 0:
+            return self._failure(
+                index,
+                f"{declared}, but it re-prefilled all {len(want)} prompt tokens (stats.prefix_reused = 0) although "
+                f"the prompt continues exactly the {len(last)} tokens the previous request left processed",
+                len(last),
+                0,
+            )
+        return None
 
     def _check_state(self, index: int, ctx: list[int]) -> SessionFailure | None:
         """White-box (a reference given, the engine's live target has ``state_arrays``): the target holds ``ctx[:-1]``.

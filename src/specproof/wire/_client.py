@@ -764,6 +764,9 @@ class WireEngine:
             )
         if "greedy" in self.capabilities:
             self.greedy = self._greedy
+        #: capability ``sessions``: the engine keeps its caches between requests and says how many prompt
+        #: tokens it served from them (``stats.prefix_reused``); ``engine.session`` holds it to both
+        self.reuses_prefix: bool = "sessions" in self.capabilities
         if "suite_drafts" in self.capabilities:
             #: the suite's drafter (capability ``suite_drafts``); absent otherwise, so the suite
             #: judges the engine on its own drafts
@@ -1045,6 +1048,7 @@ class WireEngine:
                         accepted=stats["accepted"],
                         position_attempts=tuple(stats["position_attempts"]),
                         position_accepts=tuple(stats["position_accepts"]),
+                        prefix_reused=stats.get("prefix_reused"),
                     ),
                 )
 

@@ -47,7 +47,10 @@ from specproof.engine._validate import check_prompt, component_name
 from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
+    "ContinuationOnlySessionEngine",
     "GreedyOnlySessionEngine",
+    "NeverReusesPrefix",
+    "OverclaimsPrefixReuse",
     "SessionEngine",
     "SnapshotOnlyLastCall",
     "StalePrefixCache",
@@ -102,6 +105,8 @@ class SessionEngine:
     """
 
     bug = "none (the correct control)"
+    #: keeps its caches between requests and reports ``stats.prefix_reused`` (docs/contract.md, "Sessions")
+    reuses_prefix = True
 
     def __init__(
         self,
@@ -180,8 +185,9 @@ class SessionEngine:
         self._drop_after(m)
         return m
 
-    def _position(self, prompt: list[int]) -> int:
-        """Make the target hold ``prompt[:-1]``, reusing the cache; returns the forwards used."""
+    def _position(self, prompt: list[int]) -> tuple[int, int]:
+        """Make the target hold ``prompt[:-1]``, reusing the cache; returns the forwards used and the
+        prompt tokens reused (not fed again)."""
         want = prompt[:-1]
         common = _common_prefix(self._cached, want)
         if common == len(self._cached) and self.target.processed == common:
@@ -191,7 +197,11 @@ class SessionEngine:
         forwards = self._feed(want[start:])
         self._cached = list(want)
         self._snap()
-        return forwards
+        return forwards, start
+
+    def _reported_reuse(self, reused: int, prompt: list[int]) -> int:
+        """Hook: what ``stats.prefix_reused`` says (the correct engine tells the truth)."""
+        return reused
 
     def _after_call(self) -> None:
         """Hook: called at the end of every ``generate`` (the correct engine keeps every snapshot)."""
@@ -204,7 +214,7 @@ class SessionEngine:
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         self._call += 1
-        forwards = self._position(ctx)
+        forwards, reused = self._position(ctx)
         session = _ResumedSession(self._decoder(), ctx, prefill_forwards=forwards)
         try:
             gen = session.generate(max_new_tokens, eos_token_id=eos_token_id)
@@ -214,7 +224,9 @@ class SessionEngine:
         self._cached = list(session.context[:-1])
         self._snap()
         self._after_call()
-        return gen
+        if gen.stats is None:
+            return gen
+        return attrs.evolve(gen, stats=attrs.evolve(gen.stats, prefix_reused=self._reported_reuse(reused, ctx)))
 
 
 class StalePrefixCache(SessionEngine):
@@ -276,6 +288,53 @@ class SnapshotOnlyLastCall(SessionEngine):
         self.target.restore(attrs.evolve(latest, processed=hit))
         self._drop_after(hit)
         return hit
+
+
+class NeverReusesPrefix(SessionEngine):
+    """Advertises prefix reuse, yet re-prefills every prompt from scratch (and says so: ``prefix_reused`` 0).
+
+    Shipped as: a session or prefix cache switched on in the engine's capabilities while
+    the hybrid model's path silently bypasses it (a recurrent-state cache the scheduler
+    never consults): every answer is right, every multi-turn request pays a full prefill.
+    """
+
+    bug = "advertises sessions but never reuses a cached prefix, even when the prompt continues the last context"
+
+    def _rewind(self, common: int) -> int:
+        return super()._rewind(0)
+
+    def _position(self, prompt: list[int]) -> tuple[int, int]:
+        self.target.reset()
+        self._cached = []
+        self._snapshots.clear()
+        self._taken_in.clear()
+        return super()._position(prompt)
+
+
+class OverclaimsPrefixReuse(SessionEngine):
+    """Reports every prompt token but the pending one as served from its caches, whatever it reused.
+
+    Shipped as: a cache-hit counter incremented by the prompt's length on a lookup, not by
+    what the lookup matched: the figures engine authors tune their prefix caches by lie.
+    """
+
+    bug = "stats.prefix_reused counts the whole prompt, more than any earlier request processed"
+
+    def _reported_reuse(self, reused: int, prompt: list[int]) -> int:
+        return len(prompt) - 1
+
+
+class ContinuationOnlySessionEngine(SessionEngine):
+    """Correct: keeps no snapshots, so it reuses its cache only when the prompt continues the last context.
+
+    Any other prompt (a regenerate, an edit) is re-prefilled from scratch: less reuse than the
+    control, honestly reported.
+    """
+
+    bug = "none (a correct engine that reuses only multi-turn continuations)"
+
+    def _rewind(self, common: int) -> int:
+        return super()._rewind(0)
 
 
 class _CyclingK:
@@ -363,3 +422,15 @@ def varying_k_session_engine() -> VaryingKSessionEngine:
 
 def greedy_only_session_engine() -> GreedyOnlySessionEngine:
     return GreedyOnlySessionEngine()
+
+
+def continuation_only_session_engine() -> ContinuationOnlySessionEngine:
+    return ContinuationOnlySessionEngine()
+
+
+def never_reuses_prefix() -> NeverReusesPrefix:
+    return NeverReusesPrefix()
+
+
+def overclaims_prefix_reuse() -> OverclaimsPrefixReuse:
+    return OverclaimsPrefixReuse()
