@@ -15,9 +15,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import attrs
 import hypothesis
 import pytest
 from hypothesis import strategies as st
+from hypothesis.database import choices_to_bytes
 
 from specproof.cli import main
 from specproof.conformance import certify
@@ -181,3 +183,93 @@ def test_a_database_keeps_the_derandomized_examples(tmp_path: Path) -> None:
     # (the check can fail: a plain random seed draws other examples)
     other = _draws(profile.hypothesis_settings(seed=1), seed_from_digest=False)
     assert other != plain
+
+
+# ---- covering examples: a rare path a seeded run reached is replayed by derandomized gates ----
+
+CLAMPED = "clamped_at_max_context"
+STOP = ("engine.stop",)
+RARE_SEED = 3  # a seeded quick search of the built-in stack that reaches max_context (the gate does not)
+
+
+def _clamped(report: dict[str, Any]) -> dict[str, int]:
+    return {case: row[CLAMPED] for case, row in report["path_coverage"].items()}
+
+
+def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(tmp_path: Path) -> None:
+    db = str(tmp_path / "db")
+    # without the database the derandomized gate never reaches max_context (the check can fail)
+    plain = certify("engine", only=STOP, db="none")
+    assert _clamped(plain) == {"checkpoint": 0, "replay": 0}
+    seeded = certify("engine", only=STOP, seed=RARE_SEED, db=db)
+    assert all(_clamped(seeded).values())
+    assert seeded["database"]["covering_saved"].keys() == {"checkpoint", "replay"}
+    gate = certify("engine", only=STOP, db=db)  # derandomized, sharing the database
+    assert gate["verdict"] == "pass" and all(_clamped(gate).values())
+    db_info = gate["database"]
+    assert db_info["covering_paths"] == {"checkpoint": [CLAMPED], "replay": [CLAMPED]}
+    # only the unreached path's example is replayed: one per case, on top of the gate's own examples
+    assert db_info["covering_replayed"] == {"checkpoint": 1, "replay": 1}
+    for case, row in gate["path_coverage"].items():
+        own = plain["path_coverage"][case]
+        assert row["generations"] == own["generations"] + 1
+        # the gate's own examples are the ones it draws without the database (kept, not displaced)
+        assert all(row[p] >= n for p, n in own.items())
+    # nothing is saved by a derandomized run, and the covering examples stay for the next gate
+    assert db_info["covering_saved"] == {}
+    assert certify("engine", only=STOP, db=db)["database"]["covering_replayed"] == {"checkpoint": 1, "replay": 1}
+
+
+def test_a_gate_reaching_every_path_replays_nothing(tmp_path: Path) -> None:
+    db = str(tmp_path / "db")
+    certify("engine", engine=CONTROL, only=STOP, seed=1, db=db)
+    gate = certify("engine", engine=CONTROL, only=STOP, db=db)
+    assert gate["database"]["covering_replayed"] == {}
+    assert gate["path_coverage"] == certify("engine", engine=CONTROL, only=STOP, db="none")["path_coverage"]
+
+
+def test_a_path_keeps_one_covering_example_the_smallest(tmp_path: Path) -> None:
+    store = open_database(str(tmp_path / "db"), default_dir=tmp_path)
+    assert store is not None
+    view = store.view("k", check="t")
+    small, large = choices_to_bytes((1, 2)), choices_to_bytes((5, 6, 7))
+    assert view.keep_covering("partial", large)
+    assert view.keep_covering("partial", small)  # smaller: replaces the saved one
+    assert not view.keep_covering("partial", large)
+    assert view.covering(["partial"]) == [small]
+    assert view.keep_covering("rejected_at_0", small)
+    assert view.covering(["partial", "rejected_at_0", "empty_draft"]) == [small]  # each example once
+
+
+def test_a_covering_example_that_fails_is_shrunk_and_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine that goes wrong only at max_context: the gate finds it through the covering example."""
+    from specproof.conformance import _registry as registry
+    from specproof.conformance._registry import Outcome
+
+    db = str(tmp_path / "db")
+    certify("engine", only=STOP, seed=RARE_SEED, db=db)  # the correct engine: covering examples saved
+    real = registry.by_subject
+
+    def broken_at_max_context(subject: Any) -> tuple[Any, ...]:
+        out = []
+        for inv in real(subject):
+            if inv.id == "engine.stop":
+
+                def check_clamped(new: Any, case: Any, run: Any, old: Any = inv) -> Any:
+                    if run.paths[CLAMPED]:
+                        return Outcome(violations=[new.violation("a round at max_context went wrong")])
+                    return old.check(case, run)
+
+                inv = attrs.evolve(inv, on_record=None, check=check_clamped)
+            out.append(inv)
+        return tuple(out)
+
+    monkeypatch.setattr(registry, "by_subject", broken_at_max_context)
+    assert certify("engine", only=STOP, db="none")["verdict"] == "pass"  # the gate alone misses it
+    gate = certify("engine", only=STOP, db=db)
+    assert _failing(gate) == {"engine.stop"}
+    for r in gate["results"]:
+        assert [v["explanation"] for v in r["violations"]] == ["a round at max_context went wrong"]
+    # shrunk from the covering example and saved as a failure: the next gate replays it as one
+    again = certify("engine", only=STOP, db=db)
+    assert again["database"]["replayed"] == {"checkpoint-engine.stop": 1, "replay-engine.stop": 1}

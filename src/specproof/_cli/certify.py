@@ -253,6 +253,23 @@ def print_database(console: Any, report: dict[str, Any]) -> None:
             markup=False,
             soft_wrap=True,
         )
+    covering = db.get("covering_replayed") or {}
+    if covering:
+        paths = sorted({p for case in db.get("covering_paths", {}).values() for p in case})
+        console.print(
+            f"example database {db['spec']}: replayed {sum(covering.values())} covering example(s) of paths this "
+            f"run's search did not reach ({', '.join(paths) or 'none reached again'})",
+            markup=False,
+            soft_wrap=True,
+        )
+    saved = db.get("covering_saved") or {}
+    if saved:
+        console.print(
+            f"example database {db['spec']}: saved {sum(saved.values())} covering example(s) (new or smaller, "
+            f"per engine case and path)",
+            markup=False,
+            soft_wrap=True,
+        )
     for warning in db["warnings"]:
         console.print(f"warning: example database: {warning}", markup=False, soft_wrap=True)
 

@@ -21,9 +21,11 @@ import attrs
 import hypothesis
 from hypothesis import Phase
 from hypothesis import strategies as st
+from hypothesis.database import MultiplexedDatabase, choices_to_bytes
+from hypothesis.internal.reflection import function_digest
 
 from specproof.conformance import _registry as registry
-from specproof.conformance._database import check_key, derandomized_seed
+from specproof.conformance._database import check_key, derandomized_seed, replay_only, shortlex
 from specproof.conformance._harness import (
     PATHS,
     EngineRun,
@@ -42,6 +44,8 @@ from specproof.contract import SpecproofError, UsageError, Violation, ViolationE
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
 __all__ = ["OWN_DRAFT_PATHS", "Certification", "CheckItem", "Plan"]
+
+_COVERING_KEY = b"covering"  # the Hypothesis key the covering replay asks its read-only database for
 
 # The rollback paths an engine judged on its own drafts (no suite_drafts) must reach for a PASS:
 # the suite cannot drive it there, so a path it never took is a path nobody checked
@@ -212,6 +216,7 @@ class _CaseSearch:
     runs: list[EngineRun] = attrs.Factory(list)
     seconds: float = 0.0
     error: BaseException | None = None
+    covering: list[tuple[EngineRun, bytes]] = attrs.Factory(list)  # replayed covering examples, as saved
 
 
 class Certification:
@@ -231,6 +236,7 @@ class Certification:
         self.interrupted = False
         self._searches: dict[int, _CaseSearch] = {}
         self._sink: list[EngineRun] | None = None  # the runs a database replay draws
+        self._choices: list[tuple[EngineRun, bytes]] | None = None  # runs drawn, with their choice sequences
         self.session_files: dict[str, str] = {}  # case id -> the saved history of its failing session
 
     # ---- what runs ---------------------------------------------------------------------
@@ -320,10 +326,20 @@ class Certification:
                 self.on_result(result)
 
     def _settings(
-        self, fn: Any, *, max_examples: int | None = None, item: CheckItem | None = None, phases: Any = None
+        self,
+        fn: Any,
+        *,
+        max_examples: int | None = None,
+        item: CheckItem | None = None,
+        phases: Any = None,
+        replay: Sequence[bytes] = (),
     ) -> Any:
-        """Profile settings; with a database, the check's own namespace and Phase.reuse first."""
+        """Profile settings; with a database, the check's own namespace and Phase.reuse first
+        (``replay``: choice sequences replayed first too, without being saved there)."""
         database = self._view(item)
+        if database is not None and replay:
+            key = function_digest(fn.hypothesis.inner_test)  # the key Hypothesis reads the test's entries at
+            database = MultiplexedDatabase(database, replay_only(key, replay))
         settings = self.plan.profile.hypothesis_settings(
             seed=self.plan.seed, max_examples=max_examples, database=database
         )
@@ -338,12 +354,14 @@ class Certification:
 
     def _key(self, item: CheckItem) -> str | None:
         """The example-database namespace of a check: subjects, invariant, tolerances and profile."""
+        return self._namespace(item.invariant.id, item.case_id, item.engine)
+
+    def _namespace(self, invariant: str, case_id: str, case: EngineCase | None) -> str | None:
         if self.plan.database is None:
             return None
-        case = item.engine
         return check_key(
-            invariant=item.invariant.id,
-            case=item.case_id,
+            invariant=invariant,
+            case=case_id,
             specs={k: self.plan.specs.get(k) for k in ("drafter", "target", "engine")},
             tolerances=[self.plan.tie_tolerance, self.plan.atol],
             case_tolerances=[case.tie_tolerance, case.atol] if case is not None else None,
@@ -395,6 +413,9 @@ class Certification:
         run = self._draw_one(data, case)
         if self._sink is not None:
             self._sink.append(run)
+        if self._choices is not None:
+            # every draw of the example is made: its choices replay it (a covering example)
+            self._choices.append((run, choices_to_bytes(data.conjecture_data.choices)))
         return run
 
     def _draw_one(self, data: st.DataObject, case: EngineCase) -> EngineRun:
@@ -623,13 +644,85 @@ class Certification:
             def search(data: st.DataObject) -> None:
                 found.runs.append(self._draw_run(data, case))
 
-            self._settings(search)()
+            saving = self.plan.seed is not None and self.plan.database is not None
+            self._choices = [] if saving else None
+            try:
+                self._settings(search)()
+            finally:
+                drawn, self._choices = self._choices or [], None
+            if saving:
+                self._keep_covering(case, drawn)
+            else:
+                self._replay_covering(case, found)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:
             found.error = exc
         found.seconds = time.perf_counter() - start
         return found
+
+    # ---- covering examples: rare paths a seeded run reached, replayed by derandomized ones ----
+
+    def _case_view(self, case: EngineCase) -> Any:
+        key = self._namespace("(engine case search)", case.id, case)
+        return None if key is None else self.plan.database.view(key, check=f"{case.id} search")
+
+    def _keep_covering(self, case: EngineCase, drawn: list[tuple[EngineRun, bytes]]) -> None:
+        """A seeded search keeps, per rollback path, the smallest example of its own that reached it.
+
+        (Only seeded runs save: a derandomized run draws the same examples every time, so what
+        it reaches it reaches anyway, and its database stays as the campaigns left it.)
+        """
+        view = self._case_view(case)
+        for path in PATHS:
+            reached = [raw for run, raw in drawn if run.paths[path]]
+            if reached and view.keep_covering(path, min(reached, key=shortlex)):
+                self.plan.database.covering_saved[case.id] += 1
+
+    def _replay_covering(self, case: EngineCase, found: _CaseSearch) -> None:
+        """After a derandomized search: replay the covering examples of the paths it did not reach.
+
+        A path the search reached costs nothing; each unreached one costs its one saved example.
+        Replayed with Phase.reuse only, through a read-only database: a covering example that
+        passes is kept (Hypothesis would delete it), one that fails feeds the invariants as any
+        other run does, and is shrunk from its saved choices (``_shrink``).
+        """
+        view = self._case_view(case) if found.error is None else None
+        if view is None:
+            return
+        reached: Counter[str] = Counter()
+        for run in found.runs:
+            reached.update(run.paths)
+        missing = [p for p in PATHS if not reached[p]]
+        entries = view.covering(missing) if missing else []
+        if not entries:
+            return
+
+        @hypothesis.given(data=st.data())
+        def covering(data: st.DataObject) -> None:
+            self._draw_run(data, case)
+
+        covering._hypothesis_internal_database_key = _COVERING_KEY  # type: ignore[attr-defined]
+        settings = hypothesis.settings(
+            self.plan.profile.hypothesis_settings(seed=None, database=replay_only(_COVERING_KEY, entries)),
+            phases=[Phase.reuse],
+            max_examples=max(1, len(entries)),
+        )
+        self._sink, self._choices = [], []
+        try:
+            settings(hypothesis.seed(0)(covering))()
+        except unittest.SkipTest:
+            pass
+        finally:
+            drawn, self._choices, self._sink = self._choices, None, None
+        found.runs.extend(run for run, _ in drawn)
+        found.covering.extend(drawn)
+        now: Counter[str] = Counter()
+        for run, _ in drawn:
+            now.update(run.paths)
+        store = self.plan.database
+        store.covering[case.id] += len(drawn)
+        store.covered[case.id] = [p for p in missing if now[p]]
 
     def _replay(self, case: EngineCase, found: _CaseSearch) -> None:
         """Replay the database first: each engine invariant's saved failures join the case's search.
@@ -703,7 +796,10 @@ class Certification:
         case, inv = item.engine, item.invariant
         assert case is not None and inv.check is not None
         # raises the minimal failing example when the search finds one (and saves it in the database)
-        self._settings(self._failing_test(item), item=item)()
+        # (a covering example from the database that fails is replayed first: shrunk from there,
+        # its minimal example is saved in the check's namespace like any failure)
+        covering = [raw for run, raw in self._searches[case.token].covering if inv.check(case, run).violations]
+        self._settings(self._failing_test(item), item=item, replay=covering)()
         for ex in self._explicit(case):  # only an explicit example failed: it is small already
             run = self._execute(case, **ex)
             found = inv.check(case, run).violations

@@ -17,6 +17,11 @@ subjects (their specs and the engine case), the invariant, the tolerances and th
 so a failure is replayed only where it means the same thing. An entry that cannot be
 decoded is skipped with a warning, never a crash; a shared server that fails marks the
 store ``lost`` (a campaign stops on it) and the run goes on with the local directory.
+
+Covering examples (docs/contract.md, "covering examples"): a seeded run (a campaign round,
+``--seed``) keeps, per engine case and rollback path, the smallest example that reached the
+path (``_View.keep_covering``); a derandomized run replays those of the paths its own search
+did not reach (``replay_only``), so a rare path any campaign found is checked by every gate.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "derandomized_seed",
     "hypothesis_home",
     "open_database",
+    "replay_only",
 ]
 
 _REDIS = re.compile(r"^redis://(?P<host>[^:/]+)(?::(?P<port>\d+))?(?:/(?P<db>\d+))?/?$")
@@ -63,6 +69,9 @@ class ExampleStore:
     warnings: list[str] = attrs.Factory(list)
     lost: str | None = None  # the shared database stopped answering: why
     replayed: Counter[str] = attrs.Factory(Counter)  # check id -> saved examples that failed again
+    covering: Counter[str] = attrs.Factory(Counter)  # engine case -> covering examples replayed
+    covering_saved: Counter[str] = attrs.Factory(Counter)  # engine case -> covering examples saved
+    covered: dict[str, list[str]] = attrs.Factory(dict)  # engine case -> paths only the replayed ones reached
 
     def view(self, key: str, *, check: str) -> ExampleDatabase:
         """The namespace of one check (``key`` from ``check_key``); undecodable entries are skipped."""
@@ -78,6 +87,9 @@ class ExampleStore:
             "local": str(self.local) if self.local else None,
             "shared": self.shared,
             "replayed": dict(self.replayed),
+            "covering_replayed": dict(self.covering),
+            "covering_saved": dict(self.covering_saved),
+            "covering_paths": {case: list(paths) for case, paths in self.covered.items()},
             "warnings": list(self.warnings),
             "lost": self.lost,
         }
@@ -216,6 +228,66 @@ class _View(ExampleDatabase):
         except Exception as exc:
             self.store.warn(f"{self.check}: the example database could not be read ({type(exc).__name__}: {exc})")
             return []
+
+    # ---- covering examples: per rollback path, the smallest example that reached it -------
+
+    def covering(self, paths: Iterable[str]) -> list[bytes]:
+        """The saved covering examples of these paths (each once, smallest first; bad ones skipped)."""
+        found: set[bytes] = set()
+        for path in paths:
+            found.update(self.fetch(_COVERING + path.encode()))
+        return sorted(found, key=shortlex)
+
+    def keep_covering(self, path: str, value: bytes) -> bool:
+        """Keep ``value`` as the path's covering example if it is smaller than the saved one(s).
+
+        One entry per path, the shortlex-smallest (Hypothesis' order of simplicity), so what a
+        gate replays stays bounded however long campaigns run; True when ``value`` was saved.
+        """
+        key = _COVERING + path.encode()
+        saved = self.fetch(key)
+        best = min([*saved, value], key=shortlex)
+        for old in saved:
+            if old != best:
+                self.delete(key, old)
+        if best == value and value not in saved:
+            self.save(key, value)
+            return True
+        return False
+
+
+_COVERING = b"specproof-covering."  # + path: the record name of a path's covering example
+
+
+def shortlex(value: bytes) -> tuple[int, bytes]:
+    """Hypothesis' order of simplicity on saved choice sequences: shorter first, then bytewise."""
+    return (len(value), value)
+
+
+class _ReplayOnly(ExampleDatabase):
+    """A read-only database answering one key with given entries: Phase.reuse replays them all.
+
+    Hypothesis deletes a replayed entry that does not fail; a covering example is not meant to
+    fail, so it is handed over here, where deleting is a no-op (its namespace is untouched).
+    """
+
+    def __init__(self, key: bytes, entries: Iterable[bytes]) -> None:
+        super().__init__()
+        self.key, self.entries = key, list(entries)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return list(self.entries) if key == self.key else []
+
+    def save(self, key: bytes, value: bytes) -> None:
+        pass
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        pass
+
+
+def replay_only(key: bytes, entries: Iterable[bytes]) -> ExampleDatabase:
+    """A database for Phase.reuse that replays ``entries`` under ``key`` and changes nothing."""
+    return _ReplayOnly(key, entries)
 
 
 def derandomized_seed(test: Any) -> int:
