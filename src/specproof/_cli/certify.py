@@ -24,104 +24,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         ),
         epilog=EPILOG,
     )
+    from specproof.conformance._options import add_to_argparse
+
     add_subject_options(p, verb="certify")
-    p.add_argument("--profile", default="quick", help="quick | ci | release (default quick)")
-    p.add_argument("--seed", type=int, default=None, help="Hypothesis seed (default: derandomized)")
-    p.add_argument(
-        "--max-context",
-        type=int,
-        default=None,
-        metavar="N",
-        help="test an engine at a context capacity of N tokens (default: its max_context, bounded by the "
-        "profile: quick 4096, ci 16384, release 65536); the certificate says which capacity was tested",
+    add_to_argparse(
+        p, ["profile", "seed", "max_context", "expect_fail", "expect_fail_file", "report", "markdown"], verb="certify"
     )
-    p.add_argument(
-        "--expect-fail",
-        action="append",
-        default=[],
-        metavar="ID[=REASON]",
-        help="a known, documented failure of this invariant: reported as xfail, not failing the verdict; "
-        "if it passes it is xpass and fails the verdict (strict). Repeatable",
-    )
-    p.add_argument(
-        "--expect-fail-file",
-        default=None,
-        metavar="FILE",
-        help="expected failures, one `ID [reason]` per line (`#` comments); a bad line is a usage error",
-    )
-    p.add_argument("--report", default=None, metavar="FILE", help="write the specproof-report/2 JSON here")
-    p.add_argument("--markdown", default=None, metavar="FILE", help="write the Markdown certificate here")
     p.add_argument("--junitxml", default=None, metavar="FILE", help="write JUnit XML (one testcase per check) here")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
-    p.add_argument(
-        "--replay-session",
-        default=None,
-        metavar="FILE",
-        help="replay a saved specproof-session/1 request history on the engine (what a session failure's "
-        "reproduce command does)",
-    )
-    p.add_argument(
-        "--hypothesis-dir",
-        default=None,
-        metavar="DIR",
-        help="Hypothesis' storage directory (default $SPECPROOF_HYPOTHESIS_DIR, else ~/.cache/specproof/hypothesis); "
-        "never .hypothesis/ in the working directory",
-    )
+    add_to_argparse(p, ["replay_session", "hypothesis_dir"], verb="certify")
     add_db_option(p)
     p.set_defaults(func=run)
 
 
 def _hypothesis_dir(arg: str | None) -> Path:
-    from specproof.conformance._database import hypothesis_home
-    from specproof.contract import UsageError
+    from specproof.conformance._database import storage_dir
 
-    chosen = arg or os.environ.get("SPECPROOF_HYPOTHESIS_DIR")
-    if chosen:
-        path = Path(chosen)
-        if not path.parent.is_dir():
-            raise UsageError(f"--hypothesis-dir {chosen!r}: the directory {str(path.parent)!r} does not exist")
-        return path
-    return hypothesis_home()
+    return storage_dir(arg)
 
 
 def add_subject_options(p: argparse.ArgumentParser, *, verb: str) -> None:
-    """What to check and how strictly: the options `certify` and `fuzz` share (one definition for both)."""
-    p.add_argument("subject", nargs="?", default=None, choices=("drafter", "target", "engine", "all"))
-    p.add_argument("--drafter", default=None, metavar="SPEC", help=f"drafter to {verb} (default: ngram)")
-    p.add_argument("--target", default=None, metavar="SPEC", help="target (default: reference)")
-    p.add_argument(
-        "--engine", default=None, metavar="SPEC", help=f"engine to {verb}: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT"
-    )
-    p.add_argument(
-        "--tie-tolerance",
-        type=float,
-        default=None,
-        help="top-2 logit margin under which a divergence from greedy is excused (default: the subject's own, else 0)",
-    )
-    p.add_argument(
-        "--atol",
-        type=float,
-        default=None,
-        help="absolute tolerance on logits and recurrent state (default: the subject's own, else 0 = exact)",
-    )
-    p.add_argument(
-        "--only",
-        action="append",
-        default=[],
-        metavar="ID",
-        help="run only these invariant ids or globs (comma-separated or repeated; `specproof invariants` lists them)",
-    )
+    """What to check and how strictly: the options `certify` and `fuzz` share (one definition for both,
+    and for the pytest plugin: conformance/_options.py)."""
+    from specproof.conformance._options import add_to_argparse
+
+    add_to_argparse(p, ["subject", "drafter", "target", "engine", "tie_tolerance", "atol", "only"], verb=verb)
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--db",
-        default=None,
-        metavar="PATH|redis://HOST:PORT/N|none",
-        help="the example database failures are saved in and replayed from first (default: examples/ in the "
-        "--hypothesis-dir); redis://HOST:PORT/N shares one across machines (kept beside the local directory); "
-        "none remembers nothing",
-    )
+    from specproof.conformance._options import add_to_argparse
+
+    add_to_argparse(p, ["db"], verb="certify")
 
 
 def open_db(args: argparse.Namespace, storage: Path) -> Any:

@@ -52,6 +52,7 @@ __all__ = [
     "derandomized_seed",
     "hypothesis_home",
     "open_database",
+    "storage_dir",
     "replay_only",
 ]
 
@@ -104,6 +105,17 @@ def hypothesis_home() -> Path:
     return base / "specproof" / "hypothesis"
 
 
+def storage_dir(arg: str | None, *, option: str = "--hypothesis-dir") -> Path:
+    """``--hypothesis-dir`` (else $SPECPROOF_HYPOTHESIS_DIR, else the user cache), checked before any work."""
+    chosen = arg or os.environ.get("SPECPROOF_HYPOTHESIS_DIR")
+    if chosen:
+        path = Path(chosen)
+        if not path.parent.is_dir():
+            raise UsageError(f"{option} {chosen!r}: the directory {str(path.parent)!r} does not exist")
+        return path
+    return hypothesis_home()
+
+
 def default_examples_dir(home: Path | None = None) -> Path:
     """The default example database: ``examples/`` in Hypothesis' directory (as ``.hypothesis/examples``)."""
     return (home if home is not None else hypothesis_home()) / "examples"
@@ -115,25 +127,27 @@ def check_key(**parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def open_database(spec: str | None, *, default_dir: Path) -> ExampleStore | None:
-    """Open ``--db`` (None: the default directory); a bad value is a ``UsageError`` before any work."""
+def open_database(spec: str | None, *, default_dir: Path, option: str = "--db") -> ExampleStore | None:
+    """Open ``--db`` (None: the default directory); a bad value is a ``UsageError`` before any work.
+
+    ``option``: the flag the messages name (``--specproof-db`` in the pytest plugin)."""
     if spec is not None and spec.strip().lower() == "none":
         return None
     if spec is None or not spec.startswith("redis:"):
         path = Path(spec) if spec is not None else default_dir
         if path.exists() and not path.is_dir():
-            raise UsageError(f"--db {str(path)!r}: exists and is not a directory")
+            raise UsageError(f"{option} {str(path)!r}: exists and is not a directory")
         if spec is not None and not path.parent.is_dir():
-            raise UsageError(f"--db {spec!r}: the directory {str(path.parent)!r} does not exist")
+            raise UsageError(f"{option} {spec!r}: the directory {str(path.parent)!r} does not exist")
         return ExampleStore(spec=str(path), database=DirectoryBasedExampleDatabase(str(path)), local=path)
     match = _REDIS.match(spec)
     if match is None:
-        raise UsageError(f"--db {spec!r}: a shared database is redis://HOST:PORT/N (e.g. redis://127.0.0.1:6379/0)")
+        raise UsageError(f"{option} {spec!r}: a shared database is redis://HOST:PORT/N (e.g. redis://127.0.0.1:6379/0)")
     try:
         import redis
         from hypothesis.extra.redis import RedisExampleDatabase
     except ImportError:  # pragma: no cover - hypothesis[redis] is a dependency
-        raise UsageError(f"--db {spec!r}: the redis client is missing (pip install 'hypothesis[redis]')") from None
+        raise UsageError(f"{option} {spec!r}: the redis client is missing (pip install 'hypothesis[redis]')") from None
     client = redis.Redis(
         host=match["host"],
         port=int(match["port"] or 6379),
@@ -144,7 +158,7 @@ def open_database(spec: str | None, *, default_dir: Path) -> ExampleStore | None
     try:
         client.ping()
     except Exception as exc:
-        raise UsageError(f"--db {spec!r}: the Redis server does not answer: {exc}") from None
+        raise UsageError(f"{option} {spec!r}: the Redis server does not answer: {exc}") from None
     store = ExampleStore(spec=spec, database=DirectoryBasedExampleDatabase(str(default_dir)), local=default_dir)
     store.shared = spec
     store.database = MultiplexedDatabase(store.database, _Guarded(RedisExampleDatabase(client), store, spec))

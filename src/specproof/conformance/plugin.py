@@ -5,13 +5,15 @@ It adds the options that point the certifying test modules at any implementation
     pytest --pyargs specproof.conformance --specproof-drafter mypkg.drafters:make
     pytest --pyargs specproof.conformance -k engine.kv-length --specproof-profile ci
 
-and parametrizes those modules from the invariant registry (one pytest id per check).
+and parametrizes those modules from the invariant registry (one pytest id per check). Its
+options are ``specproof certify``'s, from the same definitions (``_options.py``), checked
+before collection as ``certify`` checks its own (a bad ``--specproof-db`` is a usage error).
 Loading it in an unrelated pytest run costs an option group and nothing else.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -29,34 +31,55 @@ certification owns every cache of the run, so nothing carries over to the next s
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("specproof", "specproof conformance (certify drafters, targets, engines)")
-    group.addoption("--specproof-drafter", default=None, metavar="SPEC", help="drafter to certify (default: ngram)")
-    group.addoption("--specproof-target", default=None, metavar="SPEC", help="target: reference, mlx:..., MODULE:ATTR")
-    group.addoption("--specproof-engine", default=None, metavar="SPEC", help="engine: MODULE:ATTR, exec:CMD, tcp:H:P")
-    group.addoption(
-        "--specproof-subject",
-        default=None,
-        choices=("drafter", "target", "engine", "all"),
-        help="what to certify (default: inferred from the options given; 'all' for the built-in stack)",
-    )
-    group.addoption("--specproof-profile", default="quick", help="quick | ci | release (default quick)")
-    group.addoption("--specproof-only", action="append", default=[], metavar="ID", help="invariant ids or globs")
-    group.addoption("--specproof-report", default=None, metavar="FILE", help="write a specproof-report/2 JSON here")
-    group.addoption("--specproof-seed", default=None, type=int, help="Hypothesis seed (default: derandomized)")
-    group.addoption(
-        "--tie-tolerance",
-        dest="specproof_tie_tolerance",
-        default=None,
-        type=float,
-        help="top-2 logit margin below which a divergence from greedy is excused (default: the subject's own)",
-    )
-    group.addoption(
-        "--atol",
-        dest="specproof_atol",
-        default=None,
-        type=float,
-        help="absolute tolerance on logits and recurrent state (default: the subject's own, 0 = exact)",
-    )
+    from specproof.conformance._options import add_to_pytest
+
+    # the options of `specproof certify`, from the same definitions (conformance/_options.py)
+    add_to_pytest(parser.getgroup("specproof", "specproof conformance (certify drafters, targets, engines)"))
+
+
+_STORE = pytest.StashKey["tuple[Any, Any, dict[str, str]]"]()  # (storage dir, example store, expected failures)
+
+
+def _requested(config: pytest.Config) -> bool:
+    """Whether this run gave any --specproof-* option (an unrelated pytest run pays nothing)."""
+    from specproof.conformance._options import OPTIONS
+
+    return any(config.getoption("specproof_" + o.dest) not in (None, [], o.default) for o in OPTIONS)
+
+
+@pytest.hookimpl(trylast=True)  # after `specproof certify` has put its own certification in the stash
+def pytest_configure(config: pytest.Config) -> None:
+    """Every option is checked before any work (as `certify` does): a bad one is a usage error."""
+    if CERTIFICATION in config.stash or not _requested(config):
+        return
+    try:
+        _prepare(config)
+    except Exception as exc:
+        from specproof.contract import UsageError
+
+        if isinstance(exc, UsageError):
+            raise pytest.UsageError(str(exc)) from None
+        raise
+
+
+def _prepare(config: pytest.Config) -> tuple[Any, Any, dict[str, str]]:
+    found = config.stash.get(_STORE, None)
+    if found is not None:
+        return found
+    from specproof.conformance._database import default_examples_dir, open_database, storage_dir
+    from specproof.conformance._expected import load_expected_failures, parse_expected_failures
+    from specproof.contract.files import check_output_path
+
+    opt = config.getoption
+    for flag, dest in (("--specproof-report", "specproof_report"), ("--specproof-markdown", "specproof_markdown")):
+        if opt(dest):
+            check_output_path(opt(dest), option=flag)
+    storage = storage_dir(opt("specproof_hypothesis_dir"), option="--specproof-hypothesis-dir")
+    store = open_database(opt("specproof_db"), default_dir=default_examples_dir(storage), option="--specproof-db")
+    expected = load_expected_failures(opt("specproof_expect_fail_file")) if opt("specproof_expect_fail_file") else {}
+    expected.update(parse_expected_failures(opt("specproof_expect_fail")))
+    found = config.stash[_STORE] = (storage, store, expected)
+    return found
 
 
 def _certification(config: pytest.Config) -> Certification:
@@ -64,17 +87,23 @@ def _certification(config: pytest.Config) -> Certification:
     if cert is None:
         from specproof.conformance._certifying import Certification, Plan
 
+        storage, store, expected = _prepare(config)
         opt = config.getoption
         plan = Plan.create(
-            opt("--specproof-subject"),
-            drafter=opt("--specproof-drafter"),
-            target=opt("--specproof-target"),
-            engine=opt("--specproof-engine"),
-            profile=opt("--specproof-profile"),
-            seed=opt("--specproof-seed"),
+            opt("specproof_subject"),
+            drafter=opt("specproof_drafter"),
+            target=opt("specproof_target"),
+            engine=opt("specproof_engine"),
+            profile=opt("specproof_profile"),
+            seed=opt("specproof_seed"),
             tie_tolerance=opt("specproof_tie_tolerance"),
             atol=opt("specproof_atol"),
-            only=tuple(opt("--specproof-only")),
+            only=tuple(opt("specproof_only")),
+            replay_session=opt("specproof_replay_session"),
+            storage=str(storage.parent),
+            max_context=opt("specproof_max_context"),
+            database=store,
+            expected_failures=expected,
         )
         cert = Certification(plan)
         config.stash[CERTIFICATION] = cert
@@ -135,8 +164,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     cert = session.config.stash.get(CERTIFICATION, None)
     if cert is not None:
         cert.hand_on_results()
-    path = session.config.getoption("--specproof-report", default=None)
-    if cert is not None and path:
-        from specproof.conformance.reports import build_report, write_json_report
+    opt = session.config.getoption
+    json_path, markdown_path = opt("specproof_report", default=None), opt("specproof_markdown", default=None)
+    if cert is not None and (json_path or markdown_path):
+        from specproof.conformance.reports import build_report, write_json_report, write_markdown_report
 
-        write_json_report(path, build_report(cert))
+        report = build_report(cert)
+        if json_path:
+            write_json_report(json_path, report)
+        if markdown_path:
+            write_markdown_report(markdown_path, report)

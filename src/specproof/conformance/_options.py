@@ -1,0 +1,196 @@
+"""The options of a certification, defined once for ``specproof certify`` and the pytest plugin.
+
+Each ``Option`` names its ``certify`` flag and its plugin twin (``--specproof-*``); the CLI
+adds them to argparse (``add_to_argparse``), the plugin to pytest's parser
+(``add_to_pytest``), from the same help, type, default and choices. A ``certify`` option
+with no twin is listed in ``NOT_IN_PLUGIN`` with the reason (tests/test_plugin_options.py
+fails on one that is neither).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+__all__ = ["NOT_IN_PLUGIN", "OPTIONS", "Option", "add_to_argparse", "add_to_pytest", "get"]
+
+
+@attrs.frozen(kw_only=True)
+class Option:
+    dest: str  # certify's argparse dest; the plugin's is "specproof_" + dest
+    cli: str  # certify's flag ("" for the positional subject)
+    plugin: str  # the pytest plugin's flag
+    help: str  # "{verb}": certify / fuzz
+    default: Any = None
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    repeat: bool = False  # action="append"
+
+    def kwargs(self, verb: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"help": self.help.format(verb=verb), "default": self.default}
+        if self.repeat:
+            out.update(action="append", default=[])
+        if self.type is not None:
+            out["type"] = self.type
+        if self.metavar is not None:
+            out["metavar"] = self.metavar
+        if self.choices is not None:
+            out["choices"] = self.choices
+        return out
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        dest="subject",
+        cli="",
+        plugin="--specproof-subject",
+        choices=("drafter", "target", "engine", "all"),
+        help="what to {verb} (default: inferred from the options given; 'all' for the built-in stack)",
+    ),
+    Option(
+        dest="drafter",
+        cli="--drafter",
+        plugin="--specproof-drafter",
+        metavar="SPEC",
+        help="drafter to {verb} (default: ngram)",
+    ),
+    Option(
+        dest="target", cli="--target", plugin="--specproof-target", metavar="SPEC", help="target (default: reference)"
+    ),
+    Option(
+        dest="engine",
+        cli="--engine",
+        plugin="--specproof-engine",
+        metavar="SPEC",
+        help="engine to {verb}: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT",
+    ),
+    Option(
+        dest="tie_tolerance",
+        cli="--tie-tolerance",
+        plugin="--tie-tolerance",  # (the plugin's name since before the --specproof- prefix)
+        type=float,
+        help="top-2 logit margin under which a divergence from greedy is excused (default: the subject's own, else 0)",
+    ),
+    Option(
+        dest="atol",
+        cli="--atol",
+        plugin="--atol",
+        type=float,
+        help="absolute tolerance on logits and recurrent state (default: the subject's own, else 0 = exact)",
+    ),
+    Option(
+        dest="only",
+        cli="--only",
+        plugin="--specproof-only",
+        repeat=True,
+        metavar="ID",
+        help="run only these invariant ids or globs (comma-separated or repeated; `specproof invariants` lists them)",
+    ),
+    Option(
+        dest="profile",
+        cli="--profile",
+        plugin="--specproof-profile",
+        default="quick",
+        help="quick | ci | release (default quick)",
+    ),
+    Option(
+        dest="seed", cli="--seed", plugin="--specproof-seed", type=int, help="Hypothesis seed (default: derandomized)"
+    ),
+    Option(
+        dest="max_context",
+        cli="--max-context",
+        plugin="--specproof-max-context",
+        type=int,
+        metavar="N",
+        help="test an engine at a context capacity of N tokens (default: its max_context, bounded by the "
+        "profile: quick 4096, ci 16384, release 65536); the certificate says which capacity was tested",
+    ),
+    Option(
+        dest="expect_fail",
+        cli="--expect-fail",
+        plugin="--specproof-expect-fail",
+        repeat=True,
+        metavar="ID[=REASON]",
+        help="a known, documented failure of this invariant: reported as xfail, not failing the verdict; "
+        "if it passes it is xpass and fails the verdict (strict). Repeatable",
+    ),
+    Option(
+        dest="expect_fail_file",
+        cli="--expect-fail-file",
+        plugin="--specproof-expect-fail-file",
+        metavar="FILE",
+        help="expected failures, one `ID [reason]` per line (`#` comments); a bad line is a usage error",
+    ),
+    Option(
+        dest="report",
+        cli="--report",
+        plugin="--specproof-report",
+        metavar="FILE",
+        help="write the specproof-report/2 JSON here",
+    ),
+    Option(
+        dest="markdown",
+        cli="--markdown",
+        plugin="--specproof-markdown",
+        metavar="FILE",
+        help="write the Markdown certificate here",
+    ),
+    Option(
+        dest="replay_session",
+        cli="--replay-session",
+        plugin="--specproof-replay-session",
+        metavar="FILE",
+        help="replay a saved specproof-session/1 request history on the engine (what a session failure's "
+        "reproduce command does)",
+    ),
+    Option(
+        dest="hypothesis_dir",
+        cli="--hypothesis-dir",
+        plugin="--specproof-hypothesis-dir",
+        metavar="DIR",
+        help="Hypothesis' storage directory (default $SPECPROOF_HYPOTHESIS_DIR, else ~/.cache/specproof/hypothesis); "
+        "never .hypothesis/ in the working directory",
+    ),
+    Option(
+        dest="db",
+        cli="--db",
+        plugin="--specproof-db",
+        metavar="PATH|redis://HOST:PORT/N|none",
+        help="the example database failures (and, from seeded runs, covering examples) are saved in and "
+        "replayed from first (default: examples/ in the Hypothesis directory); redis://HOST:PORT/N shares one "
+        "across machines (kept beside the local directory); none remembers nothing",
+    ),
+)
+
+NOT_IN_PLUGIN: dict[str, str] = {
+    "junitxml": "pytest's own --junitxml writes one testcase per check",
+    "json": "prints the report in place of the table; under pytest, --specproof-report FILE writes it",
+    "help": "pytest's own --help lists the plugin's options",
+    "func": "the subcommand's entry point, not an option",
+}
+
+_BY_DEST = {o.dest: o for o in OPTIONS}
+
+
+def get(dest: str) -> Option:
+    return _BY_DEST[dest]
+
+
+def add_to_argparse(parser: Any, dests: Iterable[str], *, verb: str) -> None:
+    """Add these options to an argparse parser under their ``certify`` flags."""
+    for dest in dests:
+        option = _BY_DEST[dest]
+        kwargs = option.kwargs(verb)
+        if option.cli:
+            parser.add_argument(option.cli, **kwargs)
+        else:  # the positional subject
+            parser.add_argument(option.dest, nargs="?", **kwargs)
+
+
+def add_to_pytest(group: Any) -> None:
+    """Add every option to the plugin's pytest option group under its ``--specproof-*`` flag."""
+    for option in OPTIONS:
+        group.addoption(option.plugin, dest="specproof_" + option.dest, **option.kwargs("certify"))
