@@ -96,6 +96,9 @@ def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--specproof-db", "/no/such/dir/db"], "--specproof-db '/no/such/dir/db': the directory"),
         (["--specproof-expect-fail", "engine.nonesuch"], "is not an invariant id"),
         (["--specproof-hypothesis-dir", "/no/such/dir/h"], "--specproof-hypothesis-dir '/no/such/dir/h'"),
+        (["--specproof-profile", "fast"], "unknown profile 'fast'"),
+        (["--specproof-engine", "nosuchmodule:make"], "nosuchmodule"),
+        (["--specproof-only", "engine.nonesuch"], "matches no invariant id"),
     ],
 )
 def test_bad_values_are_usage_errors_before_any_work(tmp_path: Path, args: list[str], message: str) -> None:

@@ -49,17 +49,17 @@ def _requested(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(trylast=True)  # after `specproof certify` has put its own certification in the stash
 def pytest_configure(config: pytest.Config) -> None:
-    """Every option is checked before any work (as `certify` does): a bad one is a usage error."""
+    """Every option is checked before any work, as `certify` checks its own: the values, the
+    database (a Redis server must answer) and the subjects' specs; a bad one is a usage error."""
     if CERTIFICATION in config.stash or not _requested(config):
         return
-    try:
-        _prepare(config)
-    except Exception as exc:
-        from specproof.contract import UsageError
+    from specproof.contract import UsageError
+    from specproof.engine.errors import InvalidSettingError, PluginError
 
-        if isinstance(exc, UsageError):
-            raise pytest.UsageError(str(exc)) from None
-        raise
+    try:
+        _certification(config)
+    except (UsageError, PluginError, InvalidSettingError) as exc:  # what `specproof certify` exits 2 on
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _prepare(config: pytest.Config) -> tuple[Any, Any, dict[str, str]]:
