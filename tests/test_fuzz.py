@@ -126,6 +126,24 @@ def test_a_campaign_finds_saves_and_the_next_gate_replays(tmp_path: Path) -> Non
     assert gated["derandomized"] and gated["database"]["replayed"] == {CHECK: 1}
 
 
+def test_a_campaign_keeps_the_rare_paths_it_reached_for_the_next_gate(tmp_path: Path) -> None:
+    """Seed 3's round reaches max_context on the built-in stack; derandomized quick does not by itself."""
+    hyp = tmp_path / "hyp"
+    report, gate = tmp_path / "campaign.json", tmp_path / "gate.json"
+    only = ["engine", "--only", "engine.stop"]
+    code, out = _finish(_specproof("fuzz", *only, "--seed", "3", "--for", "30s", "--report", str(report), hyp=hyp))
+    assert code == 0, out
+    campaign = json.loads(report.read_text())
+    assert all(row["clamped_at_max_context"] for row in campaign["path_coverage"].values())
+    assert campaign["database"]["covering_saved"].keys() == {"checkpoint", "replay"}
+    code, out = _finish(_specproof("certify", *only, "--report", str(gate), hyp=hyp))
+    assert code == 0, out
+    gated = json.loads(gate.read_text())
+    assert gated["derandomized"] and all(row["clamped_at_max_context"] for row in gated["path_coverage"].values())
+    assert gated["database"]["covering_replayed"] == {"checkpoint": 1, "replay": 1}
+    assert "replayed 2 covering example(s)" in out and "clamped_at_max_context" in out
+
+
 def test_two_machines_share_one_redis_and_a_third_replays(tmp_path: Path, redis_server: Any) -> None:
     """Two campaign processes (separate local directories: two machines) against one real redis-server,
     then a derandomized quick certify in a third process that never generated the failure."""

@@ -76,7 +76,7 @@ class CampaignState:
     failures: list[dict[str, Any]] = attrs.Factory(list)  # the first failure of each check, shrunk
     first_failure: float | None = None
     skeleton: dict[str, Any] | None = None  # the first round's report: subjects, profile, versions
-    database: dict[str, Any] | None = None
+    databases: dict[int, dict[str, Any]] = attrs.Factory(dict)  # worker -> its store's latest account
     lost: str | None = None
     stopped: str = ""
 
@@ -116,7 +116,8 @@ class CampaignState:
         w.rounds += 1
         if self.skeleton is None:
             self.skeleton = report
-        self.database = report.get("database") or self.database
+        if report.get("database"):
+            self.databases[worker] = report["database"]  # (a worker's store counts over all its rounds)
         for case, row in (report.get("path_coverage") or {}).items():
             total = self.coverage.setdefault(case, Counter())
             for path, n in row.items():
@@ -124,6 +125,21 @@ class CampaignState:
                     w.new_coverage += 1
                 total[path] += int(n)
                 w.paths[path] += int(n)
+
+    def database(self) -> dict[str, Any] | None:
+        """The workers' database accounts merged: counts summed, warnings once each."""
+        accounts = [self.databases[w] for w in sorted(self.databases)]
+        if not accounts:
+            return None
+        merged = dict(accounts[0])
+        for field in ("replayed", "covering_replayed", "covering_saved"):
+            total: Counter[str] = Counter()
+            for account in accounts:
+                total.update(account.get(field) or {})
+            merged[field] = dict(total)
+        merged["warnings"] = list(dict.fromkeys(w for a in accounts for w in a.get("warnings") or ()))
+        merged["lost"] = next((a["lost"] for a in accounts if a.get("lost")), None)
+        return merged
 
     def failed(self) -> int:
         return len(self.failures)
@@ -149,7 +165,7 @@ class CampaignState:
             seconds=round(self.seconds, 3),
             results=results,
             path_coverage={case: dict(c) for case, c in self.coverage.items()},
-            database=self.database,
+            database=self.database(),
             campaign={
                 "workers": self.options.workers,
                 "rounds": sum(w.rounds for w in self.workers),
