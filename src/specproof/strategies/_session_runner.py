@@ -119,6 +119,7 @@ def engine_greedy(engine: Any) -> GreedyOracle:
 
 
 def _shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    # the zoo's session engines have their own copy (_common_prefix): a judge shares no code with its subjects
     n = 0
     for x, y in zip(a, b):
         if x != y:
