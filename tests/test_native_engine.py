@@ -484,8 +484,8 @@ def test_traffic_and_protocol_overhead_are_reported(
         assert summary["state"] == "digests"
         assert isinstance(summary["bytes_received"], int) and summary["bytes_received"] > 1000  # state dumps
         overhead = summary["overhead_us_per_round"]
-        # an estimate: on a loaded machine a process descheduled between two clock reads is counted
-        # on both sides, so with small real overhead it can dip below 0; the wall clock cannot
+        # an estimate: only the drafter's propose calls are subtracted (a clock read after the draft is
+        # sent overlapped the engine's next compute); it stays loose because the machine is shared
         assert isinstance(overhead, float) and abs(overhead) < 1e6
         assert engine.traffic["wall_us"] > engine.traffic["engine_us"] > 0
         assert set(engine.last_drafts_sent) <= set(range(len(gen.steps or ())))
