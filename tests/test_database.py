@@ -189,19 +189,20 @@ def test_a_database_keeps_the_derandomized_examples(tmp_path: Path) -> None:
 
 CLAMPED = "clamped_at_max_context"
 STOP = ("engine.stop",)
-RARE_SEED = 3  # a seeded quick search of the built-in stack that reaches max_context (the gate does not)
 
 
 def _clamped(report: dict[str, Any]) -> dict[str, int]:
     return {case: row[CLAMPED] for case, row in report["path_coverage"].items()}
 
 
-def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(tmp_path: Path) -> None:
+def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(
+    tmp_path: Path, seed_reaching_max_context: int
+) -> None:
     db = str(tmp_path / "db")
     # without the database the derandomized gate never reaches max_context (the check can fail)
     plain = certify("engine", only=STOP, db="none")
     assert _clamped(plain) == {"checkpoint": 0, "replay": 0}
-    seeded = certify("engine", only=STOP, seed=RARE_SEED, db=db)
+    seeded = certify("engine", only=STOP, seed=seed_reaching_max_context, db=db)
     assert all(_clamped(seeded).values())
     assert seeded["database"]["covering_saved"].keys() == {"checkpoint", "replay"}
     gate = certify("engine", only=STOP, db=db)  # derandomized, sharing the database
@@ -241,13 +242,15 @@ def test_a_path_keeps_one_covering_example_the_smallest(tmp_path: Path) -> None:
     assert view.covering(["partial", "rejected_at_0", "empty_draft"]) == [small]  # each example once
 
 
-def test_a_covering_example_that_fails_is_shrunk_and_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_covering_example_that_fails_is_shrunk_and_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed_reaching_max_context: int
+) -> None:
     """An engine that goes wrong only at max_context: the gate finds it through the covering example."""
     from specproof.conformance import _registry as registry
     from specproof.conformance._registry import Outcome
 
     db = str(tmp_path / "db")
-    certify("engine", only=STOP, seed=RARE_SEED, db=db)  # the correct engine: covering examples saved
+    certify("engine", only=STOP, seed=seed_reaching_max_context, db=db)  # the correct engine: covering saved
     real = registry.by_subject
 
     def broken_at_max_context(subject: Any) -> tuple[Any, ...]:

@@ -108,12 +108,15 @@ def test_bad_values_are_usage_errors_before_any_work(tmp_path: Path, args: list[
     assert not (tmp_path / "r.json").exists() and "passed" not in out.stdout
 
 
-def test_a_seeded_pytest_run_saves_what_a_derandomized_certify_replays(tmp_path: Path) -> None:
+def test_a_seeded_pytest_run_saves_what_a_derandomized_certify_replays(
+    tmp_path: Path, seed_reaching_max_context: int
+) -> None:
     db, report, markdown = tmp_path / "db", tmp_path / "r.json", tmp_path / "r.md"
     opts = ["--specproof-subject", "engine", "--specproof-only", "engine.stop", "--specproof-max-context", "4096"]
     out = _pytest(
         *opts,
-        *["--specproof-seed", "3", "--specproof-db", str(db), "--specproof-report", str(report)],
+        *["--specproof-seed", str(seed_reaching_max_context), "--specproof-db", str(db)],
+        *["--specproof-report", str(report)],
         *["--specproof-markdown", str(markdown), "--specproof-expect-fail", "engine.lossless=not run"],
         cwd=tmp_path,
     )
