@@ -603,3 +603,20 @@ def test_the_build_goes_to_a_folder_named_by_the_sources(monkeypatch: pytest.Mon
     assert native_build_dir() == copy
     (src / "src" / "main.cpp").write_text((src / "src" / "main.cpp").read_text() + "\n// changed\n")
     assert native_build_dir() not in (first, copy)  # a changed source is a new build, never a stale binary
+
+
+def test_a_wide_model_digests_its_conv_state_in_slices_the_client_accepts(
+    native: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A conv layer of 2304 channels x 2 taps (4608 values) is over the client's slice limit of 4096:
+    the engine digests it a channel at a time (it sent one slice per layer before, a protocol error)."""
+    binary, _ = native
+    spec = "reference:d_model=2304,vocab_size=64,max_context=64,layers=conv+attn"
+    weights = export_weights(tmp_path / "wide.safetensors", target=spec, load_target=load_target)
+    with ExecEngine([str(binary), "--weights", str(weights)], timeout=60.0, load_target=load_target) as engine:
+        assert engine.state_kind() == "digests"
+        engine.drafter = NgramDrafter()
+        prompt = [1, 2, 3, 1, 2, 3]
+        gen = engine.generate(prompt, 6)
+        assert list(gen.tokens) == list(greedy_decode(load_target(spec), prompt, 6).tokens)
+        assert engine.target.state_problem is None and engine.restarts == 0

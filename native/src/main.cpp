@@ -460,8 +460,12 @@ class Engine {
             const unsigned long whole_crc = crc32(a.data.data(), a.data.size() * 4);
             if (digest_n_ > 0) {
                 // KV: one slice per layer/head/position row; conv: one per layer (a row of 3 taps is
-                // as long as its digest); anything else: a row along the last axis
-                const int slice = kv.first == "conv_state" ? 2 : 1;
+                // as long as its digest) while a layer fits the client's slice limit (4096 elements,
+                // docs/protocol.md "Limits"), else a row per channel; anything else: a row along the last axis
+                int slice = 1;
+                if (kv.first == "conv_state" && a.shape.size() >= 2 &&
+                    static_cast<long long>(a.shape[a.shape.size() - 1]) * a.shape[a.shape.size() - 2] <= 4096)
+                    slice = 2;
                 const bool from_prev = kv_cache && sent_rows_ >= 0;
                 const int start = from_prev ? std::min(sent_rows_, n) : 0;
                 o << ",\"crc32\":" << whole_crc;
