@@ -533,13 +533,41 @@ def _judge(kv: np.ndarray, conv: np.ndarray, ref_kv: np.ndarray, ref_conv: np.nd
     return view.state_differs({"key_cache": ref_kv, "conv_state": ref_conv}, atol=ATOL)
 
 
+def test_a_crc_equal_to_the_reference_does_not_excuse_sums_that_differ() -> None:
+    # an engine bug that takes the CRC from one buffer (the reference-equal state) and the sums from
+    # another (a stale copy): the sums still decide
+    ref_kv, ref_conv = _reference()
+    stale = ref_kv.copy()
+    stale[1, 0, 3] += 0.5
+    message = _state(stale, ref_conv)
+    message["arrays"]["key_cache"]["crc32"] = _state(ref_kv, ref_conv)["arrays"]["key_cache"]["crc32"]  # type: ignore[index]
+    view = WireTargetView(256, 64, "t")
+    view.begin_request(digest=(SEED, N))
+    view.update(message)
+    why = view.state_differs({"key_cache": ref_kv, "conv_state": ref_conv}, atol=ATOL)
+    assert why is not None and "key_cache differs at" in why and view.digest_crc_matches == 2
+
+
+def test_a_digested_state_changes_the_views_fingerprint() -> None:
+    # certification tells a live view from a stale one by its fingerprint; digests carry no values,
+    # so the fingerprint must see the CRC and sums (a change at the same processed count included)
+    ref_kv, ref_conv = _reference()
+    view = WireTargetView(256, 64, "t")
+    view.begin_request(digest=(SEED, N))
+    view.update(_state(ref_kv, ref_conv))
+    before = view.fingerprint()
+    view.begin_request(digest=(SEED, N))
+    view.update(_state(ref_kv, ref_conv + 1.0))
+    assert view.processed == 7 and view.fingerprint() != before
+
+
 def test_digests_accept_the_reference_and_correct_but_different_engines() -> None:
     ref_kv, ref_conv = _reference()
     view = WireTargetView(256, 64, "t")
     view.begin_request(digest=(SEED, N))
     view.update(_state(ref_kv, ref_conv))
     assert view.state_differs({"key_cache": ref_kv, "conv_state": ref_conv}, atol=0.0) is None  # bit-identical
-    assert view.digest_crc_matches == 2 and view.digest_slices_compared == 0
+    assert view.digest_crc_matches == 2 and view.digest_slices_compared == 2 * 2 * 7 + 2  # every slice
     with pytest.raises(ValueError, match="state_differs"):
         view.state_arrays()  # no values came: the view says how to compare instead
     rng = np.random.default_rng(1)
