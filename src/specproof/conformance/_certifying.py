@@ -878,12 +878,16 @@ class Certification:
         assert case is not None and case.make_engine is not None
         # white-box after every request where the live target shows its state
         white_box = callable(getattr(case.live_target, "state_arrays", None)) and case.make_reference is not None
-        def greedy(prompt: Sequence[int], n: int, eos: int | None) -> tuple[list[int], Any]:
-            # the same memoized continuations the engine-case search uses
-            return self._greedy(case, list(prompt), n, eos)
-
         # without a reference model the oracle is the engine's own greedy(), on the engine's caches
-        greedy.shares_engine = case.make_reference is None  # type: ignore[attr-defined]
+        shares_engine = case.make_reference is None
+        horizon = self.plan.profile.max_new_tokens
+
+        def greedy(prompt: Sequence[int], n: int, eos: int | None) -> tuple[list[int], Any]:
+            # the same memoized continuations the engine-case search uses; when they come from the
+            # engine, all it generated (the horizon), so the prefix-reuse bound credits what it holds
+            return self._greedy(case, list(prompt), max(n, horizon) if shares_engine else n, eos)
+
+        greedy.shares_engine = shares_engine  # type: ignore[attr-defined]
         judge = {
             "engine_factory": case.make_engine,
             "greedy": greedy,

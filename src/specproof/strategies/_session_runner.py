@@ -295,10 +295,10 @@ class _SessionRunner:
         last, self._last_context = self._last_context, [*prompt, *[int(t) for t in getattr(gen, "tokens", ())]][:-1]
         self._seen.append(self._last_context)
         stats = getattr(gen, "stats", None)
-        if stats is None:
+        declared = "the engine keeps caches between requests (it declares reuses_prefix; over the wire: `sessions`)"
+        if stats is None and not self.reuses_prefix:
             return None  # a black box: it reports nothing to check
         reused = getattr(stats, "prefix_reused", None)
-        declared = "the engine keeps caches between requests (it declares reuses_prefix; over the wire: `sessions`)"
         if reused is None:
             if self.reuses_prefix:
                 return self._failure(
