@@ -263,3 +263,17 @@ def test_ctrl_c_stops_the_campaign_with_its_report(tmp_path: Path) -> None:
     data = json.loads(report.read_text())
     assert data["campaign"]["stopped"] == "interrupted (Ctrl-C)"
     assert "Traceback" not in out
+
+
+def test_the_campaign_merges_every_workers_database_account() -> None:
+    from specproof.conformance._campaign import CampaignState
+
+    state = CampaignState(options=None)  # type: ignore[arg-type]  # database() reads only the accounts
+    state.databases = {
+        0: {"replayed": {"a": 1}, "covering_saved": {"checkpoint": 2}, "covering_paths": {"replay": ["x"]}},
+        1: {"replayed": {"a": 2}, "covering_saved": {"replay": 1}, "covering_paths": {"replay": ["y"]}, "warnings": []},
+    }
+    merged = state.database()
+    assert merged is not None
+    assert merged["replayed"] == {"a": 3} and merged["covering_saved"] == {"checkpoint": 2, "replay": 1}
+    assert merged["covering_paths"] == {"replay": ["x", "y"]} and merged["warnings"] == []

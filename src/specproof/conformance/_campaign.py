@@ -137,6 +137,11 @@ class CampaignState:
             for account in accounts:
                 total.update(account.get(field) or {})
             merged[field] = dict(total)
+        paths: dict[str, list[str]] = {}
+        for account in accounts:  # the paths any worker replayed covering examples for, per case
+            for case, names in (account.get("covering_paths") or {}).items():
+                paths[case] = sorted({*paths.get(case, ()), *names})
+        merged["covering_paths"] = paths
         merged["warnings"] = list(dict.fromkeys(w for a in accounts for w in a.get("warnings") or ()))
         merged["lost"] = next((a["lost"] for a in accounts if a.get("lost")), None)
         return merged
