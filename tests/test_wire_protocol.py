@@ -689,3 +689,46 @@ def test_the_schema_takes_data_or_a_digest_never_both() -> None:
     assert message_errors(message)
     del spec["data"], spec["digest"]
     assert message_errors(message)
+
+
+# ---- the digest key: a failure's signs drawn again in another run, never shown to the engine ----
+
+KEY = "00112233445566778899aabbccddeeff"
+
+
+def test_a_digest_key_gives_the_same_seeds_in_another_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    def seed() -> int:
+        with fake("ok") as engine:
+            return engine._digest_seed([3, 4], 5, None)
+
+    fresh = {seed(), seed()}
+    assert len(fresh) == 2  # by default each client draws its own key (the check can fail)
+    monkeypatch.setenv("SPECPROOF_WIRE_DIGEST_KEY", KEY)
+    assert seed() == seed()
+
+
+@pytest.mark.parametrize("raw", ["xyz", "0011", KEY + "00"])
+def test_a_malformed_digest_key_is_refused_before_any_engine_starts(
+    monkeypatch: pytest.MonkeyPatch, raw: str
+) -> None:
+    monkeypatch.setenv("SPECPROOF_WIRE_DIGEST_KEY", raw)
+    with pytest.raises(EngineProtocolError, match=r"\$SPECPROOF_WIRE_DIGEST_KEY=.*32 hex digits"):
+        engine_from_spec("exec:/nonexistent/engine")
+
+
+def test_the_engine_process_never_sees_the_digest_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECPROOF_WIRE_DIGEST_KEY", KEY)
+    tell = "import os, sys; sys.stderr.write(os.environ.get('SPECPROOF_WIRE_DIGEST_KEY', 'no key') + chr(10))"
+    with pytest.raises(EngineProtocolError) as info:
+        ExecEngine([sys.executable, "-c", tell], timeout=5.0)
+    assert "no key" in str(info.value) and KEY not in str(info.value)
+
+
+def test_a_digest_failure_names_the_key_that_draws_its_signs_again() -> None:
+    ref_kv, ref_conv = _reference()
+    view = WireTargetView(256, 64, "t")
+    view.digest_key = KEY
+    view.begin_request(digest=(SEED, N))
+    view.update(_state(ref_kv, ref_conv + 1.0))
+    why = view.state_differs({"key_cache": ref_kv, "conv_state": ref_conv}, atol=ATOL)
+    assert why is not None and f"$SPECPROOF_WIRE_DIGEST_KEY={KEY}" in why

@@ -313,6 +313,10 @@ _AXIS_NAMES: dict[str, tuple[str, ...]] = {
     "conv_state": ("layer", "channel", "tap"),
     "rec_state": ("layer", "head", "key", "value"),
 }
+#: the key of the digest seeds, to draw a digest failure's signs again in another run (32 hex digits);
+#: never passed on to an engine process
+DIGEST_KEY_ENV = "SPECPROOF_WIRE_DIGEST_KEY"
+
 _FULL_HINT = (
     "rerun with whole arrays for the element-level detail: $SPECPROOF_WIRE_STATE=full "
     "(full_state=True on ExecEngine/TcpEngine)"
@@ -361,6 +365,8 @@ class WireTargetView:
         self._base: dict[str, npt.NDArray[np.float32]] = {}
         #: the previous state message's (shape, whole CRC-32) per array: what a digest's prefix must equal
         self._prev: dict[str, tuple[tuple[int, ...], int]] = {}
+        #: the client's digest key, in hex: a failure names it so another run can draw the same signs
+        self.digest_key: str | None = None
         #: this request's digest parameters (seed, projections per slice), None without state_digest
         self.digest: tuple[int, int] | None = None
         #: why the arrays are not the engine's state (a CRC-32 mismatch), or None
@@ -466,7 +472,9 @@ class WireTargetView:
             f"|difference| {gap:.3g} > the bound {limit:.3g} "
             f"(atol {atol:g} x {m} + float slack); {slices} of {int(norm.size)} slices compared differ, so some "
             f"element differs by more than atol (certain, whatever the engine's float arithmetic; state_digest, "
-            f"seed {seed}); {_FULL_HINT}"
+            f"seed {seed}"
+            + (f"; the same signs in another run: ${DIGEST_KEY_ENV}={self.digest_key}" if self.digest_key else "")
+            + f"); {_FULL_HINT}"
         )
 
     def update(self, message: dict[str, Any], *, delta: bool = False) -> None:
@@ -684,8 +692,9 @@ class WireEngine:
         if isinstance(max_restarts, bool) or int(max_restarts) < 0:
             raise ValueError(f"max_restarts={max_restarts!r}: expected an int >= 0")
         self._connect = connect
-        #: keys the digest seeds (``_digest_seed``): secret from the engine, fixed for this client
-        self._salt = secrets.token_bytes(16)
+        #: keys the digest seeds (``_digest_seed``): secret from the engine, fixed for this client (or
+        #: ``$SPECPROOF_WIRE_DIGEST_KEY``, to replay a digest failure's signs)
+        self._salt = digest_key()
         #: turns the handshake's ``model`` spec into the oracle (``specproof.plugins.load_target`` knows fixtures)
         self._load_target = load_engine_target if load_target is None else load_target
         self.timeout = float(timeout)
@@ -764,6 +773,7 @@ class WireEngine:
         self.no_state_reason: str | None = None
         if "state" in self.capabilities:
             self.target = WireTargetView(self.vocab_size, self.max_context, self.name)
+            self.target.digest_key = self._salt.hex()
         else:
             self.no_state_reason = (
                 "the engine does not advertise the 'state' capability, so it sends no state to compare "
@@ -1241,6 +1251,8 @@ class ExecEngine(WireEngine):
         self.argv = _split_command(command)
         where = None if cwd is None else os.fspath(cwd)
         argv = self.argv
+        if DIGEST_KEY_ENV in (os.environ if env is None else env):  # the engine must not know the key
+            env = {k: v for k, v in (os.environ if env is None else env).items() if k != DIGEST_KEY_ENV}
         super().__init__(
             lambda limit: _ProcessTransport(argv, cwd=where, env=env, limit=limit),
             timeout=timeout,
@@ -1294,6 +1306,22 @@ class TcpEngine(WireEngine):
         )
 
 
+def digest_key() -> bytes:
+    """``$SPECPROOF_WIRE_DIGEST_KEY`` (32 hex digits, as a digest failure prints it), else 16 fresh random bytes."""
+    raw = os.environ.get(DIGEST_KEY_ENV, "")
+    if not raw:
+        return secrets.token_bytes(16)
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) != 16:
+        raise EngineProtocolError(
+            f"${DIGEST_KEY_ENV}={raw!r}: expected 32 hex digits (the key a digest failure names), or unset"
+        )
+    return key
+
+
 def _env_number(name: str, default: float | None, *, minimum: float) -> float | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -1326,6 +1354,7 @@ def engine_from_spec(
     mode = os.environ.get("SPECPROOF_WIRE_STATE", "") or "digest"
     if mode not in STATE_MODES:
         raise EngineProtocolError(f"$SPECPROOF_WIRE_STATE={mode!r}: expected 'digest', 'delta' or 'full'")
+    digest_key()  # a malformed key is refused here, before any engine starts
     kind, _, rest = spec.partition(":")
     if kind == "exec":
         argv = _split_command(rest)
