@@ -92,3 +92,13 @@ def test_the_python_api_takes_them_too() -> None:
         "drafter", drafter=BROKEN, only=("drafter.max-length",), expected_failures={"drafter.max-length": "known"}
     )
     assert report["verdict"] == "pass" and report["results"][0]["status"] == "xfail"
+
+
+def test_an_oversized_expect_fail_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    from specproof.contract.files import MAX_USER_FILE_BYTES
+
+    big = tmp_path / "xfails.txt"
+    with big.open("wb") as f:
+        f.truncate(MAX_USER_FILE_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(UsageError, match=r"cannot read it: .*more than the limit"):
+        load_expected_failures(big)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from specproof.conformance import _registry as registry
 from specproof.contract import UsageError
+from specproof.contract.files import FileTooLargeError, read_bounded_text
 
 __all__ = ["load_expected_failures", "parse_expected_failures"]
 
@@ -45,9 +46,8 @@ def load_expected_failures(path: str | os.PathLike[str]) -> dict[str, str]:
     A line whose id is not an invariant id is a ``UsageError`` naming the file and line.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = read_bounded_text(path).splitlines()
+    except (OSError, UnicodeDecodeError, FileTooLargeError) as exc:
         raise UsageError(f"--expect-fail-file {os.fspath(path)!r}: cannot read it: {exc}") from None
     out: dict[str, str] = {}
     for number, raw in enumerate(lines, 1):
