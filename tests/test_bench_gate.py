@@ -3,9 +3,10 @@
 Gate logic is checked on synthetic result records (exact, instant); then real bench runs
 (the four workloads, checkpoint rollback, --quick-sized chunks) prove the end-to-end path
 with the injectors of ``specproof.bench._inject``: an unchanged rerun passes, an extra
-target forward per round fails on the counts, and a round made 15 % slower (in the
-proposal or in the verify) fails on the pooled CPU-time ratio. docs/bench.md has the
-sensitivity table from ``benchmarks/gate_sensitivity.py``.
+target forward per round fails on the counts, and a round made half again as slow (in the
+proposal or in the verify) fails on the pooled CPU-time ratio; a real record edited to a 15 %
+slower round fails on it too (deterministically). The measured 15 % sensitivity is a
+benchmark's: docs/bench.md has the table from ``benchmarks/gate_sensitivity.py``.
 """
 
 from __future__ import annotations
@@ -271,12 +272,34 @@ def test_real_extra_forward_per_round_is_caught(baseline_run):
     assert all(c.forwards_per_round == pytest.approx(2.0) for c in result.cells)
 
 
-@pytest.mark.parametrize("where", ["proposal", "verify"])
-def test_real_round_15_percent_slower_is_caught(baseline_run, where):
-    """A 15 % slower round (CPU burned in the proposal or in the verify forward): the counts are unchanged,
-    the pooled CPU ratio drops beyond its threshold."""
+def test_real_record_with_a_15_percent_slower_round_fails_on_the_pooled_cpu_figure(baseline_run):
+    """The gate's arithmetic on a real record: every cell's CPU speedup as a round 15 % slower makes it
+    (baseline decoding unchanged: the ratio falls by 1/1.15) fails on the pooled figure alone; 5 % slower,
+    inside the noise the threshold allows, passes. Deterministic: the timing is edited, not measured."""
     first, base = baseline_run
-    delay = 0.15 * round_cpu_seconds(first.to_json())
+
+    def slowed(factor: float) -> dict:
+        record = first.to_json()
+        for cell in record["cells"]:
+            cell["cpu_speedup"] = float(cell["cpu_speedup"]) / factor
+        return record
+
+    report = compare(base, slowed(1.15))
+    assert [f.key for f in report.regressions] == ["gate/trained/k4/cpu_speedup"], report.regressions
+    assert compare(base, slowed(1.05)).passed
+
+
+@pytest.mark.parametrize("where", ["proposal", "verify"])
+def test_real_slower_round_is_caught_end_to_end(baseline_run, where):
+    """A round made half again as slow (CPU burned in the proposal or in the verify forward) by a real
+    run: the counts are unchanged, the pooled CPU ratio drops beyond its threshold.
+
+    Half, not 15 %: a 15 % slower round moves the pooled figure 13-17 % against a 10 % threshold, and
+    a timed unit test on a shared 2-core runner does not hold that margin every time (one CI run saw
+    the 15 % proposal case pass the gate). The 15 % sensitivity is a benchmark's claim, measured by
+    ``benchmarks/gate_sensitivity.py`` (docs/bench.md); this test proves the measured path end to end."""
+    first, base = baseline_run
+    delay = 0.5 * round_cpu_seconds(first.to_json())
     if where == "proposal":
         result = run_bench(_tiny_config(), drafter_factory=slow_proposal(delay))
     else:
