@@ -49,6 +49,9 @@ def test_a_seeded_find_is_replayed_by_a_derandomized_run(tmp_path: Path) -> None
     again = certify("engine", engine=MEMBER, only=ONLY, db=str(db))  # derandomized
     assert _failing(again) == {"engine.stop"}
     assert again["database"]["replayed"] == {"length_cap_hides_eos_in_block-engine.stop": 1}
+    # --db-replay failures still replays saved failures (only covering examples are left out)
+    failures_only = certify("engine", engine=MEMBER, only=ONLY, db=str(db), db_replay="failures")
+    assert failures_only["database"]["replayed"] == {"length_cap_hides_eos_in_block-engine.stop": 1}
     result = next(r for r in again["results"] if r["invariant"] == "engine.stop")
     assert result["status"] == "fail" and all(v["invariant"] == "engine.stop" for v in result["violations"])
     # the reproduce line names the database it replays from, and fails again when pasted
@@ -219,6 +222,23 @@ def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(
     # nothing is saved by a derandomized run, and the covering examples stay for the next gate
     assert db_info["covering_saved"] == {}
     assert certify("engine", only=STOP, db=db)["database"]["covering_replayed"] == {"checkpoint": 1, "replay": 1}
+
+
+def test_db_replay_failures_leaves_the_covering_examples_unreplayed(
+    tmp_path: Path, seed_reaching_max_context: int
+) -> None:
+    """``--db-replay failures``: the gate's examples and cost are its own, whatever campaigns saved;
+    the covering examples stay in the database for a gate that replays all."""
+    db = str(tmp_path / "db")
+    certify("engine", only=STOP, seed=seed_reaching_max_context, db=db)
+    own = certify("engine", only=STOP, db=db, db_replay="failures")
+    assert own["database"]["replay"] == "failures" and own["database"]["covering_replayed"] == {}
+    assert own["path_coverage"] == certify("engine", only=STOP, db="none")["path_coverage"]
+    everything = certify("engine", only=STOP, db=db)
+    assert everything["database"]["replay"] == "all"
+    assert everything["database"]["covering_replayed"] == {"checkpoint": 1, "replay": 1}
+    with pytest.raises(UsageError, match="--db-replay 'some'"):
+        certify("engine", only=STOP, db=db, db_replay="some")
 
 
 def test_a_gate_reaching_every_path_replays_nothing(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     add_to_argparse(p, ["replay_session", "hypothesis_dir"], verb="certify")
     add_db_option(p)
+    add_to_argparse(p, ["db_replay"], verb="certify")
     p.set_defaults(func=run)
 
 
@@ -61,7 +62,9 @@ def open_db(args: argparse.Namespace, storage: Path) -> Any:
     """``--db`` opened (a UsageError before any work when it is bad or unreachable)."""
     from specproof.conformance._database import default_examples_dir, open_database
 
-    return open_database(args.db, default_dir=default_examples_dir(storage))
+    return open_database(
+        args.db, default_dir=default_examples_dir(storage), replay=getattr(args, "db_replay", "all")
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -69,6 +69,7 @@ def certify(
     atol: float | None = None,
     only: tuple[str, ...] = (),
     db: str | None = None,
+    db_replay: str = "all",
     expected_failures: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Certify plug-ins given as specs (as ``specproof certify`` does); returns the report dict.
@@ -76,7 +77,8 @@ def certify(
     Options are validated before anything runs: a bad one raises ``specproof.contract.UsageError``.
     ``db`` is an example database (a directory, or ``redis://HOST:PORT/N`` beside the default
     directory) that failures are saved in and replayed from first; here the default is none
-    (the CLI's default is a directory under the cache).
+    (the CLI's default is a directory under the cache); ``db_replay="failures"`` replays saved
+    failures only, not the covering examples campaigns saved (``--db-replay``).
     """
     from specproof.conformance._certifying import Plan
     from specproof.conformance._database import default_examples_dir, open_database
@@ -92,7 +94,7 @@ def certify(
         tie_tolerance=tie_tolerance,
         atol=atol,
         only=only,
-        database=open_database(db, default_dir=default_examples_dir()) if db is not None else None,
+        database=open_database(db, default_dir=default_examples_dir(), replay=db_replay) if db is not None else None,
         expected_failures=expected_failures,
     )
     return run(plan)[1]

@@ -687,7 +687,10 @@ class Certification:
         passes is kept (Hypothesis would delete it), one that fails feeds the invariants as any
         other run does, and is shrunk from its saved choices (``_shrink``).
         """
-        view = self._case_view(case) if found.error is None else None
+        store = self.plan.database
+        if found.error is not None or store is None or not store.replay_covering:  # --db-replay failures
+            return
+        view = self._case_view(case)
         if view is None:
             return
         reached: Counter[str] = Counter()
@@ -720,7 +723,6 @@ class Certification:
         now: Counter[str] = Counter()
         for run, _ in drawn:
             now.update(run.paths)
-        store = self.plan.database
         store.covering[case.id] += len(drawn)
         store.covered[case.id] = [p for p in missing if now[p]]
 

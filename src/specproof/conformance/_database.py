@@ -69,6 +69,7 @@ class ExampleStore:
     shared: str | None = None  # the redis:// URL, when there is one
     warnings: list[str] = attrs.Factory(list)
     lost: str | None = None  # the shared database stopped answering: why
+    replay_covering: bool = True  # --db-replay all (False: failures only)
     replayed: Counter[str] = attrs.Factory(Counter)  # check id -> saved examples that failed again
     covering: Counter[str] = attrs.Factory(Counter)  # engine case -> covering examples replayed
     covering_saved: Counter[str] = attrs.Factory(Counter)  # engine case -> covering examples saved
@@ -87,6 +88,7 @@ class ExampleStore:
             "spec": self.spec,
             "local": str(self.local) if self.local else None,
             "shared": self.shared,
+            "replay": "all" if self.replay_covering else "failures",
             "replayed": dict(self.replayed),
             "covering_replayed": dict(self.covering),
             "covering_saved": dict(self.covering_saved),
@@ -127,12 +129,23 @@ def check_key(**parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def open_database(spec: str | None, *, default_dir: Path, option: str = "--db") -> ExampleStore | None:
+def open_database(
+    spec: str | None, *, default_dir: Path, option: str = "--db", replay: str = "all"
+) -> ExampleStore | None:
     """Open ``--db`` (None: the default directory); a bad value is a ``UsageError`` before any work.
 
-    ``option``: the flag the messages name (``--specproof-db`` in the pytest plugin)."""
+    ``option``: the flag the messages name (``--specproof-db`` in the pytest plugin);
+    ``replay``: ``--db-replay`` (``all``, or ``failures``: no covering examples replayed)."""
+    if replay not in ("all", "failures"):
+        raise UsageError(f"{option}-replay {replay!r}: one of 'all', 'failures'")
     if spec is not None and spec.strip().lower() == "none":
         return None
+    store = _open(spec, default_dir=default_dir, option=option)
+    store.replay_covering = replay == "all"
+    return store
+
+
+def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
     if spec is None or not spec.startswith("redis:"):
         path = Path(spec) if spec is not None else default_dir
         if path.exists() and not path.is_dir():

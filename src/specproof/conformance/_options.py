@@ -163,6 +163,16 @@ OPTIONS: tuple[Option, ...] = (
         "replayed from first (default: examples/ in the Hypothesis directory); redis://HOST:PORT/N shares one "
         "across machines (kept beside the local directory); none remembers nothing",
     ),
+    Option(
+        dest="db_replay",
+        cli="--db-replay",
+        plugin="--specproof-db-replay",
+        default="all",
+        choices=("all", "failures"),
+        help="what a derandomized run replays from the database: all (saved failures, then the covering "
+        "examples of rollback paths its own search did not reach; the default) or failures (saved failures "
+        "only: the gate's examples and cost are its own, whatever campaigns saved)",
+    ),
 )
 
 NOT_IN_PLUGIN: dict[str, str] = {

@@ -75,7 +75,12 @@ def _prepare(config: pytest.Config) -> tuple[Any, Any, dict[str, str]]:
         if opt(dest):
             check_output_path(opt(dest), option=flag)
     storage = storage_dir(opt("specproof_hypothesis_dir"), option="--specproof-hypothesis-dir")
-    store = open_database(opt("specproof_db"), default_dir=default_examples_dir(storage), option="--specproof-db")
+    store = open_database(
+        opt("specproof_db"),
+        default_dir=default_examples_dir(storage),
+        option="--specproof-db",
+        replay=opt("specproof_db_replay"),
+    )
     expected = load_expected_failures(opt("specproof_expect_fail_file")) if opt("specproof_expect_fail_file") else {}
     expected.update(parse_expected_failures(opt("specproof_expect_fail")))
     found = config.stash[_STORE] = (storage, store, expected)
