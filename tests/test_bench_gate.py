@@ -257,11 +257,20 @@ def baseline_run():
 
 
 def test_real_unchanged_run_passes(baseline_run):
+    """An unchanged rerun passes on the counts and the CPU-time figures.
+
+    Its wall-clock ratios are gated (and compared here) but not asserted: over this config's 12
+    chunks one descheduled stretch moves a cell's wall speedup by half (measured: 2 of 3 reruns at
+    load 5 dropped one cell's from 3.1 to 1.2). The bench env's ``--quick`` gate checks them at a size
+    where they hold (docs/bench.md, noise table)."""
     first, base = baseline_run
     assert all(c.lossless and c.forwards_per_round == 1.0 for c in first.cells)  # checkpoint: one per round
     assert "gate/trained/k4/cpu_speedup" in base["figures"]
     report = compare(base, run_bench(_tiny_config()).to_json())
-    assert report.passed, [(f.key, f.baseline, f.now) for f in report.regressions]
+    wall = {"ratio", "mean_ratio"}
+    assert {f.kind for f in report.findings} >= {"ratio", "machine_independent", "cpu_ratio", "cpu_pooled"}
+    regressed = [(f.key, f.baseline, f.now) for f in report.regressions if f.kind not in wall]
+    assert not regressed, regressed
 
 
 def test_real_extra_forward_per_round_is_caught(baseline_run):
