@@ -18,11 +18,13 @@ import attrs
 
 from specproof.contract import UsageError
 from specproof.contract.files import FileTooLargeError, loads_bounded, read_bounded_text, write_text_file
+from specproof.contract.schemas import SchemaProblem, problems
 from specproof.strategies._rounds import PlannedRound, RoundPlan
 
 __all__ = ["DRAFTER_CHOICES", "REQUEST_KINDS", "SESSION_FORMAT", "SessionFileError", "SessionHistory", "SessionRequest"]
 
 SESSION_FORMAT = "specproof-session/1"
+SCHEMA_FILE = "specproof/schemas/session-1.json"  # the JSON Schema every history is validated with first
 
 # Request kinds, in the order the machine's rules are listed. "reset" carries no prompt.
 REQUEST_KINDS: tuple[str, ...] = ("new_prompt", "regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
@@ -39,6 +41,17 @@ class SessionFileError(UsageError):
 
 def _field_error(source: str, where: str, problem: str) -> SessionFileError:
     return SessionFileError(f"{source}: {where} {problem}")
+
+
+def _schema_error(source: str, found: list[SchemaProblem], obj: Mapping[str, object]) -> SessionFileError:
+    """The first schema problem (of ``session-1``) as the error naming the field; a count of the rest."""
+    first = found[0]
+    text = str(first)
+    if first.keyword == "required" and len(first.path) == 3:  # requests[i].prompt: say why it is needed
+        kind = obj["requests"][first.path[1]].get("kind")  # type: ignore[index]
+        text = f"{first.where} is missing (a {kind} request needs it)"
+    more = f" (and {len(found) - 1} more problem{'s' if len(found) > 2 else ''})" if len(found) > 1 else ""
+    return SessionFileError(f"{source}: {text}{more} (schema: {SCHEMA_FILE})")
 
 
 def _int_field(value: object, *, source: str, where: str, minimum: int = 0, maximum: int | None = None) -> int:
@@ -103,55 +116,33 @@ class SessionRequest:
 
     @classmethod
     def from_json(cls, obj: object, *, source: str, where: str, vocab_size: int | None) -> SessionRequest:
+        """Build from a request object already valid under the ``session-1`` schema; the checks the
+        schema cannot make (ids below ``vocab_size``, the plan against the drafter) raise here."""
         if not isinstance(obj, Mapping):
             raise _field_error(source, where, f"must be a JSON object, got {type(obj).__name__}")
-        known = {"kind", "prompt", "max_new_tokens", "eos_token_id", "drafter", "plan", "note"}
-        extra = sorted(set(obj) - known)
-        if extra:
-            raise _field_error(
-                source, f"{where}.{extra[0]}", f"is not a known field (known: {', '.join(sorted(known))})"
-            )
-        kind = obj.get("kind")
-        if kind not in REQUEST_KINDS:
-            raise _field_error(source, f"{where}.kind", f"= {kind!r} is not one of {', '.join(REQUEST_KINDS)}")
+        kind = obj["kind"]
         note = obj.get("note", "")
-        if not isinstance(note, str):
-            raise _field_error(source, f"{where}.note", f"must be a string, got {note!r}")
         if kind == "reset":
             return cls(kind="reset", note=note)
-        for name in ("prompt", "max_new_tokens"):
-            if name not in obj:
-                raise _field_error(source, where, f"has no {name!r} field (a {kind} request needs one)")
-        prompt = obj["prompt"]
-        if not isinstance(prompt, list) or not prompt:
-            raise _field_error(source, f"{where}.prompt", "must be a non-empty list of token ids")
         tokens = tuple(
-            _int_field(t, source=source, where=f"{where}.prompt[{i}]", maximum=vocab_size) for i, t in enumerate(prompt)
+            _int_field(t, source=source, where=f"{where}.prompt[{i}]", maximum=vocab_size)
+            for i, t in enumerate(obj["prompt"])
         )
         budget = _int_field(obj["max_new_tokens"], source=source, where=f"{where}.max_new_tokens")
         eos = obj.get("eos_token_id")
         if eos is not None:
             eos = _int_field(eos, source=source, where=f"{where}.eos_token_id", maximum=vocab_size)
         drafter = obj.get("drafter")
-        if drafter is not None and drafter not in DRAFTER_CHOICES:
-            raise _field_error(source, f"{where}.drafter", f"= {drafter!r} is not null or one of {DRAFTER_CHOICES}")
         raw_plan = obj.get("plan")
         plan: tuple[tuple[int, int], ...] | None = None
         if raw_plan is not None:
             if drafter != "scripted":
                 raise _field_error(source, f"{where}.plan", f"is given but drafter is {drafter!r}, not 'scripted'")
-            if not isinstance(raw_plan, list) or not raw_plan:
-                raise _field_error(source, f"{where}.plan", "must be a non-empty list of [draft_length, correct] pairs")
             rounds = []
-            for r, pair in enumerate(raw_plan):
-                at = f"{where}.plan[{r}]"
-                if not isinstance(pair, list) or len(pair) != 2:
-                    raise _field_error(source, at, f"must be a [draft_length, correct] pair, got {pair!r}")
-                length = _int_field(pair[0], source=source, where=f"{at}[0] (draft_length)")
-                correct = _int_field(pair[1], source=source, where=f"{at}[1] (correct)")
+            for r, (length, correct) in enumerate(raw_plan):
                 if correct > length:
-                    raise _field_error(source, at, f"has correct={correct} > draft_length={length}")
-                rounds.append((length, correct))
+                    raise _field_error(source, f"{where}.plan[{r}]", f"has correct={correct} > draft_length={length}")
+                rounds.append((int(length), int(correct)))
             plan = tuple(rounds)
         elif drafter == "scripted":
             raise _field_error(source, f"{where}.plan", "is missing: a scripted request needs its plan")
@@ -208,22 +199,12 @@ class SessionHistory:
         """Validate and build; a ``SessionFileError`` names the offending field (``requests[2].prompt[5]``)."""
         if not isinstance(obj, Mapping):
             raise SessionFileError(f"{source}: a session history is a JSON object, got {type(obj).__name__}")
-        fmt = obj.get("format")
-        if fmt != SESSION_FORMAT:
-            raise _field_error(source, "format", f"= {fmt!r}; expected {SESSION_FORMAT!r}")
-        known = {"format", "vocab_size", "engine", "failing_request", "requests"}
-        extra = sorted(set(obj) - known)
-        if extra:
-            raise _field_error(source, extra[0], f"is not a known field (known: {', '.join(sorted(known))})")
+        found = problems("session-1", dict(obj))
+        if found:
+            raise _schema_error(source, found, obj)
         vocab = obj.get("vocab_size")
-        if vocab is not None:
-            vocab = _int_field(vocab, source=source, where="vocab_size", minimum=1)
         engine = obj.get("engine")
-        if engine is not None and not isinstance(engine, str):
-            raise _field_error(source, "engine", f"must be a string or null, got {engine!r}")
-        raw = obj.get("requests")
-        if not isinstance(raw, list) or not raw:
-            raise _field_error(source, "requests", "must be a non-empty list of requests")
+        raw = obj["requests"]
         requests = tuple(
             SessionRequest.from_json(r, source=source, where=f"requests[{i}]", vocab_size=vocab)
             for i, r in enumerate(raw)
