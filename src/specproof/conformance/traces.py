@@ -42,6 +42,7 @@ from specproof.contract.files import (
     write_text_file,
 )
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
+from specproof.contract.schemas import SchemaProblem, expectation, problems
 from specproof.engine._protocols import Target
 from specproof.engine._records import STOP_REASONS, Generation, Step
 from specproof.engine.errors import InvalidSettingError, SpecproofError
@@ -70,13 +71,8 @@ TRACE_FORMAT = "specproof-trace/1"
 GOLDEN_FORMAT = "specproof-golden/1"
 
 
-_HEADER_REQUIRED = ("format", "vocab_size", "k", "prompt", "max_new_tokens", "eos_token_id", "engine", "target")
-_HEADER_OPTIONAL = ("max_context", "rollback")
-_ROUND_FIELDS = ("round", "base", "draft", "argmax", "accepted", "processed")
-_FINAL_FIELDS = ("final", "tokens", "stop_reason")
-_GOLDEN_FIELDS = ("format", "target", "cases")
-_CASE_REQUIRED = ("prompt", "max_new_tokens", "eos_token_id", "tokens")
-_CASE_OPTIONAL = ("margins",)
+# Every line and golden file is validated with its JSON Schema (specproof/schemas/trace-1.json,
+# golden-1.json) first; what a schema cannot say (ids below vocab_size, the rounds' order) is checked here.
 
 
 class TraceFormatError(SpecproofError, ValueError):
@@ -181,17 +177,6 @@ class _Fields:
     def fail(self, message: str) -> SpecproofError:
         return self.error(f"{self.where}: {message}")
 
-    def keys(self, required: Sequence[str], optional: Sequence[str] = ()) -> None:
-        missing = [f for f in required if f not in self.obj]
-        if missing:
-            names = ", ".join(f"'{f}'" for f in missing)
-            raise self.fail(f"missing field{'s' if len(missing) > 1 else ''} {names}")
-        unknown = [f for f in self.obj if f not in required and f not in optional]
-        if unknown:
-            names = ", ".join(f"'{f}'" for f in unknown)
-            allowed = ", ".join([*required, *optional])
-            raise self.fail(f"unknown field{'s' if len(unknown) > 1 else ''} {names} (allowed: {allowed})")
-
     def int_(self, name: str, *, minimum: int) -> int:
         value = self.obj.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -243,6 +228,42 @@ class _Fields:
         return value
 
 
+def _schema_check(obj: dict[str, object], part: str, where: str) -> None:
+    """Validate one trace line with the ``trace-1`` schema's ``part`` before any other check."""
+    found = problems("trace-1", obj, part=part)
+    if found:
+        raise TraceFormatError(f"{where}: {_schema_message(found, obj)}")
+
+
+def _schema_message(found: list[SchemaProblem], obj: dict[str, object]) -> str:
+    """The first schema problem of ``obj`` in this module's words: ``missing field 'k'``,
+    ``unknown field 'x' (allowed: ...)``, ``field 'k' must be an int >= 0, got -2``..."""
+    missing = [str(p.field) for p in found if p.keyword == "required" and len(p.path) == 1]
+    if missing:
+        names = ", ".join(f"'{f}'" for f in missing)
+        return f"missing field{'s' if len(missing) > 1 else ''} {names}"
+    unknown = [p for p in found if p.keyword == "additionalProperties" and len(p.path) == 1]
+    if unknown:
+        names = ", ".join(f"'{p.field}'" for p in unknown)
+        allowed = ", ".join(unknown[0].schema.get("properties", {}))
+        return f"unknown field{'s' if len(unknown) > 1 else ''} {names} (allowed: {allowed})"
+    first = found[0]
+    if not first.path:
+        return f"expected {expectation(first.schema, integer='an int')}, got {_describe(first.value)}"
+    name = first.path[0]
+    if len(first.path) == 1:
+        if first.keyword == "minItems" and first.schema.get("minItems") == 1:
+            return f"field '{name}' must not be empty"
+        if first.keyword in ("type", "minimum", "enum", "const"):
+            want = expectation(first.schema, integer="an int")
+            return f"field '{name}' must be {want}, got {_describe(first.value)}"
+    if len(first.path) == 2 and isinstance(first.path[1], int):  # an item of a list of token ids
+        if first.keyword == "minimum":
+            return f"field '{name}' item {first.path[1]} = {first.value} is not a token id (an int >= 0)"
+        return f"field '{name}' must be a list of ints, got {_describe(obj.get(str(name)))}"
+    return f"field {first.where!r} {first.text}"
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -281,8 +302,8 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
         raise TraceFormatError(
             f"{source} line 1: field 'format' is {_describe(head['format'])}; this reader reads {TRACE_FORMAT!r}"
         )
+    _schema_check(head, "header", f"{source} line 1")
     h = _Fields(head, f"{source} line 1", TraceFormatError)
-    h.keys(_HEADER_REQUIRED, _HEADER_OPTIONAL)
     vocab_size = h.int_("vocab_size", minimum=1)
     k = h.int_("k", minimum=0)
     prompt = h.ids("prompt", vocab_size=vocab_size, nonempty=True)
@@ -302,10 +323,8 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
         if "format" in obj:
             raise TraceFormatError(f"{where}: a second header (the header belongs on line 1 only)")
         if "final" in obj:
+            _schema_check(obj, "final", where)
             f = _Fields(obj, where, TraceFormatError)
-            f.keys(_FINAL_FIELDS)
-            if obj["final"] is not True:
-                raise f.fail(f"field 'final' must be true, got {_describe(obj['final'])}")
             tokens = f.ids("tokens", vocab_size=vocab_size)
             stop = f.str_("stop_reason", choices=STOP_REASONS)
             final = (tokens, stop)
@@ -316,8 +335,8 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
                 f"{where}: expected a round record ('round' field) or the final line ('final' field), "
                 f"got fields {fields}"
             )
+        _schema_check(obj, "round", where)
         r = _Fields(obj, where, TraceFormatError)
-        r.keys(_ROUND_FIELDS)
         index = r.int_("round", minimum=0)
         if index != len(steps):
             raise r.fail(f"field 'round' must be {len(steps)} (rounds are numbered from 0, in order), got {index}")
@@ -505,18 +524,26 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
     top = _Fields(data, source, GoldenFormatError)
     if data.get("format") != GOLDEN_FORMAT:
         raise top.fail(f"field 'format' must be {GOLDEN_FORMAT!r}, got {_describe(data.get('format'))}")
-    top.keys(_GOLDEN_FIELDS)
+    found = problems("golden-1", data)
+    if found and len(found[0].path) >= 2 and found[0].path[0] == "cases":  # about one case: name it
+        i = found[0].path[1]
+        case = [p for p in found if p.path[:2] == ("cases", i)]
+        raw = data["cases"][i]  # type: ignore[index]
+        if isinstance(raw, dict):
+            case = [attrs.evolve(p, path=p.path[2:]) for p in case]
+            raise GoldenFormatError(f"{source}: cases[{i}]: {_schema_message(case, raw)}")
+        raise GoldenFormatError(f"{source}: cases[{i}]: expected a JSON object, got {_describe(raw)}")
+    if found:
+        raise top.fail(_schema_message(found, data))
     target = top.str_("target")
     raw_cases = data["cases"]
-    if not isinstance(raw_cases, list):
-        raise top.fail(f"field 'cases' must be a list of case objects, got {_describe(raw_cases)}")
+    assert isinstance(raw_cases, list)
     cases: list[GoldenCase] = []
     for i, raw in enumerate(raw_cases):
         where = f"{source}: cases[{i}]"
         if not isinstance(raw, dict):
             raise GoldenFormatError(f"{where}: expected a JSON object, got {_describe(raw)}")
         c = _Fields(raw, where, GoldenFormatError)
-        c.keys(_CASE_REQUIRED, _CASE_OPTIONAL)
         tokens = c.ids("tokens", vocab_size=None)
         margins = raw.get("margins")
         if margins is not None:
