@@ -43,6 +43,7 @@ from typing import Any, Final
 import attrs
 
 from specproof.contract.files import FileTooLargeError, loads_bounded, read_bounded_text, write_text_file
+from specproof.contract.schemas import problems
 from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
@@ -103,8 +104,6 @@ def _geomean(values: list[float]) -> float:
     # ratios multiply; a 0 (a broken cell) makes the mean 0
     return math.exp(sum(math.log(v) for v in values) / len(values)) if all(v > 0 for v in values) else 0.0
 
-
-_BETTER: Final = ("higher", "lower")
 
 
 class BaselineError(InvalidSettingError):
@@ -220,12 +219,6 @@ def save_baseline(path: str | os.PathLike[str], result: Mapping[str, Any]) -> di
     return doc
 
 
-def _require(doc: Mapping[str, Any], field: str, where: str, parent: str = "") -> Any:
-    if field not in doc:
-        raise BaselineError(f"baseline {where}: missing field {parent + field!r}")
-    return doc[field]
-
-
 def _number(value: Any, field: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
         raise BaselineError(f"baseline {where}: field {field!r} must be a finite number, got {value!r}")
@@ -233,33 +226,23 @@ def _number(value: Any, field: str, where: str) -> float:
 
 
 def validate_baseline(doc: Any, where: str = "<baseline>") -> dict[str, Any]:
-    """Check a parsed baseline document; ``BaselineError`` names the first bad field."""
+    """Check a parsed baseline document; ``BaselineError`` names the first bad field.
+
+    The JSON Schema (specproof/schemas/bench-baseline-2.json) first; then what it cannot
+    say: every gated number finite (Python's JSON reads ``NaN`` and ``Infinity``).
+    """
     if not isinstance(doc, dict):
         raise BaselineError(f"baseline {where}: expected a JSON object, got {type(doc).__name__}")
-    schema = _require(doc, "schema", where)
-    if schema != BASELINE_SCHEMA:
-        raise BaselineError(f"baseline {where}: field 'schema' is {schema!r}, expected {BASELINE_SCHEMA!r}")
-    for field in ("mode", "target"):
-        if not isinstance(_require(doc, field, where), str):
-            raise BaselineError(f"baseline {where}: field {field!r} must be a string")
-    thresholds = _require(doc, "thresholds", where)
-    if not isinstance(thresholds, dict):
-        raise BaselineError(f"baseline {where}: field 'thresholds' must be an object")
+    found = problems("bench-baseline-2", doc)
+    if found:
+        first = found[0]
+        if first.keyword == "required":
+            raise BaselineError(f"baseline {where}: missing field {first.where!r}")
+        raise BaselineError(f"baseline {where}: field {first.where!r} {first.text}")
     for kind in _KINDS:
-        value = _number(_require(thresholds, kind, where, "thresholds."), f"thresholds.{kind}", where)
-        if not 0.0 <= value < 1.0:
-            raise BaselineError(f"baseline {where}: field 'thresholds.{kind}'={value} must be in [0, 1)")
-    figs = _require(doc, "figures", where)
-    if not isinstance(figs, dict) or not figs:
-        raise BaselineError(f"baseline {where}: field 'figures' must be a non-empty object")
-    for key, fig in figs.items():
-        if not isinstance(fig, dict):
-            raise BaselineError(f"baseline {where}: field 'figures.{key}' must be an object")
-        _number(_require(fig, "value", where, f"figures.{key}."), f"figures.{key}.value", where)
-        if fig.get("kind") not in _KINDS:
-            raise BaselineError(f"baseline {where}: field 'figures.{key}.kind' must be one of {_KINDS}")
-        if fig.get("better") not in _BETTER:
-            raise BaselineError(f"baseline {where}: field 'figures.{key}.better' must be one of {_BETTER}")
+        _number(doc["thresholds"][kind], f"thresholds.{kind}", where)
+    for key, fig in doc["figures"].items():
+        _number(fig["value"], f"figures.{key}.value", where)
     return doc
 
 

@@ -127,7 +127,9 @@ def expectation(schema: object, *, integer: str = "an integer") -> str:
         if kind == "null":
             continue
         word = integer if kind == "integer" else _NOUNS.get(kind, kind)
-        if kind in ("integer", "number"):
+        if kind in ("integer", "number") and "minimum" in schema and "exclusiveMaximum" in schema:
+            word += f" in [{schema['minimum']}, {schema['exclusiveMaximum']})"
+        elif kind in ("integer", "number"):
             if "minimum" in schema:
                 word += f" >= {schema['minimum']}"
             if "exclusiveMinimum" in schema:
