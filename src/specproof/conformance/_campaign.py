@@ -187,10 +187,37 @@ class CampaignState:
                 "worker_errors": [w.error for w in self.workers if w.error],
             },
         )
-        base.setdefault("format", "specproof-report/2")
-        base.setdefault("subjects", {"subject": self.options.plan.get("subject"), "engines": [], "used": []})
-        base.setdefault("profile", self.options.plan.get("profile", "quick"))
+        if self.skeleton is None:  # no round finished (Ctrl-C or dead workers early): still a whole report
+            base.update(_report_defaults(self.options.plan))
         return base
+
+
+def _report_defaults(plan: dict[str, Any]) -> dict[str, Any]:
+    """The fields a campaign report takes from a worker's first round report, for a campaign with
+    none: what the parent knows itself, so the report still matches specproof/schemas/report-2.json."""
+    import platform
+    import sys
+
+    import hypothesis
+    import numpy as np
+
+    from specproof import __version__
+
+    return {
+        "format": "specproof-report/2",
+        "specproof_version": __version__,
+        "subjects": {"subject": plan.get("subject"), "engines": [], "used": []},
+        "profile": plan.get("profile", "quick"),
+        "only": list(plan.get("only") or ()),
+        "expected_failures": [],
+        "tie_tolerance": plan.get("tie_tolerance"),
+        "atol": plan.get("atol"),
+        "hypothesis_version": hypothesis.__version__,
+        "numpy_version": np.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "unreached_paths": {},
+    }
 
 
 def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
