@@ -179,3 +179,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             write_json_report(json_path, report)
         if markdown_path:
             write_markdown_report(markdown_path, report)
+    if cert is not None:
+        cert.cache.clear()  # the checks are over: nothing may hold the run's models after it
