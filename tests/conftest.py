@@ -99,8 +99,9 @@ def seed_reaching_max_context() -> int:
     """A ``--seed`` whose quick search of the built-in stack reaches ``clamped_at_max_context`` in both
     engine cases (the derandomized gate reaches it in neither): the rare path of the covering-example tests.
 
-    Which seeds do depends on the Hypothesis version (3 under 6.155, 10 under 6.170; CI installs the
-    newest), so it is searched for, about a second a seed, not written down. None in 1..40 is a
+    Which seeds do depends on the Hypothesis version (3 under 6.155.2 and 6.170.15; constraints.txt
+    pins the version tox and CI install, and a new one may move it), so it is searched for, about a
+    second a seed, not written down. None in 1..40 is a
     skip naming the version, never a pass.
     """
     import hypothesis
