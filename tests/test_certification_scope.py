@@ -68,3 +68,23 @@ def test_strict_decorator_after_the_loose_one_fails(specproof_check: object) -> 
 
     with pytest.raises(ViolationError, match=r"engine\.state-restored"):
         check(specproof_check)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cleared", [True, False], ids=["as-shipped", "never-cleared"])
+def test_a_finished_certification_holds_no_runs_or_models(monkeypatch: pytest.MonkeyPatch, cleared: bool) -> None:
+    """Hypothesis keeps the last 128 state-machine classes (an lru_cache), and the rollback machine's class
+    holds the run's judges: a certification that kept its models after its session grew a campaign
+    worker ~17 MB a round. The never-cleared variant shows the check can fail."""
+    from specproof.conformance._harness import RunCache
+    from specproof.conformance._runner import certify
+
+    if not cleared:
+        monkeypatch.setattr(RunCache, "clear", lambda self: None)
+    plan = Plan.create("engine", only=("stateful.rollback-machine", "engine.lossless"))
+    cert, report = certify(plan)
+    assert report["verdict"] == "pass"
+    held = {"runs": len(cert.cache.runs), "greedy": len(cert.cache.greedy), "models": len(cert.cache.judges._models)}
+    if cleared:
+        assert held == {"runs": 0, "greedy": 0, "models": 0}
+    else:
+        assert held["runs"] and held["models"], held  # what the run filled, had it been left there
