@@ -72,19 +72,40 @@ def test_strict_decorator_after_the_loose_one_fails(specproof_check: object) -> 
 
 @pytest.mark.parametrize("cleared", [True, False], ids=["as-shipped", "never-cleared"])
 def test_a_finished_certification_holds_no_runs_or_models(monkeypatch: pytest.MonkeyPatch, cleared: bool) -> None:
-    """Hypothesis keeps the last 128 state-machine classes (an lru_cache), and the rollback machine's class
-    holds the run's judges: a certification that kept its models after its session grew a campaign
-    worker ~17 MB a round. The never-cleared variant shows the check can fail."""
+    """Hypothesis keeps the last 128 state-machine classes (lru_caches), and a machine class carried the
+    run's judges, target factories and oracle closures: a process certifying again and again (a
+    campaign worker) grew ~17 MB a round at quick. After a run its caches are empty and its machine
+    classes carry no configuration. The never-cleared variant shows both checks can fail."""
+    import gc
+
+    import specproof.strategies
     from specproof.conformance._harness import RunCache
     from specproof.conformance._runner import certify
 
     if not cleared:
         monkeypatch.setattr(RunCache, "clear", lambda self: None)
-    plan = Plan.create("engine", only=("stateful.rollback-machine", "engine.lossless"))
+        monkeypatch.setattr(specproof.strategies, "release_machine", lambda machine: None)
+    def machine_classes() -> list[type]:
+        gc.collect()
+        found = (k for k in gc.get_objects() if isinstance(k, type) and "_run_" in k.__qualname__)
+        return [k for k in found if "_config_names" in dir(k)]
+
+    before = {id(k) for k in machine_classes()}  # (classes of other tests' runs are not this run's)
+    plan = Plan.create("engine", only=("stateful.rollback-machine", "engine.session", "engine.lossless"))
     cert, report = certify(plan)
     assert report["verdict"] == "pass"
     held = {"runs": len(cert.cache.runs), "greedy": len(cert.cache.greedy), "models": len(cert.cache.judges._models)}
+    configured = [
+        (klass.__name__, name)
+        for klass in machine_classes()
+        if id(klass) not in before
+        for base in klass.__mro__
+        for name in vars(base).get("_config_names", ())
+        if name.endswith("_config") and getattr(base, name) is not None
+    ]
     if cleared:
         assert held == {"runs": 0, "greedy": 0, "models": 0}
+        assert configured == []
     else:
         assert held["runs"] and held["models"], held  # what the run filled, had it been left there
+        assert configured, "no machine class ran"

@@ -831,7 +831,12 @@ class Certification:
         if seed is not None:
             # (not @seed: it would drop the database)
             test._hypothesis_internal_use_seed = seed  # type: ignore[attr-defined]
-        test()
+        try:
+            test()
+        finally:
+            from specproof.strategies import release_machine
+
+            release_machine(factory)  # Hypothesis caches machine classes: they must not hold this run
 
     def _run_rollback_machine(self, item: CheckItem, result: CheckResult) -> None:
         from specproof.strategies import RollbackMachine, RollbackMachineFailure

@@ -22,6 +22,7 @@ from specproof.strategies._machine import (
     RollbackMachine,
     RollbackMachineFailure,
     default_decoder_factory,
+    release_machine,
     run_rollback_machine,
 )
 from specproof.strategies._rounds import (
@@ -74,6 +75,7 @@ __all__ = [
     "default_decoder_factory",
     "engine_settings",
     "planned_round",
+    "release_machine",
     "replay_session",
     "round_plans",
     "run_rollback_machine",

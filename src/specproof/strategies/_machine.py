@@ -51,7 +51,14 @@ from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 
-__all__ = ["PROPERTIES", "RollbackMachine", "RollbackMachineFailure", "default_decoder_factory", "run_rollback_machine"]
+__all__ = [
+    "PROPERTIES",
+    "RollbackMachine",
+    "RollbackMachineFailure",
+    "default_decoder_factory",
+    "release_machine",
+    "run_rollback_machine",
+]
 
 PROPERTIES: dict[str, str] = {
     "lossless": "the session's context and every round's tokens are what plain greedy and the accept rule give",
@@ -172,7 +179,7 @@ def configured_machine(
     No explain phase: it re-runs the failing program under a tracer, which takes minutes on a
     numpy model; the shrunk program and the invariant message already say what broke.
     """
-    sub: Any = type(name, (base,), {**attributes, "__module__": base.__module__})
+    sub: Any = type(name, (base,), {**attributes, "__module__": base.__module__, "_config_names": tuple(attributes)})
     sub.TestCase.settings = Settings(
         deadline=None,
         suppress_health_check=list(HealthCheck),
@@ -180,6 +187,21 @@ def configured_machine(
         phases=tuple(p for p in Settings().phases if p is not Phase.explain),
     )
     return sub
+
+
+def release_machine(machine: type[Any]) -> None:
+    """Drop the configuration a configured machine class (or a subclass of one) carries, its run over.
+
+    Hypothesis keeps the last 128 machine classes in ``lru_cache``s
+    (``RuleBasedStateMachine._to_test_case``, ``RuleStrategy._setup_for``), and a configuration
+    holds target and engine factories, judges and the certification's oracle closures: a process
+    that certifies again and again (a campaign worker) kept every run's models until 128 runs
+    were held. A released class refuses to run again (its ``__init__`` says to ``configure``).
+    """
+    for klass in machine.__mro__:
+        for name in vars(klass).get("_config_names", ()):
+            if name.endswith("_config"):
+                setattr(klass, name, None)
 
 
 class RollbackMachine(RuleBasedStateMachine):
