@@ -57,36 +57,36 @@ def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
         if os.environ.get("SPECPROOF_REQUIRE_REDIS"):
             pytest.fail("redis-server is not installed, and SPECPROOF_REQUIRE_REDIS is set (CI must run this test)")
         pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run does)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+    # A free port is picked, then bound by redis-server: another process can take it in between,
+    # and redis-server then exits at once. That is retried on a new port (never reported as a failure).
+    dirs = ["--dir", str(tmp_path)]
+    for _attempt in range(5):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *dirs],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    pass
+            except OSError:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    pytest.fail(f"redis-server did not answer on port {port} within 10 s")
+                time.sleep(0.05)
+                continue
+            time.sleep(0.1)  # connected: still ours only if it is still running
+            if proc.poll() is None:
                 break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"redis-server did not start on port {port}")
-            time.sleep(0.05)
+        if proc.poll() is None:
+            break
+    else:
+        pytest.fail("redis-server exited at start on 5 free ports in a row")
     server_ = RedisServer(f"redis://127.0.0.1:{port}/0", proc)
     try:
         yield server_
@@ -101,8 +101,7 @@ def seed_reaching_max_context() -> int:
 
     Which seeds do depends on the Hypothesis version (3 under 6.155.2 and 6.170.15; constraints.txt
     pins the version tox and CI install, and a new one may move it), so it is searched for, about a
-    second a seed, not written down. None in 1..40 is a
-    skip naming the version, never a pass.
+    second a seed, not written down. None in 1..40 is a skip naming the version, never a pass.
     """
     import hypothesis
 
