@@ -15,6 +15,7 @@ from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import get_new_symbol, types  # noqa: E402
 
 from specproof import cli  # noqa: E402
+from specproof.contract.schemas import validate  # noqa: E402
 from specproof.coreml import BundleReadError, export_bundle, inspect_bundle  # noqa: E402
 from specproof.engine import ReferenceConfig, ReferenceHybrid  # noqa: E402
 
@@ -180,10 +181,14 @@ def test_multifunction_bundle_gets_a_verdict_per_function(bundles: dict[str, Pat
 def test_cli_exit_codes_and_json(bundles: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bundle", "inspect", str(bundles["good"]), "--k", "4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    assert validate("bundle-inspect-1", doc) == []  # its JSON Schema (specproof/schemas/)
     assert doc["format"] == "specproof-bundle-inspect/1" and doc["qualifies"] is True
     assert doc["qualifying_functions"] == ["main"]
     assert cli.main(["bundle", "inspect", str(bundles["last"]), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
+    assert validate("bundle-inspect-1", doc) == []
+    broken = {**doc, "qualifies": "yes"}
+    assert validate("bundle-inspect-1", broken)  # the schema can fail
     failed = [r for r in doc["functions"][0]["rules"] if not r["passed"]]
     assert [r["id"] for r in failed] == ["logits"] and failed[0]["why"]
 
@@ -243,3 +248,4 @@ def test_inspect_json_errors_are_json(tmp_path: Path, capsys: pytest.CaptureFixt
     assert cli.main(["bundle", "inspect", str(tmp_path / "missing.mlpackage"), "--json"]) == 2
     data = json.loads(capsys.readouterr().out)
     assert data["exit_code"] == 2 and "no such file" in data["error"]
+    assert validate("bundle-inspect-1", data) == []

@@ -508,6 +508,9 @@ def test_traffic_and_protocol_overhead_are_reported(
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
+    from specproof.contract.schemas import validate
+
+    assert validate("generate-1", out) == []  # a wire engine's summary (its own time, the traffic) too
     assert out["engine_elapsed_us"] > 0 and out["protocol_overhead_us_per_round"] is not None
     assert out["wire"]["state"] == "none" and out["wire"]["bytes_received"] > 0  # generate times the engine: no state
 

@@ -45,6 +45,10 @@ def test_every_schema_file_is_a_valid_draft_2020_12_schema_and_is_listed() -> No
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         assert schema["$id"] == f"https://specproof.dev/schemas/{name}.json"
         assert schema["title"].startswith(fmt + ":") and schema["description"]
+        if schema.get("type") == "array":  # a JSON array (invariants --json) carries no format field
+            fields = schema["items"]["properties"].values()
+            assert schema["items"]["required"] and all(p.get("description") for p in fields)
+            continue
         # the format's own name is pinned: a document of another version is refused
         objects = [schema] if "properties" in schema else [schema["$defs"]["header"]]
         for obj in objects:
@@ -173,6 +177,40 @@ def bench_result() -> dict[str, Any]:
     from test_bench_gate import _tiny_config
 
     return json.loads(json.dumps(run_bench(_tiny_config()).to_json()))
+
+
+def _printed(capsys: pytest.CaptureFixture[str], argv: list[str]) -> Any:
+    from specproof.cli import main
+
+    main(argv)
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_printed_json_of_generate_check_trace_and_invariants_match_their_schemas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = str(tmp_path / "t.jsonl")
+    decoder = _printed(capsys, ["generate", "def f(x):", "--max-new-tokens", "8", "--json", "--trace", trace])
+    _ok("generate-1", decoder)
+    compared = _printed(capsys, ["generate", "--ids", "1,2,3", "--max-new-tokens", "4", "--compare-greedy", "--json"])
+    _ok("generate-1", compared)
+    assert "greedy_seconds" in compared
+    engine = _printed(
+        capsys,
+        ["generate", "--engine", "specproof.conformance.zoo:zoo_engine", "--ids", "1,2,3", "--json"],
+    )
+    _ok("generate-1", engine)
+    assert isinstance(engine["rounds"], list)
+    _ok("check-trace-1", _printed(capsys, ["check-trace", trace, "--json"]))
+    with_oracle = _printed(capsys, ["check-trace", trace, "--target", "reference", "--json"])
+    _ok("check-trace-1", with_oracle)
+    assert with_oracle["lossless"] is not None
+    _ok("invariants-1", _printed(capsys, ["invariants", "--json"]))
+    # each can fail: the two forms of generate are told apart; a result's status is one of the five
+    assert validate("generate-1", {**decoder, "engine": "x"})
+    assert validate("generate-1", {**engine, "rounds": 3})
+    assert validate("check-trace-1", {**with_oracle, "results": [{**with_oracle["results"][0], "status": "ok"}]})
+    assert validate("invariants-1", [{"id": "engine.x", "subject": "engine"}])
 
 
 def test_a_bench_result_and_its_baseline_match_their_schemas(bench_result: dict[str, Any], tmp_path: Path) -> None:

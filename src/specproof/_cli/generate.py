@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     assert gen.stats is not None
     stats = gen.stats
     summary: dict[str, object] = {
+        "format": "specproof-generate/1",
         "target": args.target,
         "drafter": getattr(drafter, "name", type(drafter).__name__),
         "k": args.k,
@@ -236,6 +237,7 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
         seconds = time.perf_counter() - t0
         steps = list(gen.steps or ())
         summary: dict[str, object] = {
+            "format": "specproof-generate/1",
             "engine": args.engine,
             "prompt_tokens": len(prompt),
             "tokens": list(gen.tokens),

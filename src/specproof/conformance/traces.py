@@ -650,6 +650,7 @@ class TraceReport:
 
     def to_json(self) -> dict[str, object]:
         return {
+            "format": "specproof-check-trace/1",
             "source": self.source,
             "engine": self.engine,
             "target": self.target,

@@ -49,6 +49,10 @@ SCHEMAS: Final[dict[str, str]] = {
     "golden-1": "specproof-golden/1",
     "bench-2": "specproof-bench/2",
     "bench-baseline-2": "specproof-bench-baseline/2",
+    "check-trace-1": "specproof-check-trace/1",
+    "generate-1": "specproof-generate/1",
+    "bundle-inspect-1": "specproof-bundle-inspect/1",
+    "invariants-1": "specproof-invariants/1",
 }
 
 
