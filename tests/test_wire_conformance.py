@@ -18,6 +18,7 @@ and no engine process is left running afterwards.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -105,3 +106,18 @@ def test_state_digests_pass_a_perturbed_engine_and_fail_a_stale_conv_state() -> 
     text = " ".join(v["explanation"] for v in result["violations"])
     assert "conv_state differs at layer" in text and "signed projection" in text and "the bound" in text
     assert "SPECPROOF_WIRE_STATE=full" in text
+    # the reproduce command sets the key the failure names, so pasted it compares the same projections
+    key = re.search(r"\$SPECPROOF_WIRE_DIGEST_KEY=([0-9a-f]{32})", text)
+    assert key and result["reproduce"].startswith(f"SPECPROOF_WIRE_DIGEST_KEY={key[1]} specproof certify ")
+
+
+def test_a_digest_failure_reproduced_with_its_key_fails_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    only = ("engine.state-restored",)
+    first = _by_id(_run("digest-stale-conv", only=only))["engine.state-restored"]
+    env = first["reproduce"].partition(" specproof certify ")[0]
+    name, _, key = env.partition("=")
+    assert name == "SPECPROOF_WIRE_DIGEST_KEY" and len(key) == 32
+    monkeypatch.setenv(name, key)
+    again = _by_id(_run("digest-stale-conv", only=only))["engine.state-restored"]
+    assert again["status"] == "fail" and f"$SPECPROOF_WIRE_DIGEST_KEY={key}" in again["violations"][0]["explanation"]
+    assert again["reproduce"] == first["reproduce"]

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import unittest
 from collections import Counter
@@ -45,6 +46,8 @@ from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, conte
 
 __all__ = ["OWN_DRAFT_PATHS", "Certification", "CheckItem", "Plan"]
 
+_DIGEST_KEY_ENV = "SPECPROOF_WIRE_DIGEST_KEY"  # (specproof.wire's name: conformance does not import it here)
+_DIGEST_KEY = re.compile(r"\$SPECPROOF_WIRE_DIGEST_KEY=([0-9a-f]{32})\b")
 _COVERING_KEY = b"covering"  # the Hypothesis key the covering replay asks its read-only database for
 
 # The rollback paths an engine judged on its own drafts (no suite_drafts) must reach for a PASS:
@@ -1001,7 +1004,11 @@ class Certification:
             parts += ["--tie-tolerance", repr(self.plan.tie_tolerance)]
         if self.plan.atol is not None:
             parts += ["--atol", repr(self.plan.atol)]
-        return " ".join(parts)
+        # a wire state-digest failure names the key its signs were drawn with: the command sets it, so
+        # the pasted command compares the same projections (the engine never sees the key)
+        keys = {m[1] for v in result.violations for m in _DIGEST_KEY.finditer(str(v.explanation))}
+        prefix = [f"{_DIGEST_KEY_ENV}={min(keys)}"] if keys else []
+        return " ".join(prefix + parts)
 
     def path_coverage(self) -> dict[str, dict[str, int]]:
         """Rounds by path per engine case (from the one search of each case)."""
