@@ -53,7 +53,9 @@ from specproof.wire._limits import (
     LineTooLong,
     check_array_shape,
     check_digest_shape,
+    check_feature_shape,
     check_handshake_sizes,
+    feature_line_bytes,
     message_kind,
     parse_line,
     state_line_bytes,
@@ -654,7 +656,7 @@ DIGEST_PROJECTIONS = 2
 
 #: how often a failed engine is restarted in one run before every later request fails at once
 DEFAULT_MAX_RESTARTS = 8
-_HELLO_IDENTITY = ("vocab_size", "max_context", "k", "rollback", "capabilities", "model")
+_HELLO_IDENTITY = ("vocab_size", "max_context", "k", "rollback", "capabilities", "model", "d_model", "feature_layers")
 
 
 class WireEngine:
@@ -738,6 +740,15 @@ class WireEngine:
         self.atol: float = float(hello.get("atol", 0.0))
         self.tie_tolerance: float = float(hello.get("tie_tolerance", 0.0))
         self.model: str | None = hello.get("model")
+        #: capability ``features``: the width of a feature row and the layers the engine can hand over
+        #: (docs/protocol.md, Features); None without the capability
+        self.d_model: int | None = hello["d_model"] if "features" in self.capabilities else None
+        self.feature_layers: tuple[int, ...] | None = (
+            tuple(int(x) for x in hello["feature_layers"]) if "features" in self.capabilities else None
+        )
+        #: the features the engine sent in the current request: [len(layers), rows, d_model] (None: none asked)
+        self._feature_rows: npt.NDArray[np.float32] | None = None
+        self._feature_layers_asked: tuple[int, ...] = ()
         self.name = f"{self.engine_name} {self.engine_version} via {self.spec}".replace("  ", " ")
         #: how errors name the engine: the handshake's name, then how it was reached
         self.label = f"{self.engine_name} ({self.spec})"
@@ -803,6 +814,13 @@ class WireEngine:
 
     def _default_line_limit(self) -> int:
         """The largest legitimate line at the handshake's sizes (docs/protocol.md, "Limits")."""
+        limit = self._state_line_limit()
+        if self.feature_layers is not None and self.d_model is not None:
+            limit = max(limit, feature_line_bytes(len(self.feature_layers), self.d_model, self.max_context))
+        return limit
+
+    def _state_line_limit(self) -> int:
+        """The longest legitimate state line (``NO_STATE_LINE_BYTES`` without the capability)."""
         if "state" not in self.capabilities:
             return NO_STATE_LINE_BYTES
         oracle = self.oracle
@@ -958,12 +976,14 @@ class WireEngine:
         rid = self._new_id()
         request = self._request_text("generate", rid, tokens, max_new_tokens)
         drafter = getattr(self, "drafter", None)
+        layers: tuple[int, ...] = ()
         if drafter is not None:
             if "suite_drafts" not in self.capabilities:
                 raise EngineRequestError(
                     f"engine {self.label}: a drafter was set, but the engine does not take drafts from the suite "
                     f"(its capabilities: {sorted(self.capabilities)})"
                 )
+            layers = self._features_to_ask(drafter)
             reset = getattr(drafter, "reset", None)
             if callable(reset):
                 reset()
@@ -984,9 +1004,12 @@ class WireEngine:
                 "state": self.send_state,
                 **({"state_delta": True} if self.state_delta else {}),
                 **({"state_digest": {"seed": digest[0], "projections": digest[1]}} if digest else {}),
+                **({"feature_layers": list(layers)} if layers else {}),
             },
             request,
         )
+        self._feature_layers_asked = layers
+        self._feature_rows = np.zeros((len(layers), 0, self.d_model or 0), np.float32) if layers else None
         if self.send_state:
             self.target.begin_request(digest=digest)
         ctx = list(tokens)
@@ -1071,6 +1094,48 @@ class WireEngine:
                     ),
                 )
 
+    def _features_to_ask(self, drafter: Any) -> tuple[int, ...]:
+        """The layers to ask the engine for: the drafter's ``feature_layers`` when the engine has the
+        capability ``features`` (else none: a feature drafter then computes its features itself)."""
+        raw = getattr(drafter, "feature_layers", None)
+        if raw is None or self.feature_layers is None:
+            return ()
+        layers = tuple(int(x) for x in raw)
+        for layer in layers:
+            if layer not in self.feature_layers:
+                raise EngineRequestError(
+                    f"engine {self.label}: the drafter reads the features of layer {layer}, which the engine does "
+                    f"not report (its handshake's feature_layers: {list(self.feature_layers)}); nothing was sent"
+                )
+        return layers
+
+    def _take_features(self, msg: dict[str, Any], request: str) -> dict[int, npt.NDArray[np.float32]] | None:
+        """The features to hand the drafter: the rows held after this propose's ``features`` (None: none asked)."""
+        held = self._feature_rows
+        sent = msg.get("features")
+        if held is None:
+            if sent is not None:
+                self._fault("a propose with features, but the request asked for none (no feature_layers)", request)
+            return None
+        if sent is not None:
+            layers, d_model = len(self._feature_layers_asked), held.shape[2]
+            try:
+                start, rows = check_feature_shape(
+                    sent, held=held.shape[1], layers=layers, d_model=d_model, max_context=self.max_context
+                )
+            except EngineProtocolError as exc:
+                self._fault(str(exc), request)
+            try:
+                raw = base64.b64decode(sent["data"], validate=True)
+            except ValueError:
+                self._fault("propose features.data is not base64", request)
+            new = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(layers, rows, d_model)
+            held = np.concatenate([held[:, :start], new], axis=1)
+            held.flags.writeable = False
+            self._feature_rows = held
+        # exactly the rows the engine sent, however many: engine.features judges the count too
+        return {layer: held[i] for i, layer in enumerate(self._feature_layers_asked)}
+
     def _answer_propose(self, msg: dict[str, Any], drafter: Any, ctx: list[int], rid: int, request: str) -> float:
         """Send the drafter's answer; returns the microseconds the drafter took.
 
@@ -1086,9 +1151,13 @@ class WireEngine:
                 f"records make {len(ctx)}",
                 request,
             )
+        features = self._take_features(msg, request)
         started = time.perf_counter()
         try:
-            draft = [int(t) for t in drafter.propose(tuple(ctx), msg["k"])]
+            if features is None:
+                draft = [int(t) for t in drafter.propose(tuple(ctx), msg["k"])]
+            else:
+                draft = [int(t) for t in drafter.propose(tuple(ctx), msg["k"], features=features)]
         except BaseException:
             # the engine waits for a draft: abandon the request (it answers with an error) and resync
             with contextlib.suppress(EngineProtocolError):

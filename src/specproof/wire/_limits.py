@@ -28,8 +28,10 @@ __all__ = [
     "LineTooLong",
     "check_array_shape",
     "check_digest_shape",
+    "check_feature_shape",
     "check_handshake_sizes",
     "decoded_length",
+    "feature_line_bytes",
     "message_kind",
     "parse_line",
     "state_line_bytes",
@@ -98,6 +100,18 @@ def check_handshake_sizes(hello: dict[str, Any]) -> None:
             f"the handshake declares k={hello['k']} with max_context={hello['max_context']}: a round of k draft "
             "tokens needs k + 1 free slots"
         )
+    if "features" in hello["capabilities"]:
+        missing = [f for f in ("d_model", "feature_layers") if f not in hello]
+        if missing:
+            raise EngineProtocolError(
+                f"the handshake names the capability 'features' but no {' and no '.join(missing)} (both are "
+                "required with it: docs/protocol.md, Features)"
+            )
+        if hello["d_model"] > MAX_SIZE:
+            raise EngineProtocolError(
+                f"the handshake declares d_model={hello['d_model']}, more than the {MAX_SIZE} any engine can have "
+                f"(docs/protocol.md, Limits)"
+            )
 
 
 def decoded_length(data: str) -> int | None:
@@ -173,6 +187,40 @@ def check_digest_shape(
             f"{math.prod(out)} expected ({projections} projections per slice); nothing was allocated"
         )
     return out
+
+
+def check_feature_shape(
+    features: dict[str, Any], *, held: int, layers: int, d_model: int, max_context: int
+) -> tuple[int, int]:
+    """A propose's ``features`` (``from``, ``rows``, ``data``), checked against the rows the client holds,
+    the request's layers, ``d_model`` and ``max_context`` before anything is decoded: ``(from, rows)``."""
+    start, rows, data = features["from"], features["rows"], features["data"]
+    if start > held:
+        raise EngineProtocolError(
+            f"propose features.from={start}, but the client holds {held} rows of this request's features "
+            "(from may repeat rows already sent, never skip any: docs/protocol.md, Features)"
+        )
+    if start + rows > max_context:
+        raise EngineProtocolError(
+            f"propose features.from={start} + features.rows={rows} pass max_context={max_context} "
+            "(one row per processed position)"
+        )
+    want = 4 * layers * rows * d_model
+    have = decoded_length(data)
+    if have is None:
+        raise EngineProtocolError(f"propose features.data of {len(data)} characters is not padded base64")
+    if have != want:
+        raise EngineProtocolError(
+            f"propose features.data holds {have} bytes, but features.rows={rows} for {layers} layers of "
+            f"d_model={d_model} float32 make {want}; nothing was allocated"
+        )
+    return start, rows
+
+
+def feature_line_bytes(layers: int, d_model: int, max_context: int) -> int:
+    """The longest legitimate propose line: the features of ``max_context`` rows as base64, plus room for the JSON."""
+    raw = 4 * layers * d_model * max_context
+    return min(_STATE_LINE_CEILING, max(NO_STATE_LINE_BYTES, 4 * (raw + 2) // 3 + (64 << 10)))
 
 
 def state_line_bytes(fixed_bytes: int, per_token_bytes: int, max_context: int) -> int:
