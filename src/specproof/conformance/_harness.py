@@ -584,7 +584,9 @@ def run_plugin(
         reset()
     live = case.live_target
     reference = case.make_reference if live is not None else None
-    layers = feature_layers_of(case.own_drafter) if drafter is not None else None
+    # the engine's own feature drafter's layers, else the --drafter subject's (a wire engine: EngineCase.feature_layers)
+    own = feature_layers_of(case.own_drafter) or getattr(case, "feature_layers", None)
+    layers = own if drafter is not None else None
     # the features are judged against a fresh copy of the model, whether or not the engine exposes its live target
     probe = StateProbe(
         drafter if drafter is not None else _NoDrafter(),

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from specproof.conformance._run import Capabilities
+from specproof.conformance.checks.features import feature_layers_of
 from specproof.contract import validate_tolerance
 from specproof.engine import Drafter, Target
 from specproof.engine._plugins import declared_capabilities, takes_suite_drafts
@@ -157,6 +158,9 @@ class EngineCase:
     make_engine: Callable[[], Any] | None = None  # a fresh session: reset() the instance, else the factory
     takes_drafter: bool = False
     own_drafter: Any = None
+    # the layers the suite's (scripted) drafter declares in place of a feature drafter's: the --drafter
+    # subject's, for an engine that says which feature layers it reports (a wire engine: capability features)
+    feature_layers: tuple[int, ...] | None = None
     notes: list[str] = attrs.Factory(list)
     live_confirmed: bool | None = None
     tie_tolerance: float = 0.0
@@ -324,6 +328,26 @@ def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float |
     )
 
 
+def _subject_feature_layers(case: EngineCase, dsub: DrafterSubject) -> tuple[int, ...] | None:
+    """The ``--drafter`` subject's feature layers, for an engine that reports features by layer
+    (``feature_layers``: a wire engine's handshake, None without the capability ``features``).
+
+    A layer the engine does not report is a usage error naming it (nothing is run)."""
+    engine = case.engine
+    if not hasattr(engine, "feature_layers") or feature_layers_of(case.own_drafter) is not None:
+        return None
+    layers = feature_layers_of(dsub.make())
+    offered = getattr(engine, "feature_layers", None)
+    if layers is not None and offered is not None:
+        missing = [layer for layer in layers if layer not in offered]
+        if missing:
+            raise PluginError(
+                f"--drafter {dsub.spec!r} reads the features of layer {missing[0]}, which engine {case.id} does not "
+                f"report (its feature_layers: {list(offered)}; docs/protocol.md, Features)"
+            )
+    return layers
+
+
 @attrs.define
 class Suite:
     """Resolved subjects for one certification run."""
@@ -357,6 +381,14 @@ class Suite:
             engines.append(_plugin_engine_case(engine, tie_tolerance=tie_tolerance, atol=atol))
         if engine is None or target is not None or drafter is not None:
             dsub = DrafterSubject.from_spec(drafter or "ngram")
+            if engines and drafter:
+                try:
+                    engines[0].feature_layers = _subject_feature_layers(engines[0], dsub)
+                except PluginError:
+                    close = getattr(engines[0].engine, "close", None)
+                    if callable(close):
+                        close()  # an engine process started for nothing is not left running
+                    raise
             # a feature drafter is certified on the target whose features it reads, unless --target says otherwise
             feature_spec = getattr(dsub.make(), "feature_target_spec", None) if drafter else None
             default = feature_spec if isinstance(feature_spec, str) and feature_spec else DEFAULT_TARGET
