@@ -16,7 +16,15 @@ MODE says how it treats what the suite sends (each a scenario of issue 20):
 - ``digest-perturbed``: correct but not bit-equal: advertises ``state_digest`` and reports its
   state with every element moved by +-atol/4 (a float implementation unlike numpy's), as digests;
 - ``digest-stale-conv``: advertises ``state_digest`` and reports a conv state whose newest tap
-  was never written (zeros), as digests.
+  was never written (zeros), as digests;
+- ``features``: correct; also advertises ``features`` and, when the request names
+  ``feature_layers``, sends with every ``propose`` the rows of the accepted positions the
+  client does not hold yet (the target's ``forward_with_features``, kept by ``SpecDecoder``);
+- ``features-from-rejected``: as ``features``, but the newest row it sends is the last row of
+  the last forward (the verify's): after a partial accept, a rejected draft position's;
+- ``features-stale``: as ``features``, but sends the prompt's rows only, never the accepted ones;
+- ``features-bad-from``, ``features-short-data``: protocol errors in ``propose.features``: a
+  ``from`` past the rows the client holds; data one row shorter than ``rows`` says.
 """
 
 from __future__ import annotations
@@ -33,7 +41,19 @@ from specproof.engine import NgramDrafter, SpecDecoder, greedy_decode
 from specproof.wire import encode_digest
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "ok"
-MODES = ("ok", "ignores-drafts", "swaps-drafts", "no-suite-drafts", "digest-perturbed", "digest-stale-conv")
+MODES = (
+    "ok",
+    "ignores-drafts",
+    "swaps-drafts",
+    "no-suite-drafts",
+    "digest-perturbed",
+    "digest-stale-conv",
+    "features",
+    "features-from-rejected",
+    "features-stale",
+    "features-bad-from",
+    "features-short-data",
+)
 ATOL = 1e-5
 K = 4
 MODEL = "specproof.conformance.zoo:small_reference"
@@ -101,21 +121,70 @@ def state_message(
     return {"type": "state", "id": rid, "processed": processed, "arrays": arrays}
 
 
+#: the features of the last forward_with_features call (mode features-from-rejected)
+LAST_FORWARD: dict[int, np.ndarray] = {}
+
+
+def record_forwards(target: object) -> None:
+    """Keep the features of every ``forward_with_features`` call of ``target`` in ``LAST_FORWARD``."""
+    inner = target.forward_with_features  # type: ignore[attr-defined]
+
+    def recording(tokens: Sequence[int], layers: Sequence[int], *, checkpoints: bool = False) -> object:
+        logits, feats, cks = inner(tokens, layers, checkpoints=checkpoints)
+        LAST_FORWARD.clear()
+        LAST_FORWARD.update({layer: np.array(a) for layer, a in feats.items()})
+        return logits, feats, cks
+
+    target.forward_with_features = recording  # type: ignore[attr-defined]
+
+
 class Drafts:
     """The drafter SpecDecoder calls: the suite's drafts over the wire, or the engine's own n-gram drafts."""
 
-    def __init__(self, rid: int, suite: bool) -> None:
+    def __init__(self, rid: int, suite: bool, layers: list[int] | None = None) -> None:
         self.rid, self.suite = rid, suite
         self.round = 0
         self.own = NgramDrafter()
+        if layers:
+            #: SpecDecoder hands a drafter declaring these the accepted positions' features
+            self.feature_layers = tuple(layers)
+        self.layers = layers or []
+        self.sent = 0  # feature rows the client holds
 
     def reset(self) -> None:
         self.own.reset()
 
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
+    def features(self, rows: dict[int, np.ndarray]) -> dict[str, object] | None:
+        """The rows the client does not hold yet, as a propose's ``features`` (None: nothing to send)."""
+        n = len(rows[self.layers[0]])
+        if MODE == "features-stale" and self.round:
+            return None  # the first propose's rows (the prompt's) only
+        start = min(self.sent, n)
+        block = np.stack([np.asarray(rows[layer][start:n], dtype="<f4") for layer in self.layers])
+        if MODE == "features-from-rejected" and n > start and LAST_FORWARD:
+            for i, layer in enumerate(self.layers):
+                block[i, -1] = LAST_FORWARD[layer][-1]  # the verify's last row: maybe a rejected position's
+        self.sent = n
+        if MODE == "features-short-data":
+            block = block[:, 1:]
+        data = base64.b64encode(np.ascontiguousarray(block).tobytes()).decode()
+        return {"from": start + (MODE == "features-bad-from"), "rows": n - start, "data": data}
+
+    def propose(self, context: Sequence[int], k: int, features: dict[int, np.ndarray] | None = None) -> list[int]:
         if not self.suite or MODE == "ignores-drafts":
             return [int(t) for t in self.own.propose(context, k)]
-        send({"type": "propose", "id": self.rid, "round": self.round, "context_length": len(context), "k": k})
+        message: dict[str, object] = {
+            "type": "propose",
+            "id": self.rid,
+            "round": self.round,
+            "context_length": len(context),
+            "k": k,
+        }
+        if features is not None and self.layers:
+            sent = self.features(features)
+            if sent is not None:
+                message["features"] = sent
+        send(message)
         answer = read()
         if answer["type"] != "draft":
             raise Abort(str(answer.get("type")))
@@ -127,7 +196,9 @@ class Drafts:
 def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
     rid = int(req["id"])  # type: ignore[call-overload]
     n, eos = int(req["max_new_tokens"]), req.get("eos_token_id")  # type: ignore[call-overload]
-    drafts = Drafts(rid, req.get("drafts") == "suite" and "suite_drafts" in caps)
+    suite = req.get("drafts") == "suite" and "suite_drafts" in caps
+    layers = req.get("feature_layers") if suite and "features" in caps else None
+    drafts = Drafts(rid, suite, layers)  # type: ignore[arg-type]
     send_state = bool(req.get("state")) and "state" in caps
     digest = req.get("state_digest") if "state_digest" in caps else None
     held = Reported()
@@ -181,6 +252,11 @@ def main() -> None:
         caps.remove("state")
     if MODE.startswith("digest-"):
         caps.append("state_digest")
+    features: dict[str, object] = {}
+    if MODE.startswith("features"):
+        caps.append("features")
+        features = {"d_model": int(target.d_model), "feature_layers": list(target.feature_layers)}
+        record_forwards(target)
     send(
         {
             "type": "hello",
@@ -193,6 +269,7 @@ def main() -> None:
             "capabilities": caps,
             "model": MODEL,
             "atol": ATOL,
+            **features,
         }
     )
     while True:
