@@ -4,7 +4,8 @@
 ``TcpEngine(host, port)`` connects to one already listening. Both are ``WireEngine`` s,
 which implement the engine contract the suite consumes: ``generate`` (white-box: every
 round's ``Step`` and the ``Stats``), ``greedy`` (capability ``greedy``), the settable
-``drafter`` (capability ``suite_drafts``: the engine asks for every draft with ``propose``),
+``drafter`` (capability ``suite_drafts``: the engine asks for every draft with ``propose``;
+with ``features``, a feature drafter gets the rows the engine sent: docs/protocol.md, Features),
 ``target`` (capability ``state``: a live view of the state the engine last reported),
 ``oracle`` (the target spec the handshake names), ``reset`` and ``close``.
 
