@@ -233,3 +233,31 @@ def test_a_propose_with_max_context_rows_fits_the_default_line_limit() -> None:
     assert NO_STATE_LINE_BYTES < big <= 256 << 20
     with ExecEngine([sys.executable, str(ENGINE), "features"]) as engine:
         assert engine.max_line_bytes >= feature_line_bytes(4, 32, engine.max_context)
+
+
+def test_features_the_request_did_not_ask_for_are_a_protocol_error() -> None:
+    hello = {
+        "type": "hello",
+        "protocol": "specproof-engine/1",
+        "engine": {"name": "eager"},
+        "vocab_size": 64,
+        "max_context": 32,
+        "k": 2,
+        "rollback": "replay",
+        "capabilities": ["greedy", "suite_drafts", "features"],
+        "d_model": 1,
+        "feature_layers": [0],
+    }
+    propose = {"type": "propose", "id": 1, "round": 0, "context_length": 2, "k": 2}
+    propose["features"] = {"from": 0, "rows": 1, "data": "AAAAAA=="}
+    code = (
+        "import sys\n"
+        f"print({json.dumps(json.dumps(hello))}, flush=True)\n"
+        "sys.stdin.readline()\n"
+        f"print({json.dumps(json.dumps(propose))}, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with ExecEngine([sys.executable, "-c", code], timeout=10, max_restarts=0) as engine:
+        engine.drafter = type("Plain", (), {"propose": lambda self, context, k: []})()
+        with pytest.raises(EngineProtocolError, match="a propose with features, but the request asked for none"):
+            engine.generate([1, 2], 2)
