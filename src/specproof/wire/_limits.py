@@ -217,13 +217,16 @@ def check_feature_shape(
     return start, rows
 
 
+def _line_of_base64(raw: int) -> int:
+    """A line carrying ``raw`` bytes as base64, plus 64 KiB for the JSON around them, within the bounds."""
+    return min(_STATE_LINE_CEILING, max(NO_STATE_LINE_BYTES, 4 * (raw + 2) // 3 + (64 << 10)))
+
+
 def feature_line_bytes(layers: int, d_model: int, max_context: int) -> int:
     """The longest legitimate propose line: the features of ``max_context`` rows as base64, plus room for the JSON."""
-    raw = 4 * layers * d_model * max_context
-    return min(_STATE_LINE_CEILING, max(NO_STATE_LINE_BYTES, 4 * (raw + 2) // 3 + (64 << 10)))
+    return _line_of_base64(4 * layers * d_model * max_context)
 
 
 def state_line_bytes(fixed_bytes: int, per_token_bytes: int, max_context: int) -> int:
     """The longest legitimate state line: the arrays at ``max_context`` as base64, plus room for the JSON."""
-    raw = fixed_bytes + per_token_bytes * max_context
-    return min(_STATE_LINE_CEILING, max(NO_STATE_LINE_BYTES, 4 * (raw + 2) // 3 + (64 << 10)))
+    return _line_of_base64(fixed_bytes + per_token_bytes * max_context)
