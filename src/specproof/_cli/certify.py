@@ -181,33 +181,31 @@ def print_database(console: Any, report: dict[str, Any]) -> None:
     db = report.get("database")
     if not db:
         return
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, soft_wrap=True)
+
     replayed = sum(db["replayed"].values())
     if replayed:
-        console.print(
+        say(
             f"example database {db['spec']}: {replayed} saved failing example(s) replayed "
-            f"({', '.join(sorted(db['replayed']))})",
-            markup=False,
-            soft_wrap=True,
+            f"({', '.join(sorted(db['replayed']))})"
         )
     covering = db.get("covering_replayed") or {}
     if covering:
         paths = sorted({p for case in db.get("covering_paths", {}).values() for p in case})
-        console.print(
+        say(
             f"example database {db['spec']}: replayed {sum(covering.values())} covering example(s) of paths this "
-            f"run's search did not reach ({', '.join(paths) or 'none reached again'})",
-            markup=False,
-            soft_wrap=True,
+            f"run's search did not reach ({', '.join(paths) or 'none reached again'})"
         )
     saved = db.get("covering_saved") or {}
     if saved:
-        console.print(
+        say(
             f"example database {db['spec']}: saved {sum(saved.values())} covering example(s) (new or smaller, "
-            f"per engine case and path)",
-            markup=False,
-            soft_wrap=True,
+            f"per engine case and path)"
         )
     for warning in db["warnings"]:
-        console.print(f"warning: example database: {warning}", markup=False, soft_wrap=True)
+        say(f"warning: example database: {warning}")
 
 
 def _print_table(console: Any, report: dict[str, Any]) -> None:

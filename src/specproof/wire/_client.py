@@ -326,6 +326,16 @@ _FULL_HINT = (
 )
 
 
+def _float32(text: str, shape: Sequence[int], what: str) -> tuple[bytes, npt.NDArray[np.float32]]:
+    """Base64 of little-endian float32 values (its length already checked against ``shape``): the raw
+    bytes and the array; text that is not base64 is an ``EngineProtocolError`` naming ``what``."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        raise EngineProtocolError(f"{what} is not base64 ({exc})") from None
+    return raw, np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(tuple(shape))
+
+
 def _slice_text(name: str, index: tuple[int, ...]) -> str:
     names = _AXIS_NAMES.get(name, ())
     return ", ".join(f"{names[k] if k < len(names) else f'axis {k}'} {i}" for k, i in enumerate(index))
@@ -527,15 +537,11 @@ class WireTargetView:
                 part[axis] -= start
                 check_array_shape(name, part, spec["data"])
                 shape = tuple(full_shape)
-            try:
-                raw = base64.b64decode(spec["data"], validate=True)
-            except ValueError as exc:
-                raise EngineProtocolError(f"state array {name!r}: data is not base64 ({exc})") from None
+            raw, new = _float32(spec["data"], shape if start is None else part, f"state array {name!r}: data")
             if start is None:
-                arrays[name] = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(shape)
+                arrays[name] = new
                 prev[name] = (shape, zlib.crc32(raw))
                 continue
-            new = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(part)
             old = np.take(self._base[name], np.arange(start), axis=axis)
             whole = np.ascontiguousarray(np.concatenate([old, new], axis=axis), dtype="<f4")
             self.delta_arrays += 1
@@ -584,11 +590,7 @@ class WireTargetView:
             start=start,
             data=spec["digest"],
         )
-        try:
-            raw = base64.b64decode(spec["digest"], validate=True)
-        except ValueError as exc:
-            raise EngineProtocolError(f"state array {name!r}: digest is not base64 ({exc})") from None
-        proj = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(part)
+        _, proj = _float32(spec["digest"], part, f"state array {name!r}: digest")
         shape, crc = tuple(full_shape), int(spec["crc32"])
         self.digest_arrays += 1
         if axis is None:
@@ -1127,10 +1129,9 @@ class WireEngine:
             except EngineProtocolError as exc:
                 self._fault(str(exc), request)
             try:
-                raw = base64.b64decode(sent["data"], validate=True)
-            except ValueError:
-                self._fault("propose features.data is not base64", request)
-            new = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(layers, rows, d_model)
+                _, new = _float32(sent["data"], (layers, rows, d_model), "propose features.data")
+            except EngineProtocolError as exc:
+                self._fault(str(exc), request)
             held = np.concatenate([held[:, :start], new], axis=1)
             held.flags.writeable = False
             self._feature_rows = held

@@ -122,14 +122,19 @@ def decoded_length(data: str) -> int | None:
     return len(data) // 4 * 3 - pad
 
 
-def check_array_shape(name: str, shape: list[int], data: str) -> tuple[int, ...]:
-    """A state array's shape, checked against its data's length before anything is allocated."""
+def _check_rank_and_sizes(name: str, shape: list[int]) -> None:
+    """A state array's shape within the rank and dimension limits (whole arrays and digests alike)."""
     if len(shape) > MAX_RANK:
         raise EngineProtocolError(
             f"state array {name!r}: shape {shape[:12]} has {len(shape)} dimensions (limit {MAX_RANK})"
         )
     if any(n > MAX_SIZE for n in shape):
         raise EngineProtocolError(f"state array {name!r}: shape {shape} has a dimension over {MAX_SIZE}")
+
+
+def check_array_shape(name: str, shape: list[int], data: str) -> tuple[int, ...]:
+    """A state array's shape, checked against its data's length before anything is allocated."""
+    _check_rank_and_sizes(name, shape)
     want = 4 * math.prod(shape)
     have = decoded_length(data)
     if have is None:
@@ -146,12 +151,7 @@ def check_digest_shape(
 ) -> tuple[int, ...]:
     """The shape of a digest's projections (``shape`` without its slice axes, cut from ``start`` along
     ``axis``, then ``projections``), checked against the data's length before anything is decoded."""
-    if len(shape) > MAX_RANK:
-        raise EngineProtocolError(
-            f"state array {name!r}: shape {shape[:12]} has {len(shape)} dimensions (limit {MAX_RANK})"
-        )
-    if any(n > MAX_SIZE for n in shape):
-        raise EngineProtocolError(f"state array {name!r}: shape {shape} has a dimension over {MAX_SIZE}")
+    _check_rank_and_sizes(name, shape)
     if not 1 <= slice_axes <= len(shape):
         raise EngineProtocolError(
             f"state array {name!r}: a digest's slice of {slice_axes} trailing axes in a shape {shape} "
