@@ -15,7 +15,7 @@ import re
 import time
 import unittest
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -696,9 +696,7 @@ class Certification:
         view = self._case_view(case)
         if view is None:
             return
-        reached: Counter[str] = Counter()
-        for run in found.runs:
-            reached.update(run.paths)
+        reached = _rounds_by_path(found.runs)
         missing = [p for p in PATHS if not reached[p]]
         entries = view.covering(missing) if missing else []
         if not entries:
@@ -723,9 +721,7 @@ class Certification:
             drawn, self._choices, self._sink = self._choices, None, None
         found.runs.extend(run for run, _ in drawn)
         found.covering.extend(drawn)
-        now: Counter[str] = Counter()
-        for run, _ in drawn:
-            now.update(run.paths)
+        now = _rounds_by_path(run for run, _ in drawn)
         store.covering[case.id] += len(drawn)
         store.covered[case.id] = [p for p in missing if now[p]]
 
@@ -1017,11 +1013,8 @@ class Certification:
             search = self._searches.get(case.token)
             if search is None:
                 continue
-            total: Counter[str] = Counter()
-            completed = 0
-            for run in search.runs:
-                total.update(run.paths)
-                completed += run.completed
+            total = _rounds_by_path(search.runs)
+            completed = sum(run.completed for run in search.runs)
             out[case.id] = {"generations": len(search.runs), "completed": completed, **{p: total[p] for p in PATHS}}
         return out
 
@@ -1040,13 +1033,19 @@ class Certification:
                 continue
             if not any(run.record is not None and run.record.generation.steps for run in search.runs):
                 continue  # black-box: no rounds to classify (its certificate says which checks were skipped)
-            total: Counter[str] = Counter()
-            for run in search.runs:
-                total.update(run.paths)
+            total = _rounds_by_path(search.runs)
             missing = [p for p in OWN_DRAFT_PATHS if not total[p]]
             if missing:
                 out[case.id] = missing
         return out
+
+
+def _rounds_by_path(runs: Iterable[EngineRun]) -> Counter[str]:
+    """Rounds by rollback path over these runs (the path-coverage table's counts)."""
+    total: Counter[str] = Counter()
+    for run in runs:
+        total.update(run.paths)
+    return total
 
 
 _HISTORIES = b"specproof-session-histories"  # the record name of saved histories in a check's namespace
@@ -1058,9 +1057,6 @@ def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violat
         item.invariant.violation(f.explanation, expected=f.expected, actual=f.actual, example=f.example)
         for f in failures
     ]
-
-
-_HISTORIES = b"specproof-session-histories"  # the record name of saved histories in a check's namespace
 
 
 def _quote(text: str) -> str:
