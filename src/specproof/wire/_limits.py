@@ -122,6 +122,14 @@ def decoded_length(data: str) -> int | None:
     return len(data) // 4 * 3 - pad
 
 
+def _padded_length(data: str, what: str) -> int:
+    """The bytes ``data`` decodes to (``decoded_length``); not padded base64 is an error naming ``what``."""
+    have = decoded_length(data)
+    if have is None:
+        raise EngineProtocolError(f"{what} of {len(data)} characters is not padded base64")
+    return have
+
+
 def _check_rank_and_sizes(name: str, shape: list[int]) -> None:
     """A state array's shape within the rank and dimension limits (whole arrays and digests alike)."""
     if len(shape) > MAX_RANK:
@@ -136,9 +144,7 @@ def check_array_shape(name: str, shape: list[int], data: str) -> tuple[int, ...]
     """A state array's shape, checked against its data's length before anything is allocated."""
     _check_rank_and_sizes(name, shape)
     want = 4 * math.prod(shape)
-    have = decoded_length(data)
-    if have is None:
-        raise EngineProtocolError(f"state array {name!r}: data of {len(data)} characters is not padded base64")
+    have = _padded_length(data, f"state array {name!r}: data")
     if have != want:
         raise EngineProtocolError(
             f"state array {name!r}: {have} bytes of data for shape {shape} ({want} expected); nothing was allocated"
@@ -177,9 +183,7 @@ def check_digest_shape(
         lead[axis] -= start
     out = (*lead, projections)
     want = 4 * math.prod(out)
-    have = decoded_length(data)
-    if have is None:
-        raise EngineProtocolError(f"state array {name!r}: a digest of {len(data)} characters is not padded base64")
+    have = _padded_length(data, f"state array {name!r}: a digest")
     if have != want:
         raise EngineProtocolError(
             f"state array {name!r}: a digest of {have // 4 if have % 4 == 0 else have / 4} floats for shape {shape} "
@@ -206,9 +210,7 @@ def check_feature_shape(
             "(one row per processed position)"
         )
     want = 4 * layers * rows * d_model
-    have = decoded_length(data)
-    if have is None:
-        raise EngineProtocolError(f"propose features.data of {len(data)} characters is not padded base64")
+    have = _padded_length(data, "propose features.data")
     if have != want:
         raise EngineProtocolError(
             f"propose features.data holds {have} bytes, but features.rows={rows} for {layers} layers of "
