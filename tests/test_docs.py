@@ -1,14 +1,72 @@
-"""The docs the code points at exist in the repository, and the README's layout lists every package."""
+"""The docs hold together: every relative link and anchor resolves, every page is reachable,
+the README stays short and keeps its two commands, and its layout lists every package."""
 
 from __future__ import annotations
 
 import pathlib
 import re
+from collections import Counter
+
+import pytest
 
 import specproof
 
 ROOT = pathlib.Path(specproof.__file__).parent
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+README_MAX_LINES = 220
+
+# The main job and the test command; .ci/run runs the second (`python3 -m tox`).
+INSTALL_AND_CERTIFY = "python3 -m pip install . && specproof certify"
+TEST_COMMAND = "python3 -m pip install tox && tox"
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$", re.M)
+_HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
+
+
+def _pages() -> list[pathlib.Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks and code spans (links there are not links)."""
+    return _CODE_SPAN.sub("", _FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup and punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    text = re.sub(r"<[^>]+>", "", text).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: pathlib.Path) -> set[str]:
+    """Every anchor a page defines: its headings (duplicates numbered as GitHub does), <a id>."""
+    text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    seen: Counter[str] = Counter()
+    found = set(_HTML_ANCHOR.findall(text))
+    for _, title in _HEADING.findall(text):
+        base = slug(title)
+        found.add(base if seen[base] == 0 else f"{base}-{seen[base]}")
+        seen[base] += 1
+    return found
+
+
+def links(page: pathlib.Path) -> list[str]:
+    return _LINK.findall(_prose(page.read_text(encoding="utf-8")))
+
+
+def _resolve(page: pathlib.Path, target: str) -> tuple[pathlib.Path, str]:
+    path, _, anchor = target.partition("#")
+    return (page if not path else (page.parent / path).resolve()), anchor
+
+
+def _is_external(target: str) -> bool:
+    return re.match(r"[a-z][a-z0-9+.-]*:", target) is not None
 
 
 def test_no_source_points_at_a_design_document_outside_the_repository() -> None:
@@ -23,3 +81,71 @@ def test_readme_layout_lists_every_package() -> None:
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert packages, "no package found"
     assert packages - listed == set(), f"packages missing from the README layout: {sorted(packages - listed)}"
+
+
+def test_readme_says_which_dependency_does_what() -> None:
+    text = README.read_text()
+    table = re.search(r"\| dependency \| what it does here \|\n\|[-|]+\|\n((?:\|.*\|\n)+)", text)
+    assert table is not None, "README has no dependency table"
+    names = table.group(1).lower()
+    for dependency in ("numpy", "hypothesis", "pytest", "attrs", "jsonschema"):
+        assert dependency in names, f"the README's dependency table does not say what {dependency} does"
+
+
+def test_readme_keeps_its_two_commands_and_stays_short() -> None:
+    text = README.read_text()
+    for command in (INSTALL_AND_CERTIFY, TEST_COMMAND):
+        assert f"\n    {command}\n" in text, f"README lost the command {command!r}"
+    assert "redis-server" in text, "README no longer says the campaign tests need redis-server"
+    assert "python3 -m tox" in (REPO / ".ci" / "run").read_text(), ".ci/run no longer runs the README's tox"
+    lines = text.count("\n")
+    assert lines <= README_MAX_LINES, f"README has {lines} lines (at most {README_MAX_LINES}): move a manual to docs/"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(page: pathlib.Path) -> None:
+    targets = [t for t in links(page) if not _is_external(t)]
+    broken = []
+    for target in targets:
+        path, anchor = _resolve(page, target)
+        if not path.exists():
+            broken.append(f"{target} (no file {path.relative_to(REPO) if path.is_relative_to(REPO) else path})")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"{target} (no heading with anchor #{anchor} in {path.relative_to(REPO)})")
+    assert broken == [], f"{page.relative_to(REPO)}: broken links: {broken}"
+
+
+def test_every_docs_page_is_reachable_from_the_readme() -> None:
+    reached, todo = {README}, [README]
+    while todo:
+        page = todo.pop()
+        for target in links(page):
+            if _is_external(target):
+                continue
+            path, _ = _resolve(page, target)
+            if path.suffix == ".md" and path.exists() and path not in reached:
+                reached.add(path)
+                todo.append(path)
+    pages = set(DOCS.glob("*.md"))
+    assert pages, "no docs page found"
+    unreached = sorted(str(p.relative_to(REPO)) for p in pages - reached)
+    assert unreached == [], f"docs pages no link from README.md or docs/index.md leads to: {unreached}"
+    index_links = {_resolve(DOCS / "index.md", t)[0] for t in links(DOCS / "index.md") if not _is_external(t)}
+    assert (DOCS / "index.md") in {_resolve(README, t)[0] for t in links(README)}, "README does not link docs/index.md"
+    unlisted = sorted(str(p.relative_to(REPO)) for p in pages - index_links - {DOCS / "index.md"})
+    assert unlisted == [], f"docs/index.md does not list: {unlisted}"
+
+
+def test_the_link_checker_rejects_a_broken_link_and_accepts_a_good_one(tmp_path: pathlib.Path) -> None:
+    """Meta-test: the checker's own pieces catch a missing file and a missing anchor."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Engines in any language: `specproof-engine/1`\n\n## Draft models: `--drafter model:…`\n\n"
+        "## Again\n\n## Again\n\n[ok](#engines-in-any-language-specproof-engine1) [ok](#again-1)\n"
+        "[code](`not a link`) `[no](nope.md)`\n```\n[no](fenced.md)\n```\n[gone](missing.md#x)\n"
+    )
+    expected = {"engines-in-any-language-specproof-engine1", "draft-models---drafter-model", "again", "again-1"}
+    assert anchors(page) >= expected
+    assert links(page) == ["#engines-in-any-language-specproof-engine1", "#again-1", "missing.md#x"]
+    assert not _resolve(page, "missing.md#x")[0].exists()
+    assert "again-2" not in anchors(page)
