@@ -1,4 +1,4 @@
-"""The invariant registry is the one source of truth: the README table, --only and the zoo derive from it."""
+"""The invariant registry is the one source of truth: the docs' table, --only and the zoo derive from it."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from specproof.conformance import REGISTRY, markdown_table, select
 from specproof.conformance.zoo import ZOO
 from specproof.contract import UsageError
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+INVARIANTS_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "invariants.md"
 
 
-def test_readme_table_is_the_registry() -> None:
-    text = README.read_text()
+def test_docs_table_is_the_registry() -> None:
+    text = INVARIANTS_PAGE.read_text()
     block = re.search(r"<!-- invariants:start[^>]*-->\n(.*?)\n<!-- invariants:end -->", text, re.S)
-    assert block is not None, "README has no generated invariant table"
+    assert block is not None, "docs/invariants.md has no generated invariant table"
     assert block.group(1) == markdown_table(), "regenerate it: specproof invariants --markdown"
 
 
