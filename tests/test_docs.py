@@ -102,6 +102,27 @@ def test_readme_keeps_its_two_commands_and_stays_short() -> None:
     assert lines <= README_MAX_LINES, f"README has {lines} lines (at most {README_MAX_LINES}): move a manual to docs/"
 
 
+def test_readme_verdict_table_is_the_exit_codes() -> None:
+    from specproof.conformance.reports import EXIT_CODES
+
+    rows = dict(re.findall(r"^\| `?([A-Za-z ]+?)`? \| (\d+) \|", README.read_text(), re.M))
+    documented = {name.lower(): int(code) for name, code in rows.items()}
+    assert documented.pop("usage error", None) == 2, "README's verdict table lost the usage error (exit 2)"
+    assert documented == EXIT_CODES, f"README's verdict table {documented} is not the code's {EXIT_CODES}"
+
+
+def test_capacities_in_the_docs_are_the_profiles() -> None:
+    from specproof.conformance._profiles import PROFILES
+
+    actual = tuple(PROFILES[name].max_capacity for name in ("quick", "ci", "release"))
+    found = 0
+    for page in _pages():
+        for stated in re.findall(r"quick\s+(\d+)\s+tokens,\s+ci\s+(\d+),\s+release\s+(\d+)", page.read_text()):
+            found += 1
+            assert tuple(map(int, stated)) == actual, f"{page.name} states capacities {stated}, profiles have {actual}"
+    assert found, "no page states the profiles' capacities (certify.md should)"
+
+
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_relative_link_resolves(page: pathlib.Path) -> None:
     targets = [t for t in links(page) if not _is_external(t)]
