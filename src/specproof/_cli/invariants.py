@@ -12,7 +12,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         description="Print the invariant registry. Ids (and globs of them) are what `certify --only` takes.",
     )
     p.add_argument("--json", action="store_true", help="print the registry as JSON")
-    p.add_argument("--markdown", action="store_true", help="print the README's table")
+    p.add_argument("--markdown", action="store_true", help="print the table in docs/invariants.md")
     p.set_defaults(func=run)
 
 
