@@ -93,7 +93,7 @@ def test_states_inputs_outputs(bundle: Path) -> None:
 def test_weights_are_the_references_in_fp16(bundle: Path) -> None:
     prog = load_program(bundle)
     consts = [np.asarray(op.outputs[0].val) for op in prog.functions["main"].operations if op.op_type == "const"]
-    stored = {}
+    stored: dict[tuple[int, ...], list[np.ndarray]] = {}
     for c in consts:
         if c.dtype == np.float16 and c.size > 1:
             stored.setdefault(c.shape, []).append(c)

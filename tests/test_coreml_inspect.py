@@ -111,7 +111,15 @@ def test_exported_bundle_qualifies_for_k4(bundles: dict[str, Path]) -> None:
     assert report.qualifies and report.exit_code == 0
     (fn,) = report.functions
     rule_ids = [r.id for r in fn.rules]
-    assert rule_ids == ["ml-program", "token-input", "logits", "kv-state", "recurrent-state", "position"]
+    assert rule_ids == [
+        "ml-program",
+        "token-input",
+        "logits",
+        "kv-state",
+        "recurrent-state",
+        "states-threaded",
+        "position",
+    ]
     assert {s.name: s.dims for s in fn.states} == {
         "key_cache": (2, 2, 512, 16),
         "value_cache": (2, 2, 512, 16),

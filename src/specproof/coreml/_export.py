@@ -196,9 +196,11 @@ def golden_cases(
     return cases
 
 
-def write_golden(path: str | Path, target: Any, *, target_spec: str, **options: Any) -> dict[str, Any]:
-    """Write a ``specproof-golden/1`` file of greedy tokens on ``target``; return the document."""
-    doc = {"format": GOLDEN_FORMAT, "target": target_spec, "cases": golden_cases(target, **options)}
+def write_golden(
+    path: str | Path, target: Any, *, target_spec: str, cases: list[dict[str, Any]] | None = None, **options: Any
+) -> dict[str, Any]:
+    """Write a ``specproof-golden/1`` file of greedy tokens on ``target`` (or the ``cases`` given); return it."""
+    doc = {"format": GOLDEN_FORMAT, "target": target_spec, "cases": cases or golden_cases(target, **options)}
     # one case per line: diffs of a regenerated file show which prompt changed
     head = json.dumps({"format": doc["format"], "target": doc["target"]})[:-1]
     body = ",\n  ".join(json.dumps(case) for case in doc["cases"])

@@ -7,7 +7,7 @@
 - ``qwen3.6-moe``: Qwen3.5/3.6-MoE's shape: three Gated DeltaNet blocks to one attention
   block (``gdn+gdn+gdn+attn``), mixture-of-experts feed-forwards; all four states.
 
-Both are small (d_model 32, vocab 128, 4 experts top-2, max_context 128) so that the
+Both are small (d_model 32, a byte vocabulary of 256, 4 experts top-2, max_context 128) so that the
 evaluator certifies them in minutes. In every MoE layer experts 0 and 1 share their router
 row, so router ties happen at every token and the bundle must break them as the reference
 does (to the lower index).
@@ -23,7 +23,7 @@ from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 __all__ = ["FAMILIES", "family_spec", "family_target"]
 
 _SMALL: Final = (
-    "vocab_size=128,d_model=32,n_heads=4,n_kv_heads=2,head_dim=8,ffn_dim=64,conv_kernel=3,"
+    "vocab_size=256,d_model=32,n_heads=4,n_kv_heads=2,head_dim=8,ffn_dim=64,conv_kernel=3,"
     "gdn_heads=2,gdn_key_dim=8,gdn_value_dim=8,n_experts=4,experts_per_token=2,expert_ffn_dim=32,max_context=128"
 )
 #: family -> the reference spec of its target (before the router rows are tied)

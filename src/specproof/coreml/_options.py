@@ -24,23 +24,22 @@ GDN_FORMS: Final = ("unrolled", "loop")
 PLANTED_BUGS: Final = ("state-not-written", "gdn-last-token", "router-ties")
 
 
-def _one_of(choices: tuple[str, ...], what: str) -> object:
-    def check(_: object, attribute: attrs.Attribute[object], value: object) -> None:
-        if value not in choices:
-            raise InvalidSettingError(f"bundle export: {what}={value!r}; one of {', '.join(choices)}")
-
-    return check
-
-
 @attrs.frozen(kw_only=True)
 class ExportOptions:
     """How a program is written: ``layout`` (``LAYOUTS``), ``gdn`` (``GDN_FORMS``), ``last_token_only``,
     and ``planted`` (``PLANTED_BUGS`` or ``None``; test-only: it writes a WRONG program on purpose)."""
 
-    layout: str = attrs.field(default="all-mlstate", validator=_one_of(LAYOUTS, "layout"))  # type: ignore[arg-type]
-    gdn: str = attrs.field(default="unrolled", validator=_one_of(GDN_FORMS, "gdn"))  # type: ignore[arg-type]
+    layout: str = "all-mlstate"
+    gdn: str = "unrolled"
     last_token_only: bool = False
-    planted: str | None = attrs.field(
-        default=None,
-        validator=attrs.validators.optional(_one_of(PLANTED_BUGS, "planted")),  # type: ignore[arg-type]
-    )
+    planted: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for what, value, choices in (
+            ("layout", self.layout, LAYOUTS),
+            ("gdn", self.gdn, GDN_FORMS),
+            ("planted", self.planted, (None, *PLANTED_BUGS)),
+        ):
+            if value not in choices:
+                known = ", ".join(c for c in choices if c is not None)
+                raise InvalidSettingError(f"bundle export: {what}={value!r}; one of {known}")
