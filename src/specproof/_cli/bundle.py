@@ -1,4 +1,4 @@
-"""``specproof bundle inspect|export``: judge a Core ML bundle for verify forwards; export the reference as one.
+"""``specproof bundle inspect|export``: judge a Core ML bundle for verify forwards; export a reference as one.
 
 ``inspect`` exits 0 when a function of the bundle qualifies for a K-token verify
 forward, 1 when none does, 2 when the path is not a readable bundle.
@@ -22,8 +22,6 @@ _EXPORT_TARGET_HELP = (
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS
-
     p = sub.add_parser(
         "bundle",
         help="inspect a Core ML bundle for verify qualification, or export the reference target as one",
@@ -42,12 +40,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ins.add_argument("--k", type=int, default=4, help="draft tokens per verify forward (default 4: K+1=5 ids)")
     ins.add_argument("--json", action="store_true", help="print the verdict as JSON (specproof-bundle-inspect/1)")
     ins.set_defaults(func=run_inspect)
+    _add_export_parser(bsub)
+    p.set_defaults(func=lambda args: _no_action(p))
+
+
+def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS
+
     exp = bsub.add_parser(
         "export",
         help="export the reference target as a stateful ML program (iOS 18 / macOS 15), optionally with golden outputs",
         description=(
             "Build the reference target's forward with coremltools' MIL builder: fp16 states key_cache, value_cache, "
-            "conv_state at full max_context; input_ids [1, 1..MAX_QUERY]; position [1]; logits [1, q, vocab]."
+            "conv_state, rec_state (with gdn blocks) at full max_context; input_ids [1, 1..MAX_QUERY]; position [1]; "
+            "logits [1, q, vocab]. docs/coreml.md"
         ),
     )
     exp.add_argument("path", help="output .mlpackage path")
@@ -100,7 +106,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     for action in exp._actions:
         if action.dest == "target":
             action.help = _EXPORT_TARGET_HELP
-    p.set_defaults(func=lambda args: _no_action(p))
 
 
 def _no_action(parser: argparse.ArgumentParser) -> int:
