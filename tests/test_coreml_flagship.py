@@ -237,6 +237,8 @@ def test_an_unimplemented_op_is_an_error_naming_op_and_program(tmp_path: Path) -
     model.save(str(path))
     with pytest.raises(UnknownOpError, match=r"erf\.mlpackage.*op type 'erf' is not implemented"):
         MilEvaluator(path)
+    with pytest.raises(PluginError, match=r"--target 'coreml-eval:.*erf\.mlpackage'.*op type 'erf' is not implemented"):
+        load_target(f"coreml-eval:{path}")
 
 
 def test_bad_specs_and_options_are_clear_errors(tmp_path: Path) -> None:

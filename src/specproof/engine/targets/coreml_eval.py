@@ -225,4 +225,7 @@ def load_spec(args: str) -> CoreMLEvalTarget:
             kwargs["tie_tolerance"] = float(value)
         except ValueError:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be a number") from None
-    return CoreMLEvalTarget(path, **kwargs)
+    try:
+        return CoreMLEvalTarget(path, **kwargs)
+    except UnknownOpError as exc:  # the spec can still be named: a usage error, not a failed certification
+        raise InvalidSettingError(str(exc)) from exc
