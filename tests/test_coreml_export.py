@@ -1,7 +1,7 @@
 """``specproof bundle export``: the saved ML program computes the reference's function (runs on Linux).
 
 Core ML cannot run here, so the saved program is evaluated op by op in numpy
-(``tests/_mil_eval.py``: fp16 storage, fp32 accumulation, unknown ops fail loudly)
+(``specproof.coreml.MilEvaluator``: fp16 storage, fp32 accumulation, unknown ops fail loudly)
 and compared with ``ReferenceHybrid``:
 
 - logits within ``LOGIT_TOL`` = 1% of the chunk's largest |logit| (measured: about 0.3%);
@@ -19,11 +19,17 @@ import pytest
 
 ct = pytest.importorskip("coremltools")
 
-from _mil_eval import MilEvaluator, UnknownOpError, load_program  # noqa: E402
 from specproof import cli  # noqa: E402
-from specproof.coreml import GOLDEN_FORMAT, GOLDEN_PROMPTS, export_bundle, golden_cases  # noqa: E402
+from specproof.coreml import (  # noqa: E402
+    GOLDEN_FORMAT,
+    GOLDEN_PROMPTS,
+    MilEvaluator,
+    UnknownOpError,
+    export_bundle,
+    golden_cases,
+    load_program,
+)
 from specproof.engine import InvalidSettingError, ReferenceConfig, ReferenceHybrid, greedy_decode  # noqa: E402
-from specproof.engine.targets.reference import moe_config  # noqa: E402
 
 EXPORT_CONFIG = ReferenceConfig(layers=("conv", "attn", "conv", "attn"), max_context=512)
 LOGIT_TOL = 0.01  # relative to the largest |logit| of the chunk
@@ -87,7 +93,7 @@ def test_states_inputs_outputs(bundle: Path) -> None:
 def test_weights_are_the_references_in_fp16(bundle: Path) -> None:
     prog = load_program(bundle)
     consts = [np.asarray(op.outputs[0].val) for op in prog.functions["main"].operations if op.op_type == "const"]
-    stored = {}
+    stored: dict[tuple[int, ...], list[np.ndarray]] = {}
     for c in consts:
         if c.dtype == np.float16 and c.size > 1:
             stored.setdefault(c.shape, []).append(c)
@@ -154,20 +160,19 @@ def test_last_token_only_variant(tmp_path: Path) -> None:
 
 
 def test_evaluator_fails_loudly_on_an_unknown_op(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import _mil_eval
+    from specproof.engine.targets import _mil_eval
 
-    ev = MilEvaluator(bundle)
-    monkeypatch.delitem(_mil_eval._OPS, "conv")
-    with pytest.raises(UnknownOpError, match="'conv' is not implemented"):
-        ev(input_ids=np.array([[1, 2]], np.int32), position=np.array([0], np.int32))
+    monkeypatch.delitem(_mil_eval.OPS, "conv")
+    with pytest.raises(UnknownOpError, match=r"ML program '.*ref\.mlpackage' .*op type 'conv' is not implemented"):
+        MilEvaluator(bundle)
 
 
 @pytest.mark.parametrize(
     ("config", "needle"),
     [
-        (ReferenceConfig(layers=("conv", "gdn", "attn")), "layers\\[1\\] is a 'gdn' block"),
-        (moe_config(), "mixture-of-experts"),
-        (ReferenceConfig(layers=("attn", "attn")), "at least one 'conv' and one 'attn'"),
+        (ReferenceConfig(layers=("attn", "attn")), "at least one 'attn' block and one 'conv' or 'gdn' block"),
+        (ReferenceConfig(layers=("conv", "gdn")), "at least one 'attn' block"),
+        (ReferenceConfig(layers=("conv", "attn"), conv_kernel=1), "conv_kernel=1 leaves conv_state zero-sized"),
     ],
 )
 def test_unsupported_configs_are_refused(config: ReferenceConfig, needle: str, tmp_path: Path) -> None:
@@ -206,4 +211,4 @@ def test_cli_export_with_golden(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert cli.main(argv) == 2
     assert "--force" in capsys.readouterr().err
     assert cli.main([*argv, "--force", "--target", "reference:layers=conv+gdn"]) == 2
-    assert "gdn" in capsys.readouterr().err
+    assert "at least one 'attn' block" in capsys.readouterr().err

@@ -111,7 +111,15 @@ def test_exported_bundle_qualifies_for_k4(bundles: dict[str, Path]) -> None:
     assert report.qualifies and report.exit_code == 0
     (fn,) = report.functions
     rule_ids = [r.id for r in fn.rules]
-    assert rule_ids == ["ml-program", "token-input", "logits", "kv-state", "recurrent-state", "position"]
+    assert rule_ids == [
+        "ml-program",
+        "token-input",
+        "logits",
+        "kv-state",
+        "recurrent-state",
+        "states-threaded",
+        "position",
+    ]
     assert {s.name: s.dims for s in fn.states} == {
         "key_cache": (2, 2, 512, 16),
         "value_cache": (2, 2, 512, 16),
@@ -249,3 +257,51 @@ def test_inspect_json_errors_are_json(tmp_path: Path, capsys: pytest.CaptureFixt
     data = json.loads(capsys.readouterr().out)
     assert data["exit_code"] == 2 and "no such file" in data["error"]
     assert validate("bundle-inspect-1", data) == []
+
+
+def _io_state(path: Path, *, out_shape: tuple[int, ...] = (1, 8, 2), passthrough: bool = False) -> Path:
+    """A hand-made kv-mlstate bundle whose recurrent state is an ``in_conv`` -> ``out_conv`` pair."""
+
+    @mb.program(
+        input_specs=[
+            mb.TensorSpec((1, get_new_symbol()), dtype=types.int32),
+            mb.TensorSpec((1,), dtype=types.int32),
+            mb.TensorSpec((1, 8, 2), dtype=types.fp16),
+            mb.StateTensorSpec((1, 1, 32, 8), dtype=types.fp16),
+        ],
+        opset_version=ct.target.iOS18,
+    )
+    def prog(input_ids: Any, position: Any, in_conv: Any, past_keys: Any) -> Any:
+        h = mb.gather(x=_EMB, indices=input_ids, axis=0)
+        kc = mb.read_state(input=past_keys)
+        mb.coreml_update_state(state=past_keys, value=mb.mul(x=kc, y=np.float16(0.5)))
+        bias = mb.reduce_sum(x=mb.reduce_sum(x=in_conv, axes=[2], keep_dims=False), axes=[0], keep_dims=False)
+        logits = mb.cast(x=mb.linear(x=mb.add(x=h, y=bias), weight=_EMB), dtype="fp32", name="logits")
+        new = mb.identity(x=in_conv) if passthrough else mb.mul(x=in_conv, y=np.float16(0.5))
+        if out_shape != (1, 8, 2):
+            new = mb.reshape(x=new, shape=list(out_shape))
+        return logits, mb.identity(x=new, name="out_conv")
+
+    conv = ct.TensorType(name="in_conv", shape=(1, 8, 2), dtype=np.float16)
+    return _save(prog, path, [_flex_ids(), _POSITION, conv])
+
+
+def test_states_threaded_accepts_another_io_naming_and_rejects_bad_pairs(tmp_path: Path) -> None:
+    # correct but different from the exporter's: past_keys as MLState, in_conv -> out_conv as tensors
+    report = inspect_bundle(_io_state(tmp_path / "io.mlpackage"), k=4)
+    (fn,) = report.functions
+    assert report.qualifies and fn.state_layout == "kv-mlstate" and fn.warnings == ()
+    assert "in_conv -> out_conv" in next(r.detail for r in fn.rules if r.id == "states-threaded")
+    report = inspect_bundle(_io_state(tmp_path / "shape.mlpackage", out_shape=(1, 16)), k=4)
+    assert _failed(report) == {"states-threaded"}
+    assert "cannot be fed back as 'in_conv'" in report.functions[0].failed[0].detail
+    report = inspect_bundle(_io_state(tmp_path / "same.mlpackage", passthrough=True), k=4)
+    assert _failed(report) == {"states-threaded"}
+    assert "passed through unchanged" in report.functions[0].failed[0].detail
+
+
+def test_a_recurrent_mlstate_earns_the_neural_engine_warning(tmp_path: Path) -> None:
+    (fn,) = inspect_bundle(_stateful(tmp_path / "two.mlpackage"), k=4).functions
+    assert fn.qualifies and fn.state_layout == "all-mlstate"
+    (warning,) = fn.warnings
+    assert "1 non-KV state held as MLState (conv_state)" in warning and "LFM2_CONVERSION_FINDINGS.md" in warning

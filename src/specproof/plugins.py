@@ -4,7 +4,7 @@ This module sits above ``specproof.engine``, ``specproof.wire`` and ``specproof.
 and is the one place that knows all three; none of them imports it (tests/test_layers.py).
 
 - ``load_target(spec)``: the engine's target families (``reference``, ``reference-moe``,
-  ``reference:FIELD=V,...``, ``hf:``, ``mlx:``, ``coreml:``, any ``register_target_family``
+  ``reference:FIELD=V,...``, ``hf:``, ``mlx:``, ``coreml:``, ``coreml-eval:``, any ``register_target_family``
   prefix), the fixtures (``trained``, ``trained-small``; ``hf:lfm2-trained``/``mlx:lfm2-trained``
   convert ``trained``), or ``MODULE:ATTRIBUTE``;
 - ``drafter_factory(spec)`` / ``load_drafter(spec)``: ``ngram[:MIN_N,MAX_N[,recent|earliest]]``,

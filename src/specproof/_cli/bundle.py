@@ -1,4 +1,4 @@
-"""``specproof bundle inspect|export``: judge a Core ML bundle for verify forwards; export the reference as one.
+"""``specproof bundle inspect|export``: judge a Core ML bundle for verify forwards; export a reference as one.
 
 ``inspect`` exits 0 when a function of the bundle qualifies for a K-token verify
 forward, 1 when none does, 2 when the path is not a readable bundle.
@@ -16,14 +16,12 @@ from typing import Any
 from specproof._cli.common import add_target_argument
 
 _EXPORT_TARGET_HELP = (
-    "reference target spec to export (default reference:layers=conv+attn+conv+attn: the exporter supports "
-    "conv and attn blocks with a dense feed-forward, not gdn blocks or mixture-of-experts)"
+    "reference target spec to export (default reference:layers=conv+attn+conv+attn): conv, attn and gdn blocks, "
+    "dense or mixture-of-experts feed-forwards; at least one attn and one conv or gdn block"
 )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from specproof.coreml._export import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY
-
     p = sub.add_parser(
         "bundle",
         help="inspect a Core ML bundle for verify qualification, or export the reference target as one",
@@ -42,12 +40,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ins.add_argument("--k", type=int, default=4, help="draft tokens per verify forward (default 4: K+1=5 ids)")
     ins.add_argument("--json", action="store_true", help="print the verdict as JSON (specproof-bundle-inspect/1)")
     ins.set_defaults(func=run_inspect)
+    _add_export_parser(bsub)
+    p.set_defaults(func=lambda args: _no_action(p))
+
+
+def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS
+
     exp = bsub.add_parser(
         "export",
         help="export the reference target as a stateful ML program (iOS 18 / macOS 15), optionally with golden outputs",
         description=(
             "Build the reference target's forward with coremltools' MIL builder: fp16 states key_cache, value_cache, "
-            "conv_state at full max_context; input_ids [1, 1..MAX_QUERY]; position [1]; logits [1, q, vocab]."
+            "conv_state, rec_state (with gdn blocks) at full max_context; input_ids [1, 1..MAX_QUERY]; position [1]; "
+            "logits [1, q, vocab]. docs/coreml.md"
         ),
     )
     exp.add_argument("path", help="output .mlpackage path")
@@ -56,13 +62,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--max-query",
         type=int,
         default=None,
-        help=f"longest token chunk per forward (default max(K+1, {DEFAULT_MAX_QUERY}); prefill is chunked)",
+        help=f"longest token chunk per forward (default max(K+1, {DEFAULT_MAX_QUERY}), 16 with unrolled gdn blocks; "
+        "prefill is chunked)",
     )
     exp.add_argument(
         "--max-context",
         type=int,
-        default=512,
-        help="KV cache length of the exported states (default 512, keeps the bundle small; weights do not change)",
+        default=None,
+        help="KV cache length of the exported states (default 512, a family's own 128; weights do not change)",
+    )
+    exp.add_argument(
+        "--family",
+        choices=tuple(FAMILIES),
+        default=None,
+        help="export a flagship shape instead of --target: lfm2-moe (conv+attn, MoE) or qwen3.6-moe "
+        "(gdn+gdn+gdn+attn, MoE; all four states); docs/coreml.md",
+    )
+    exp.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="all-mlstate",
+        help="all-mlstate: every state a Core ML state (default); kv-mlstate: KV cache as states, conv_state and "
+        "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine",
+    )
+    exp.add_argument(
+        "--gdn",
+        choices=GDN_FORMS,
+        default="unrolled",
+        help="how gdn blocks run the delta rule over a chunk: unrolled max_query masked steps (default) "
+        "or a while_loop",
     )
     exp.add_argument(
         "--last-token-only",
@@ -78,7 +106,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     for action in exp._actions:
         if action.dest == "target":
             action.help = _EXPORT_TARGET_HELP
-    p.set_defaults(func=lambda args: _no_action(p))
 
 
 def _no_action(parser: argparse.ArgumentParser) -> int:
@@ -95,7 +122,16 @@ def _print_report(report: Any) -> None:
     head.add_row("model", f"{report.model_type}, specification version {report.specification_version}")
     head.add_row("deployment target", report.deployment_target + (f" (opset {report.opset})" if report.opset else ""))
     head.add_row("functions", ", ".join(f.name + (" (default)" if f.default else "") for f in report.functions))
-    for key in ("specproof.target", "specproof.max_context", "specproof.max_query", "specproof.last_token_only"):
+    for key in (
+        "specproof.target",
+        "specproof.max_context",
+        "specproof.max_query",
+        "specproof.last_token_only",
+        "specproof.layout",
+        "specproof.gdn",
+        "specproof.ffn",
+        "specproof.planted_bug",
+    ):
         if key in report.metadata:
             head.add_row(key, report.metadata[key])
     console.print(head)
@@ -118,6 +154,9 @@ def _print_report(report: Any) -> None:
         for r in fn.rules:
             rules.add_row(r.id, "[green]pass[/]" if r.passed else "[bold red]FAIL[/]", r.detail, r.why)
         console.print(rules)
+        console.print(f"function {fn.name!r} state layout: {fn.state_layout}", markup=False)
+        for warning in fn.warnings:
+            console.print(f"warning: {warning}", markup=False, style="yellow")
         verdict = "qualifies" if fn.qualifies else f"does NOT qualify ({', '.join(r.id for r in fn.failed)})"
         console.print(f"function {fn.name!r} {verdict} for a verify forward of K={report.k} draft tokens")
     console.print(
@@ -154,20 +193,37 @@ def export_target_spec(spec: str, max_context: int) -> str:
     return f"{head}:{','.join([*kept, f'max_context={max_context}'])}"
 
 
-def run_export(args: argparse.Namespace) -> int:
+def _export_target(args: argparse.Namespace) -> tuple[Any, str]:
+    """The target to export and the spec (or description) that names it."""
     from specproof.contract import UsageError
-    from specproof.coreml import check_exportable, export_bundle, write_golden
+    from specproof.coreml import DEFAULT_EXPORT_TARGET, check_exportable, family_spec, family_target
     from specproof.engine import ReferenceHybrid
     from specproof.plugins import load_target
 
+    if args.max_context is not None and args.max_context < 2:
+        raise UsageError(f"--max-context {args.max_context}: must be >= 2")
+    if args.family:
+        if args.target != DEFAULT_EXPORT_TARGET:
+            raise UsageError("--family and --target are exclusive: a family names its own reference target")
+        target = family_target(args.family, max_context=args.max_context)
+        base = family_spec(args.family).partition(":")[2]
+        spec = export_target_spec(f"reference:{base}", target.max_context)
+        return target, f"{args.family}: {spec}, experts 0 and 1 sharing their router row"
     if args.target.split(":", 1)[0] not in ("reference", "reference-moe"):
         raise UsageError(f"--target {args.target!r}: only reference targets can be exported")
-    if args.max_context < 2:
-        raise UsageError(f"--max-context {args.max_context}: must be >= 2")
-    spec = export_target_spec(args.target, args.max_context)
-    target = load_target(spec)
-    assert isinstance(target, ReferenceHybrid)
-    check_exportable(target.config)
+    spec = export_target_spec(args.target, 512 if args.max_context is None else args.max_context)
+    loaded = load_target(spec)
+    assert isinstance(loaded, ReferenceHybrid)
+    check_exportable(loaded.config)
+    return loaded, spec
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from specproof.contract import UsageError
+    from specproof.coreml import export_bundle, golden_cases, write_golden
+
+    target, spec = _export_target(args)
+    cases = golden_cases(target) if args.golden else None  # a bad prompt fails here, before the export
     out = Path(args.path)
     if out.exists():
         if not args.force:
@@ -177,15 +233,22 @@ def run_export(args: argparse.Namespace) -> int:
         else:
             out.unlink()
     result = export_bundle(
-        out, target, k=args.k, max_query=args.max_query, last_token_only=args.last_token_only, target_spec=spec
+        out,
+        target,
+        k=args.k,
+        max_query=args.max_query,
+        last_token_only=args.last_token_only,
+        target_spec=spec,
+        layout=args.layout,
+        gdn=args.gdn,
     )
     print(
         f"wrote {result.path} ({result.bytes / 1024:.0f} KiB, {result.seconds:.1f} s): {target.describe()}; "
-        f"input_ids [1, 1..{result.max_query}], logits "
+        f"layout {result.layout}, gdn {result.gdn}; input_ids [1, 1..{result.max_query}], logits "
         + ("[1, 1, vocab] (last token only)" if result.last_token_only else "[1, q, vocab]")
     )
     if args.golden:
-        doc = write_golden(args.golden, target, target_spec=spec)
+        doc = write_golden(args.golden, target, target_spec=spec, cases=cases)
         n = sum(len(c["tokens"]) for c in doc["cases"])
         print(f"wrote {args.golden}: {len(doc['cases'])} golden cases, {n} greedy tokens (target {spec})")
     return 0

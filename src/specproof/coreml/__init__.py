@@ -1,13 +1,18 @@
-"""specproof.coreml: inspect Core ML bundles for verify qualification, export the reference target as one.
+"""specproof.coreml: inspect Core ML bundles for verify qualification, export reference targets as them.
 
 - ``inspect_bundle(path, k=K)`` -> ``BundleReport``: the interface of every function of
-  an ``.mlpackage`` (read without loading the model, on any OS) and a verdict per
-  function: can it run a verify forward of K draft tokens?
-- ``export_bundle(path, target, k=K, ...)`` -> ``ExportResult``: a ``ReferenceHybrid``
-  (conv + attn blocks, dense feed-forward) as a stateful iOS 18 / macOS 15 ML program.
+  an ``.mlpackage`` (read without loading the model, on any OS), its state layout, and a
+  verdict per function: can it run a verify forward of K draft tokens?
+- ``export_bundle(path, target, k=K, layout=..., gdn=...)`` -> ``ExportResult``: a
+  ``ReferenceHybrid`` (conv, attention and Gated DeltaNet blocks; dense or mixture-of-experts
+  feed-forwards) as a stateful iOS 18 / macOS 15 ML program, in either state layout
+  (``LAYOUTS``); ``FAMILIES`` / ``family_target`` are the flagship shapes (``lfm2-moe``,
+  ``qwen3.6-moe``).
 - ``write_golden(path, target, target_spec=...)``: greedy tokens for ``GOLDEN_PROMPTS``
   in the ``specproof-golden/1`` format that ``specproof check-trace --greedy`` reads.
-- ``CoreMLTarget`` lives in ``specproof.engine.targets.coreml`` (macOS 15+ only).
+- ``MilEvaluator`` runs a saved program in numpy on any OS (the ops in ``EVALUATOR_OPS``);
+  ``CoreMLEvalTarget`` (``coreml-eval:PATH``) and ``CoreMLTarget`` (``coreml:PATH``,
+  macOS 15+ only) live in ``specproof.engine.targets``.
 
 coremltools is imported lazily: importing this module needs only the core install.
 """
@@ -15,6 +20,7 @@ coremltools is imported lazily: importing this module needs only the core instal
 from specproof.coreml._export import (
     DEFAULT_EXPORT_TARGET,
     DEFAULT_MAX_QUERY,
+    DEFAULT_MAX_QUERY_GDN,
     GOLDEN_FORMAT,
     GOLDEN_PROMPTS,
     ExportResult,
@@ -25,6 +31,7 @@ from specproof.coreml._export import (
     golden_cases,
     write_golden,
 )
+from specproof.coreml._families import FAMILIES, family_spec, family_target
 from specproof.coreml._inspect import (
     BundleReadError,
     BundleReport,
@@ -33,23 +40,38 @@ from specproof.coreml._inspect import (
     TensorInfo,
     inspect_bundle,
 )
+from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, ExportOptions
+from specproof.engine.targets._mil_eval import OPS as EVALUATOR_OPS
+from specproof.engine.targets._mil_eval import MilEvaluator, UnknownOpError, load_program
 
 __all__ = [
     "DEFAULT_EXPORT_TARGET",
     "DEFAULT_MAX_QUERY",
+    "DEFAULT_MAX_QUERY_GDN",
+    "EVALUATOR_OPS",
+    "FAMILIES",
+    "GDN_FORMS",
     "GOLDEN_FORMAT",
     "GOLDEN_PROMPTS",
+    "LAYOUTS",
+    "PLANTED_BUGS",
     "BundleReadError",
     "BundleReport",
+    "ExportOptions",
     "ExportResult",
     "FunctionReport",
+    "MilEvaluator",
     "RuleResult",
     "TensorInfo",
+    "UnknownOpError",
     "build_program",
     "check_exportable",
     "export_bundle",
     "export_config",
+    "family_spec",
+    "family_target",
     "golden_cases",
     "inspect_bundle",
+    "load_program",
     "write_golden",
 ]

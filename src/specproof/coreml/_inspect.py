@@ -12,9 +12,14 @@ states, and gives each function a verdict made of these rules:
   (not ``[1, 1, vocab]``, not an in-graph argmax);
 - ``kv-state`` / ``recurrent-state``: the KV cache and the recurrent (conv / SSM /
   delta-rule) state persist between calls, as states or as input/output pairs;
+- ``states-threaded`` (ML programs): every Core ML state is written back
+  (``coreml_update_state``) and every input/output state pair returns a value of the
+  input's shape and dtype that is not the input passed through;
 - ``position``: an input tells the bundle where the chunk starts (or a mask that does).
 
-A bundle qualifies when at least one function passes every rule.
+A bundle qualifies when at least one function passes every rule. Each function also gets
+its state layout (``all-mlstate``, ``kv-mlstate``, ...; ``_layout.py``) and warnings: a
+non-KV state held as MLState is reported to fail at run time on the Neural Engine.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any, Final
 
 import attrs
 
+from specproof.coreml._layout import KV_NAME, io_pairs, state_layout, threading_problems
 from specproof.engine.errors import InvalidSettingError, SpecproofError
 from specproof.engine.targets.coreml import import_coremltools
 
@@ -60,7 +66,7 @@ _TOKEN_NAME = re.compile(r"(input_?ids|token|^ids$|^input$|^x$)", re.IGNORECASE)
 _POSITION_NAME = re.compile(
     r"(position|^pos|_pos$|offset|cache_len|past_len|seq_start|start|processed|current|step|mask)", re.IGNORECASE
 )
-_KV_NAME = re.compile(r"(key|value|kv|k_cache|v_cache|past)", re.IGNORECASE)
+_KV_NAME = KV_NAME
 _REC_NAME = re.compile(r"(conv|rec|ssm|recurrent|hidden|delta|state)", re.IGNORECASE)
 _ARGMAX_OPS: Final = {"reduce_argmax", "reduce_argmin", "topk", "argsort"}
 _PASS_THROUGH_OPS: Final = {"cast", "reshape", "squeeze", "expand_dims", "identity", "transpose"}
@@ -124,6 +130,8 @@ class FunctionReport:
     outputs: tuple[TensorInfo, ...]
     states: tuple[TensorInfo, ...]
     rules: tuple[RuleResult, ...]
+    state_layout: str = "none"  # coreml._layout.LAYOUT_NAMES
+    warnings: tuple[str, ...] = ()  # advisories that do not fail the verdict (the Neural Engine finding)
 
     @property
     def qualifies(self) -> bool:
@@ -142,6 +150,8 @@ class FunctionReport:
             "outputs": [t.to_json() for t in self.outputs],
             "states": [t.to_json() for t in self.states],
             "rules": [r.to_json() for r in self.rules],
+            "state_layout": self.state_layout,
+            "warnings": list(self.warnings),
         }
 
 
@@ -378,18 +388,26 @@ def _rule_logits(outputs: Sequence[TensorInfo], k: int) -> RuleResult:
 
 def _state_like(inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], states: Sequence[TensorInfo]) -> list[str]:
     """Names of persistent state: Core ML states, plus input/output pairs (x -> x_out / new_x / present_x ...)."""
-    names = [s.name for s in states]
-    out_names = {o.name for o in outputs}
-    for t in inputs:
-        base = t.name
-        candidates = {f"{base}_out", f"new_{base}", f"{base}_new", f"updated_{base}", f"{base}_next"}
-        if base.startswith("past_"):
-            candidates.add("present_" + base[len("past_") :])
-        if base.startswith("in_"):
-            candidates.add("out_" + base[len("in_") :])
-        if candidates & out_names:
-            names.append(base)
-    return names
+    return [s.name for s in states] + list(io_pairs(inputs, outputs))
+
+
+def _rule_threaded(
+    inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], states: Sequence[TensorInfo], block: Any
+) -> RuleResult:
+    ok, problems = threading_problems(inputs, outputs, states, block)
+    if problems:
+        return RuleResult(
+            id="states-threaded",
+            passed=False,
+            detail="; ".join(problems),
+            why="a state that is not written back (or an output state that cannot be fed back as its input) "
+            "makes the next forward start from a stale state: chunked and one-token forwards then disagree",
+        )
+    return RuleResult(
+        id="states-threaded",
+        passed=True,
+        detail=f"written back: {', '.join(ok)}" if ok else "no persistent state to thread",
+    )
 
 
 def _rule_states(
@@ -489,6 +507,7 @@ def inspect_bundle(path: str | Path, *, k: int = 4) -> BundleReport:
                     states,
                     k,
                     model_type,
+                    block,
                 )
             )
     else:
@@ -516,6 +535,7 @@ def _judge(
     states: Sequence[TensorInfo],
     k: int,
     model_type: str,
+    block: Any = None,
 ) -> FunctionReport:
     token_rule, token = _rule_token_input(inputs, k)
     rules = [
@@ -523,9 +543,13 @@ def _judge(
         token_rule,
         _rule_logits(outputs, k),
         *_rule_states(inputs, outputs, states),
+        *([_rule_threaded(inputs, outputs, states, block)] if block is not None else []),
         _rule_position(inputs, token),
     ]
+    layout, warnings = state_layout(inputs, outputs, states)
     return FunctionReport(
+        state_layout=layout,
+        warnings=warnings,
         name=name,
         default=default,
         inputs=tuple(inputs),

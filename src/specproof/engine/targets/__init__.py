@@ -5,7 +5,7 @@
 - ``reference`` — the seeded default ``ReferenceHybrid``; ``reference-moe`` its
   mixture-of-experts variant; ``reference:d_model=32,max_context=256,...``
   overrides config fields (``layers=conv+attn+gdn``);
-- ``PREFIX:ARGS`` for a registered adapter family (``mlx:``, ``hf:``, ``coreml:``),
+- ``PREFIX:ARGS`` for a registered adapter family (``mlx:``, ``hf:``, ``coreml:``, ``coreml-eval:``),
   loaded lazily so a missing optional dependency only matters when it is used;
 - a bare registered name;
 - ``module:attribute`` — any plug-in (a factory or an instance).
@@ -30,6 +30,7 @@ TARGET_FAMILIES: dict[str, str] = {
     "reference": "specproof.engine.targets.reference_spec:load",
     "reference-moe": "specproof.engine.targets.reference_spec:load_moe",
     "coreml": "specproof.engine.targets.coreml:load_spec",
+    "coreml-eval": "specproof.engine.targets.coreml_eval:load_spec",
     "mlx": "specproof.engine.targets.mlx:load_spec",
     "hf": "specproof.engine.targets.hf:load_spec",
 }

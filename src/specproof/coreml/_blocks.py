@@ -1,0 +1,275 @@
+"""The MIL of each block of ``ReferenceHybrid`` over one chunk: conv, attention, Gated DeltaNet, feed-forwards.
+
+Every function takes the ``Graph`` of the program being built (the builder, the config,
+the weights, the chunk's shared values and the states as they stand) and returns the
+block's residual contribution ``[1, q, d]``, updating ``g.kc``/``g.vc``/``g.cs``/``g.rs``.
+Compute is fp16 (what the Neural Engine runs); sums of squares are taken in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import attrs
+import numpy as np
+
+from specproof.coreml._options import ExportOptions
+from specproof.engine.targets.reference import ReferenceConfig
+
+__all__ = ["Graph", "attn_block", "conv_block", "dense_ffn", "gdn_block", "moe_ffn", "rms_norm"]
+
+NEG: Final = -30000.0  # masked attention score: exp underflows to exactly 0 in fp16, no inf arithmetic
+L2_EPS: Final = 1e-6  # the reference's l2norm epsilon for the GDN q and k
+_I32 = np.int32
+
+
+def fp16(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float16)
+
+
+@attrs.define
+class Graph:
+    """The program under construction: builder, config, weights, options and the chunk's live values."""
+
+    mb: Any
+    cfg: ReferenceConfig
+    w: dict[str, np.ndarray]
+    opts: ExportOptions
+    max_query: int
+    q: Any = None  # [1] int32: the chunk length
+    q_scalar: Any = None  # () int32
+    position: Any = None  # [1] int32
+    rows: Any = None  # [q] int32: absolute positions of the chunk's rows
+    mask: Any = None  # [q, m] bool: causal mask over the full cache
+    cos: Any = None
+    sin: Any = None
+    kc: Any = None
+    vc: Any = None
+    cs: Any = None
+    rs: Any = None
+
+    def W(self, name: str) -> np.ndarray:
+        return fp16(self.w[name])
+
+
+def rms_norm(g: Graph, x: Any, weight: np.ndarray, name: str | None = None) -> Any:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis; mean(x^2) in fp32 (fp16 squares overflow)."""
+    mb = g.mb
+    x32 = mb.cast(x=x, dtype="fp32")
+    ms = mb.reduce_mean(x=mb.mul(x=x32, y=x32), axes=[-1], keep_dims=True)
+    inv = mb.cast(x=mb.rsqrt(x=ms, epsilon=float(g.cfg.norm_eps)), dtype="fp16")
+    scaled = mb.mul(x=x, y=inv)
+    return mb.mul(x=scaled, y=fp16(weight), name=name) if name else mb.mul(x=scaled, y=fp16(weight))
+
+
+def _cols(g: Graph, x: Any, lo: int, hi: int) -> Any:
+    """``x[..., lo:hi]`` of a rank-3 ``[1, q, n]`` tensor."""
+    return g.mb.slice_by_index(x=x, begin=[0, 0, lo], end=[1, 0, hi], end_mask=[True, True, False])
+
+
+def _short_conv(g: Graph, xin: Any, weight: np.ndarray, slot: int, channels: int) -> Any:
+    """Causal depthwise conv over time of ``xin`` ``[1, q, C]``, history from ``conv_state[slot, :C]``."""
+    mb, width = g.mb, g.cfg.conv_kernel - 1
+    xt = mb.transpose(x=xin, perm=[0, 2, 1])  # [1, C, q]
+    hist = mb.slice_by_index(x=g.cs, begin=[slot, 0, 0], end=[slot + 1, channels, width])  # [1, C, L-1]
+    full = mb.concat(values=[hist, xt], axis=2)  # oldest first
+    out = mb.conv(x=full, weight=fp16(weight), groups=channels, pad_type="valid")  # [1, C, q]
+    new_hist = mb.slice_by_index(x=full, begin=[0, 0, -width], end=[1, channels, 0], end_mask=[False, False, True])
+    if not (g.opts.planted == "state-not-written" and g.cfg.n_gdn_layers == 0):
+        g.cs = mb.slice_update(x=g.cs, update=new_hist, begin=[slot, 0, 0], end=[slot + 1, channels, width])
+    return mb.transpose(x=out, perm=[0, 2, 1])
+
+
+def conv_block(g: Graph, x: Any, p: str, slot: int) -> Any:
+    """LFM2 gated short conv: ``B, C, x = split(in_proj(h))``; ``out_proj(C * conv(B * x))``."""
+    mb, d = g.mb, g.cfg.d_model
+    bcx = mb.linear(x=x, weight=g.W(p + "conv.in_proj.weight"))  # [1, q, 3d]
+    bx = mb.mul(x=_cols(g, bcx, 0, d), y=_cols(g, bcx, 2 * d, 3 * d))
+    conv = _short_conv(g, bx, g.w[p + "conv.conv.weight"], slot, d)
+    return mb.linear(x=mb.mul(x=_cols(g, bcx, d, 2 * d), y=conv), weight=g.W(p + "conv.out_proj.weight"))
+
+
+def _rope(g: Graph, t: Any) -> Any:
+    mb, hd = g.mb, g.cfg.head_dim
+    t1 = mb.slice_by_index(x=t, begin=[0, 0, 0, 0], end=[1, 0, 0, hd // 2], end_mask=[True, True, True, False])
+    t2 = mb.slice_by_index(x=t, begin=[0, 0, 0, hd // 2], end=[1, 0, 0, hd], end_mask=[True, True, True, False])
+    rot = mb.concat(values=[mb.mul(x=t2, y=np.float16(-1.0)), t1], axis=3)  # rotate_half
+    return mb.add(x=mb.mul(x=t, y=g.cos), y=mb.mul(x=rot, y=g.sin))
+
+
+def attn_block(g: Graph, x: Any, p: str, slot: int, layer: int) -> Any:
+    """GQA with per-head QK RMSNorm and rotate-half RoPE over the KV cache (written at ``position``)."""
+    mb, cfg = g.mb, g.cfg
+    hd, n_h, n_kv, m = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.max_context
+    a = p + "self_attn."
+    qh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "q_proj.weight")), shape=[1, -1, n_h, hd])
+    kh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "k_proj.weight")), shape=[1, -1, n_kv, hd])
+    vh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "v_proj.weight")), shape=[1, -1, n_kv, hd])
+    qh = rms_norm(g, qh, g.w[a + "q_layernorm.weight"], f"layer{layer}_q_layernorm")
+    kh = _rope(g, rms_norm(g, kh, g.w[a + "k_layernorm.weight"], f"layer{layer}_k_layernorm"))
+    qh = mb.mul(x=_rope(g, qh), y=np.float16(1.0 / math.sqrt(hd)))
+    end = mb.add(x=g.position, y=g.q)
+    begin = mb.concat(values=[np.array([slot, 0], _I32), g.position, np.array([0], _I32)], axis=0)
+    stop = mb.concat(values=[np.array([slot + 1, n_kv], _I32), end, np.array([hd], _I32)], axis=0)
+    g.kc = mb.slice_update(x=g.kc, update=mb.transpose(x=kh, perm=[0, 2, 1, 3]), begin=begin, end=stop)
+    g.vc = mb.slice_update(x=g.vc, update=mb.transpose(x=vh, perm=[0, 2, 1, 3]), begin=begin, end=stop)
+    keys = mb.reshape(
+        x=mb.slice_by_index(x=g.kc, begin=[slot, 0, 0, 0], end=[slot + 1, n_kv, m, hd]), shape=[n_kv, m, hd]
+    )
+    values = mb.reshape(
+        x=mb.slice_by_index(x=g.vc, begin=[slot, 0, 0, 0], end=[slot + 1, n_kv, m, hd]), shape=[n_kv, m, hd]
+    )
+    # heads h = kv * group + g, as the reference groups them; rows ordered (g, position)
+    group = n_h // n_kv
+    qg = mb.reshape(x=mb.transpose(x=qh, perm=[0, 2, 1, 3]), shape=[n_kv, -1, hd])  # [kv, g*q, hd]
+    s = mb.reshape(x=mb.matmul(x=qg, y=keys, transpose_y=True), shape=[n_kv, group, -1, m])
+    s = mb.select(cond=g.mask, a=s, b=np.float16(NEG))
+    o = mb.matmul(x=mb.reshape(x=mb.softmax(x=s, axis=-1), shape=[n_kv, -1, m]), y=values)
+    o = mb.transpose(x=mb.reshape(x=o, shape=[n_kv, group, -1, hd]), perm=[2, 0, 1, 3])  # [q, kv, g, hd]
+    return mb.linear(x=mb.reshape(x=o, shape=[1, -1, n_h * hd]), weight=g.W(a + "out_proj.weight"))
+
+
+def _l2_norm(g: Graph, x: Any) -> Any:
+    mb = g.mb
+    x32 = mb.cast(x=x, dtype="fp32")
+    ss = mb.reduce_sum(x=mb.mul(x=x32, y=x32), axes=[-1], keep_dims=True)
+    return mb.mul(x=x, y=mb.cast(x=mb.rsqrt(x=ss, epsilon=L2_EPS), dtype="fp16"))
+
+
+def _delta_step(g: Graph, state: Any, k: Any, q: Any, v: Any, beta: Any, decay: Any) -> tuple[Any, Any]:
+    """One token of the delta rule (per head): ``S *= decay; S += k (beta (v - S^T k))^T; o = S^T q``."""
+    mb = g.mb
+    state = mb.mul(x=state, y=decay)  # [hg, dk, dv] * [hg, 1, 1]
+    delta = mb.mul(x=mb.sub(x=v, y=mb.matmul(x=k, y=state)), y=beta)  # [hg, 1, dv]
+    state = mb.add(x=state, y=mb.matmul(x=k, y=delta, transpose_x=True))  # k^T delta: [hg, dk, dv]
+    return state, mb.matmul(x=q, y=state)  # [hg, 1, dv]
+
+
+def _gdn_unrolled(g: Graph, state: Any, seq: dict[str, Any]) -> Any:
+    """max_query masked steps: step t reads token min(t, q-1) and changes the state only when t < q."""
+    mb = g.mb
+    last = mb.sub(x=g.q_scalar, y=np.int32(1))
+    outs = []
+    for t in range(g.max_query):
+        idx = mb.minimum(x=np.int32(t), y=last)
+        row = {key: mb.gather(x=val, indices=idx, axis=0) for key, val in seq.items()}
+        new, o = _delta_step(g, state, row["k"], row["q"], row["v"], row["beta"], row["decay"])
+        state = new if t == 0 else mb.select(cond=mb.less(x=np.int32(t), y=g.q_scalar), a=new, b=state)
+        outs.append(mb.expand_dims(x=o, axes=[0]))
+    out = mb.concat(values=outs, axis=0) if len(outs) > 1 else outs[0]  # [max_query, hg, 1, dv]
+    cfg = g.cfg
+    stop = mb.concat(values=[g.q, np.array([cfg.gdn_heads, 1, cfg.gdn_value_dim], _I32)], axis=0)
+    return state, mb.slice_by_index(x=out, begin=[0, 0, 0, 0], end=stop)
+
+
+def _gdn_loop(g: Graph, state: Any, seq: dict[str, Any]) -> Any:
+    """A while_loop of q steps; the outputs are written into a [max_query, hg, 1, dv] buffer."""
+    mb, cfg = g.mb, g.cfg
+    hg, dv = cfg.gdn_heads, cfg.gdn_value_dim
+    buffer = np.zeros((g.max_query, hg, 1, dv), np.float16)
+
+    def cond(i: Any, s: Any, acc: Any) -> Any:
+        return mb.less(x=i, y=g.q_scalar)
+
+    def body(i: Any, s: Any, acc: Any) -> Any:
+        row = {key: mb.gather(x=val, indices=i, axis=0) for key, val in seq.items()}
+        s, o = _delta_step(g, s, row["k"], row["q"], row["v"], row["beta"], row["decay"])
+        i1 = mb.expand_dims(x=i, axes=[0])
+        begin = mb.concat(values=[i1, np.array([0, 0, 0], _I32)], axis=0)
+        end = mb.concat(values=[mb.add(x=i1, y=np.int32(1)), np.array([hg, 1, dv], _I32)], axis=0)
+        acc = mb.slice_update(x=acc, update=mb.expand_dims(x=o, axes=[0]), begin=begin, end=end)
+        return mb.add(x=i, y=np.int32(1)), s, acc
+
+    _, state, out = mb.while_loop(_cond=cond, _body=body, loop_vars=(np.int32(0), state, buffer))
+    stop = mb.concat(values=[g.q, np.array([hg, 1, dv], _I32)], axis=0)
+    return state, mb.slice_by_index(x=out, begin=[0, 0, 0, 0], end=stop)
+
+
+def _gdn_last_token(g: Graph, state: Any, seq: dict[str, Any]) -> Any:
+    """PLANTED BUG (tests only): the chunk's state update sees only its last token; every row reads that state."""
+    mb = g.mb
+    last = mb.sub(x=g.q_scalar, y=np.int32(1))
+    row = {key: mb.gather(x=val, indices=last, axis=0) for key, val in seq.items()}
+    state, _ = _delta_step(g, state, row["k"], row["q"], row["v"], row["beta"], row["decay"])
+    return state, mb.matmul(x=seq["q"], y=state)  # [q, hg, 1, dk] @ [hg, dk, dv]
+
+
+def gdn_block(g: Graph, x: Any, p: str, slot: int, rec_slot: int) -> Any:
+    """Gated DeltaNet: short conv over concat(q, k, v), L2-normed q/k, gated delta rule, gated RMSNorm."""
+    mb, cfg = g.mb, g.cfg
+    hg, dk, dv, cd = cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim, cfg.gdn_conv_dim
+    a = p + "linear_attn."
+    qkv = mb.linear(x=x, weight=g.W(a + "in_proj_qkv.weight"))  # [1, q, cd]
+    mixed = mb.silu(x=_short_conv(g, qkv, g.w[a + "conv1d.weight"], slot, cd))
+    qk = _l2_norm(g, mb.reshape(x=_cols(g, mixed, 0, 2 * hg * dk), shape=[-1, 2 * hg, dk]))  # [q, 2hg, dk]
+    qh = mb.slice_by_index(x=qk, begin=[0, 0, 0], end=[0, hg, dk], end_mask=[True, False, False])
+    kh = mb.slice_by_index(x=qk, begin=[0, hg, 0], end=[0, 2 * hg, dk], end_mask=[True, False, False])
+    vh = mb.reshape(x=_cols(g, mixed, 2 * hg * dk, cd), shape=[-1, hg, 1, dv])
+    b = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "in_proj_b.weight")), shape=[-1, hg, 1, 1])
+    av = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "in_proj_a.weight")), shape=[-1, hg, 1, 1])
+    neg_a = fp16((-np.exp(g.w[a + "A_log"].astype(np.float64))).reshape(hg, 1, 1))
+    sp = mb.softplus(x=mb.add(x=av, y=fp16(g.w[a + "dt_bias"].reshape(hg, 1, 1))))
+    seq = {
+        "k": mb.expand_dims(x=kh, axes=[2]),  # [q, hg, 1, dk]
+        "q": mb.expand_dims(x=mb.mul(x=qh, y=np.float16(1.0 / math.sqrt(dk))), axes=[2]),
+        "v": vh,
+        "beta": mb.sigmoid(x=b),  # [q, hg, 1, 1]
+        "decay": mb.exp(x=mb.mul(x=sp, y=neg_a)),
+    }
+    state = mb.reshape(x=mb.slice_by_index(x=g.rs, begin=[rec_slot, 0, 0, 0], end=[rec_slot + 1, hg, dk, dv]),
+                       shape=[hg, dk, dv])  # fmt: skip
+    if g.opts.planted == "gdn-last-token":
+        state, o = _gdn_last_token(g, state, seq)
+    elif g.opts.gdn == "loop":
+        state, o = _gdn_loop(g, state, seq)
+    else:
+        state, o = _gdn_unrolled(g, state, seq)
+    if g.opts.planted != "state-not-written":
+        update = mb.expand_dims(x=state, axes=[0])
+        g.rs = mb.slice_update(x=g.rs, update=update, begin=[rec_slot, 0, 0, 0], end=[rec_slot + 1, hg, dk, dv])
+    y = rms_norm(g, mb.reshape(x=o, shape=[-1, hg, dv]), g.w[a + "norm.weight"])  # gated RMSNorm per head
+    z = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "in_proj_z.weight")), shape=[-1, hg, dv])
+    y = mb.reshape(x=mb.mul(x=y, y=mb.silu(x=z)), shape=[1, -1, hg * dv])
+    return mb.linear(x=y, weight=g.W(a + "out_proj.weight"))
+
+
+def dense_ffn(g: Graph, x: Any, p: str) -> Any:
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+    mb = g.mb
+    gate = mb.silu(x=mb.linear(x=x, weight=g.W(p + "w1.weight")))
+    up = mb.linear(x=x, weight=g.W(p + "w3.weight"))
+    return mb.linear(x=mb.mul(x=gate, y=up), weight=g.W(p + "w2.weight"))
+
+
+def _tie_matrix(n: int, *, lower: bool) -> np.ndarray:
+    """``T[e, j]``: expert j beats expert e on a tie (j < e: ties go to the lower index)."""
+    e, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    return (j < e) if lower else (j > e)
+
+
+def moe_ffn(g: Graph, x: Any, p: str) -> Any:
+    """Dense experts under a top-k mask: every expert runs, the router's top k (ties to the lower index,
+    as the reference's stable sort) get their renormalised softmax weight, the others 0."""
+    mb, cfg = g.mb, g.cfg
+    n, k = cfg.n_experts, cfg.experts_per_token
+    logits = mb.linear(x=x, weight=g.W(p + "feed_forward.gate.weight"))  # [1, q, E]
+    mine = mb.expand_dims(x=logits, axes=[-1])  # l_e: [1, q, E, 1]
+    other = mb.expand_dims(x=logits, axes=[-2])  # l_j: [1, q, 1, E]
+    ties: Any = _tie_matrix(n, lower=True)
+    if g.opts.planted == "router-ties":  # PLANTED BUG (tests only): multi-token forwards break ties upward
+        ties = mb.select(cond=mb.greater(x=g.q_scalar, y=np.int32(1)), a=_tie_matrix(n, lower=False), b=ties)
+    beaten = mb.logical_or(
+        x=mb.greater(x=other, y=mine), y=mb.logical_and(x=mb.equal(x=other, y=mine), y=ties)
+    )  # [1, q, E, E]: expert j ranks above expert e
+    rank = mb.reduce_sum(x=mb.cast(x=beaten, dtype="int32"), axes=[-1])  # [1, q, E]
+    probs = mb.softmax(x=logits, axis=-1)
+    weights = mb.select(cond=mb.less(x=rank, y=np.int32(k)), a=probs, b=np.float16(0.0))
+    weights = mb.real_div(x=weights, y=mb.reduce_sum(x=weights, axes=[-1], keep_dims=True))
+    out = None
+    for e in range(n):
+        y = dense_ffn(g, x, f"{p}feed_forward.experts.{e}.")
+        we = mb.slice_by_index(x=weights, begin=[0, 0, e], end=[1, 0, e + 1], end_mask=[True, True, False])
+        term = mb.mul(x=y, y=we)
+        out = term if out is None else mb.add(x=out, y=term)
+    return out

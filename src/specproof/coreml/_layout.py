@@ -1,0 +1,140 @@
+"""Where a function keeps its persistent state (its layout), whether every state is written back, and the
+Neural Engine finding about recurrent state held as MLState.
+
+Read from the saved spec only (no model load). A persistent state is a Core ML state
+(MLState) or an input/output pair (``x`` -> ``x_out``, ``new_x``, ``present_x`` ...).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+__all__ = ["ANE_FINDING", "KV_NAME", "LAYOUT_NAMES", "io_pairs", "state_layout", "threading_problems"]
+
+KV_NAME: Final = re.compile(r"(key|value|kv|k_cache|v_cache|past)", re.IGNORECASE)
+_PASS_THROUGH_OPS: Final = {"cast", "reshape", "squeeze", "expand_dims", "identity", "transpose"}
+#: ``all-mlstate`` every persistent state is an MLState; ``kv-mlstate`` the KV cache is, the rest are
+#: input/output pairs; ``all-io`` none is; ``mixed`` anything else; ``none`` no persistent state
+LAYOUT_NAMES: Final = ("all-mlstate", "kv-mlstate", "all-io", "mixed", "none")
+ANE_FINDING: Final = (
+    "reported to compile but fail at run time on the Neural Engine: john-rocky/CoreML-LLM "
+    "docs/LFM2_CONVERSION_FINDINGS.md (KV cache plus conv state as MLState: ANEProgramProcessRequestDirect "
+    "status 0x1d) and docs/QWEN35_LESSONS.md 9.1 (three states per chunk audit as 100% ANE, then Error=11); "
+    "the layout that runs there keeps only the KV cache in MLState and passes the other states as "
+    "input/output tensors (specproof bundle export --layout kv-mlstate)"
+)
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def dims(self) -> tuple[object, ...]: ...
+
+
+def io_pairs(inputs: Sequence[_Named], outputs: Sequence[_Named]) -> dict[str, str]:
+    """Input name -> the output that returns its next value (``x_out``, ``new_x``, ``present_x`` ...)."""
+    out_names = [o.name for o in outputs]
+    pairs = {}
+    for t in inputs:
+        base = t.name
+        candidates = [f"{base}_out", f"new_{base}", f"{base}_new", f"updated_{base}", f"{base}_next"]
+        if base.startswith("past_"):
+            candidates.append("present_" + base[len("past_") :])
+        if base.startswith("in_"):
+            candidates.append("out_" + base[len("in_") :])
+        found = [c for c in candidates if c in out_names]
+        if found:
+            pairs[base] = found[0]
+    return pairs
+
+
+def state_layout(
+    inputs: Sequence[_Named], outputs: Sequence[_Named], states: Sequence[_Named]
+) -> tuple[str, tuple[str, ...]]:
+    """The layout name (``LAYOUT_NAMES``) and the warnings it earns."""
+    pairs = io_pairs(inputs, outputs)
+    kv_ml = [s.name for s in states if KV_NAME.search(s.name)]
+    other_ml = [s.name for s in states if not KV_NAME.search(s.name)]
+    if not states and not pairs:
+        layout = "none"
+    elif not pairs:
+        layout = "all-mlstate"
+    elif not states:
+        layout = "all-io"
+    elif kv_ml and not other_ml and not [n for n in pairs if KV_NAME.search(n)]:
+        layout = "kv-mlstate"
+    else:
+        layout = "mixed"
+    warnings = []
+    if other_ml:
+        plural = "s" if len(other_ml) > 1 else ""
+        warnings.append(
+            f"{len(other_ml)} non-KV state{plural} held as MLState ({', '.join(other_ml)})"
+            + (f" next to the KV cache ({', '.join(kv_ml)})" if kv_ml else "")
+            + f": this layout is {ANE_FINDING}"
+        )
+    return layout, tuple(warnings)
+
+
+def _operations(block: Any) -> Iterator[Any]:
+    for op in block.operations:
+        yield op
+        for sub in op.blocks:
+            yield from _operations(sub)
+
+
+def _first_arg(op: Any, key: str) -> str | None:
+    arg = op.inputs.get(key)
+    if arg is None or not arg.arguments or not arg.arguments[0].HasField("name"):
+        return None
+    return str(arg.arguments[0].name)
+
+
+def _passes_through(name: str, producers: Mapping[str, Any], source: str) -> bool:
+    """Whether output ``name`` is input ``source`` unchanged (up to casts, reshapes, identities)."""
+    op = producers.get(name)
+    for _ in range(16):
+        if op is None or op.type not in _PASS_THROUGH_OPS:
+            return False
+        arg = _first_arg(op, "x")
+        if arg == source:
+            return True
+        if arg is None:
+            return False
+        op = producers.get(arg)
+    return False
+
+
+def threading_problems(
+    inputs: Sequence[_Named], outputs: Sequence[_Named], states: Sequence[_Named], block: Any
+) -> tuple[list[str], list[str]]:
+    """(states written back, problems): an MLState never written (``write_state``); an input/output
+    pair whose output has another shape or dtype than its input, or is the input passed through."""
+    # the saved program writes a state with ``write_state`` (``coreml_update_state`` in the MIL builder)
+    written = {_first_arg(op, "input") for op in _operations(block) if op.type == "write_state"}
+    written |= {_first_arg(op, "state") for op in _operations(block) if op.type == "coreml_update_state"}
+    producers = {out.name: op for op in _operations(block) for out in op.outputs}
+    ok, problems = [], []
+    for s in states:
+        if s.name in written:
+            ok.append(s.name)
+        else:
+            problems.append(f"state {s.name!r} is read but never written back (no coreml_update_state)")
+    by_name = {o.name: o for o in outputs}
+    for name, out_name in io_pairs(inputs, outputs).items():
+        src = next(t for t in inputs if t.name == name)
+        out = by_name[out_name]
+        if (src.dtype, tuple(src.dims)) != (out.dtype, tuple(out.dims)):
+            problems.append(
+                f"{out_name!r} {out.dtype} {list(out.dims)} cannot be fed back as {name!r} {src.dtype} {list(src.dims)}"
+            )
+        elif _passes_through(out_name, producers, name):
+            problems.append(f"{out_name!r} is {name!r} passed through unchanged: the state is never updated")
+        else:
+            ok.append(f"{name} -> {out_name}")
+    return ok, problems

@@ -1,0 +1,45 @@
+"""The export's keyword options, validated in one place: state layout, GDN form, planted bugs (tests only)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+from specproof.engine.errors import InvalidSettingError
+
+__all__ = ["GDN_FORMS", "LAYOUTS", "PLANTED_BUGS", "ExportOptions"]
+
+#: where the recurrent states live: ``all-mlstate`` every state is a Core ML state (MLState);
+#: ``kv-mlstate`` only the KV cache is, conv and recurrent state are input/output tensors
+#: (``conv_state`` in, ``conv_state_out`` out), the layout that runs on the Neural Engine today.
+LAYOUTS: Final = ("all-mlstate", "kv-mlstate")
+#: how a Gated DeltaNet block runs its delta rule over the chunk: ``unrolled`` max_query masked steps,
+#: ``loop`` a MIL while_loop of q steps.
+GDN_FORMS: Final = ("unrolled", "loop")
+#: TEST-ONLY export bugs, planted so that certification through the evaluator can be shown to reject them:
+#: ``state-not-written`` the recurrent state (rec_state, else conv_state) is never written back;
+#: ``gdn-last-token`` a GDN chunk updates its state with the chunk's last token only;
+#: ``router-ties`` the router breaks expert ties toward the higher index in multi-token forwards.
+PLANTED_BUGS: Final = ("state-not-written", "gdn-last-token", "router-ties")
+
+
+@attrs.frozen(kw_only=True)
+class ExportOptions:
+    """How a program is written: ``layout`` (``LAYOUTS``), ``gdn`` (``GDN_FORMS``), ``last_token_only``,
+    and ``planted`` (``PLANTED_BUGS`` or ``None``; test-only: it writes a WRONG program on purpose)."""
+
+    layout: str = "all-mlstate"
+    gdn: str = "unrolled"
+    last_token_only: bool = False
+    planted: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        for what, value, choices in (
+            ("layout", self.layout, LAYOUTS),
+            ("gdn", self.gdn, GDN_FORMS),
+            ("planted", self.planted, (None, *PLANTED_BUGS)),
+        ):
+            if value not in choices:
+                known = ", ".join(c for c in choices if c is not None)
+                raise InvalidSettingError(f"bundle export: {what}={value!r}; one of {known}")

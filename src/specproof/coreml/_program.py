@@ -1,0 +1,147 @@
+"""The MIL program of ``ReferenceHybrid.forward`` over one chunk, in either state layout.
+
+Inputs ``input_ids`` int32 ``[1, q]`` (``q`` symbolic, ``RangeDim(1, max_query)`` at
+conversion) and ``position`` int32 ``[1]``; fp16 states at full ``max_context``, the
+shapes of ``ReferenceHybrid.state_arrays()``: ``key_cache``/``value_cache``
+``[n_attn, n_kv, max_context, head_dim]``, ``conv_state`` ``[n_conv + n_gdn, channels,
+conv_kernel - 1]`` and ``rec_state`` ``[n_gdn, gdn_heads, key_dim, value_dim]`` (each only
+when a block has it: Core ML states cannot have a zero-sized dimension). Layout
+``all-mlstate`` makes every one a Core ML state; ``kv-mlstate`` keeps the KV cache as
+states and passes ``conv_state``/``rec_state`` as inputs returned as ``conv_state_out``/
+``rec_state_out``. Output ``logits`` float32 ``[1, q, vocab]`` (``[1, 1, vocab]`` for
+``last_token_only``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from specproof.coreml._blocks import Graph, attn_block, conv_block, dense_ffn, fp16, gdn_block, moe_ffn, rms_norm
+from specproof.coreml._options import ExportOptions
+from specproof.engine.errors import InvalidSettingError
+from specproof.engine.targets.coreml import import_coremltools
+from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
+
+__all__ = ["KV_STATES", "build_program", "check_exportable", "state_shapes"]
+
+KV_STATES = ("key_cache", "value_cache")
+
+
+def check_exportable(config: ReferenceConfig) -> None:
+    """Raise ``InvalidSettingError`` naming the first feature of ``config`` the exporter cannot write."""
+    if config.n_attn_layers == 0 or config.n_conv_layers == 0:
+        raise InvalidSettingError(
+            f"bundle export: layers={'+'.join(config.layers)} needs at least one 'attn' block and one 'conv' or "
+            "'gdn' block (Core ML states cannot have a zero-sized dimension)"
+        )
+    if config.conv_kernel < 2:
+        raise InvalidSettingError(
+            f"bundle export: conv_kernel={config.conv_kernel} leaves conv_state zero-sized; it must be >= 2"
+        )
+
+
+def state_shapes(cfg: ReferenceConfig) -> dict[str, tuple[int, ...]]:
+    """The fp16 state tensors of an export of ``cfg``, in order (``rec_state`` only with GDN blocks)."""
+    kv = (cfg.n_attn_layers, cfg.n_kv_heads, cfg.max_context, cfg.head_dim)
+    out = {
+        "key_cache": kv,
+        "value_cache": kv,
+        "conv_state": (cfg.n_conv_layers, cfg.conv_channels, cfg.conv_kernel - 1),
+    }
+    if cfg.n_gdn_layers:
+        out["rec_state"] = (cfg.n_gdn_layers, cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim)
+    return out
+
+
+def _rope_tables(cfg: ReferenceConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin for every position, as the reference builds them (float64 angles), stored in fp16."""
+    hd = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
+    emb = np.concatenate((angles, angles), axis=-1)
+    return fp16(np.cos(emb)), fp16(np.sin(emb))
+
+
+def _prologue(g: Graph, input_ids: Any, position: Any) -> None:
+    """The chunk's length, row positions, causal mask and RoPE rows."""
+    mb, m = g.mb, g.cfg.max_context
+    g.position = position
+    g.q = mb.slice_by_index(x=mb.shape(x=input_ids), begin=[1], end=[2])  # [1] int32
+    g.q_scalar = mb.squeeze(x=g.q)
+    g.rows = mb.add(x=mb.range_1d(start=0, end=g.q_scalar, step=1), y=position)  # [q]
+    g.mask = mb.less_equal(
+        x=mb.expand_dims(x=np.arange(m, dtype=np.int32), axes=[0]), y=mb.expand_dims(x=g.rows, axes=[1])
+    )  # [q, m]: key j is visible to row i iff j <= position + i
+    cos_table, sin_table = _rope_tables(g.cfg)
+    g.cos = mb.expand_dims(x=mb.gather(x=cos_table, indices=g.rows, axis=0), axes=[0, 2])  # [1, q, 1, hd]
+    g.sin = mb.expand_dims(x=mb.gather(x=sin_table, indices=g.rows, axis=0), axes=[0, 2])
+
+
+def _blocks(g: Graph, input_ids: Any) -> Any:
+    """Embedding, every block with its feed-forward, final norm and head: the logits."""
+    mb, cfg = g.mb, g.cfg
+    h = mb.gather(x=g.W("model.embed_tokens.weight"), indices=input_ids, axis=0)  # [1, q, d]
+    n_attn = n_conv = n_rec = 0
+    for i, kind in enumerate(cfg.layers):
+        p = f"model.layers.{i}."
+        x = rms_norm(g, h, g.w[p + "operator_norm.weight"], f"layer{i}_operator_norm")
+        if kind == "conv":
+            h = mb.add(x=h, y=conv_block(g, x, p, n_conv))
+            n_conv += 1
+        elif kind == "attn":
+            h = mb.add(x=h, y=attn_block(g, x, p, n_attn, i))
+            n_attn += 1
+        else:
+            h = mb.add(x=h, y=gdn_block(g, x, p, n_conv, n_rec))
+            n_conv += 1
+            n_rec += 1
+        x = rms_norm(g, h, g.w[p + "ffn_norm.weight"], f"layer{i}_ffn_norm")
+        h = mb.add(x=h, y=moe_ffn(g, x, p) if cfg.is_moe else dense_ffn(g, x, p + "feed_forward."))
+    if g.opts.last_token_only:
+        h = mb.slice_by_index(x=h, begin=[0, -1, 0], end=[1, 0, cfg.d_model], end_mask=[True, True, True])
+    x = rms_norm(g, h, g.w["model.embedding_norm.weight"], "final_norm")
+    head = g.w["model.embed_tokens.weight"] if cfg.tie_embeddings else g.w["lm_head.weight"]
+    return mb.cast(x=mb.linear(x=x, weight=fp16(head)), dtype="fp32", name="logits")
+
+
+def build_program(target: ReferenceHybrid, *, max_query: int, options: ExportOptions | None = None) -> Any:
+    """The MIL program (iOS 18 opset) of ``target``'s forward over one chunk of 1..``max_query`` tokens."""
+    ct = import_coremltools("Core ML export")
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.mil import Function, Program, get_new_symbol, types
+
+    opts = ExportOptions() if options is None else options
+    cfg = target.config
+    check_exportable(cfg)
+    shapes = state_shapes(cfg)
+    io_states = [] if opts.layout == "all-mlstate" else [n for n in shapes if n not in KV_STATES]
+    specs: dict[str, Any] = {
+        "input_ids": mb.TensorSpec((1, get_new_symbol()), dtype=types.int32),
+        "position": mb.TensorSpec((1,), dtype=types.int32),
+    }
+    for name, shape in shapes.items():
+        spec = mb.TensorSpec if name in io_states else mb.StateTensorSpec
+        specs[name] = spec(shape, dtype=types.fp16)
+    g = Graph(mb=mb, cfg=cfg, w=target.weights, opts=opts, max_query=max_query)
+    with Function(specs, ct.target.iOS18) as func:
+        inputs = func.inputs
+        read = {n: inputs[n] if n in io_states else mb.read_state(input=inputs[n]) for n in shapes}
+        g.kc, g.vc, g.cs, g.rs = (read.get(n) for n in ("key_cache", "value_cache", "conv_state", "rec_state"))
+        _prologue(g, inputs["input_ids"], inputs["position"])
+        logits = _blocks(g, inputs["input_ids"])
+        final = {"key_cache": g.kc, "value_cache": g.vc, "conv_state": g.cs, "rec_state": g.rs}
+        outputs = [logits]
+        for name in shapes:
+            if name in io_states:
+                value = final[name]
+                if value is inputs[name]:  # not written back (a planted bug): pass the input through
+                    value = mb.identity(x=value)
+                outputs.append(mb.identity(x=value, name=f"{name}_out"))
+            elif final[name] is not read[name]:
+                mb.coreml_update_state(state=inputs[name], value=final[name])
+        func.set_outputs(outputs)
+    prog = Program()
+    prog.add_function("main", func)
+    return prog

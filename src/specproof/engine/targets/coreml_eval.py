@@ -1,0 +1,231 @@
+"""``CoreMLEvalTarget``: a ``Target`` over a saved Core ML bundle, run by the numpy ML-program evaluator.
+
+``coreml-eval:PATH[,tie_tolerance=X]`` certifies a bundle on Linux: the program stored in
+the ``.mlpackage`` is executed op by op (``_mil_eval.MilEvaluator``: fp16 storage, fp32
+accumulation, only the ops it implements; any other op is an ``UnknownOpError`` naming the
+op and the program). The interface is the one ``specproof bundle export`` writes and
+``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]``,
+``logits`` ``[1, q, vocab]``; the states either all Core ML states (``all-mlstate``) or
+the KV cache as states with the other states as input/output pairs ``NAME`` ->
+``NAME_out`` (``kv-mlstate``); both are threaded from call to call here.
+
+``snapshot``/``restore`` copy every state (fp16). ``forward_with_checkpoints`` returns
+the logits of the one chunked forward and, as checkpoints, the states the evaluator reaches
+replaying the chunk one position at a time from the same start (a bundle returns no
+per-position states). ``tie_tolerance`` defaults to ``FP16_TIE_TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import numpy as np
+import numpy.typing as npt
+
+from specproof.engine.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
+from specproof.engine.targets._mil_eval import OPS, MilEvaluator, UnknownOpError
+
+__all__ = ["FP16_TIE_TOLERANCE", "OPS", "CoreMLEvalSnapshot", "CoreMLEvalTarget", "UnknownOpError", "load_spec"]
+
+#: logit tolerance for an fp16 bundle: logits of magnitude 16..32 (the flagship bundles reach ~23) have an
+#: fp16 spacing of 2^-5; q=1 and q=K+1 kernels on a device may round a few ops differently: 4 spacings.
+FP16_TIE_TOLERANCE: Final = 0.125
+KV_STATES: Final = ("key_cache", "value_cache")
+
+
+@attrs.frozen(eq=False)
+class CoreMLEvalSnapshot:
+    """Every state (fp16 copies) and ``processed`` of a ``CoreMLEvalTarget``."""
+
+    processed: int
+    states: dict[str, npt.NDArray[np.float16]] = attrs.field(repr=lambda s: f"<{', '.join(s)}>")
+    target_id: int = attrs.field(repr=False)
+
+
+def _meta_int(meta: dict[str, str], key: str, path: Path) -> int | None:
+    value = meta.get(f"specproof.{key}")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidSettingError(
+            f"coreml-eval {str(path)!r}: metadata specproof.{key}={value!r} is not an integer"
+        ) from None
+
+
+class CoreMLEvalTarget:
+    """A ``Target`` (white-box, with checkpoints) over a saved ``.mlpackage``, evaluated in numpy on any OS."""
+
+    _ids = iter(range(1, 1 << 62))
+
+    def __init__(self, path: str | Path, *, tie_tolerance: float | None = None) -> None:
+        p = Path(path)
+        if not p.exists():
+            raise InvalidSettingError(f"coreml-eval: {str(p)!r} does not exist")
+        self.path = p
+        self._ev = MilEvaluator(p)
+        ev = self._ev
+        outs = set(ev.output_names)
+        missing = [n for n in ("input_ids", "position") if n not in ev.input_specs]
+        if missing or "logits" not in outs:
+            raise InvalidSettingError(
+                f"coreml-eval {str(p)!r}: needs inputs input_ids, position and output logits "
+                f"(inputs: {sorted(ev.input_specs)}, outputs: {sorted(outs)})"
+            )
+        self._io = [n for n in ev.input_specs if n not in ("input_ids", "position") and f"{n}_out" in outs]
+        unpaired = [n for n in ev.input_specs if n not in ("input_ids", "position", *self._io)]
+        if unpaired:
+            raise InvalidSettingError(f"coreml-eval {str(p)!r}: input {unpaired[0]!r} has no {unpaired[0]}_out output")
+        self._io_shapes = {n: tuple(int(s) for s in ev.input_specs[n][0]) for n in self._io}
+        if "key_cache" not in ev.state_shapes:
+            raise InvalidSettingError(f"coreml-eval {str(p)!r}: no 'key_cache' Core ML state")
+        meta = {str(k): str(v) for k, v in ev.program_metadata.items()}
+        self.max_context = int(ev.state_shapes["key_cache"][2])
+        self.vocab_size = _meta_int(meta, "vocab_size", p) or 0
+        self.max_query = _meta_int(meta, "max_query", p) or 1
+        self.layout = "kv-mlstate" if self._io else "all-mlstate"
+        self.tie_tolerance: float = FP16_TIE_TOLERANCE if tie_tolerance is None else float(tie_tolerance)
+        self._id = next(CoreMLEvalTarget._ids)
+        self._io_values: dict[str, np.ndarray] = {}
+        self._processed = 0
+        self.reset()
+        if not self.vocab_size:
+            self.vocab_size = int(self._call([0], 0)["logits"].shape[-1])
+            self.reset()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CoreMLEvalTarget:
+        """A fresh copy sharing the compiled (read-only) program; states copied."""
+        new = copy.copy(self)
+        new._ev = copy.copy(self._ev)
+        new._ev.states = {n: v.copy() for n, v in self._ev.states.items()}
+        new._io_values = {n: v.copy() for n, v in self._io_values.items()}
+        new._id = next(CoreMLEvalTarget._ids)
+        return new
+
+    @property
+    def processed(self) -> int:
+        return self._processed
+
+    def _call(self, chunk: list[int], position: int) -> dict[str, np.ndarray]:
+        out = self._ev(
+            input_ids=np.array([chunk], np.int32), position=np.array([position], np.int32), **self._io_values
+        )
+        for name in self._io:
+            value = np.asarray(out[f"{name}_out"], np.float16)
+            if value.shape != self._io_shapes[name]:
+                raise TargetContractError(
+                    f"coreml-eval: output {name}_out has shape {value.shape}, input {name} {self._io_shapes[name]}"
+                )
+            self._io_values[name] = value.copy()
+        return out
+
+    def _check(self, tokens: Sequence[int]) -> list[int]:
+        if isinstance(tokens, str):
+            raise TokenRangeError("CoreMLEvalTarget.forward: tokens must be a sequence of ints, got str")
+        toks = list(tokens)
+        for i, t in enumerate(toks):
+            if type(t) is not int and not isinstance(t, np.integer):
+                raise TokenRangeError(f"CoreMLEvalTarget.forward: tokens[{i}]={t!r} is not an integer token id")
+            if not 0 <= t < self.vocab_size:
+                raise TokenRangeError(
+                    f"CoreMLEvalTarget.forward: tokens[{i}]={int(t)} is outside [0, {self.vocab_size})"
+                )
+        if self._processed + len(toks) > self.max_context:
+            raise CapacityError(
+                f"CoreMLEvalTarget.forward: processed={self._processed} + len(tokens)={len(toks)} exceeds "
+                f"max_context={self.max_context}; nothing was changed"
+            )
+        return [int(t) for t in toks]
+
+    def forward(self, tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Feed ``tokens`` at ``position = processed`` in chunks of at most ``max_query``; logits ``[q, vocab]``."""
+        toks = self._check(tokens)
+        rows = [np.zeros((0, self.vocab_size), np.float32)]
+        for start in range(0, len(toks), self.max_query):
+            chunk = toks[start : start + self.max_query]
+            logits = np.asarray(self._call(chunk, self._processed)["logits"], np.float32)
+            if logits.shape != (1, len(chunk), self.vocab_size):
+                raise TargetContractError(
+                    f"CoreMLEvalTarget.forward: logits shape {logits.shape}, expected (1, {len(chunk)}, "
+                    f"{self.vocab_size})"
+                )
+            rows.append(logits[0])
+            self._processed += len(chunk)
+        return np.ascontiguousarray(np.concatenate(rows))
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[npt.NDArray[np.float32], list[object]]:
+        """``forward`` plus, per position, the state after it (the evaluator replaying one position at a time)."""
+        toks = self._check(tokens)
+        start = self.snapshot()
+        checkpoints: list[object] = []
+        for t in toks:
+            self.forward([t])
+            checkpoints.append(self.snapshot())
+        self.restore(start)
+        return self.forward(toks), checkpoints
+
+    def snapshot(self) -> CoreMLEvalSnapshot:
+        """Copy every state (Core ML states and input/output states) and ``processed``."""
+        states = {n: v.copy() for n, v in self._ev.states.items()}
+        states.update({n: v.copy() for n, v in self._io_values.items()})
+        return CoreMLEvalSnapshot(processed=self._processed, states=states, target_id=self._id)
+
+    def restore(self, snapshot: object) -> None:
+        """Put back a snapshot of this target (its states and ``processed``)."""
+        if not isinstance(snapshot, CoreMLEvalSnapshot) or snapshot.target_id != self._id:
+            raise TargetContractError(
+                f"CoreMLEvalTarget.restore: expected a CoreMLEvalSnapshot taken from this target, "
+                f"got {type(snapshot).__name__}"
+            )
+        for name, value in snapshot.states.items():
+            (self._io_values if name in self._io else self._ev.states)[name] = value.copy()
+        self._processed = snapshot.processed
+
+    def reset(self) -> None:
+        """Zero states (as ``make_state()`` and zero input states) and ``processed = 0``."""
+        self._ev.reset()
+        self._io_values = {n: np.zeros(s, np.float16) for n, s in self._io_shapes.items()}
+        self._processed = 0
+
+    def state_arrays(self) -> dict[str, npt.NDArray[np.float32]]:
+        """Every state as a float32 copy, KV caches cut to the valid prefix (axis 2)."""
+        out: dict[str, npt.NDArray[np.float32]] = {}
+        for name, value in (*self._ev.states.items(), *self._io_values.items()):
+            arr = np.array(value, dtype=np.float32)
+            out[name] = arr[:, :, : self._processed].copy() if name in KV_STATES else arr
+        return out
+
+    def describe(self) -> str:
+        states = ",".join([*self._ev.state_names, *self._io])
+        return (
+            f"CoreMLEvalTarget {self.path} ({self.layout}) vocab={self.vocab_size} max_context={self.max_context} "
+            f"max_query={self.max_query} states={states}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()} processed={self._processed}>"
+
+
+def load_spec(args: str) -> CoreMLEvalTarget:
+    """The ``coreml-eval:PATH[,tie_tolerance=X]`` target spec."""
+    path, _, options = args.partition(",")
+    if not path:
+        raise InvalidSettingError("coreml-eval:PATH needs the path of a .mlpackage")
+    kwargs: dict[str, float] = {}
+    for item in filter(None, options.split(",")):
+        key, eq, value = item.partition("=")
+        if key != "tie_tolerance" or not eq:
+            raise InvalidSettingError(f"coreml-eval target option {item!r}: only tie_tolerance=X is known")
+        try:
+            kwargs["tie_tolerance"] = float(value)
+        except ValueError:
+            raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be a number") from None
+    try:
+        return CoreMLEvalTarget(path, **kwargs)
+    except UnknownOpError as exc:  # the spec can still be named: a usage error, not a failed certification
+        raise InvalidSettingError(str(exc)) from exc
