@@ -26,7 +26,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Literal, TypedDict
 
 import attrs
 
@@ -268,6 +268,19 @@ def _schema_message(found: list[SchemaProblem], obj: dict[str, object]) -> str:
 
 
 def _parse_lines(lines: Sequence[str], source: str) -> Trace:
+    records, n_lines = _json_records(lines, source)
+    header = _header(records[0][1], source)
+    steps, final = _rounds_and_final(records[1:], source, header["vocab_size"])
+    if final is None:
+        raise TraceFormatError(
+            f'{source} line {n_lines + 1}: missing final line {{"final": true, "tokens": [...], '
+            f'"stop_reason": ...}} after line {n_lines} (is the trace truncated?)'
+        )
+    return Trace(**header, steps=tuple(steps), tokens=final[0], stop_reason=final[1], source=source)
+
+
+def _json_records(lines: Sequence[str], source: str) -> tuple[list[tuple[int, dict[str, object]]], int]:
+    """Each non-trailing line as (line number, JSON object), and how many lines count (trailing blanks cut)."""
     # A trailing newline (or several) is not a record.
     n_lines = len(lines)
     while n_lines and not lines[n_lines - 1].strip():
@@ -291,8 +304,25 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
                 f"{source} line {number}: expected a JSON object, got {type(obj).__name__} {_describe(obj)}"
             )
         records.append((number, obj))
+    return records, n_lines
 
-    number, head = records[0]
+
+class _Header(TypedDict):
+    """The header line's fields, as ``Trace`` keyword arguments."""
+
+    vocab_size: int
+    k: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    eos_token_id: int | None
+    engine: str
+    target: str
+    max_context: int | None
+    rollback: str | None
+
+
+def _header(head: dict[str, object], source: str) -> _Header:
+    """The header line's fields, as ``Trace`` keyword arguments."""
     if "format" not in head:
         kind = "a round record" if "round" in head else "a final record" if "final" in head else "no 'format' field"
         raise TraceFormatError(
@@ -305,18 +335,26 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
     _schema_check(head, "header", f"{source} line 1")
     h = _Fields(head, f"{source} line 1", TraceFormatError)
     vocab_size = h.int_("vocab_size", minimum=1)
-    k = h.int_("k", minimum=0)
-    prompt = h.ids("prompt", vocab_size=vocab_size, nonempty=True)
-    max_new_tokens = h.int_("max_new_tokens", minimum=0)
-    eos_token_id = h.token("eos_token_id", vocab_size=vocab_size)
-    engine = h.str_("engine")
-    target = h.str_("target")
-    max_context = h.optional_int("max_context", minimum=1)
-    rollback = h.optional_str("rollback", choices=("checkpoint", "replay"))
+    return {
+        "vocab_size": vocab_size,
+        "k": h.int_("k", minimum=0),
+        "prompt": h.ids("prompt", vocab_size=vocab_size, nonempty=True),
+        "max_new_tokens": h.int_("max_new_tokens", minimum=0),
+        "eos_token_id": h.token("eos_token_id", vocab_size=vocab_size),
+        "engine": h.str_("engine"),
+        "target": h.str_("target"),
+        "max_context": h.optional_int("max_context", minimum=1),
+        "rollback": h.optional_str("rollback", choices=("checkpoint", "replay")),
+    }
 
+
+def _rounds_and_final(
+    records: Sequence[tuple[int, dict[str, object]]], source: str, vocab_size: int
+) -> tuple[list[Step], tuple[tuple[int, ...], str] | None]:
+    """The round records after the header, in order, and the final line's (tokens, stop reason)."""
     steps: list[Step] = []
     final: tuple[tuple[int, ...], str] | None = None
-    for number, obj in records[1:]:
+    for number, obj in records:
         where = f"{source} line {number}"
         if final is not None:
             raise TraceFormatError(f"{where}: a record after the final line (line {number - 1} ended the trace)")
@@ -335,39 +373,22 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
                 f"{where}: expected a round record ('round' field) or the final line ('final' field), "
                 f"got fields {fields}"
             )
-        _schema_check(obj, "round", where)
-        r = _Fields(obj, where, TraceFormatError)
-        index = r.int_("round", minimum=0)
-        if index != len(steps):
-            raise r.fail(f"field 'round' must be {len(steps)} (rounds are numbered from 0, in order), got {index}")
-        steps.append(
-            Step(
-                base=r.int_("base", minimum=0),
-                draft=r.ids("draft", vocab_size=vocab_size),
-                argmax=r.ids("argmax", vocab_size=vocab_size),
-                accepted=r.ids("accepted", vocab_size=vocab_size),
-                processed=r.int_("processed", minimum=0),
-            )
-        )
-    if final is None:
-        raise TraceFormatError(
-            f'{source} line {n_lines + 1}: missing final line {{"final": true, "tokens": [...], '
-            f'"stop_reason": ...}} after line {n_lines} (is the trace truncated?)'
-        )
-    return Trace(
-        vocab_size=vocab_size,
-        k=k,
-        prompt=prompt,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos_token_id,
-        engine=engine,
-        target=target,
-        max_context=max_context,
-        rollback=rollback,
-        steps=tuple(steps),
-        tokens=final[0],
-        stop_reason=final[1],
-        source=source,
+        steps.append(_round_record(obj, where, len(steps), vocab_size))
+    return steps, final
+
+
+def _round_record(obj: dict[str, object], where: str, expected_index: int, vocab_size: int) -> Step:
+    _schema_check(obj, "round", where)
+    r = _Fields(obj, where, TraceFormatError)
+    index = r.int_("round", minimum=0)
+    if index != expected_index:
+        raise r.fail(f"field 'round' must be {expected_index} (rounds are numbered from 0, in order), got {index}")
+    return Step(
+        base=r.int_("base", minimum=0),
+        draft=r.ids("draft", vocab_size=vocab_size),
+        argmax=r.ids("argmax", vocab_size=vocab_size),
+        accepted=r.ids("accepted", vocab_size=vocab_size),
+        processed=r.int_("processed", minimum=0),
     )
 
 

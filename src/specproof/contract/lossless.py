@@ -143,63 +143,87 @@ def compare_lossless(
     expected = _tokens(expected_tokens, "expected_tokens")
     exp_m = _margins(expected_margins, "expected_margins")
     act_m = _margins(actual_margins, "actual_margins")
-    try:
-        tol = float(tie_tolerance)
-    except (TypeError, ValueError):
-        raise InvalidSettingError(f"tie_tolerance={tie_tolerance!r} is not a number") from None
-    if math.isnan(tol) or tol < 0:
-        raise InvalidSettingError(f"tie_tolerance={tie_tolerance!r} must be a number >= 0")
+    tol = _tie_tolerance(tie_tolerance)
     actual_stop = _check_stop(actual_stop_reason, "actual_stop_reason")
     expected_stop = _check_stop(expected_stop_reason, "expected_stop_reason")
 
     common = min(len(actual), len(expected))
     index = next((i for i in range(common) if actual[i] != expected[i]), None)
     if index is None:
-        if len(actual) == len(expected):
+        return _prefix_verdict(actual, expected, exp_m, act_m, actual_stop=actual_stop, expected_stop=expected_stop)
+    return _divergence_verdict(index, actual, expected, _margin_at(index, exp_m, act_m), tol)
+
+
+def _tie_tolerance(tie_tolerance: float) -> float:
+    try:
+        tol = float(tie_tolerance)
+    except (TypeError, ValueError):
+        raise InvalidSettingError(f"tie_tolerance={tie_tolerance!r} is not a number") from None
+    if math.isnan(tol) or tol < 0:
+        raise InvalidSettingError(f"tie_tolerance={tie_tolerance!r} must be a number >= 0")
+    return tol
+
+
+def _prefix_verdict(
+    actual: list[int],
+    expected: list[int],
+    exp_m: list[float] | None,
+    act_m: list[float] | None,
+    *,
+    actual_stop: str | None,
+    expected_stop: str | None,
+) -> LosslessVerdict:
+    """The verdict when one run is a prefix of the other: equal, stopped short (excused by EOS or a full
+    context only), or emitted past greedy's end."""
+    common = min(len(actual), len(expected))
+    if len(actual) == len(expected):
+        return LosslessVerdict(status="pass", compared=common, explanation=f"all {common} tokens equal plain greedy's")
+    if len(actual) < len(expected):
+        # A full context explains stopping short only if greedy's own target was not
+        # full at that point too (a reference from a larger context, a golden file).
+        if actual_stop == "eos" or (actual_stop == "context_full" and expected_stop != "context_full"):
+            why = "an EOS" if actual_stop == "eos" else "a full context"
             return LosslessVerdict(
-                status="pass", compared=common, explanation=f"all {common} tokens equal plain greedy's"
-            )
-        if len(actual) < len(expected):
-            # A full context explains stopping short only if greedy's own target was not
-            # full at that point too (a reference from a larger context, a golden file).
-            if actual_stop == "eos" or (actual_stop == "context_full" and expected_stop != "context_full"):
-                why = "an EOS" if actual_stop == "eos" else "a full context"
-                return LosslessVerdict(
-                    status="pass",
-                    compared=common,
-                    explanation=(
-                        f"all {common} tokens equal plain greedy's; the run stopped at {why}, "
-                        f"where the greedy reference ran on to {len(expected)} tokens"
-                    ),
-                )
-            return _fail(
-                index=common,
-                expected=expected[common],
-                actual=None,
-                margin=_margin_at(common, exp_m, act_m),
+                status="pass",
                 compared=common,
                 explanation=(
-                    f"the engine stopped after {len(actual)} tokens (stop: {actual_stop or 'not given'}) "
-                    f"but plain greedy emits {len(expected)}: token {common} ({expected[common]}) is missing"
+                    f"all {common} tokens equal plain greedy's; the run stopped at {why}, "
+                    f"where the greedy reference ran on to {len(expected)} tokens"
                 ),
             )
-        where = {
-            "eos": "greedy stopped at EOS",
-            "context_full": "greedy's target was full",
-            "max_new_tokens": "greedy reached max_new_tokens",
-        }.get(expected_stop or "", "greedy stops")
         return _fail(
             index=common,
-            expected=None,
-            actual=actual[common],
-            margin=None,
+            expected=expected[common],
+            actual=None,
+            margin=_margin_at(common, exp_m, act_m),
             compared=common,
             explanation=(
-                f"the engine emitted {len(actual)} tokens, {len(actual) - common} more than plain greedy: "
-                f"token {common} ({actual[common]}) comes after {where}"
+                f"the engine stopped after {len(actual)} tokens (stop: {actual_stop or 'not given'}) "
+                f"but plain greedy emits {len(expected)}: token {common} ({expected[common]}) is missing"
             ),
         )
-    margin = _margin_at(index, exp_m, act_m)
+    where = {
+        "eos": "greedy stopped at EOS",
+        "context_full": "greedy's target was full",
+        "max_new_tokens": "greedy reached max_new_tokens",
+    }.get(expected_stop or "", "greedy stops")
+    return _fail(
+        index=common,
+        expected=None,
+        actual=actual[common],
+        margin=None,
+        compared=common,
+        explanation=(
+            f"the engine emitted {len(actual)} tokens, {len(actual) - common} more than plain greedy: "
+            f"token {common} ({actual[common]}) comes after {where}"
+        ),
+    )
+
+
+def _divergence_verdict(
+    index: int, actual: list[int], expected: list[int], margin: float | None, tol: float
+) -> LosslessVerdict:
+    """The verdict at the first differing token: excused on a near-tie (margin < tolerance), else a failure."""
     if margin is not None and margin < tol:
         rest = max(len(actual), len(expected)) - index - 1
         return LosslessVerdict(

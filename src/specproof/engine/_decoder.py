@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Literal, overload
 
+import attrs
 import numpy as np
 
 from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
@@ -19,7 +20,15 @@ from specproof.engine._validate import (
 )
 from specproof.engine.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 
-__all__ = ["ROLLBACK_STRATEGIES", "ContextView", "DecodeSession", "SpecDecoder", "longest_accepted_prefix"]
+__all__ = [
+    "ROLLBACK_STRATEGIES",
+    "ContextView",
+    "DecodeSession",
+    "SpecDecoder",
+    "Verdict",
+    "greedy_accept",
+    "longest_accepted_prefix",
+]
 
 Rollback = Literal["checkpoint", "replay"]
 ROLLBACK_STRATEGIES: tuple[str, ...] = ("checkpoint", "replay")
@@ -31,6 +40,37 @@ def longest_accepted_prefix(draft: Sequence[int], argmax: Sequence[int]) -> int:
     while j < len(draft) and draft[j] == argmax[j]:
         j += 1
     return j
+
+
+@attrs.frozen
+class Verdict:
+    """What an acceptance rule made of one verify forward.
+
+    ``argmax``: the target's greedy token at each fed position; ``accepted_prefix``: how many draft
+    tokens were kept; ``accepted``: those plus the target's own next token; ``emitted``: ``accepted``
+    cut to the tokens still wanted and at the first ``eos``; ``keep``: how many fed tokens the target
+    must hold after the round (``len(emitted)``).
+    """
+
+    argmax: list[int]
+    accepted_prefix: int
+    accepted: list[int]
+    emitted: list[int]
+
+    @property
+    def keep(self) -> int:
+        return len(self.emitted)
+
+
+def greedy_accept(draft: Sequence[int], logits: np.ndarray, *, remaining: int, eos: int | None) -> Verdict:
+    """The lossless greedy rule: keep the draft's longest prefix that matches the target's argmax."""
+    argmax = [int(i) for i in np.argmax(logits, axis=1)]  # first maximum: lowest index wins a tie
+    j = longest_accepted_prefix(draft, argmax)
+    accepted = [*draft[:j], argmax[j]]
+    emitted = accepted[:remaining]
+    if eos is not None and eos in emitted:
+        emitted = emitted[: emitted.index(eos) + 1]
+    return Verdict(argmax=argmax, accepted_prefix=j, accepted=accepted, emitted=emitted)
 
 
 class ContextView(Sequence[int]):
@@ -178,9 +218,7 @@ class DecodeSession:
             return
         target = self.decoder.target
         if self._features is not None:
-            logits, feats, _ = forward_features(
-                target, tokens, self._features.layers, checkpoints=False, what=what
-            )
+            logits, feats, _ = forward_features(target, tokens, self._features.layers, checkpoints=False, what=what)
             self._features.append(feats, len(tokens))
         else:
             logits = target.forward(list(tokens))
@@ -259,95 +297,131 @@ class DecodeSession:
         return Generation(tokens=out, stop_reason="error", steps=tuple(steps), stats=counter.freeze())
 
     def _round(self, k_eff: int, remaining: int, eos: int | None, counter: _StatsCounter) -> tuple[Step, list[int]]:
-        decoder = self.decoder
-        target = decoder.target
+        """One round: propose, verify, accept, roll back, record (docs/contract.md, "The decode convention")."""
+        target = self.decoder.target
         round_index = self._rounds_done
         base = target.processed
         before = target.snapshot()
-        store = self._features
         try:
-            if k_eff > 0:
-                if store is not None:
-                    if len(store) != base:
-                        raise SpecproofError(
-                            f"the engine holds {len(store)} feature rows for {base} processed positions "
-                            f"in round {round_index} (engine.features)"
-                        )
-                    raw = decoder.drafter.propose(self._view, k_eff, features=store.view())  # type: ignore[call-arg]
-                else:
-                    raw = decoder.drafter.propose(self._view, k_eff)
-                draft = check_draft(
-                    raw, k=k_eff, vocab_size=target.vocab_size, drafter=self._drafter_name, round_index=round_index
-                )
-            else:
-                draft = []
+            draft = self._propose(k_eff, base, round_index)
             fed = [self._ctx[-1], *draft]
-            checkpoints: list[object] | None = None
-            feats: dict[int, np.ndarray] | None = None
-            if store is not None:
-                logits, feats, checkpoints = forward_features(
-                    target, fed, store.layers, checkpoints=decoder.rollback == "checkpoint",
-                    what=f"round {round_index}",
-                )
-                if decoder.rollback == "checkpoint" and (checkpoints is None or len(checkpoints) != len(fed)):
-                    raise SpecproofError(
-                        f"target {self._target_name} returned {0 if checkpoints is None else len(checkpoints)} "
-                        f"checkpoints for a forward of {len(fed)} tokens in round {round_index} (target.checkpoints)"
-                    )
-            elif decoder.rollback == "checkpoint":
-                logits, checkpoints = target.forward_with_checkpoints(fed)  # type: ignore[attr-defined]
-                if len(checkpoints) != len(fed):
-                    raise SpecproofError(
-                        f"target {self._target_name} returned {len(checkpoints)} checkpoints for a forward of "
-                        f"{len(fed)} tokens in round {round_index} (target.checkpoints)"
-                    )
-            else:
-                logits = target.forward(fed)
-            logits = check_logits(
-                logits, rows=len(fed), vocab_size=target.vocab_size, target=self._target_name, round_index=round_index
-            )
+            logits, checkpoints, feats = self._verify(fed, round_index)
             counter.verify += 1
-            argmax = [int(i) for i in np.argmax(logits, axis=1)]  # first maximum: lowest index wins a tie
-            j = longest_accepted_prefix(draft, argmax)
-            accepted = [*draft[:j], argmax[j]]
-            emitted = accepted[:remaining]
-            if eos is not None and eos in emitted:
-                emitted = emitted[: emitted.index(eos) + 1]
-            keep = len(emitted)  # tokens of `fed` the target must have processed after the round
-            if keep < len(fed):
-                if checkpoints is not None:
-                    target.restore(checkpoints[keep - 1])
-                else:
-                    target.restore(before)
-                    if store is not None:  # the replay forward recomputes the kept positions' features
-                        _, feats, _ = forward_features(
-                            target, fed[:keep], store.layers, checkpoints=False, what=f"round {round_index} replay"
-                        )
-                    else:
-                        target.forward(fed[:keep])
-                    counter.replay += 1
-            if feats is not None and store is not None:
-                store.append(feats, keep)  # the kept positions only, never a rejected one
-            if target.processed != base + keep:
+            verdict = greedy_accept(draft, logits, remaining=remaining, eos=eos)
+            feats = self._roll_back(fed, verdict.keep, checkpoints, before, feats, round_index, counter)
+            if feats is not None and self._features is not None:
+                self._features.append(feats, verdict.keep)  # the kept positions only, never a rejected one
+            if target.processed != base + verdict.keep:
                 raise SpecproofError(
                     f"target {self._target_name} reports processed={target.processed} after round {round_index}, "
-                    f"expected {base + keep} (target.processed)"
+                    f"expected {base + verdict.keep} (target.processed)"
                 )
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            if store is not None and len(store) > base:
-                store.truncate(base)
-            try:
-                target.restore(before)
-                restored = "the target was restored to its state before the round"
-            except Exception as restore_exc:  # the target is broken beyond repair: say so
-                restored = f"restoring the target failed too ({restore_exc!r}); its state is undefined"
-            raise DecodeError(
-                f"round {round_index} failed: {exc} ({type(exc).__name__}); {restored}",
-                partial=Generation(tokens=(), stop_reason="error"),
-                round_index=round_index,
-            ) from exc
+            raise self._abort(exc, base, before, round_index) from exc
+        return self._record(base, draft, verdict, counter), verdict.emitted
+
+    def _propose(self, k_eff: int, base: int, round_index: int) -> list[int]:
+        """The drafter's checked proposal of at most ``k_eff`` tokens (none when ``k_eff`` is 0)."""
+        if k_eff <= 0:
+            return []
+        decoder = self.decoder
+        store = self._features
+        if store is not None:
+            if len(store) != base:
+                raise SpecproofError(
+                    f"the engine holds {len(store)} feature rows for {base} processed positions "
+                    f"in round {round_index} (engine.features)"
+                )
+            raw = decoder.drafter.propose(self._view, k_eff, features=store.view())  # type: ignore[call-arg]
+        else:
+            raw = decoder.drafter.propose(self._view, k_eff)
+        return check_draft(
+            raw, k=k_eff, vocab_size=decoder.target.vocab_size, drafter=self._drafter_name, round_index=round_index
+        )
+
+    def _verify(
+        self, fed: list[int], round_index: int
+    ) -> tuple[np.ndarray, list[object] | None, dict[int, np.ndarray] | None]:
+        """One target forward over ``fed``: checked logits, the checkpoints (checkpoint rollback) and the
+        features (feature drafters)."""
+        decoder = self.decoder
+        target = decoder.target
+        store = self._features
+        checkpoints: list[object] | None = None
+        feats: dict[int, np.ndarray] | None = None
+        if store is not None:
+            logits, feats, checkpoints = forward_features(
+                target, fed, store.layers, checkpoints=decoder.rollback == "checkpoint", what=f"round {round_index}"
+            )
+            if decoder.rollback == "checkpoint" and (checkpoints is None or len(checkpoints) != len(fed)):
+                raise SpecproofError(
+                    f"target {self._target_name} returned {0 if checkpoints is None else len(checkpoints)} "
+                    f"checkpoints for a forward of {len(fed)} tokens in round {round_index} (target.checkpoints)"
+                )
+        elif decoder.rollback == "checkpoint":
+            logits, checkpoints = target.forward_with_checkpoints(fed)  # type: ignore[attr-defined]
+            if len(checkpoints) != len(fed):
+                raise SpecproofError(
+                    f"target {self._target_name} returned {len(checkpoints)} checkpoints for a forward of "
+                    f"{len(fed)} tokens in round {round_index} (target.checkpoints)"
+                )
+        else:
+            logits = target.forward(fed)
+        logits = check_logits(
+            logits, rows=len(fed), vocab_size=target.vocab_size, target=self._target_name, round_index=round_index
+        )
+        return logits, checkpoints, feats
+
+    def _roll_back(
+        self,
+        fed: list[int],
+        keep: int,
+        checkpoints: list[object] | None,
+        before: object,
+        feats: dict[int, np.ndarray] | None,
+        round_index: int,
+        counter: _StatsCounter,
+    ) -> dict[int, np.ndarray] | None:
+        """Bring the target back to ``keep`` tokens of ``fed`` when a draft token was rejected; returns the
+        kept positions' features (recomputed by the replay forward when there is one)."""
+        if keep >= len(fed):
+            return feats
+        target = self.decoder.target
+        store = self._features
+        if checkpoints is not None:
+            target.restore(checkpoints[keep - 1])
+            return feats
+        target.restore(before)
+        if store is not None:  # the replay forward recomputes the kept positions' features
+            _, feats, _ = forward_features(
+                target, fed[:keep], store.layers, checkpoints=False, what=f"round {round_index} replay"
+            )
+        else:
+            target.forward(fed[:keep])
+        counter.replay += 1
+        return feats
+
+    def _abort(self, exc: BaseException, base: int, before: object, round_index: int) -> DecodeError:
+        """The ``DecodeError`` for a failed round, after putting the target (and features) back as before it."""
+        store = self._features
+        if store is not None and len(store) > base:
+            store.truncate(base)
+        try:
+            self.decoder.target.restore(before)
+            restored = "the target was restored to its state before the round"
+        except Exception as restore_exc:  # the target is broken beyond repair: say so
+            restored = f"restoring the target failed too ({restore_exc!r}); its state is undefined"
+        return DecodeError(
+            f"round {round_index} failed: {exc} ({type(exc).__name__}); {restored}",
+            partial=Generation(tokens=(), stop_reason="error"),
+            round_index=round_index,
+        )
+
+    def _record(self, base: int, draft: list[int], verdict: Verdict, counter: _StatsCounter) -> Step:
+        """Count the round, extend the context by what it emitted and return its ``Step``."""
+        j = verdict.accepted_prefix
         counter.rounds += 1
         counter.drafted += len(draft)
         counter.accepted += j
@@ -355,6 +429,12 @@ class DecodeSession:
             counter.attempts[p] += 1
             if p < j:
                 counter.accepts[p] += 1
-        self._ctx.extend(emitted)
+        self._ctx.extend(verdict.emitted)
         self._rounds_done += 1
-        return Step(base=base, draft=draft, argmax=argmax, accepted=accepted, processed=target.processed), emitted
+        return Step(
+            base=base,
+            draft=draft,
+            argmax=verdict.argmax,
+            accepted=verdict.accepted,
+            processed=self.decoder.target.processed,
+        )

@@ -204,7 +204,289 @@ def release_machine(machine: type[Any]) -> None:
                 setattr(klass, name, None)
 
 
-class RollbackMachine(RuleBasedStateMachine):
+def _machine_config(
+    *,
+    target_factory: Callable[[], Any],
+    reference_factory: Callable[[], Any] | None,
+    decoder_factory: DecoderFactory | None,
+    max_k: int,
+    tolerance: float,
+    rollbacks: Iterable[str],
+    max_prompt: int,
+    context_kinds: Iterable[str] | None,
+    stateful_step_count: int,
+    judges: Any,
+) -> _MachineConfig:
+    """``RollbackMachine.configure``'s options validated (``InvalidArgument`` naming the bad one), defaults filled."""
+    where = "RollbackMachine.configure()"
+    if not callable(target_factory):
+        raise InvalidArgument(f"{where}: target_factory={target_factory!r} must be callable")
+    if reference_factory is not None and not callable(reference_factory):
+        raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+    if decoder_factory is not None and not callable(decoder_factory):
+        raise InvalidArgument(f"{where}: decoder_factory={decoder_factory!r} must be callable or None")
+    for opt, value, minimum in (("max_k", max_k, 0), ("max_prompt", max_prompt, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
+    if isinstance(stateful_step_count, bool) or not isinstance(stateful_step_count, int) or stateful_step_count < 1:
+        raise InvalidArgument(f"{where}: stateful_step_count={stateful_step_count!r} must be an integer >= 1")
+    tolerance = check_tolerance(tolerance, where=where, name="tolerance")
+    if judges is not None and not callable(getattr(judges, "at", None)):
+        raise InvalidArgument(f"{where}: judges={judges!r} must have an at(factory, tokens) method or be None")
+    if isinstance(rollbacks, str):
+        raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
+    chosen = tuple(dict.fromkeys(rollbacks))
+    if not chosen or any(r not in ROLLBACK_STRATEGIES for r in chosen):
+        raise InvalidArgument(f"{where}: rollbacks={chosen!r} must be a non-empty subset of {ROLLBACK_STRATEGIES}")
+    return _MachineConfig(
+        target_factory=target_factory,
+        reference_factory=reference_factory or target_factory,
+        decoder_factory=decoder_factory or default_decoder_factory,
+        max_k=max_k,
+        tolerance=float(tolerance),
+        rollbacks=chosen,
+        max_prompt=max_prompt,
+        context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
+        judges=judges if judges is not None else _FreshJudges(),
+    )
+
+
+def _checked_models(cfg: _MachineConfig, target: Any, reference: Any, oracle: Any) -> tuple[int, int, tuple[str, ...]]:
+    """The target's ``vocab_size`` and ``max_context`` and the usable rollbacks, once the three models are
+    checked to be distinct, complete and alike (``InvalidSettingError`` otherwise)."""
+    if len({id(target), id(reference), id(oracle)}) < 3:
+        raise InvalidSettingError(
+            "RollbackMachine: target_factory/reference_factory returned the same object twice; the machine "
+            "needs three independent instances (target under test, reference, oracle)"
+        )
+    for role, model in (("target", target), ("reference", reference)):
+        for attr in ("vocab_size", "max_context", "processed", "forward", "reset"):
+            if not hasattr(model, attr):
+                raise InvalidSettingError(f"RollbackMachine: the {role} {model!r} has no {attr!r}")
+    vocab_size = int(target.vocab_size)
+    max_context = int(target.max_context)
+    if (int(reference.vocab_size), int(reference.max_context)) != (vocab_size, max_context):
+        raise InvalidSettingError(
+            f"RollbackMachine: the reference has vocab_size={reference.vocab_size}, max_context="
+            f"{reference.max_context}; the target has {vocab_size}, {max_context}"
+        )
+    if vocab_size < 2:
+        raise InvalidSettingError("RollbackMachine: a target with fewer than 2 token ids cannot be given a wrong draft")
+    checkpoints = callable(getattr(target, "forward_with_checkpoints", None))
+    rollbacks = tuple(r for r in cfg.rollbacks if r != "checkpoint" or checkpoints)
+    if not rollbacks:
+        raise InvalidSettingError(
+            "RollbackMachine: rollbacks=('checkpoint',) but the target has no forward_with_checkpoints"
+        )
+    return vocab_size, max_context, rollbacks
+
+
+def _state_problem(target: Any, theirs: Mapping[str, np.ndarray], tol: float, *, fed: int) -> str | None:
+    """What differs between the target's state arrays and the reference's (fed ``fed`` tokens); None if nothing."""
+    own = getattr(target, "state_differs", None)  # a wire view: digests, or a CRC-32 mismatch
+    if callable(own):
+        if problem := own(theirs, atol=tol):
+            return f"{problem}; the reference was fed ctx[:-1] ({fed} tokens)"
+        return None
+    mine: Mapping[str, np.ndarray] = target.state_arrays()
+    if set(mine) != set(theirs):
+        return f"the target's state arrays {sorted(mine)} are not the reference's {sorted(theirs)}"
+    # every differing array, so a corrupt recurrent state is seen next to the KV it went on to spoil
+    problems = [p for name in mine if (p := _compare_arrays(name, mine[name], theirs[name], tol))]
+    if problems:
+        return f"{'; '.join(problems)}; the reference was fed ctx[:-1] ({fed} tokens) with plain forwards"
+    return None
+
+
+def _probe_twice(target: Any, pending: int) -> list[np.ndarray]:
+    """The pending token's logits row, twice, each forward between ``snapshot()`` and ``restore()``.
+
+    The second probe shows whether restore() undid the first, so a broken restore is reported as
+    such instead of as corrupt engine state in a later round.
+    """
+    snap = target.snapshot()
+    rows = []
+    for _ in range(2):
+        try:
+            rows.append(np.array(target.forward([pending]), copy=True)[0])
+        finally:
+            target.restore(snap)
+    return rows
+
+
+def _lossless_emission(
+    draft: list[int], upcoming: list[int], j: int, *, budget: int, eos: int | None
+) -> tuple[list[int], str]:
+    """What a lossless engine emits for ``draft`` (its first ``j`` tokens match greedy's ``upcoming``), cut at
+    ``budget`` and at ``eos``, and the round's path (``empty_draft``, ``all_accepted``, ``rejected_at_0``,
+    ``partial``)."""
+    accepted = [*draft[:j], upcoming[j]]
+    expected = accepted[:budget]
+    if eos is not None and eos in expected:
+        expected = expected[: expected.index(eos) + 1]
+    if not draft:
+        path = "empty_draft"
+    elif j == len(draft):
+        path = "all_accepted"
+    else:
+        path = "rejected_at_0" if j == 0 else "partial"
+    return expected, path
+
+
+def _step_record_problem(step: Any, draft: list[int]) -> str | None:
+    """What a round's ``Step`` gets wrong against the drafter's draft and its own argmax; None if nothing."""
+    if list(step.draft) != draft:
+        return f"the step records draft={list(step.draft)}; the drafter proposed {draft}"
+    argmax = list(step.argmax)
+    if len(argmax) != len(draft) + 1:
+        return f"the step records {len(argmax)} argmax ids for a verify of {len(draft) + 1} tokens"
+    j = _matching_prefix(draft, argmax)
+    if list(step.accepted) != [*draft[:j], argmax[j]]:
+        return (
+            f"the step records accepted={list(step.accepted)} for draft {draft} and argmax {argmax}; "
+            f"the accept rule gives {[*draft[:j], argmax[j]]} (j={j})"
+        )
+    return None
+
+
+def _draw_prompt(
+    data: Any, placement: str, cfg: _MachineConfig, *, k: int, vocab_size: int, max_context: int
+) -> list[int]:
+    """An ``ordinary`` prompt of up to ``max_prompt`` tokens, or (``near_max_context``) a drawn seed tiled to
+    end within ``k + 1`` tokens of ``max_context``."""
+    if placement == "ordinary":
+        top = min(cfg.max_prompt, max_context)
+        prompt: list[int] = data.draw(contexts(vocab_size, max_size=top, kinds=cfg.context_kinds), label="prompt")
+        return prompt
+    slack = data.draw(st.integers(0, min(k + 1, max_context - 1)), label="room after the prompt")
+    seed = data.draw(
+        contexts(vocab_size, max_size=min(16, max_context), kinds=cfg.context_kinds),
+        label="prompt seed (tiled to max_context - room)",
+    )
+    length = max_context - slack
+    tiled: list[int] = (seed * (length // len(seed) + 1))[:length]
+    return tiled
+
+
+def _round_tags(path: str, *, clamped: bool, eos_inside: bool) -> list[str]:
+    """The round's path and, when they apply, ``clamped_draft`` and ``eos_inside_draft`` (for ``observed_paths``)."""
+    return [path, *(["clamped_draft"] if clamped else []), *(["eos_inside_draft"] if eos_inside else [])]
+
+
+class _Judging:
+    """The ``RollbackMachine``'s judging half: its two trusted models and the decode-convention checks.
+
+    The reference is fed ``ctx[:-1]`` to compare state with; the oracle gives the greedy
+    continuation the drafts are scripted from. Both are only ever fed forwards and reset (or
+    rebuilt by ``cfg.judges``), never restored. Every check fails through ``_fail``, which
+    names the property, the rule that ran last and the conversation.
+    """
+
+    cfg: _MachineConfig
+    target: Any
+    reference: Any
+    oracle: Any
+    session: Any
+    white_box: bool
+    max_context: int
+    ctx: list[int]
+    k: int
+    rollback: str
+    conversation: int
+    rounds: int
+    last_step: str
+    _ref_fed: list[int]
+    _traj: list[int]
+    _traj_from: int
+
+    def _feed_reference(self, tokens: list[int]) -> None:
+        """Bring the reference to having processed exactly ``tokens`` (incrementally when it can)."""
+        fed = self._ref_fed
+        if len(fed) <= len(tokens) and tokens[: len(fed)] == fed:
+            delta = tokens[len(fed) :]
+            if delta:
+                self.reference.forward(list(delta))
+        else:
+            self.reference = self.cfg.judges.at(self.cfg.reference_factory, tokens)
+        self._ref_fed = list(tokens)
+
+    def _greedy(self, n: int) -> list[int]:
+        """The next ``n`` plain-greedy tokens after ``self.ctx`` (fewer if the context fills up)."""
+        ctx = self.ctx
+        traj = self._traj
+        if not (len(ctx) >= self._traj_from and len(traj) >= len(ctx) and traj[: len(ctx)] == ctx):
+            self.oracle = self.cfg.judges.at(self.cfg.reference_factory, ctx[:-1])
+            traj = self._traj = list(ctx)
+            self._traj_from = len(ctx)
+        while len(traj) < len(ctx) + n and self.oracle.processed < self.max_context:
+            row = np.asarray(self.oracle.forward([traj[-1]]))[0]
+            traj.append(int(np.argmax(row)))  # first maximum: lowest id wins a tie
+        return traj[len(ctx) : len(ctx) + n]
+
+    def _fail(self, prop: str, explanation: str, **example: object) -> None:
+        assert prop in PROPERTIES, prop
+        rnd = self.rounds - 1 if self.rounds else None
+        where = (
+            f"after rule {self.last_step} (conversation {self.conversation}: k={self.k}, rollback={self.rollback}, "
+            f"ctx={_fmt(self.ctx)})"
+        )
+        raise RollbackMachineFailure(prop, f"{where}: {explanation}", round=rnd, example=example)
+
+    def _check_context(self) -> None:
+        got = list(self.session.context)
+        if got != self.ctx:
+            at = next((i for i, (a, b) in enumerate(zip(got, self.ctx)) if a != b), min(len(got), len(self.ctx)))
+            self._fail(
+                "lossless",
+                f"the session's context differs from prompt + user turns + greedy continuation at index {at}: "
+                f"session has {_fmt(got[at : at + 8])}, plain greedy gives {_fmt(self.ctx[at : at + 8])} "
+                f"(lengths {len(got)} vs {len(self.ctx)})",
+            )
+
+    def _check_kv_length(self, ctx: list[int], prop: str = "kv-length") -> None:
+        processed = int(self.target.processed)
+        if processed != len(ctx) - 1:
+            self._fail(
+                prop,
+                f"target.processed={processed} but the context has {len(ctx)} tokens, so it must be {len(ctx) - 1} "
+                f"(every token but the pending one)",
+            )
+
+    def _check_state(self, ctx: list[int], prop: str = "state") -> None:
+        tol = self.cfg.tolerance
+        self._feed_reference(ctx[:-1])
+        if self.white_box:
+            problem = _state_problem(self.target, self.reference.state_arrays(), tol, fed=len(ctx) - 1)
+            if problem:
+                self._fail(prop, problem)
+            return
+        if len(ctx) > self.max_context:
+            return  # the pending token cannot be fed: nothing left to observe
+        rows = _probe_twice(self.target, ctx[-1])
+        want = np.asarray(self.reference.forward([ctx[-1]]))[0]
+        self._ref_fed = list(ctx)
+        problem = _compare_arrays("the logits row of the pending token", rows[0], want, tol)
+        if problem:
+            self._fail(
+                prop,
+                f"{problem} (observed with a probe forward between snapshot() and restore(); the reference was fed "
+                f"ctx[:-1] with plain forwards)",
+            )
+        again = _compare_arrays("a second probe of the pending token", rows[1], rows[0], tol)
+        if again:
+            self._fail(
+                "restore",
+                f"snapshot(), forward([pending]), restore(snapshot) did not put the target back: {again} "
+                "(here 'reference' is the first probe's row)",
+            )
+
+    def _check_step(self, step: Any, draft: list[int]) -> None:
+        """The round's ``Step`` record agrees with the drafter and with its own argmax (when an engine keeps steps)."""
+        if problem := _step_record_problem(step, draft):
+            self._fail("step-record", problem)
+
+
+class RollbackMachine(_Judging, RuleBasedStateMachine):
     """A stateful fuzzer for lossless speculative decoding with rollback (abstract: use ``configure``).
 
     Rules (each draws its arguments with labelled ``data.draw`` calls, which Hypothesis
@@ -265,36 +547,17 @@ class RollbackMachine(RuleBasedStateMachine):
         model fed ``tokens`` by forwards (a certification passes its own); by default each
         judge is built fresh and fed from scratch.
         """
-        where = "RollbackMachine.configure()"
-        if not callable(target_factory):
-            raise InvalidArgument(f"{where}: target_factory={target_factory!r} must be callable")
-        if reference_factory is not None and not callable(reference_factory):
-            raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
-        if decoder_factory is not None and not callable(decoder_factory):
-            raise InvalidArgument(f"{where}: decoder_factory={decoder_factory!r} must be callable or None")
-        for opt, value, minimum in (("max_k", max_k, 0), ("max_prompt", max_prompt, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
-        if isinstance(stateful_step_count, bool) or not isinstance(stateful_step_count, int) or stateful_step_count < 1:
-            raise InvalidArgument(f"{where}: stateful_step_count={stateful_step_count!r} must be an integer >= 1")
-        tolerance = check_tolerance(tolerance, where=where, name="tolerance")
-        if judges is not None and not callable(getattr(judges, "at", None)):
-            raise InvalidArgument(f"{where}: judges={judges!r} must have an at(factory, tokens) method or be None")
-        if isinstance(rollbacks, str):
-            raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
-        chosen = tuple(dict.fromkeys(rollbacks))
-        if not chosen or any(r not in ROLLBACK_STRATEGIES for r in chosen):
-            raise InvalidArgument(f"{where}: rollbacks={chosen!r} must be a non-empty subset of {ROLLBACK_STRATEGIES}")
-        config = _MachineConfig(
+        config = _machine_config(
             target_factory=target_factory,
-            reference_factory=reference_factory or target_factory,
-            decoder_factory=decoder_factory or default_decoder_factory,
+            reference_factory=reference_factory,
+            decoder_factory=decoder_factory,
             max_k=max_k,
-            tolerance=float(tolerance),
-            rollbacks=chosen,
+            tolerance=tolerance,
+            rollbacks=rollbacks,
             max_prompt=max_prompt,
-            context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
-            judges=judges if judges is not None else _FreshJudges(),
+            context_kinds=context_kinds,
+            stateful_step_count=stateful_step_count,
+            judges=judges,
         )
         return configured_machine(
             cls,
@@ -317,32 +580,9 @@ class RollbackMachine(RuleBasedStateMachine):
         self.target = cfg.target_factory()
         self.reference = cfg.reference_factory()
         self.oracle = cfg.reference_factory()
-        if len({id(self.target), id(self.reference), id(self.oracle)}) < 3:
-            raise InvalidSettingError(
-                "RollbackMachine: target_factory/reference_factory returned the same object twice; the machine "
-                "needs three independent instances (target under test, reference, oracle)"
-            )
-        for role, model in (("target", self.target), ("reference", self.reference)):
-            for attr in ("vocab_size", "max_context", "processed", "forward", "reset"):
-                if not hasattr(model, attr):
-                    raise InvalidSettingError(f"RollbackMachine: the {role} {model!r} has no {attr!r}")
-        self.vocab_size = int(self.target.vocab_size)
-        self.max_context = int(self.target.max_context)
-        if (int(self.reference.vocab_size), int(self.reference.max_context)) != (self.vocab_size, self.max_context):
-            raise InvalidSettingError(
-                f"RollbackMachine: the reference has vocab_size={self.reference.vocab_size}, max_context="
-                f"{self.reference.max_context}; the target has {self.vocab_size}, {self.max_context}"
-            )
-        if self.vocab_size < 2:
-            raise InvalidSettingError(
-                "RollbackMachine: a target with fewer than 2 token ids cannot be given a wrong draft"
-            )
-        checkpoints = callable(getattr(self.target, "forward_with_checkpoints", None))
-        self.rollbacks = tuple(r for r in cfg.rollbacks if r != "checkpoint" or checkpoints)
-        if not self.rollbacks:
-            raise InvalidSettingError(
-                "RollbackMachine: rollbacks=('checkpoint',) but the target has no forward_with_checkpoints"
-            )
+        self.vocab_size, self.max_context, self.rollbacks = _checked_models(
+            cfg, self.target, self.reference, self.oracle
+        )
         self.white_box = callable(getattr(self.target, "state_arrays", None)) and callable(
             getattr(self.reference, "state_arrays", None)
         )
@@ -366,114 +606,6 @@ class RollbackMachine(RuleBasedStateMachine):
             f"ctx={_fmt(self.ctx)})"
         )
 
-    # ----------------------------------------------------------------- judges
-
-    def _feed_reference(self, tokens: list[int]) -> None:
-        """Bring the reference to having processed exactly ``tokens`` (incrementally when it can)."""
-        fed = self._ref_fed
-        if len(fed) <= len(tokens) and tokens[: len(fed)] == fed:
-            delta = tokens[len(fed) :]
-            if delta:
-                self.reference.forward(list(delta))
-        else:
-            self.reference = self.cfg.judges.at(self.cfg.reference_factory, tokens)
-        self._ref_fed = list(tokens)
-
-    def _greedy(self, n: int) -> list[int]:
-        """The next ``n`` plain-greedy tokens after ``self.ctx`` (fewer if the context fills up)."""
-        ctx = self.ctx
-        traj = self._traj
-        if not (len(ctx) >= self._traj_from and len(traj) >= len(ctx) and traj[: len(ctx)] == ctx):
-            self.oracle = self.cfg.judges.at(self.cfg.reference_factory, ctx[:-1])
-            traj = self._traj = list(ctx)
-            self._traj_from = len(ctx)
-        while len(traj) < len(ctx) + n and self.oracle.processed < self.max_context:
-            row = np.asarray(self.oracle.forward([traj[-1]]))[0]
-            traj.append(int(np.argmax(row)))  # first maximum: lowest id wins a tie
-        return traj[len(ctx) : len(ctx) + n]
-
-    def _fail(self, prop: str, explanation: str, **example: object) -> None:
-        assert prop in PROPERTIES, prop
-        rnd = self.rounds - 1 if self.rounds else None
-        where = (
-            f"after rule {self.last_step} (conversation {self.conversation}: k={self.k}, rollback={self.rollback}, "
-            f"ctx={_fmt(self.ctx)})"
-        )
-        raise RollbackMachineFailure(prop, f"{where}: {explanation}", round=rnd, example=example)
-
-    def _check_context(self) -> None:
-        got = list(self.session.context)
-        if got != self.ctx:
-            at = next((i for i, (a, b) in enumerate(zip(got, self.ctx)) if a != b), min(len(got), len(self.ctx)))
-            self._fail(
-                "lossless",
-                f"the session's context differs from prompt + user turns + greedy continuation at index {at}: "
-                f"session has {_fmt(got[at : at + 8])}, plain greedy gives {_fmt(self.ctx[at : at + 8])} "
-                f"(lengths {len(got)} vs {len(self.ctx)})",
-            )
-
-    def _check_kv_length(self, ctx: list[int], prop: str = "kv-length") -> None:
-        processed = int(self.target.processed)
-        if processed != len(ctx) - 1:
-            self._fail(
-                prop,
-                f"target.processed={processed} but the context has {len(ctx)} tokens, so it must be {len(ctx) - 1} "
-                f"(every token but the pending one)",
-            )
-
-    def _check_state(self, ctx: list[int], prop: str = "state") -> None:
-        tol = self.cfg.tolerance
-        self._feed_reference(ctx[:-1])
-        if self.white_box:
-            theirs: Mapping[str, np.ndarray] = self.reference.state_arrays()
-            own = getattr(self.target, "state_differs", None)  # a wire view: digests, or a CRC-32 mismatch
-            if callable(own):
-                if problem := own(theirs, atol=tol):
-                    self._fail(prop, f"{problem}; the reference was fed ctx[:-1] ({len(ctx) - 1} tokens)")
-                return
-            mine: Mapping[str, np.ndarray] = self.target.state_arrays()
-            if set(mine) != set(theirs):
-                self._fail(
-                    prop,
-                    f"the target's state arrays {sorted(mine)} are not the reference's {sorted(theirs)}",
-                )
-            # every differing array, so a corrupt recurrent state is seen next to the KV it went on to spoil
-            problems = [p for name in mine if (p := _compare_arrays(name, mine[name], theirs[name], tol))]
-            if problems:
-                self._fail(
-                    prop,
-                    f"{'; '.join(problems)}; the reference was fed ctx[:-1] ({len(ctx) - 1} tokens) "
-                    "with plain forwards",
-                )
-            return
-        if len(ctx) > self.max_context:
-            return  # the pending token cannot be fed: nothing left to observe
-        # Probe twice: the second probe shows whether restore() undid the first, so a broken
-        # restore is reported as such instead of as corrupt engine state in a later round.
-        snap = self.target.snapshot()
-        rows = []
-        for _ in range(2):
-            try:
-                rows.append(np.array(self.target.forward([ctx[-1]]), copy=True)[0])
-            finally:
-                self.target.restore(snap)
-        want = np.asarray(self.reference.forward([ctx[-1]]))[0]
-        self._ref_fed = list(ctx)
-        problem = _compare_arrays("the logits row of the pending token", rows[0], want, tol)
-        if problem:
-            self._fail(
-                prop,
-                f"{problem} (observed with a probe forward between snapshot() and restore(); the reference was fed "
-                f"ctx[:-1] with plain forwards)",
-            )
-        again = _compare_arrays("a second probe of the pending token", rows[1], rows[0], tol)
-        if again:
-            self._fail(
-                "restore",
-                f"snapshot(), forward([pending]), restore(snapshot) did not put the target back: {again} "
-                "(here 'reference' is the first probe's row)",
-            )
-
     @invariant()
     def decode_convention_holds(self) -> None:
         """``lossless`` (context), ``kv-length`` and ``state`` (``PROPERTIES``)."""
@@ -491,17 +623,7 @@ class RollbackMachine(RuleBasedStateMachine):
         self.rollback = data.draw(st.sampled_from(self.rollbacks), label="rollback")
         # near-max-context prompts fill up within a round or two: draw them a third of the time
         placement = data.draw(st.sampled_from(("ordinary", "ordinary", "near_max_context")), label="prompt placement")
-        if placement == "ordinary":
-            top = min(cfg.max_prompt, self.max_context)
-            prompt = data.draw(contexts(self.vocab_size, max_size=top, kinds=cfg.context_kinds), label="prompt")
-        else:
-            slack = data.draw(st.integers(0, min(self.k + 1, self.max_context - 1)), label="room after the prompt")
-            seed = data.draw(
-                contexts(self.vocab_size, max_size=min(16, self.max_context), kinds=cfg.context_kinds),
-                label="prompt seed (tiled to max_context - room)",
-            )
-            length = self.max_context - slack
-            prompt = (seed * (length // len(seed) + 1))[:length]
+        prompt = _draw_prompt(data, placement, cfg, k=self.k, vocab_size=self.vocab_size, max_context=self.max_context)
         self.conversation += 1
         self.rounds = 0
         self.last_step = f"{rule_name}(k={self.k}, rollback={self.rollback}, prompt={_fmt(prompt)})"
@@ -574,16 +696,7 @@ class RollbackMachine(RuleBasedStateMachine):
                     "stop",
                     f"the engine asked for a draft of {len(draft)} tokens with only {room} free context slots",
                 )
-            accepted = [*draft[:j], upcoming[j]]
-            expected = accepted[:budget]
-            if eos is not None and eos in expected:
-                expected = expected[: expected.index(eos) + 1]
-            if not draft:
-                path = "empty_draft"
-            elif j == len(draft):
-                path = "all_accepted"
-            else:
-                path = "rejected_at_0" if j == 0 else "partial"
+            expected, path = _lossless_emission(draft, upcoming, j, budget=budget, eos=eos)
         self.last_step = (
             f"{label}(planned={planned}, max_new_tokens={budget}, eos_token_id={eos}, k_eff={k_eff}; "
             f"draft={draft}, greedy={upcoming[: len(draft) + 1]}, emitted={got})"
@@ -598,33 +711,11 @@ class RollbackMachine(RuleBasedStateMachine):
         if steps and room >= 1:
             self._check_step(steps[0], draft)
         self.ctx.extend(expected)
-        tags = [path]
-        if k_eff < self.k and planned is not None:
-            tags.append("clamped_draft")
-        if eos is not None and expected and expected[-1] == eos and len(expected) < len(draft) + 1:
-            tags.append("eos_inside_draft")
-        for tag in tags:
+        eos_inside = eos is not None and bool(expected) and expected[-1] == eos and len(expected) < len(draft) + 1
+        for tag in _round_tags(path, clamped=k_eff < self.k and planned is not None, eos_inside=eos_inside):
             type(self).observed_paths[f"round:{tag}"] += 1
             event(f"RollbackMachine round: {tag}")
         return expected
-
-    def _check_step(self, step: Any, draft: list[int]) -> None:
-        """The round's ``Step`` record agrees with the drafter and with its own argmax (when an engine keeps steps)."""
-        if list(step.draft) != draft:
-            self._fail("step-record", f"the step records draft={list(step.draft)}; the drafter proposed {draft}")
-        argmax = list(step.argmax)
-        if len(argmax) != len(draft) + 1:
-            self._fail(
-                "step-record",
-                f"the step records {len(argmax)} argmax ids for a verify of {len(draft) + 1} tokens",
-            )
-        j = _matching_prefix(draft, argmax)
-        if list(step.accepted) != [*draft[:j], argmax[j]]:
-            self._fail(
-                "step-record",
-                f"the step records accepted={list(step.accepted)} for draft {draft} and argmax {argmax}; "
-                f"the accept rule gives {[*draft[:j], argmax[j]]} (j={j})",
-            )
 
     @precondition(lambda self: len(self.ctx) <= self.max_context)  # a full context only needs plain_step
     @rule(data=st.data())

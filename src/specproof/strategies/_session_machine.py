@@ -109,6 +109,108 @@ class _SessionConfig:
     )
 
 
+def _session_config(
+    *,
+    engine_factory: Callable[[], Any],
+    greedy: GreedyOracle,
+    vocab_size: int,
+    max_context: int | None,
+    tie_tolerance: float,
+    max_prompt: int,
+    max_new_tokens: int,
+    set_drafter: SetDrafter | None,
+    context_kinds: Iterable[str] | None,
+    stateful_step_count: int,
+    reference_factory: Callable[[], Any] | None,
+    atol: float,
+) -> _SessionConfig:
+    """``SessionMachine.configure``'s options validated (``InvalidArgument`` naming the bad one)."""
+    where = "SessionMachine.configure()"
+    if not callable(engine_factory):
+        raise InvalidArgument(f"{where}: engine_factory={engine_factory!r} must be callable")
+    if not callable(greedy):
+        raise InvalidArgument(f"{where}: greedy={greedy!r} must be callable (prompt, n, eos) -> (tokens, margins)")
+    if set_drafter is not None and not callable(set_drafter):
+        raise InvalidArgument(f"{where}: set_drafter={set_drafter!r} must be callable or None")
+    if reference_factory is not None and not callable(reference_factory):
+        raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+    for opt, value, minimum in (
+        ("vocab_size", vocab_size, 2),
+        ("max_prompt", max_prompt, 1),
+        ("max_new_tokens", max_new_tokens, 1),
+        ("stateful_step_count", stateful_step_count, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
+    if max_context is not None:
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < max_new_tokens + 2:
+            raise InvalidArgument(
+                f"{where}: max_context={max_context!r} must be an integer >= max_new_tokens + 2 "
+                f"= {max_new_tokens + 2} (room for a two-token prompt and the budget), or None"
+            )
+    return _SessionConfig(
+        engine_factory=engine_factory,
+        greedy=greedy,
+        vocab_size=vocab_size,
+        max_context=max_context,
+        tie_tolerance=check_tolerance(tie_tolerance, where=where, name="tie_tolerance"),
+        max_prompt=max_prompt,
+        max_new_tokens=max_new_tokens,
+        set_drafter=set_drafter,
+        context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
+        reference_factory=reference_factory,
+        atol=check_tolerance(atol, where=where, name="atol"),
+    )
+
+
+def _resolve_max_context(cfg: _SessionConfig, engine: Any) -> int:
+    """The configured ``max_context``, else the engine's, else room for four prompts and a budget."""
+    max_context = cfg.max_context
+    if max_context is None:
+        own = getattr(engine, "max_context", None)
+        max_context = int(own) if isinstance(own, Integral) and not isinstance(own, bool) else None
+    if max_context is None:
+        max_context = 4 * cfg.max_prompt + cfg.max_new_tokens
+    if max_context < cfg.max_new_tokens + 2:
+        raise InvalidSettingError(
+            f"SessionMachine: max_context={max_context} leaves no room for a prompt of two tokens and "
+            f"max_new_tokens={cfg.max_new_tokens}"
+        )
+    return max_context
+
+
+def _draw_eos(data: Any, continuation: list[int], k: int) -> tuple[int | None, str]:
+    """An EOS among greedy's continuation (often in its last ``k + 1`` tokens) or none, and where it was drawn."""
+    eos_kind = data.draw(st.sampled_from(("none", "last_k_plus_1", "anywhere", "last_k_plus_1")), label="eos placement")
+    if eos_kind == "none" or not continuation:
+        return None, eos_kind
+    pool = continuation[-(k + 1) :] if eos_kind == "last_k_plus_1" else continuation
+    eos: int = data.draw(st.sampled_from(pool), label="eos_token_id")
+    return eos, eos_kind
+
+
+def _draw_drafter(data: Any, runner: _SessionRunner, k: int) -> tuple[str | None, tuple[tuple[int, int], ...] | None]:
+    """Where the suite can set the drafter: the drafter choice and, for a scripted one, its round plan."""
+    if not runner.settable:
+        return None, None
+    drafter = "scripted"
+    if runner.can_choose_own:
+        drafter = data.draw(st.sampled_from(DRAFTER_CHOICES), label="drafter")
+    plan: tuple[tuple[int, int], ...] | None = None
+    if drafter == "scripted":
+        drawn: RoundPlan = data.draw(round_plans(k=k, max_rounds=6), label="round plan")
+        plan = tuple((r.draft_length, r.correct) for r in drawn.rounds)
+    return drafter, plan
+
+
+def _draw_turn(data: Any, cfg: _SessionConfig, *, room: int) -> list[int]:
+    """A user turn of 1..8 tokens (at most ``room``)."""
+    turn = data.draw(
+        contexts(cfg.vocab_size, min_size=1, max_size=min(8, room), kinds=cfg.context_kinds), label="user turn"
+    )
+    return [int(t) for t in turn]
+
+
 def _switched_on(name: str) -> Callable[[SessionMachine], bool]:
     return lambda self: name not in self.disabled
 
@@ -154,41 +256,19 @@ class SessionMachine(RuleBasedStateMachine):
         exactly the context after every request (``processed == len(ctx) - 1`` and the state
         arrays of a reference fed ``ctx[:-1]``, bitwise or within ``atol``).
         """
-        where = "SessionMachine.configure()"
-        if not callable(engine_factory):
-            raise InvalidArgument(f"{where}: engine_factory={engine_factory!r} must be callable")
-        if not callable(greedy):
-            raise InvalidArgument(f"{where}: greedy={greedy!r} must be callable (prompt, n, eos) -> (tokens, margins)")
-        if set_drafter is not None and not callable(set_drafter):
-            raise InvalidArgument(f"{where}: set_drafter={set_drafter!r} must be callable or None")
-        if reference_factory is not None and not callable(reference_factory):
-            raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
-        for opt, value, minimum in (
-            ("vocab_size", vocab_size, 2),
-            ("max_prompt", max_prompt, 1),
-            ("max_new_tokens", max_new_tokens, 1),
-            ("stateful_step_count", stateful_step_count, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
-        if max_context is not None:
-            if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < max_new_tokens + 2:
-                raise InvalidArgument(
-                    f"{where}: max_context={max_context!r} must be an integer >= max_new_tokens + 2 "
-                    f"= {max_new_tokens + 2} (room for a two-token prompt and the budget), or None"
-                )
-        config = _SessionConfig(
+        config = _session_config(
             engine_factory=engine_factory,
             greedy=greedy,
             vocab_size=vocab_size,
             max_context=max_context,
-            tie_tolerance=check_tolerance(tie_tolerance, where=where, name="tie_tolerance"),
+            tie_tolerance=tie_tolerance,
             max_prompt=max_prompt,
             max_new_tokens=max_new_tokens,
             set_drafter=set_drafter,
-            context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
+            context_kinds=context_kinds,
+            stateful_step_count=stateful_step_count,
             reference_factory=reference_factory,
-            atol=check_tolerance(atol, where=where, name="atol"),
+            atol=atol,
         )
         return configured_machine(
             cls,
@@ -215,17 +295,7 @@ class SessionMachine(RuleBasedStateMachine):
                 f"SessionMachine: the engine has vocab_size={engine_vocab}; the machine was configured with "
                 f"{cfg.vocab_size}"
             )
-        max_context = cfg.max_context
-        if max_context is None:
-            own = getattr(engine, "max_context", None)
-            max_context = int(own) if isinstance(own, Integral) and not isinstance(own, bool) else None
-        if max_context is None:
-            max_context = 4 * cfg.max_prompt + cfg.max_new_tokens
-        if max_context < cfg.max_new_tokens + 2:
-            raise InvalidSettingError(
-                f"SessionMachine: max_context={max_context} leaves no room for a prompt of two tokens and "
-                f"max_new_tokens={cfg.max_new_tokens}"
-            )
+        max_context = _resolve_max_context(cfg, engine)
         self.prompt_limit = max_context - cfg.max_new_tokens  # every prompt fits with its whole budget
         self.runner = _SessionRunner(
             engine,
@@ -260,23 +330,11 @@ class SessionMachine(RuleBasedStateMachine):
         if n is None:
             n = data.draw(st.integers(1, cfg.max_new_tokens), label="max_new_tokens")
         continuation, _ = runner.continuation(prompt, n)
-        eos: int | None = None
-        eos_kind = data.draw(
-            st.sampled_from(("none", "last_k_plus_1", "anywhere", "last_k_plus_1")), label="eos placement"
-        )
-        if eos_kind != "none" and continuation:
-            pool = continuation[-(k + 1) :] if eos_kind == "last_k_plus_1" else continuation
-            eos = data.draw(st.sampled_from(pool), label="eos_token_id")
+        eos, eos_kind = _draw_eos(data, continuation, k)
+        if eos is not None:
             self._count(f"eos:{eos_kind}")
-        drafter: str | None = None
-        plan: tuple[tuple[int, int], ...] | None = None
-        if runner.settable:
-            drafter = "scripted"
-            if runner.can_choose_own:
-                drafter = data.draw(st.sampled_from(DRAFTER_CHOICES), label="drafter")
-            if drafter == "scripted":
-                drawn: RoundPlan = data.draw(round_plans(k=k, max_rounds=6), label="round plan")
-                plan = tuple((r.draft_length, r.correct) for r in drawn.rounds)
+        drafter, plan = _draw_drafter(data, runner, k)
+        if drafter is not None:
             self._count(f"drafter:{drafter}")
         req = SessionRequest(
             kind=kind, prompt=tuple(prompt), max_new_tokens=n, eos_token_id=eos, drafter=drafter, plan=plan, note=note
@@ -377,16 +435,8 @@ class SessionMachine(RuleBasedStateMachine):
         """
         before = list(self.last_prompt)
         base = self.contexts[-1]
-        turn = data.draw(
-            contexts(
-                self.cfg.vocab_size,
-                min_size=1,
-                max_size=min(8, self.prompt_limit - len(base)),
-                kinds=self.cfg.context_kinds,
-            ),
-            label="user turn",
-        )
-        prompt = [*base, *(int(t) for t in turn)]
+        turn = _draw_turn(data, self.cfg, room=self.prompt_limit - len(base))
+        prompt = [*base, *turn]
         self._request(data, "multi_turn", prompt, f"the last context ({len(base)} tokens) + a {len(turn)}-token turn")
         self._count("branch_back")
         self._request(data, "earlier_prefix", before, "back to the prompt before that turn (two calls back)")
@@ -413,16 +463,8 @@ class SessionMachine(RuleBasedStateMachine):
         else:
             back = last
         base = self.contexts[back]
-        turn = data.draw(
-            contexts(
-                self.cfg.vocab_size,
-                min_size=1,
-                max_size=min(8, self.prompt_limit - len(base)),
-                kinds=self.cfg.context_kinds,
-            ),
-            label="user turn",
-        )
-        prompt = [*base, *(int(t) for t in turn)]
+        turn = _draw_turn(data, self.cfg, room=self.prompt_limit - len(base))
+        prompt = [*base, *turn]
         self._count(f"multi_turn:{which}")
         where = "the last context" if back == last else f"context {back} of {len(self.contexts)}"
         self._request(data, "multi_turn", prompt, f"{where} ({len(base)} tokens) + a {len(turn)}-token turn")

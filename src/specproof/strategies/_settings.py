@@ -227,29 +227,16 @@ def decoding_cases(
     chosen_rollbacks = _check_rollbacks(rollbacks, where)
     round_plans(k=0, min_rounds=min_rounds, max_rounds=max_rounds)  # validates the round counts now
     chosen_placements = check_kinds(placements, known=PROMPT_PLACEMENTS, where=where)
-    built: list[Target] = []
-
-    def target() -> Target:
-        if not built:
-            made = target_factory()
-            for attr in ("vocab_size", "max_context", "forward", "reset"):
-                if not hasattr(made, attr):
-                    raise InvalidArgument(f"{where}: target_factory() returned {made!r}, which has no {attr!r}")
-            built.append(made)
-        return built[0]
+    target = _built_once(target_factory, where)
 
     @st.composite
     def case(draw: Any) -> DecodingCase:
         tgt = target()
         vocab, max_context = int(tgt.vocab_size), int(tgt.max_context)
         placement = draw(st.sampled_from(chosen_placements))
-        if placement == "ordinary":
-            prompt = draw(contexts(vocab, min_size=1, max_size=min(max_prompt, max_context), kinds=kinds))
-        else:
-            slack = draw(st.integers(0, min(max_k + 1, max_context - 1)))
-            seed = draw(contexts(vocab, min_size=1, max_size=min(16, max_context), kinds=kinds))
-            length = max_context - slack
-            prompt = (seed * (length // len(seed) + 1))[:length]
+        prompt = _draw_prompt(
+            draw, placement, vocab=vocab, max_context=max_context, max_prompt=max_prompt, max_k=max_k, kinds=kinds
+        )
         n_new = draw(new_tokens)
         continuation = greedy_decode(tgt, prompt, n_new).tokens
         settings = draw(
@@ -272,3 +259,34 @@ def decoding_cases(
         )
 
     return case()
+
+
+def _built_once(target_factory: Callable[[], Target], where: str) -> Callable[[], Target]:
+    """A getter that builds the target on its first call (checking it looks like one) and reuses it after."""
+    built: list[Target] = []
+
+    def target() -> Target:
+        if not built:
+            made = target_factory()
+            for attr in ("vocab_size", "max_context", "forward", "reset"):
+                if not hasattr(made, attr):
+                    raise InvalidArgument(f"{where}: target_factory() returned {made!r}, which has no {attr!r}")
+            built.append(made)
+        return built[0]
+
+    return target
+
+
+def _draw_prompt(
+    draw: Any, placement: str, *, vocab: int, max_context: int, max_prompt: int, max_k: int, kinds: tuple[str, ...]
+) -> list[int]:
+    """An ``ordinary`` prompt of up to ``max_prompt`` tokens, or (``near_max_context``) a drawn context tiled to
+    within ``max_k + 1`` tokens of ``max_context``."""
+    if placement == "ordinary":
+        prompt: list[int] = draw(contexts(vocab, min_size=1, max_size=min(max_prompt, max_context), kinds=kinds))
+        return prompt
+    slack = draw(st.integers(0, min(max_k + 1, max_context - 1)))
+    seed = draw(contexts(vocab, min_size=1, max_size=min(16, max_context), kinds=kinds))
+    length = max_context - slack
+    tiled: list[int] = (seed * (length // len(seed) + 1))[:length]
+    return tiled

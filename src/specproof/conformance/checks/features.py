@@ -169,12 +169,7 @@ def check_drafter_features(
             ctx = [*ctx[: len(ctx) // 2], int(bonus[(i + 1) % len(bonus)])]
         if len(ctx) < 2:
             ctx.append(int(bonus[i % len(bonus)]))
-        feats = source.upto(ctx[:-1])
-        views = {}
-        for layer, arr in feats.items():
-            v = arr.view()
-            v.flags.writeable = False
-            views[layer] = v
+        views = _read_only(source.upto(ctx[:-1]))
         example = {"context": list(ctx), "k": k, "round": i, "accepted_before": list(accepts[:i])}
         try:
             got = [int(t) for t in drafter.propose(list(ctx), k, features=views)]
@@ -183,35 +178,44 @@ def check_drafter_features(
         except Exception as exc:
             return [inv.violation(explanation=f"propose raised {exc!r}", example=example)], compared, ""
         compared += 1
-        if got != fresh:
-            return (
-                [
-                    inv.violation(
-                        explanation=f"after {i} rounds of accepts and rejects, the proposal differs from a fresh "
-                        f"drafter's given the same context and features (its own KV or carried features were not "
-                        f"rolled back to the accepted prefix)",
-                        expected=fresh,
-                        actual=got,
-                        example=example,
-                    )
-                ],
-                compared,
-                "",
-            )
-        if fresh != own:
-            return (
-                [
-                    inv.violation(
-                        explanation="given the target's features the draft differs from the draft it makes computing "
-                        "the features itself (it reads the handed features wrongly: a layer, a position)",
-                        expected=own,
-                        actual=fresh,
-                        example=example,
-                    )
-                ],
-                compared,
-                "",
-            )
+        breach = _proposal_breach(inv, i, got=got, fresh=fresh, own=own, example=example)
+        if breach is not None:
+            return [breach], compared, ""
         j = min(int(accepts[i % len(accepts)]), len(got))
         ctx = [*ctx, *got[:j], int(bonus[i % len(bonus)])]
     return [], compared, "" if compared else "no proposal was made"
+
+
+def _read_only(feats: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Read-only views of the features, so a drafter that writes into them fails loudly."""
+    views = {}
+    for layer, arr in feats.items():
+        v = arr.view()
+        v.flags.writeable = False
+        views[layer] = v
+    return views
+
+
+def _proposal_breach(
+    inv: Invariant, i: int, *, got: list[int], fresh: list[int], own: list[int], example: dict[str, Any]
+) -> Violation | None:
+    """Round ``i``'s proposal must equal a fresh drafter's on the same features, and that one the draft made
+    without features; None when both hold."""
+    if got != fresh:
+        return inv.violation(
+            explanation=f"after {i} rounds of accepts and rejects, the proposal differs from a fresh "
+            f"drafter's given the same context and features (its own KV or carried features were not "
+            f"rolled back to the accepted prefix)",
+            expected=fresh,
+            actual=got,
+            example=example,
+        )
+    if fresh != own:
+        return inv.violation(
+            explanation="given the target's features the draft differs from the draft it makes computing "
+            "the features itself (it reads the handed features wrongly: a layer, a position)",
+            expected=own,
+            actual=fresh,
+            example=example,
+        )
+    return None

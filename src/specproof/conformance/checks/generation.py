@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from specproof.contract import Violation
-from specproof.engine._records import STOP_REASONS, Generation, Step
+from specproof.engine._records import STOP_REASONS, Generation, Stats, Step
 from specproof.engine.errors import InvalidSettingError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -187,7 +187,6 @@ def check_kv_length(
     out: list[Violation] = []
     expected_base = prompt_length - 1
     for i, step in enumerate(steps):
-        last = i == len(steps) - 1
         if step.base != expected_base:
             where = "the prompt length - 1" if i == 0 else f"round {i - 1}'s processed"
             out.append(
@@ -198,78 +197,101 @@ def check_kv_length(
                     explanation=f"round {i} started with the target at {step.base} processed tokens, not {where}",
                 )
             )
-        if not last:
-            want = step.base + len(step.accepted)
-            if step.processed != want:
-                out.append(
-                    inv.violation(
-                        round=i,
-                        expected=want,
-                        actual=step.processed,
-                        explanation=(
-                            f"after round {i} the target holds {step.processed} tokens, but base {step.base} + "
-                            f"{len(step.accepted)} accepted = {want}: the rollback left the KV length wrong"
-                        ),
-                    )
-                )
-        elif tokens is not None:
-            # With a consistent chain this is base + the tokens the last round emitted; stated
-            # against the context it stays meaningful when an earlier round already went wrong.
-            want = prompt_length + len(tokens) - 1
-            if step.processed != want:
-                out.append(
-                    inv.violation(
-                        round=i,
-                        expected=want,
-                        actual=step.processed,
-                        explanation=(
-                            f"after the last round the target holds {step.processed} tokens, but the context has "
-                            f"{prompt_length} + {len(tokens)} tokens, so it must hold len(ctx) - 1 = {want}"
-                        ),
-                    )
-                )
+        if i < len(steps) - 1:
+            out += _middle_round_end(inv, i, step)
         else:
-            low, high = step.base + 1, step.base + len(step.accepted)
-            if not low <= step.processed <= high:
-                out.append(
-                    inv.violation(
-                        round=i,
-                        expected=f"{low}..{high}",
-                        actual=step.processed,
-                        explanation=(
-                            f"after the last round the target holds {step.processed} tokens, outside base + 1 .. "
-                            f"base + len(accepted) = {low}..{high}"
-                        ),
-                    )
-                )
+            out += _last_round_end(inv, i, step, prompt_length=prompt_length, tokens=tokens)
         expected_base = step.processed
+    if final_processed is not None:
+        out += _final_length(inv, steps, final_processed, prompt_length=prompt_length, tokens=tokens)
+    return out
+
+
+def _middle_round_end(inv: Invariant, i: int, step: Step) -> list[Violation]:
+    """A round before the last ends at ``base + len(accepted)``."""
+    want = step.base + len(step.accepted)
+    if step.processed == want:
+        return []
+    return [
+        inv.violation(
+            round=i,
+            expected=want,
+            actual=step.processed,
+            explanation=(
+                f"after round {i} the target holds {step.processed} tokens, but base {step.base} + "
+                f"{len(step.accepted)} accepted = {want}: the rollback left the KV length wrong"
+            ),
+        )
+    ]
+
+
+def _last_round_end(
+    inv: Invariant, i: int, step: Step, *, prompt_length: int, tokens: Sequence[int] | None
+) -> list[Violation]:
+    """The last round ends at ``len(ctx) - 1`` (``tokens`` known), else at ``base + 1 .. base + len(accepted)``."""
+    if tokens is not None:
+        # With a consistent chain this is base + the tokens the last round emitted; stated
+        # against the context it stays meaningful when an earlier round already went wrong.
+        want = prompt_length + len(tokens) - 1
+        if step.processed == want:
+            return []
+        return [
+            inv.violation(
+                round=i,
+                expected=want,
+                actual=step.processed,
+                explanation=(
+                    f"after the last round the target holds {step.processed} tokens, but the context has "
+                    f"{prompt_length} + {len(tokens)} tokens, so it must hold len(ctx) - 1 = {want}"
+                ),
+            )
+        ]
+    low, high = step.base + 1, step.base + len(step.accepted)
+    if low <= step.processed <= high:
+        return []
+    return [
+        inv.violation(
+            round=i,
+            expected=f"{low}..{high}",
+            actual=step.processed,
+            explanation=(
+                f"after the last round the target holds {step.processed} tokens, outside base + 1 .. "
+                f"base + len(accepted) = {low}..{high}"
+            ),
+        )
+    ]
+
+
+def _final_length(
+    inv: Invariant, steps: Sequence[Step], final_processed: int, *, prompt_length: int, tokens: Sequence[int] | None
+) -> list[Violation]:
+    """The target's KV length after the call: ``len(ctx) - 1`` when ``tokens`` is known, else the last round's."""
     if tokens is not None:
         want_final = prompt_length + len(tokens) - 1
-        if final_processed is not None and final_processed != want_final:
-            out.append(
-                inv.violation(
-                    expected=want_final,
-                    actual=final_processed,
-                    explanation=(
-                        f"the target holds {final_processed} tokens at the end, but the context has "
-                        f"{prompt_length} + {len(tokens)} tokens, so it must hold len(ctx) - 1 = {want_final}"
-                    ),
-                )
+        if final_processed == want_final:
+            return []
+        return [
+            inv.violation(
+                expected=want_final,
+                actual=final_processed,
+                explanation=(
+                    f"the target holds {final_processed} tokens at the end, but the context has "
+                    f"{prompt_length} + {len(tokens)} tokens, so it must hold len(ctx) - 1 = {want_final}"
+                ),
             )
-    elif final_processed is not None:
-        want_final = steps[-1].processed if steps else prompt_length - 1
-        if final_processed != want_final:
-            out.append(
-                inv.violation(
-                    expected=want_final,
-                    actual=final_processed,
-                    explanation=(
-                        f"the target holds {final_processed} tokens at the end, "
-                        f"but the last round left it at {want_final}"
-                    ),
-                )
-            )
-    return out
+        ]
+    want_final = steps[-1].processed if steps else prompt_length - 1
+    if final_processed == want_final:
+        return []
+    return [
+        inv.violation(
+            expected=want_final,
+            actual=final_processed,
+            explanation=(
+                f"the target holds {final_processed} tokens at the end, but the last round left it at {want_final}"
+            ),
+        )
+    ]
 
 
 # --------------------------------------------------------------------------- stop
@@ -329,56 +351,105 @@ def check_stop(
             n,
         )
     if stop_reason == "max_new_tokens":
-        if n < max_new_tokens:
-            add(
+        breaches = _max_new_tokens_breaches(n, max_new_tokens, first_eos)
+    elif stop_reason == "eos":
+        breaches = _eos_breaches(toks, eos_token_id)
+    elif stop_reason == "context_full":
+        breaches = _context_full_breaches(n, max_new_tokens, first_eos, prompt_length, max_context)
+    else:
+        breaches = []
+    if max_context is not None:
+        breaches += _capacity_breaches(n, prompt_length, max_context, final_processed)
+    for explanation, expected, actual in breaches:
+        add(explanation, expected, actual)
+    return out
+
+
+# (explanation, expected, actual) of one breach of ``engine.stop``
+_Breach = tuple[str, object, object]
+
+
+def _max_new_tokens_breaches(n: int, max_new_tokens: int, first_eos: int | None) -> list[_Breach]:
+    out: list[_Breach] = []
+    if n < max_new_tokens:
+        out.append(
+            (
                 f"the stop reason is 'max_new_tokens' but only {n} of {max_new_tokens} tokens were emitted",
                 max_new_tokens,
                 n,
             )
-        if first_eos is not None and first_eos == n - 1:
-            add("the last token is EOS, so the stop reason must be 'eos', not 'max_new_tokens'", "eos", stop_reason)
-    elif stop_reason == "eos":
-        if eos_token_id is None:
-            add("the stop reason is 'eos' but no EOS token id was set", None, stop_reason)
-        elif not toks or toks[-1] != eos_token_id:
-            add(
+        )
+    if first_eos is not None and first_eos == n - 1:
+        out.append(
+            ("the last token is EOS, so the stop reason must be 'eos', not 'max_new_tokens'", "eos", "max_new_tokens")
+        )
+    return out
+
+
+def _eos_breaches(toks: list[int], eos_token_id: int | None) -> list[_Breach]:
+    if eos_token_id is None:
+        return [("the stop reason is 'eos' but no EOS token id was set", None, "eos")]
+    if not toks or toks[-1] != eos_token_id:
+        return [
+            (
                 f"the stop reason is 'eos' but the last token is {toks[-1] if toks else 'missing (no tokens)'}, "
                 f"not EOS ({eos_token_id})",
                 eos_token_id,
                 toks[-1] if toks else None,
             )
-    elif stop_reason == "context_full":
-        if n >= max_new_tokens:
-            add(
+        ]
+    return []
+
+
+def _context_full_breaches(
+    n: int, max_new_tokens: int, first_eos: int | None, prompt_length: int, max_context: int | None
+) -> list[_Breach]:
+    out: list[_Breach] = []
+    if n >= max_new_tokens:
+        out.append(
+            (
                 f"the stop reason is 'context_full' but all {max_new_tokens} tokens were emitted: "
                 "that stop is 'max_new_tokens'",
                 "max_new_tokens",
-                stop_reason,
+                "context_full",
             )
-        if first_eos is not None and first_eos == n - 1:
-            add("the last token is EOS, so the stop reason must be 'eos', not 'context_full'", "eos", stop_reason)
-        if max_context is not None and prompt_length + n - 1 < max_context:
-            add(
+        )
+    if first_eos is not None and first_eos == n - 1:
+        out.append(
+            ("the last token is EOS, so the stop reason must be 'eos', not 'context_full'", "eos", "context_full")
+        )
+    if max_context is not None and prompt_length + n - 1 < max_context:
+        out.append(
+            (
                 f"the stop reason is 'context_full' but the target holds {prompt_length + n - 1} of "
                 f"{max_context} tokens: it could still take the pending token",
                 max_context,
                 prompt_length + n - 1,
             )
-    if max_context is not None:
-        used = prompt_length + n - 1
-        if used > max_context:
-            add(
+        )
+    return out
+
+
+def _capacity_breaches(n: int, prompt_length: int, max_context: int, final_processed: int | None) -> list[_Breach]:
+    out: list[_Breach] = []
+    used = prompt_length + n - 1
+    if used > max_context:
+        out.append(
+            (
                 f"the prompt ({prompt_length}) and {n} emitted tokens need {used} processed tokens, "
                 f"past max_context={max_context}",
                 f"<= {max_context}",
                 used,
             )
-        if final_processed is not None and final_processed > max_context:
-            add(
+        )
+    if final_processed is not None and final_processed > max_context:
+        out.append(
+            (
                 f"the target holds {final_processed} tokens at the end, past max_context={max_context}",
                 f"<= {max_context}",
                 final_processed,
             )
+        )
     return out
 
 
@@ -407,80 +478,132 @@ def check_cost(
     stats = generation.stats
     if stats is None:
         return []
-    tokens = generation.tokens
-    steps = generation.steps
-    out: list[Violation] = []
+    breaches = _counter_breaches(stats, len(generation.tokens), rollback=rollback, prompt_length=prompt_length)
+    if generation.steps is not None:
+        breaches += _step_breaches(stats, generation.steps, generation.tokens, rollback=rollback)
+    elif rollback == "replay" and stats.replay_forwards > stats.rounds:
+        breaches.append(
+            (
+                f"rollback='replay' spent {stats.replay_forwards} replay forwards in {stats.rounds} rounds "
+                "(at most one replay each)",
+                f"<= {stats.rounds}",
+                stats.replay_forwards,
+                None,
+            )
+        )
+    return [
+        inv.violation(round=round_index, explanation=explanation, expected=expected, actual=actual)
+        for explanation, expected, actual, round_index in breaches
+    ]
 
-    def add(explanation: str, expected: object, actual: object, round_index: int | None = None) -> None:
-        out.append(inv.violation(round=round_index, explanation=explanation, expected=expected, actual=actual))
 
-    if stats.emitted != len(tokens):
-        add(f"stats.emitted is {stats.emitted} but {len(tokens)} tokens were returned", len(tokens), stats.emitted)
+# (explanation, expected, actual, round) of one breach of ``engine.cost``
+_CostBreach = tuple[str, object, object, int | None]
+
+
+def _counter_breaches(
+    stats: Stats, n_tokens: int, *, rollback: str | None, prompt_length: int | None
+) -> list[_CostBreach]:
+    """What the counters alone must satisfy: emitted, rounds, one verify per round, prefill, no checkpoint replay."""
+    out: list[_CostBreach] = []
+    if stats.emitted != n_tokens:
+        out.append(
+            (f"stats.emitted is {stats.emitted} but {n_tokens} tokens were returned", n_tokens, stats.emitted, None)
+        )
     if stats.rounds > stats.emitted:
-        add(
-            f"{stats.rounds} rounds emitted only {stats.emitted} tokens: every round must emit at least one",
-            f"<= {stats.emitted} rounds",
-            stats.rounds,
+        out.append(
+            (
+                f"{stats.rounds} rounds emitted only {stats.emitted} tokens: every round must emit at least one",
+                f"<= {stats.emitted} rounds",
+                stats.rounds,
+                None,
+            )
         )
     if stats.verify_forwards != stats.rounds:
-        add(
-            f"{stats.verify_forwards} verify forwards for {stats.rounds} rounds: each round is exactly one verify",
-            stats.rounds,
-            stats.verify_forwards,
+        out.append(
+            (
+                f"{stats.verify_forwards} verify forwards for {stats.rounds} rounds: each round is exactly one verify",
+                stats.rounds,
+                stats.verify_forwards,
+                None,
+            )
         )
     # A prefill may be chunked (engines do: prefix-cache blocks, snapshots every N positions), so
     # its forwards are not bounded by 1 — only by the prompt tokens it has to feed.
     if prompt_length is not None and stats.prefill_forwards > max(prompt_length - 1, 0):
-        add(
-            f"{stats.prefill_forwards} prefill forwards for a {prompt_length}-token prompt: a prefill forward "
-            "feeds at least one of its first len(prompt) - 1 tokens",
-            f"<= {max(prompt_length - 1, 0)}",
-            stats.prefill_forwards,
+        out.append(
+            (
+                f"{stats.prefill_forwards} prefill forwards for a {prompt_length}-token prompt: a prefill forward "
+                "feeds at least one of its first len(prompt) - 1 tokens",
+                f"<= {max(prompt_length - 1, 0)}",
+                stats.prefill_forwards,
+                None,
+            )
         )
     if prompt_length is not None and prompt_length == 1 and stats.prefill_forwards != 0:
-        add("a one-token prompt has nothing to prefill, yet a prefill forward was counted", 0, stats.prefill_forwards)
-    if rollback == "checkpoint" and stats.replay_forwards != 0:
-        add(
-            f"rollback='checkpoint' spent {stats.replay_forwards} replay forwards: restoring a checkpoint "
-            "costs no forward",
-            0,
-            stats.replay_forwards,
+        out.append(
+            (
+                "a one-token prompt has nothing to prefill, yet a prefill forward was counted",
+                0,
+                stats.prefill_forwards,
+                None,
+            )
         )
-    if steps is not None:
-        if stats.rounds != len(steps):
-            add(f"stats.rounds is {stats.rounds} but {len(steps)} rounds were recorded", len(steps), stats.rounds)
-        emitted = emitted_per_round(steps, tokens)
-        for i, count in enumerate(emitted):
-            if count < 1:
-                add(f"round {i} emitted {count} tokens: every round must emit at least one", ">= 1", count, i)
-        drafted = sum(len(s.draft) for s in steps)
-        if stats.drafted != drafted:
-            add(f"stats.drafted is {stats.drafted} but the rounds drafted {drafted} tokens", drafted, stats.drafted)
-        kept = sum(max(len(s.accepted) - 1, 0) for s in steps)
-        if stats.accepted != kept:
-            add(
+    if rollback == "checkpoint" and stats.replay_forwards != 0:
+        out.append(
+            (
+                f"rollback='checkpoint' spent {stats.replay_forwards} replay forwards: restoring a checkpoint "
+                "costs no forward",
+                0,
+                stats.replay_forwards,
+                None,
+            )
+        )
+    return out
+
+
+def _step_breaches(
+    stats: Stats, steps: Sequence[Step], tokens: Sequence[int], *, rollback: str | None
+) -> list[_CostBreach]:
+    """What the counters must say of the recorded rounds: rounds, tokens per round, drafted, accepted, replays."""
+    out: list[_CostBreach] = []
+    if stats.rounds != len(steps):
+        out.append(
+            (f"stats.rounds is {stats.rounds} but {len(steps)} rounds were recorded", len(steps), stats.rounds, None)
+        )
+    emitted = emitted_per_round(steps, tokens)
+    for i, count in enumerate(emitted):
+        if count < 1:
+            out.append((f"round {i} emitted {count} tokens: every round must emit at least one", ">= 1", count, i))
+    drafted = sum(len(s.draft) for s in steps)
+    if stats.drafted != drafted:
+        out.append(
+            (f"stats.drafted is {stats.drafted} but the rounds drafted {drafted} tokens", drafted, stats.drafted, None)
+        )
+    kept = sum(max(len(s.accepted) - 1, 0) for s in steps)
+    if stats.accepted != kept:
+        out.append(
+            (
                 f"stats.accepted is {stats.accepted} but the rounds accepted {kept} draft tokens",
                 kept,
                 stats.accepted,
+                None,
             )
-        if rollback == "replay":
-            # A round must roll back when it keeps fewer tokens than it fed: a rejected
-            # draft token, or a last round cut at EOS / max_new_tokens.
-            needing = sum(1 for s, c in zip(steps, emitted) if c < len(s.draft) + 1)
-            if stats.replay_forwards > needing:
-                add(
+        )
+    if rollback == "replay":
+        # A round must roll back when it keeps fewer tokens than it fed: a rejected
+        # draft token, or a last round cut at EOS / max_new_tokens.
+        needing = sum(1 for s, c in zip(steps, emitted) if c < len(s.draft) + 1)
+        if stats.replay_forwards > needing:
+            out.append(
+                (
                     f"rollback='replay' spent {stats.replay_forwards} replay forwards but only {needing} round(s) "
                     "needed a rollback (at most one replay each)",
                     f"<= {needing}",
                     stats.replay_forwards,
+                    None,
                 )
-    elif rollback == "replay" and stats.replay_forwards > stats.rounds:
-        add(
-            f"rollback='replay' spent {stats.replay_forwards} replay forwards in {stats.rounds} rounds "
-            "(at most one replay each)",
-            f"<= {stats.rounds}",
-            stats.replay_forwards,
-        )
+            )
     return out
 
 
@@ -504,6 +627,33 @@ def check_trace_consistency(
     """
     max_new_tokens = _need_int(max_new_tokens, name="max_new_tokens", minimum=0)
     eos_token_id = _need_optional_int(eos_token_id, name="eos_token_id", minimum=0)
+    out, rebuilt, cut = _rebuild_output(inv, steps, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+    toks = list(tokens)
+    if toks != rebuilt:
+        first = next((p for p, (a, b) in enumerate(zip(toks, rebuilt)) if a != b), min(len(toks), len(rebuilt)))
+        round_of = round_of_index(steps, first)
+        out.append(
+            inv.violation(
+                round=round_of,
+                expected=rebuilt,
+                actual=toks,
+                explanation=(
+                    f"the emitted tokens are not the rounds' accepted tokens (cut at EOS/max_new_tokens): "
+                    f"they differ from index {first} on ({len(toks)} emitted, {len(rebuilt)} from the rounds)"
+                ),
+            )
+        )
+    if len(rebuilt) >= max_new_tokens and cut != "eos":
+        cut = "max_new_tokens"
+    out += _cut_against_stop(inv, cut, stop_reason, n_rebuilt=len(rebuilt), max_new_tokens=max_new_tokens)
+    return out
+
+
+def _rebuild_output(
+    inv: Invariant, steps: Sequence[Step], *, max_new_tokens: int, eos_token_id: int | None
+) -> tuple[list[Violation], list[int], str | None]:
+    """The rounds' accepted tokens concatenated and cut at EOS / ``max_new_tokens``; why it was cut (``"eos"``,
+    ``"max_new_tokens"`` or None); and a breach for a round that ran after the cut."""
     out: list[Violation] = []
     rebuilt: list[int] = []
     cut: str | None = None  # why the concatenation stopped: "eos" or "max_new_tokens"
@@ -531,43 +681,33 @@ def check_trace_consistency(
             piece = piece[: piece.index(eos_token_id) + 1]
             cut = "eos"
         rebuilt.extend(piece)
-    toks = list(tokens)
-    if toks != rebuilt:
-        first = next((p for p, (a, b) in enumerate(zip(toks, rebuilt)) if a != b), min(len(toks), len(rebuilt)))
-        round_of = round_of_index(steps, first)
-        out.append(
-            inv.violation(
-                round=round_of,
-                expected=rebuilt,
-                actual=toks,
-                explanation=(
-                    f"the emitted tokens are not the rounds' accepted tokens (cut at EOS/max_new_tokens): "
-                    f"they differ from index {first} on ({len(toks)} emitted, {len(rebuilt)} from the rounds)"
-                ),
-            )
-        )
-    if len(rebuilt) >= max_new_tokens and cut != "eos":
-        cut = "max_new_tokens"
+    return out, rebuilt, cut
+
+
+def _cut_against_stop(
+    inv: Invariant, cut: str | None, stop_reason: str, *, n_rebuilt: int, max_new_tokens: int
+) -> list[Violation]:
+    """The stop reason must name the cut the rounds imply (``context_full`` when there is none)."""
     if cut is not None and stop_reason != cut:
-        out.append(
+        return [
             inv.violation(
                 expected=cut,
                 actual=stop_reason,
                 explanation=f"the rounds end the output by {cut}, but the stop reason says {stop_reason!r}",
             )
-        )
-    elif cut is None and stop_reason in ("eos", "max_new_tokens"):
-        out.append(
+        ]
+    if cut is None and stop_reason in ("eos", "max_new_tokens"):
+        return [
             inv.violation(
                 expected="context_full",
                 actual=stop_reason,
                 explanation=(
-                    f"the rounds emit {len(rebuilt)} of {max_new_tokens} tokens with no EOS, "
+                    f"the rounds emit {n_rebuilt} of {max_new_tokens} tokens with no EOS, "
                     f"so the stop reason {stop_reason!r} does not explain where they end"
                 ),
             )
-        )
-    return out
+        ]
+    return []
 
 
 def round_of_index(steps: Sequence[Step], index: int) -> int | None:

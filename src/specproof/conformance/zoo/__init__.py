@@ -19,12 +19,13 @@ member's failure is due to its one change.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Literal
 
 import attrs
 
 from specproof.conformance._registry import REGISTRY, Invariant
+from specproof.conformance.zoo import _model_drafters
 from specproof.conformance.zoo._drafters import (
     LookupDrafter,
     MatchPointer,
@@ -76,28 +77,36 @@ from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
     DraftNoRollback,
     DraftResetKeepsModel,
-    model_drafter_checkpoint,
-    model_drafter_kv_only_rollback,
-    model_drafter_kv_only_rollback_gdn,
-    model_drafter_no_rollback,
-    model_drafter_replay,
-    model_drafter_reprefill,
-    model_drafter_reset_keeps_state,
+)
+from specproof.conformance.zoo._model_drafters import (
+    model_drafter_checkpoint as model_drafter_checkpoint,
+)
+from specproof.conformance.zoo._model_drafters import (
+    model_drafter_replay as model_drafter_replay,
+)
+from specproof.conformance.zoo._model_drafters import (
+    model_drafter_reprefill as model_drafter_reprefill,
 )
 from specproof.conformance.zoo._session_engines import (
     NeverReusesPrefix,
     OverclaimsPrefixReuse,
     SnapshotOnlyLastCall,
     StalePrefixCache,
-    continuation_only_session_engine,
-    greedy_only_session_engine,
-    never_reuses_prefix,
-    overclaims_prefix_reuse,
-    session_engine,
-    session_engine_replay,
-    snapshot_only_last_call,
-    stale_prefix_cache,
-    varying_k_session_engine,
+)
+from specproof.conformance.zoo._session_engines import (
+    continuation_only_session_engine as continuation_only_session_engine,
+)
+from specproof.conformance.zoo._session_engines import (
+    greedy_only_session_engine as greedy_only_session_engine,
+)
+from specproof.conformance.zoo._session_engines import (
+    session_engine as session_engine,
+)
+from specproof.conformance.zoo._session_engines import (
+    session_engine_replay as session_engine_replay,
+)
+from specproof.conformance.zoo._session_engines import (
+    varying_k_session_engine as varying_k_session_engine,
 )
 from specproof.conformance.zoo._targets import (
     ZOO_CONFIG,
@@ -115,76 +124,8 @@ from specproof.conformance.zoo._targets import (
 )
 from specproof.engine.drafters.suffix import SuffixDrafter
 
-__all__ = [
-    "CONTROLS",
-    "CORRECT",
-    "CORRECT_DRAFTERS",
-    "ZOO",
-    "ZOO_CONFIG",
-    "ZooMember",
-    "ZooRegistryError",
-    "build_zoo",
-    "drafts_past_k",
-    "drops_last_step_at_eos",
-    "mask_leaks_next_token",
-    "pads_vocab",
-    "processed_is_last_index",
-    "replays_despite_checkpoints",
-    "reset_keeps_conv",
-    "accepts_past_mismatch",
-    "capacity_wraps",
-    "checkpoints_off_by_one",
-    "chunked_forward_differs",
-    "drops_bonus_token",
-    "emits_after_eos",
-    "eos_masked_by_length_cap",
-    "greedy_only_engine",
-    "length_cap_hides_eos_in_block",
-    "greedy_only_session_engine",
-    "continuation_only_session_engine",
-    "ignores_suite_drafts",
-    "never_reuses_prefix",
-    "overclaims_prefix_reuse",
-    "match_pointer",
-    "model_drafter_checkpoint",
-    "model_drafter_kv_only_rollback",
-    "model_drafter_kv_only_rollback_gdn",
-    "model_drafter_no_rollback",
-    "model_drafter_replay",
-    "model_drafter_reprefill",
-    "model_drafter_reset_keeps_state",
-    "oracle_only_engine",
-    "own_copy_engine",
-    "own_drafts_engine",
-    "raises_every_call",
-    "reads_past_context",
-    "refeeds_accepted_first",
-    "returns_generator",
-    "session_engine",
-    "session_engine_replay",
-    "snapshot_only_last_call",
-    "stale_prefix_cache",
-    "sticky_cache",
-    "varying_k_engine",
-    "varying_k_session_engine",
-    "forgets_recurrent_restore",
-    "lookup_drafter",
-    "mutates_input",
-    "nondeterministic",
-    "out_of_range",
-    "processed_off_by_one",
-    "restore_forgets_conv",
-    "restore_forgets_rec",
-    "small_reference",
-    "stale_state_after_zero_draft",
-    "too_long",
-    "trusts_overlong_draft",
-    "verifies_own_draft",
-    "zoo_engine",
-    "zoo_target",
-]
-
 Kind = Literal["drafter", "target", "engine"]
+MemberEntry = tuple[Kind, type] | tuple[Kind, type, Callable[[], object]]
 _MODULE = "specproof.conformance.zoo"
 
 
@@ -225,137 +166,8 @@ class ZooMember:
 
 # ---------------------------------------------------------------------------- factories (the plug-ins)
 
-
-def too_long() -> TooLong:
-    return TooLong()
-
-
-def out_of_range() -> OutOfRange:
-    return OutOfRange()
-
-
-def nondeterministic() -> Nondeterministic:
-    return Nondeterministic()
-
-
-def mutates_input() -> MutatesInput:
-    return MutatesInput()
-
-
-def chunked_forward_differs() -> ChunkedForwardDiffers:
-    return ChunkedForwardDiffers()
-
-
-def restore_forgets_conv() -> RestoreForgetsConv:
-    return RestoreForgetsConv()
-
-
-def restore_forgets_rec() -> RestoreForgetsRec:
-    return RestoreForgetsRec()
-
-
-def capacity_wraps() -> CapacityWraps:
-    return CapacityWraps()
-
-
-def checkpoints_off_by_one() -> CheckpointsOffByOne:
-    return CheckpointsOffByOne()
-
-
-def pads_vocab() -> PadsVocab:
-    return PadsVocab()
-
-
-def processed_is_last_index() -> ProcessedIsLastIndex:
-    return ProcessedIsLastIndex()
-
-
-def mask_leaks_next_token() -> MaskLeaksNextToken:
-    return MaskLeaksNextToken()
-
-
-def reset_keeps_conv() -> ResetKeepsConv:
-    return ResetKeepsConv()
-
-
-def drafts_past_k() -> DraftsPastK:
-    return DraftsPastK()
-
-
-def replays_despite_checkpoints() -> ReplaysDespiteCheckpoints:
-    return ReplaysDespiteCheckpoints()
-
-
-def drops_last_step_at_eos() -> DropsLastStepAtEos:
-    return DropsLastStepAtEos()
-
-
-def forgets_recurrent_restore() -> ForgetsRecurrentRestore:
-    return ForgetsRecurrentRestore()
-
-
-def processed_off_by_one() -> ProcessedOffByOne:
-    return ProcessedOffByOne()
-
-
-def accepts_past_mismatch() -> AcceptsPastMismatch:
-    return AcceptsPastMismatch()
-
-
-def drops_bonus_token() -> DropsBonusToken:
-    return DropsBonusToken()
-
-
-def emits_after_eos() -> EmitsAfterEos:
-    return EmitsAfterEos()
-
-
-def stale_state_after_zero_draft() -> StaleStateAfterZeroDraft:
-    return StaleStateAfterZeroDraft()
-
-
-def sticky_cache() -> StickyCache:
-    return StickyCache()
-
-
-def match_pointer() -> MatchPointer:
-    return MatchPointer()
-
-
-def returns_generator() -> ReturnsGenerator:
-    return ReturnsGenerator()
-
-
-def reads_past_context() -> ReadsPastContext:
-    return ReadsPastContext()
-
-
-def refeeds_accepted_first() -> RefeedsAcceptedFirst:
-    return RefeedsAcceptedFirst()
-
-
-def eos_masked_by_length_cap() -> EosMaskedByLengthCap:
-    return EosMaskedByLengthCap()
-
-
-def length_cap_hides_eos_in_block() -> LengthCapHidesEosInBlock:
-    return LengthCapHidesEosInBlock()
-
-
-def raises_every_call() -> RaisesEveryCall:
-    return RaisesEveryCall()
-
-
-def ignores_suite_drafts() -> IgnoresSuiteDrafts:
-    return IgnoresSuiteDrafts()
-
-
-def verifies_own_draft() -> VerifiesOwnDraft:
-    return VerifiesOwnDraft()
-
-
-def trusts_overlong_draft() -> TrustsOverlongDraft:
-    return TrustsOverlongDraft()
+# The members\' factories are made from ``_MEMBERS`` below (``__getattr__``); these are the controls and
+# the correct-but-different implementations.
 
 
 def own_drafts_engine() -> OwnDraftsEngine:
@@ -398,26 +210,6 @@ def zoo_engine() -> ZooEngine:
     return ZooEngine()
 
 
-def head_keeps_chain() -> HeadDrafter:
-    return head_drafter(HeadKeepsChain)
-
-
-def feature_from_rejected() -> FeatureFromRejected:
-    return FeatureFromRejected()
-
-
-def features_shifted() -> FeaturesShifted:
-    return FeaturesShifted()
-
-
-def features_wrong_layer() -> FeaturesWrongLayer:
-    return FeaturesWrongLayer()
-
-
-def features_stale_across_requests() -> FeaturesStaleAcrossRequests:
-    return FeaturesStaleAcrossRequests()
-
-
 def feature_head_drafter() -> HeadDrafter:
     """Correct: a feature head whose KV is append-only (the chain's slots are overwritten next call)."""
     return head_drafter()
@@ -431,10 +223,6 @@ def feature_head_replay() -> HeadDrafter:
 def feature_head_recomputes() -> HeadDrafter:
     """Correct, differently: ignores the handed features and computes them from the accepted context."""
     return head_drafter(HeadRecomputesFeatures)
-
-
-def prompt_only_lookup() -> PromptOnlyLookup:
-    return PromptOnlyLookup()
 
 
 def declared_prompt_only_lookup() -> DeclaredPromptOnlyLookup:
@@ -459,9 +247,12 @@ def feature_engine_replay() -> FeatureZooEngine:
 
 # ---------------------------------------------------------------------------- the members
 
-# name -> (kind, implementation). Which invariant rejects each member, and which others its bug
-# also trips, is the registry's to say (``Invariant.zoo`` / ``Invariant.also``): no id is spelled here.
-_MEMBERS: dict[str, tuple[Kind, type]] = {
+# name -> (kind, implementation[, factory]): the zoo's one list of member names. Each name is also the
+# member's plug-in factory, ``specproof.conformance.zoo:<name>`` (``__getattr__`` below), which calls
+# ``factory`` (default: the implementation class) with no argument. Which invariant rejects each member,
+# and which others its bug also trips, is the registry's to say (``Invariant.zoo`` / ``Invariant.also``):
+# no id is spelled here.
+_MEMBERS: dict[str, MemberEntry] = {
     "too_long": ("drafter", TooLong),
     "out_of_range": ("drafter", OutOfRange),
     "nondeterministic": ("drafter", Nondeterministic),
@@ -470,10 +261,18 @@ _MEMBERS: dict[str, tuple[Kind, type]] = {
     "match_pointer": ("drafter", MatchPointer),
     "returns_generator": ("drafter", ReturnsGenerator),
     "reads_past_context": ("drafter", ReadsPastContext),
-    "model_drafter_no_rollback": ("drafter", DraftNoRollback),
-    "model_drafter_kv_only_rollback": ("drafter", DraftKVOnlyRollback),
-    "model_drafter_kv_only_rollback_gdn": ("drafter", DraftKVOnlyRollback),
-    "model_drafter_reset_keeps_state": ("drafter", DraftResetKeepsModel),
+    "model_drafter_no_rollback": ("drafter", DraftNoRollback, _model_drafters.model_drafter_no_rollback),
+    "model_drafter_kv_only_rollback": ("drafter", DraftKVOnlyRollback, _model_drafters.model_drafter_kv_only_rollback),
+    "model_drafter_kv_only_rollback_gdn": (
+        "drafter",
+        DraftKVOnlyRollback,
+        _model_drafters.model_drafter_kv_only_rollback_gdn,
+    ),
+    "model_drafter_reset_keeps_state": (
+        "drafter",
+        DraftResetKeepsModel,
+        _model_drafters.model_drafter_reset_keeps_state,
+    ),
     "pads_vocab": ("target", PadsVocab),
     "processed_is_last_index": ("target", ProcessedIsLastIndex),
     "chunked_forward_differs": ("target", ChunkedForwardDiffers),
@@ -504,7 +303,7 @@ _MEMBERS: dict[str, tuple[Kind, type]] = {
     "overclaims_prefix_reuse": ("engine", OverclaimsPrefixReuse),
     "length_cap_hides_eos_in_block": ("engine", LengthCapHidesEosInBlock),
     "prompt_only_lookup": ("drafter", PromptOnlyLookup),
-    "head_keeps_chain": ("drafter", HeadKeepsChain),
+    "head_keeps_chain": ("drafter", HeadKeepsChain, lambda: head_drafter(HeadKeepsChain)),
     "feature_from_rejected": ("engine", FeatureFromRejected),
     "features_shifted": ("engine", FeaturesShifted),
     "features_wrong_layer": ("engine", FeaturesWrongLayer),
@@ -521,9 +320,7 @@ class ZooRegistryError(ValueError):
     """The zoo and the registry disagree: a member no invariant claims, or a claim on no member."""
 
 
-def build_zoo(
-    members: Mapping[str, tuple[Kind, type]], invariants: Iterable[Invariant] = REGISTRY
-) -> dict[str, ZooMember]:
+def build_zoo(members: Mapping[str, MemberEntry], invariants: Iterable[Invariant] = REGISTRY) -> dict[str, ZooMember]:
     """Every member with the invariant that claims it (``Invariant.zoo``) and those that list it in ``also``.
 
     Raises ``ZooRegistryError`` naming the member or the invariant when a member is claimed by no
@@ -543,7 +340,8 @@ def build_zoo(
     if unclaimed:
         raise ZooRegistryError(f"zoo members {unclaimed} are claimed by no invariant (Invariant.zoo)")
     zoo: dict[str, ZooMember] = {}
-    for name, (kind, implementation) in members.items():
+    for name, entry in members.items():
+        kind, implementation = entry[0], entry[1]
         invariant = claimed[name]
         # the description is the first line of the class docstring, less its "invariant-id: " prefix
         doc = (implementation.__doc__ or "").strip().splitlines()[0]
@@ -602,3 +400,51 @@ CONTROLS: dict[Kind, str] = {
     "engine": f"{_MODULE}:zoo_engine",
 }
 """The correct control of each family, as a plug-in spec: certification accepts these."""
+
+
+# ---------------------------------------------------------------------------- the members' factories
+
+
+def _member_factory(name: str, entry: MemberEntry) -> Callable[[], object]:
+    make: Callable[[], object] = entry[2] if len(entry) == 3 else entry[1]
+
+    def factory() -> object:
+        return make()
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__module__ = _MODULE
+    factory.__doc__ = f"A fresh ``{entry[1].__name__}``: the zoo member {name!r} ({ZOO[name].invariant})."
+    return factory
+
+
+_FACTORIES: dict[str, Callable[[], object]] = {name: _member_factory(name, entry) for name, entry in _MEMBERS.items()}
+
+
+def __getattr__(name: str) -> Callable[[], object]:
+    """``specproof.conformance.zoo.<member>``: the member's zero-argument factory (its plug-in)."""
+    try:
+        return _FACTORIES[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_FACTORIES})
+
+
+# derived: the members come from _MEMBERS, the correct implementations from the tables above
+__all__ = [
+    "CONTROLS",
+    "CORRECT",
+    "CORRECT_DRAFTERS",
+    "ZOO",
+    "ZOO_CONFIG",
+    "ZooMember",
+    "ZooRegistryError",
+    "build_zoo",
+    "small_reference",
+    *_MEMBERS,
+    *CORRECT,
+    *CORRECT_DRAFTERS,
+    *(spec.rsplit(":", 1)[1] for spec in CONTROLS.values()),
+]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -182,6 +183,34 @@ class ZooEngine:
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
         target = self.target
+        ctx, eos = self._check_request(prompt, max_new_tokens, eos_token_id)
+        drafter = self._drafter_for(ctx, max_new_tokens)
+        target.reset()
+        prefill = 0
+        if len(ctx) > 1:
+            target.forward(ctx[:-1])
+            prefill = 1
+        out: list[int] = []
+        steps: list[Step] = []
+        tally = _Tally(self.k)
+        stop: StopReason = "max_new_tokens"
+        while len(out) < max_new_tokens:
+            room = target.max_context - target.processed
+            if room < 1:
+                stop = "context_full"
+                break
+            emitted = self._round(ctx, drafter, max_new_tokens - len(out), room, eos, steps, tally)
+            ctx.extend(emitted)
+            out.extend(emitted)
+            if eos is not None and eos in emitted:
+                stop = "eos"
+                break
+        return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=tally.stats(steps, out, prefill))
+
+    def _check_request(
+        self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None
+    ) -> tuple[list[int], int | None]:
+        """The prompt as a list and the EOS id, or the contract's error for a bad one."""
         ctx = [int(t) for t in prompt]
         if not ctx:
             raise EmptyPromptError(f"{self.name}: the prompt is empty; it needs at least the pending token")
@@ -196,83 +225,97 @@ class ZooEngine:
             or not 0 <= eos_token_id < self.vocab_size
         ):
             raise TokenRangeError(f"{self.name}: eos_token_id={eos_token_id!r} is not an id in [0, {self.vocab_size})")
-        eos = None if eos_token_id is None else int(eos_token_id)
+        return ctx, None if eos_token_id is None else int(eos_token_id)
+
+    def _drafter_for(self, ctx: list[int], max_new_tokens: int) -> Any:
+        """The suite's drafter (reset) when one is installed, else an oracle of the greedy continuation."""
         drafter = self.drafter
         if drafter is None:
             continuation = greedy_decode(self._oracle, ctx, max_new_tokens + self.k).tokens
-            drafter = OracleDrafter(ctx, continuation, vocab_size=self.vocab_size)
-        elif callable(getattr(drafter, "reset", None)):
+            return OracleDrafter(ctx, continuation, vocab_size=self.vocab_size)
+        if callable(getattr(drafter, "reset", None)):
             drafter.reset()  # type: ignore[attr-defined]
-        target.reset()
-        prefill = 0
-        if len(ctx) > 1:
-            target.forward(ctx[:-1])
-            prefill = 1
-        out: list[int] = []
-        steps: list[Step] = []
-        verify = replay = drafted = accepted_total = 0
-        attempts = [0] * self.k
-        accepts = [0] * self.k
-        stop: StopReason = "max_new_tokens"
-        while len(out) < max_new_tokens:
-            room = target.max_context - target.processed
-            if room < 1:
-                stop = "context_full"
-                break
-            remaining = max_new_tokens - len(out)
-            k_eff = self._round_bound(remaining, room)
-            base = target.processed
-            before = target.snapshot()
-            draft = self._take(drafter.propose(ctx, k_eff), k_eff) if k_eff > 0 else []  # type: ignore[attr-defined]
-            fed = [ctx[-1], *draft]
-            checkpoints: list[object] | None = None
-            if self.rollback == "checkpoint":
-                logits, checkpoints = target.forward_with_checkpoints(fed)
-            else:
-                logits = target.forward(fed)
-            verify += 1
-            argmax = [int(i) for i in np.argmax(logits, axis=1)]
-            accepted = self._accept(draft, argmax)
-            emitted = self._emit(accepted, remaining, eos)
-            keep = self._kept(len(emitted))
-            if keep < len(fed):
-                if checkpoints is not None and self._uses_checkpoints():
-                    self._restore(checkpoints[keep - 1] if keep > 0 else before)  # type: ignore[arg-type]
-                else:
-                    self._restore(before)
-                    if keep > 0:
-                        target.forward(self._refeed(fed[:keep]))
-                        replay += 1
-            else:
-                self._commit(before, draft)
-            at_eos = eos is not None and eos in emitted
-            step = Step(base=base, draft=draft, argmax=argmax, accepted=accepted, processed=target.processed)
-            self._log(steps, step, at_eos=at_eos)
-            drafted += len(draft)
-            accepted_total += len(accepted) - 1
-            for p in range(len(draft)):
-                if p == len(attempts):  # a draft longer than k (only an engine that trusts one gets here)
-                    attempts.append(0)
-                    accepts.append(0)
-                attempts[p] += 1
-                accepts[p] += p < len(accepted) - 1
-            ctx.extend(emitted)
-            out.extend(emitted)
-            if eos is not None and eos in emitted:
-                stop = "eos"
-                break
-        stats = Stats(
+        return drafter
+
+    def _round(
+        self,
+        ctx: list[int],
+        drafter: Any,
+        remaining: int,
+        room: int,
+        eos: int | None,
+        steps: list[Step],
+        tally: _Tally,
+    ) -> list[int]:
+        """One draft-verify-accept round through the hooks; logs its step and returns the tokens it emitted."""
+        target = self.target
+        k_eff = self._round_bound(remaining, room)
+        base = target.processed
+        before = target.snapshot()
+        draft = self._take(drafter.propose(ctx, k_eff), k_eff) if k_eff > 0 else []
+        fed = [ctx[-1], *draft]
+        checkpoints: list[object] | None = None
+        if self.rollback == "checkpoint":
+            logits, checkpoints = target.forward_with_checkpoints(fed)
+        else:
+            logits = target.forward(fed)
+        tally.verify += 1
+        argmax = [int(i) for i in np.argmax(logits, axis=1)]
+        accepted = self._accept(draft, argmax)
+        emitted = self._emit(accepted, remaining, eos)
+        keep = self._kept(len(emitted))
+        if keep < len(fed):
+            tally.replay += self._roll_back(fed, keep, checkpoints, before)
+        else:
+            self._commit(before, draft)
+        at_eos = eos is not None and eos in emitted
+        step = Step(base=base, draft=draft, argmax=argmax, accepted=accepted, processed=target.processed)
+        self._log(steps, step, at_eos=at_eos)
+        tally.count(draft, accepted)
+        return emitted
+
+    def _roll_back(self, fed: list[int], keep: int, checkpoints: list[object] | None, before: ReferenceSnapshot) -> int:
+        """Back to ``keep`` tokens of ``fed``; returns the replay forwards it ran (0 or 1)."""
+        if checkpoints is not None and self._uses_checkpoints():
+            self._restore(checkpoints[keep - 1] if keep > 0 else before)  # type: ignore[arg-type]
+            return 0
+        self._restore(before)
+        if keep > 0:
+            self.target.forward(self._refeed(fed[:keep]))
+            return 1
+        return 0
+
+
+class _Tally:
+    """The counters of one ``ZooEngine.generate`` call, turned into its ``Stats`` at the end."""
+
+    def __init__(self, k: int) -> None:
+        self.verify = self.replay = self.drafted = self.accepted = 0
+        self.attempts = [0] * k
+        self.accepts = [0] * k
+
+    def count(self, draft: list[int], accepted: list[int]) -> None:
+        self.drafted += len(draft)
+        self.accepted += len(accepted) - 1
+        for p in range(len(draft)):
+            if p == len(self.attempts):  # a draft longer than k (only an engine that trusts one gets here)
+                self.attempts.append(0)
+                self.accepts.append(0)
+            self.attempts[p] += 1
+            self.accepts[p] += p < len(accepted) - 1
+
+    def stats(self, steps: list[Step], out: list[int], prefill: int) -> Stats:
+        return Stats(
             rounds=len(steps),
             emitted=len(out),
             prefill_forwards=prefill,
-            verify_forwards=verify,
-            replay_forwards=replay,
-            drafted=drafted,
-            accepted=accepted_total,
-            position_attempts=tuple(attempts),
-            position_accepts=tuple(accepts),
+            verify_forwards=self.verify,
+            replay_forwards=self.replay,
+            drafted=self.drafted,
+            accepted=self.accepted,
+            position_attempts=tuple(self.attempts),
+            position_accepts=tuple(self.accepts),
         )
-        return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=stats)
 
 
 class DraftsPastK(ZooEngine):

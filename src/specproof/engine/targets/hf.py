@@ -180,18 +180,7 @@ class HFTarget:
             logits = self.forward(toks)
             return logits, [self.snapshot()] if toks else []
         captured: dict[int, Any] = {}
-        originals: list[int] = []
-        for i, layer in enumerate(self._cache.layers):
-            if type(layer) is self._linear_layer:
-                original = layer.update_conv_state
-
-                def capture(conv_states: Any, *args: Any, _i: int = i, _orig: Any = original, **kwargs: Any) -> Any:
-                    full = _orig(conv_states, *args, **kwargs)
-                    captured[_i] = full.detach().clone()
-                    return full
-
-                originals.append(i)
-                layer.update_conv_state = capture  # type: ignore[method-assign]
+        originals = _capture_conv_inputs(self._cache.layers, self._linear_layer, captured)
         try:
             logits = self.forward(toks)
         finally:
@@ -200,24 +189,11 @@ class HFTarget:
         after = self.snapshot()
         q, base = len(toks), self._processed - len(toks)
         checkpoints: list[object] = []
-        torch = self._torch
         for pos in range(q):
-            states: list[Any] = []
-            for i, state in enumerate(after.states):
-                if state is None:
-                    states.append(None)
-                    continue
-                current = state["conv"][0]
-                full = captured[i]
-                width = current.shape[-1]
-                end = full.shape[-1] - (q - 1 - pos)  # the window ends at this position's column
-                window = full[..., max(0, end - width) : end]
-                if window.shape[-1] < width:
-                    window = torch.nn.functional.pad(window, (width - window.shape[-1], 0))
-                states.append({**state, "conv": {0: window.clone()}})
+            states = _states_at(self._torch, after.states, captured, back=q - 1 - pos)
             checkpoints.append(
                 FrameworkSnapshot(
-                    processed=base + pos + 1, states=tuple(states), target_id=self._id, write_clock=after.write_clock
+                    processed=base + pos + 1, states=states, target_id=self._id, write_clock=after.write_clock
                 )
             )
         return logits, checkpoints
@@ -227,18 +203,7 @@ class HFTarget:
         states: list[Any] = []
         with self._torch.inference_mode():
             for layer in self._cache.layers:
-                if type(layer) is self._linear_layer:
-                    states.append(
-                        {
-                            "conv": {i: None if t is None else t.clone() for i, t in layer.conv_states.items()},
-                            "rec": {i: None if t is None else t.clone() for i, t in layer.recurrent_states.items()},
-                            "has_previous_state": dict(layer.has_previous_state),
-                            "conv_init": dict(layer.is_conv_states_initialized),
-                            "rec_init": dict(layer.is_recurrent_states_initialized),
-                        }
-                    )
-                else:
-                    states.append(None)
+                states.append(_linear_state(layer) if type(layer) is self._linear_layer else None)
         return FrameworkSnapshot(
             processed=self._processed, states=tuple(states), target_id=self._id, write_clock=self._clock.clock
         )
@@ -267,18 +232,7 @@ class HFTarget:
                     if excess > 0:
                         layer.crop(-excess)
                     continue
-                for key, saved in (("conv", layer.conv_states), ("rec", layer.recurrent_states)):
-                    for idx, tensor in state[key].items():
-                        current = saved.get(idx)
-                        if tensor is None:
-                            saved[idx] = None
-                        elif current is not None and current.shape == tensor.shape:
-                            current.copy_(tensor)  # keeps the tensor's address, as transformers does
-                        else:
-                            saved[idx] = tensor.clone()
-                layer.has_previous_state.update(state["has_previous_state"])
-                layer.is_conv_states_initialized.update(state["conv_init"])
-                layer.is_recurrent_states_initialized.update(state["rec_init"])
+                _put_back_linear_state(layer, state)
         self._processed = n
 
     def reset(self) -> None:
@@ -341,14 +295,10 @@ class HFTarget:
         blocks = self._blocks()
         captured: dict[int, npt.NDArray[np.float32]] = {}
 
-        def hook_for(layer: int) -> Any:
-            def hook(_module: Any, _args: Any, output: Any) -> None:
-                hidden = output[0] if isinstance(output, tuple) else output
-                captured[layer] = hidden[0].to(self._torch.float32).cpu().numpy().copy()
-
-            return hook
-
-        handles = [blocks[layer].register_forward_hook(hook_for(layer)) for layer in dict.fromkeys(wanted)]
+        handles = [
+            blocks[layer].register_forward_hook(_feature_hook(self._torch, layer, captured))
+            for layer in dict.fromkeys(wanted)
+        ]
         try:
             cks: list[object] | None = None
             if checkpoints:
@@ -397,6 +347,85 @@ class HFTarget:
 
     def _dtype_name(self) -> str:
         return str(next(self.model.parameters()).dtype).replace("torch.", "")
+
+
+# --------------------------------------------------------------------------- cache-layer helpers
+# Module-level so the HFTarget class holds the protocol; each takes the torch module or a cache
+# layer it is handed (transformers is imported only when an HFTarget is built).
+
+
+def _capture_conv_inputs(layers: Sequence[Any], linear_layer: Any, captured: dict[int, Any]) -> list[int]:
+    """Wrap each conv / recurrent layer's ``update_conv_state`` so the full conv input it builds is cloned into
+    ``captured[layer index]``; returns the wrapped layers' indices (``del layer.update_conv_state`` undoes it)."""
+    originals: list[int] = []
+    for i, layer in enumerate(layers):
+        if type(layer) is linear_layer:
+            original = layer.update_conv_state
+
+            def capture(conv_states: Any, *args: Any, _i: int = i, _orig: Any = original, **kwargs: Any) -> Any:
+                full = _orig(conv_states, *args, **kwargs)
+                captured[_i] = full.detach().clone()
+                return full
+
+            originals.append(i)
+            layer.update_conv_state = capture
+    return originals
+
+
+def _states_at(torch: Any, after: Sequence[Any], captured: dict[int, Any], *, back: int) -> tuple[Any, ...]:
+    """The layer states ``back`` positions before the end of a forward: each conv window sliced from the captured
+    full conv input (left-padded with zeros when it reaches before the first column)."""
+    states: list[Any] = []
+    for i, state in enumerate(after):
+        if state is None:
+            states.append(None)
+            continue
+        current = state["conv"][0]
+        full = captured[i]
+        width = current.shape[-1]
+        end = full.shape[-1] - back  # the window ends at this position's column
+        window = full[..., max(0, end - width) : end]
+        if window.shape[-1] < width:
+            window = torch.nn.functional.pad(window, (width - window.shape[-1], 0))
+        states.append({**state, "conv": {0: window.clone()}})
+    return tuple(states)
+
+
+def _linear_state(layer: Any) -> dict[str, Any]:
+    """Clones of a ``LinearAttentionLayer``'s conv and recurrent tensors and copies of its flags."""
+    return {
+        "conv": {i: None if t is None else t.clone() for i, t in layer.conv_states.items()},
+        "rec": {i: None if t is None else t.clone() for i, t in layer.recurrent_states.items()},
+        "has_previous_state": dict(layer.has_previous_state),
+        "conv_init": dict(layer.is_conv_states_initialized),
+        "rec_init": dict(layer.is_recurrent_states_initialized),
+    }
+
+
+def _put_back_linear_state(layer: Any, state: dict[str, Any]) -> None:
+    """Copy ``_linear_state``'s saved tensors and flags back into ``layer`` (in place where shapes allow)."""
+    for key, saved in (("conv", layer.conv_states), ("rec", layer.recurrent_states)):
+        for idx, tensor in state[key].items():
+            current = saved.get(idx)
+            if tensor is None:
+                saved[idx] = None
+            elif current is not None and current.shape == tensor.shape:
+                current.copy_(tensor)  # keeps the tensor's address, as transformers does
+            else:
+                saved[idx] = tensor.clone()
+    layer.has_previous_state.update(state["has_previous_state"])
+    layer.is_conv_states_initialized.update(state["conv_init"])
+    layer.is_recurrent_states_initialized.update(state["rec_init"])
+
+
+def _feature_hook(torch: Any, layer: int, captured: dict[int, npt.NDArray[np.float32]]) -> Any:
+    """A forward hook storing decoder layer ``layer``'s output (batch row 0, float32) in ``captured[layer]``."""
+
+    def hook(_module: Any, _args: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        captured[layer] = hidden[0].to(torch.float32).cpu().numpy().copy()
+
+    return hook
 
 
 # --------------------------------------------------------------------------- tiny models

@@ -35,7 +35,6 @@ from typing import Any, Final
 import attrs
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 
 from specproof.contract.compare import arrays_differ
 from specproof.engine.errors import (
@@ -45,6 +44,18 @@ from specproof.engine.errors import (
     TargetContractError,
     TokenRangeError,
 )
+from specproof.engine.targets._reference_blocks import (
+    AttnBlock,
+    Block,
+    ConvBlock,
+    GdnBlock,
+    MoeFfn,
+    _linear,
+    _rms_norm,
+    build_ffn,
+    rope_tables,
+)
+from specproof.engine.targets._reference_blocks import _silu as _silu  # re-exported for engine.drafters.heads
 
 __all__ = [
     "BLOCK_KINDS",
@@ -60,7 +71,6 @@ _Arr = npt.NDArray[Any]
 
 BLOCK_KINDS: Final[tuple[str, ...]] = ("conv", "attn", "gdn")
 _DEFAULT_LAYERS: Final[tuple[str, ...]] = ("conv", "attn", "conv", "gdn", "conv", "attn")
-_L2_EPS: Final = 1e-6  # Qwen3-Next's l2norm epsilon for the GDN q and k
 _F32 = np.float32
 
 
@@ -324,173 +334,6 @@ def _load_weights(cfg: ReferenceConfig, given: Mapping[str, Any]) -> dict[str, F
     return out
 
 
-# --------------------------------------------------------------------------- kernels
-# Every kernel maps rows independently and treats each row identically whatever the
-# number of rows, which is what makes the model exactly batch-invariant.
-
-
-def _linear(x: _Arr, w_t: _Arr) -> _Arr:
-    """``x @ w_t`` for ``x`` [q, n]: a stack of ``[1, n] @ [n, m]`` products, one BLAS call per row.
-
-    A plain ``[q, n] @ [n, m]`` is a gemm whose blocking (and rounding) depends on q.
-    """
-    return np.matmul(x[:, None, :], w_t)[:, 0, :]
-
-
-def _rms_norm(x: _Arr, weight: _Arr, eps: float) -> _Arr:
-    """LFM2 RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight``."""
-    ms = np.add.reduce(x * x, axis=-1, keepdims=True)
-    ms /= x.shape[-1]
-    ms += eps
-    return x / np.sqrt(ms) * weight
-
-
-def _silu(x: _Arr) -> _Arr:
-    # -x is a fresh contiguous array, so exp always takes the same (SIMD) path.
-    return x / (1.0 + np.exp(-x))
-
-
-# --------------------------------------------------------------------------- blocks
-
-
-class _DenseFfn:
-    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (w1 and w3 fused into one projection)."""
-
-    __slots__ = ("f", "w2_t", "w13_t")
-
-    def __init__(self, w1: FloatArray, w3: FloatArray, w2: FloatArray) -> None:
-        self.f = w1.shape[0]
-        self.w13_t = np.ascontiguousarray(np.concatenate((w1, w3)).T)
-        self.w2_t = np.ascontiguousarray(w2.T)
-
-    def __call__(self, x: _Arr) -> _Arr:
-        gu = _linear(x, self.w13_t)
-        return _linear(_silu(gu[:, : self.f]) * gu[:, self.f :], self.w2_t)
-
-
-class _MoeFfn:
-    """Mixture of SwiGLU experts: softmax router, top-k (ties to the lower index), renormalised."""
-
-    __slots__ = ("experts", "gate_t", "k", "last")
-
-    def __init__(self, gate: FloatArray, experts: list[_DenseFfn], k: int) -> None:
-        self.gate_t = np.ascontiguousarray(gate.T)
-        self.experts = experts
-        self.k = k
-        self.last: npt.NDArray[np.int64] = np.zeros((0, k), np.int64)
-
-    def __call__(self, x: _Arr) -> _Arr:
-        logits = _linear(x, self.gate_t)
-        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs = e / np.add.reduce(e, axis=-1, keepdims=True)
-        # a stable sort of -p keeps the lower expert index first among equal probabilities
-        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.k]
-        w = np.take_along_axis(probs, chosen, axis=-1)
-        w = w / np.add.reduce(w, axis=-1, keepdims=True)
-        q = x.shape[0]
-        ys = np.empty((q, self.k, x.shape[1]), _F32)
-        for expert in np.unique(chosen).tolist():
-            rows, slots = np.nonzero(chosen == expert)
-            ys[rows, slots] = self.experts[expert](x[rows])
-        # combine in slot order: the same additions for a row whatever q is
-        out = ys[:, 0] * w[:, 0:1]
-        for s in range(1, self.k):
-            out += ys[:, s] * w[:, s : s + 1]
-        chosen = chosen.astype(np.int64)
-        chosen.flags.writeable = False
-        self.last = chosen
-        return out
-
-
-_Ffn = _DenseFfn | _MoeFfn
-
-
-class _ConvBlock:
-    """LFM2 gated short conv: ``B, C, x = split(in_proj(h))``; ``out_proj(C * causal_conv(B * x))``."""
-
-    __slots__ = ("d", "ffn", "ffn_norm", "in_t", "kernel", "op_norm", "out_t", "slot")
-
-    def __init__(self, w: Mapping[str, FloatArray], p: str, slot: int, ffn: _Ffn) -> None:
-        self.op_norm = w[p + "operator_norm.weight"]
-        self.ffn_norm = w[p + "ffn_norm.weight"]
-        self.in_t = np.ascontiguousarray(w[p + "conv.in_proj.weight"].T)
-        self.kernel = np.ascontiguousarray(w[p + "conv.conv.weight"][:, 0, :].T)  # [L, d]
-        self.out_t = np.ascontiguousarray(w[p + "conv.out_proj.weight"].T)
-        self.d = self.out_t.shape[1]
-        self.slot = slot
-        self.ffn = ffn
-
-
-class _AttnBlock:
-    """GQA with per-head QK RMSNorm and rotate-half RoPE, causal over the KV cache."""
-
-    __slots__ = ("ffn", "ffn_norm", "op_norm", "out_t", "qk_norm", "qkv_t", "slot")
-
-    def __init__(self, w: Mapping[str, FloatArray], p: str, slot: int, ffn: _Ffn, cfg: ReferenceConfig) -> None:
-        a = p + "self_attn."
-        self.op_norm = w[p + "operator_norm.weight"]
-        self.ffn_norm = w[p + "ffn_norm.weight"]
-        qkv = np.concatenate((w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]))
-        self.qkv_t = np.ascontiguousarray(qkv.T)
-        self.out_t = np.ascontiguousarray(w[a + "out_proj.weight"].T)
-        # one norm weight row per head of concat(q, k): q heads use q_layernorm, kv heads k_layernorm
-        self.qk_norm = np.concatenate(
-            (
-                np.broadcast_to(w[a + "q_layernorm.weight"], (cfg.n_heads, cfg.head_dim)),
-                np.broadcast_to(w[a + "k_layernorm.weight"], (cfg.n_kv_heads, cfg.head_dim)),
-            )
-        )
-        self.slot = slot
-        self.ffn = ffn
-
-
-class _GdnBlock:
-    """Gated DeltaNet (Qwen3-Next / Qwen3.5 recurrence, one q/k head per v head)."""
-
-    __slots__ = (
-        "conv_dim",
-        "dt_bias",
-        "ffn",
-        "ffn_norm",
-        "in_t",
-        "kernel",
-        "neg_a",
-        "norm_w",
-        "op_norm",
-        "out_t",
-        "rec_slot",
-        "slot",
-    )
-
-    def __init__(
-        self, w: Mapping[str, FloatArray], p: str, slot: int, rec_slot: int, ffn: _Ffn, cfg: ReferenceConfig
-    ) -> None:
-        g = p + "linear_attn."
-        self.op_norm = w[p + "operator_norm.weight"]
-        self.ffn_norm = w[p + "ffn_norm.weight"]
-        fused = np.concatenate(
-            (
-                w[g + "in_proj_qkv.weight"],
-                w[g + "in_proj_z.weight"],
-                w[g + "in_proj_b.weight"],
-                w[g + "in_proj_a.weight"],
-            )
-        )
-        self.in_t = np.ascontiguousarray(fused.T)
-        self.kernel = np.ascontiguousarray(w[g + "conv1d.weight"][:, 0, :].T)  # [L, conv_dim]
-        self.neg_a = (-np.exp(w[g + "A_log"])).astype(_F32)
-        self.dt_bias = w[g + "dt_bias"]
-        self.norm_w = w[g + "norm.weight"]
-        self.out_t = np.ascontiguousarray(w[g + "out_proj.weight"].T)
-        self.conv_dim = cfg.gdn_conv_dim
-        self.slot = slot
-        self.rec_slot = rec_slot
-        self.ffn = ffn
-
-
-_Block = _ConvBlock | _AttnBlock | _GdnBlock
-
-
 # --------------------------------------------------------------------------- snapshot
 
 
@@ -540,6 +383,73 @@ def _check_feature_layers(layers: object, n_layers: int, *, who: str) -> tuple[i
     return tuple(out)
 
 
+def _token_array(tokens: Sequence[int], v: int) -> npt.NDArray[np.intp]:
+    """``tokens`` as an index array, or ``TokenRangeError`` naming the first id that is not in ``[0, v)``."""
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1:
+            raise TokenRangeError(f"ReferenceHybrid.forward: tokens must be 1-D, got shape {tokens.shape}")
+        if tokens.size and tokens.dtype.kind not in "iu":
+            raise TokenRangeError(
+                f"ReferenceHybrid.forward: tokens[0]={tokens[0]!r} is not an integer token id "
+                f"(array dtype {tokens.dtype})"
+            )
+        bad = np.flatnonzero((tokens < 0) | (tokens >= v)) if tokens.size else np.zeros(0, np.intp)
+        if bad.size:
+            i = int(bad[0])
+            raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(tokens[i])} is outside [0, {v})")
+        return tokens.astype(np.intp)
+    if isinstance(tokens, str) or not isinstance(tokens, Iterable):
+        raise TokenRangeError(
+            f"ReferenceHybrid.forward: tokens must be a sequence of ints, got {type(tokens).__name__}"
+        )
+    seq = tokens if isinstance(tokens, (list, tuple)) else list(tokens)  # bytes give ints
+    for i, t in enumerate(seq):
+        if type(t) is not int and not isinstance(t, np.integer):  # bool is excluded on purpose
+            raise TokenRangeError(
+                f"ReferenceHybrid.forward: tokens[{i}]={t!r} ({type(t).__name__}) is not an integer token id"
+            )
+        if not 0 <= t < v:
+            raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(t)} is outside [0, {v})")
+    return np.array(seq, dtype=np.intp) if seq else np.zeros(0, np.intp)
+
+
+def _build_blocks(cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> tuple[Block, ...]:
+    """The blocks of ``cfg.layers`` in order, each with its slot in the state arrays of its kind."""
+    blocks: list[Block] = []
+    n_attn = n_conv = n_rec = 0
+    eps = float(cfg.norm_eps)
+    for i, kind in enumerate(cfg.layers):
+        p = f"model.layers.{i}."
+        ffn = build_ffn(w, p, n_experts=cfg.n_experts, experts_per_token=cfg.experts_per_token)
+        if kind == "conv":
+            blocks.append(ConvBlock(w, p, n_conv, ffn))
+            n_conv += 1
+        elif kind == "attn":
+            blocks.append(
+                AttnBlock(
+                    w, p, n_attn, ffn, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, eps=eps
+                )
+            )
+            n_attn += 1
+        else:
+            blocks.append(
+                GdnBlock(
+                    w,
+                    p,
+                    n_conv,
+                    n_rec,
+                    ffn,
+                    heads=cfg.gdn_heads,
+                    key_dim=cfg.gdn_key_dim,
+                    value_dim=cfg.gdn_value_dim,
+                    eps=eps,
+                )
+            )
+            n_conv += 1
+            n_rec += 1
+    return tuple(blocks)
+
+
 class ReferenceHybrid:
     """A seeded hybrid LM in numpy implementing ``Target``, ``CheckpointingTarget`` and ``WhiteBoxTarget``.
 
@@ -568,58 +478,16 @@ class ReferenceHybrid:
     # ----------------------------------------------------------------- setup
 
     def _build_blocks(self, cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> None:
-        blocks: list[_Block] = []
-        moe: list[_MoeFfn] = []
-        n_attn = n_conv = n_rec = 0
-        for i, kind in enumerate(cfg.layers):
-            p = f"model.layers.{i}."
-            ffn: _Ffn
-            if cfg.is_moe:
-                experts = [
-                    _DenseFfn(
-                        w[f"{p}feed_forward.experts.{e}.w1.weight"],
-                        w[f"{p}feed_forward.experts.{e}.w3.weight"],
-                        w[f"{p}feed_forward.experts.{e}.w2.weight"],
-                    )
-                    for e in range(cfg.n_experts)
-                ]
-                ffn = _MoeFfn(w[p + "feed_forward.gate.weight"], experts, cfg.experts_per_token)
-                moe.append(ffn)
-            else:
-                ffn = _DenseFfn(
-                    w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"], w[p + "feed_forward.w2.weight"]
-                )
-            if kind == "conv":
-                blocks.append(_ConvBlock(w, p, n_conv, ffn))
-                n_conv += 1
-            elif kind == "attn":
-                blocks.append(_AttnBlock(w, p, n_attn, ffn, cfg))
-                n_attn += 1
-            else:
-                blocks.append(_GdnBlock(w, p, n_conv, n_rec, ffn, cfg))
-                n_conv += 1
-                n_rec += 1
-        self._blocks: tuple[_Block, ...] = tuple(blocks)
-        self._moe: tuple[_MoeFfn, ...] = tuple(moe)
+        self._blocks: tuple[Block, ...] = _build_blocks(cfg, w)
+        self._moe: tuple[MoeFfn, ...] = tuple(blk.ffn for blk in self._blocks if isinstance(blk.ffn, MoeFfn))
         self._embed = w["model.embed_tokens.weight"]
         self._final_norm = w["model.embedding_norm.weight"]
         head = self._embed if cfg.tie_embeddings else w["lm_head.weight"]
         self._head_t = np.ascontiguousarray(head.T)
 
     def _build_tables(self, cfg: ReferenceConfig) -> None:
-        hd = cfg.head_dim
-        half = hd // 2
-        # RoPE tables for every position (computed in float64, stored in float32).
-        inv_freq = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
-        angles = np.arange(cfg.max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
-        emb = np.concatenate((angles, angles), axis=-1)
-        self._cos = np.cos(emb).astype(_F32)
-        # rotate_half(x) * sin == x[..., perm] * signed_sin, bit for bit (negation is exact)
-        sin = np.sin(emb)
-        self._sin_signed = np.concatenate((-sin[:, :half], sin[:, half:]), axis=-1).astype(_F32)
-        self._perm = np.concatenate((np.arange(half, hd), np.arange(half)))
-        self._scale = _F32(1.0 / math.sqrt(hd))
-        self._q_scale = _F32(1.0 / math.sqrt(cfg.gdn_key_dim))
+        # RoPE tables for every position
+        self._cos, self._sin_signed = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_context)
 
     def _allocate_states(self, cfg: ReferenceConfig) -> None:
         self._key_cache = np.zeros((cfg.n_attn_layers, cfg.n_kv_heads, cfg.max_context, cfg.head_dim), _F32)
@@ -708,7 +576,10 @@ class ReferenceHybrid:
             clock = self._clock
             cks = [
                 ReferenceSnapshot(
-                    processed=base + i + 1, conv_state=conv_ck[i], rec_state=rec_ck[i], target_id=self._id,
+                    processed=base + i + 1,
+                    conv_state=conv_ck[i],
+                    rec_state=rec_ck[i],
+                    target_id=self._id,
                     write_clock=clock,
                 )
                 for i in range(len(toks))
@@ -812,34 +683,7 @@ class ReferenceHybrid:
 
     def _check(self, tokens: Sequence[int]) -> npt.NDArray[np.intp]:
         """Validate ``tokens`` (ids and capacity) without touching any state."""
-        v = self.vocab_size
-        if isinstance(tokens, np.ndarray):
-            if tokens.ndim != 1:
-                raise TokenRangeError(f"ReferenceHybrid.forward: tokens must be 1-D, got shape {tokens.shape}")
-            if tokens.size and tokens.dtype.kind not in "iu":
-                raise TokenRangeError(
-                    f"ReferenceHybrid.forward: tokens[0]={tokens[0]!r} is not an integer token id "
-                    f"(array dtype {tokens.dtype})"
-                )
-            bad = np.flatnonzero((tokens < 0) | (tokens >= v)) if tokens.size else np.zeros(0, np.intp)
-            if bad.size:
-                i = int(bad[0])
-                raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(tokens[i])} is outside [0, {v})")
-            toks = tokens.astype(np.intp)
-        else:
-            if isinstance(tokens, str) or not isinstance(tokens, Iterable):
-                raise TokenRangeError(
-                    f"ReferenceHybrid.forward: tokens must be a sequence of ints, got {type(tokens).__name__}"
-                )
-            seq = tokens if isinstance(tokens, (list, tuple)) else list(tokens)  # bytes give ints
-            for i, t in enumerate(seq):
-                if type(t) is not int and not isinstance(t, np.integer):  # bool is excluded on purpose
-                    raise TokenRangeError(
-                        f"ReferenceHybrid.forward: tokens[{i}]={t!r} ({type(t).__name__}) is not an integer token id"
-                    )
-                if not 0 <= t < v:
-                    raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(t)} is outside [0, {v})")
-            toks = np.array(seq, dtype=np.intp) if seq else np.zeros(0, np.intp)
+        toks = _token_array(tokens, self.vocab_size)
         n = toks.shape[0]
         if self._processed + n > self.max_context:
             raise CapacityError(
@@ -875,12 +719,12 @@ class ReferenceHybrid:
             h = self._embed[toks]
             for index, blk in enumerate(self._blocks):
                 x = _rms_norm(h, blk.op_norm, eps)
-                if isinstance(blk, _ConvBlock):
-                    h += self._conv_op(blk, x, conv_rec)
-                elif isinstance(blk, _AttnBlock):
-                    h += self._attn_op(blk, x, base, cos, sin)
+                if isinstance(blk, ConvBlock):
+                    h += blk.mix(x, self._conv_state, conv_rec)
+                elif isinstance(blk, AttnBlock):
+                    h += blk.mix(x, base, cos, sin, self._key_cache, self._value_cache)
                 else:
-                    h += self._gdn_op(blk, x, conv_rec, rec_rec)
+                    h += blk.mix(x, self._conv_state, self._rec_state, conv_rec, rec_rec)
                 h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
                 if features is not None and index in features:
                     features[index] = h.copy()
@@ -891,91 +735,3 @@ class ReferenceHybrid:
         conv_ck.flags.writeable = False
         rec_ck.flags.writeable = False
         return np.ascontiguousarray(logits), conv_ck, rec_ck
-
-    def _short_conv(self, slot: int, channels: int, kernel: _Arr, xin: _Arr, record: _Arr | None) -> _Arr:
-        """Causal depthwise conv over time: ``out_t = sum_l kernel[l] * x_{t-L+1+l}``, history from ``conv_state``.
-
-        Updates ``conv_state[slot]`` to the last ``L - 1`` inputs; ``record[i, slot]``
-        gets the state after each position.
-        """
-        q = xin.shape[0]
-        width = kernel.shape[0] - 1
-        if width:
-            state = self._conv_state[slot, :channels]  # [C, L-1], oldest first
-            full = np.concatenate((state.T, xin))  # [L-1+q, C]
-            state[...] = full[q:].T
-            if record is not None:
-                # window s of L-1 rows starting at s is the state after s inputs of this forward
-                record[:, slot, :channels] = sliding_window_view(full, width, axis=0)[1:]
-        else:
-            full = np.ascontiguousarray(xin)
-        # taps summed in a fixed order, elementwise: exact and independent of q
-        acc = full[0:q] * kernel[0]
-        for tap in range(1, width + 1):
-            acc += full[tap : tap + q] * kernel[tap]
-        return acc
-
-    def _conv_op(self, blk: _ConvBlock, x: _Arr, record: _Arr | None) -> _Arr:
-        d = blk.d
-        bcx = _linear(x, blk.in_t)
-        bx = bcx[:, :d] * bcx[:, 2 * d :]
-        y = bcx[:, d : 2 * d] * self._short_conv(blk.slot, d, blk.kernel, bx, record)
-        return _linear(y, blk.out_t)
-
-    def _attn_op(self, blk: _AttnBlock, x: _Arr, base: int, cos: _Arr, sin: _Arr) -> _Arr:
-        cfg = self.config
-        q = x.shape[0]
-        n_h, n_kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        total = base + q
-        qkv = _linear(x, blk.qkv_t)
-        nqk = (n_h + n_kv) * hd
-        qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), blk.qk_norm, self._eps)
-        qk = qk * cos + qk[..., self._perm] * sin  # RoPE, rotate-half convention
-        kc = self._key_cache[blk.slot]  # [kv, max_context, hd]
-        vc = self._value_cache[blk.slot]
-        kc[:, base:total] = qk[:, n_h:].transpose(1, 0, 2)
-        vc[:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
-        qg = (qk[:, :n_h] * self._scale).reshape(q, n_kv, n_h // n_kv, hd)
-        o = np.empty((q, n_kv, n_h // n_kv, hd), _F32)
-        # Row i attends to keys 0 .. base + i with exactly the calls (same shapes, same cache
-        # views) a one-token forward at that position makes, so it is bit-identical to it.
-        # A vectorised masked version would sum over base + q keys, and BLAS and pairwise
-        # sums group a longer reduction differently.
-        for i in range(q):
-            n = base + i + 1
-            s = np.matmul(qg[i], kc[:, :n].transpose(0, 2, 1))  # [kv, group, n]
-            s -= s.max(axis=-1, keepdims=True)
-            e = np.exp(s)
-            np.divide(np.matmul(e, vc[:, :n]), np.add.reduce(e, axis=-1, keepdims=True), out=o[i])
-        return _linear(o.reshape(q, n_h * hd), blk.out_t)
-
-    def _gdn_op(self, blk: _GdnBlock, x: _Arr, conv_rec: _Arr | None, rec_rec: _Arr | None) -> _Arr:
-        cfg = self.config
-        q = x.shape[0]
-        hg, dk, dv = cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim
-        cd = blk.conv_dim
-        proj = _linear(x, blk.in_t)  # [q, conv_dim + hg*dv + 2*hg]: qkv, z, b, a
-        mixed = _silu(self._short_conv(blk.slot, cd, blk.kernel, proj[:, :cd], conv_rec))
-        z = proj[:, cd : cd + hg * dv]
-        b = proj[:, cd + hg * dv : cd + hg * dv + hg]
-        a = proj[:, cd + hg * dv + hg :]
-        qk = mixed[:, : 2 * hg * dk].reshape(q, 2 * hg, dk)
-        qk = qk / np.sqrt(np.add.reduce(qk * qk, axis=-1, keepdims=True) + _L2_EPS)  # L2 norm per head
-        qrow = (qk[:, :hg] * self._q_scale)[:, :, None, :]  # [q, hg, 1, dk]
-        krow = np.ascontiguousarray(qk[:, hg:])[:, :, None, :]  # [q, hg, 1, dk]
-        kcol = krow.transpose(0, 1, 3, 2)  # [q, hg, dk, 1]
-        vrow = mixed[:, 2 * hg * dk :].reshape(q, hg, 1, dv)
-        beta = (1.0 / (1.0 + np.exp(-b)))[:, :, None, None]
-        decay = np.exp(blk.neg_a * np.logaddexp(0.0, a + blk.dt_bias))[:, :, None, None]  # exp(g)
-        state = self._rec_state[blk.rec_slot]  # [hg, dk, dv], updated in place
-        o = np.empty((q, hg, 1, dv), _F32)
-        for t in range(q):  # the delta rule is sequential by nature
-            state *= decay[t]
-            delta = (vrow[t] - np.matmul(krow[t], state)) * beta[t]  # v - S^T k, scaled by beta
-            state += kcol[t] * delta  # S += k delta^T
-            np.matmul(qrow[t], state, out=o[t])  # o = S^T q
-            if rec_rec is not None:
-                rec_rec[t, blk.rec_slot] = state
-        o3 = o.reshape(q, hg, dv)
-        y = _rms_norm(o3, blk.norm_w, self._eps) * _silu(z.reshape(q, hg, dv))  # gated RMSNorm per head
-        return _linear(y.reshape(q, hg * dv), blk.out_t)

@@ -1,0 +1,355 @@
+"""The blocks of the reference target: kernels, feed-forwards and the three mixers.
+
+Every kernel maps rows independently and treats each row identically whatever the
+number of rows, which is what makes ``ReferenceHybrid`` exactly batch-invariant (see
+``specproof.engine.targets.reference``). A block holds its transposed weights and its
+slot in the model's state arrays; ``mix`` runs its token mixer over the normed residual
+``x`` and updates the state it is handed in place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
+
+FloatArray = npt.NDArray[np.float32]
+_Arr = npt.NDArray[Any]
+
+_L2_EPS: Final = 1e-6  # Qwen3-Next's l2norm epsilon for the GDN q and k
+_F32 = np.float32
+
+
+# --------------------------------------------------------------------------- kernels
+# Every kernel maps rows independently and treats each row identically whatever the
+# number of rows, which is what makes the model exactly batch-invariant.
+
+
+def _linear(x: _Arr, w_t: _Arr) -> _Arr:
+    """``x @ w_t`` for ``x`` [q, n]: a stack of ``[1, n] @ [n, m]`` products, one BLAS call per row.
+
+    A plain ``[q, n] @ [n, m]`` is a gemm whose blocking (and rounding) depends on q.
+    """
+    return np.matmul(x[:, None, :], w_t)[:, 0, :]
+
+
+def _rms_norm(x: _Arr, weight: _Arr, eps: float) -> _Arr:
+    """LFM2 RMSNorm over the last axis: ``x / sqrt(mean(x^2) + eps) * weight``."""
+    ms = np.add.reduce(x * x, axis=-1, keepdims=True)
+    ms /= x.shape[-1]
+    ms += eps
+    return x / np.sqrt(ms) * weight
+
+
+def _silu(x: _Arr) -> _Arr:
+    # -x is a fresh contiguous array, so exp always takes the same (SIMD) path.
+    return x / (1.0 + np.exp(-x))
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+class DenseFfn:
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)`` (w1 and w3 fused into one projection)."""
+
+    __slots__ = ("f", "w2_t", "w13_t")
+
+    def __init__(self, w1: FloatArray, w3: FloatArray, w2: FloatArray) -> None:
+        self.f = w1.shape[0]
+        self.w13_t = np.ascontiguousarray(np.concatenate((w1, w3)).T)
+        self.w2_t = np.ascontiguousarray(w2.T)
+
+    def __call__(self, x: _Arr) -> _Arr:
+        gu = _linear(x, self.w13_t)
+        return _linear(_silu(gu[:, : self.f]) * gu[:, self.f :], self.w2_t)
+
+
+class MoeFfn:
+    """Mixture of SwiGLU experts: softmax router, top-k (ties to the lower index), renormalised."""
+
+    __slots__ = ("experts", "gate_t", "k", "last")
+
+    def __init__(self, gate: FloatArray, experts: list[DenseFfn], k: int) -> None:
+        self.gate_t = np.ascontiguousarray(gate.T)
+        self.experts = experts
+        self.k = k
+        self.last: npt.NDArray[np.int64] = np.zeros((0, k), np.int64)
+
+    def __call__(self, x: _Arr) -> _Arr:
+        logits = _linear(x, self.gate_t)
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs = e / np.add.reduce(e, axis=-1, keepdims=True)
+        # a stable sort of -p keeps the lower expert index first among equal probabilities
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.k]
+        w = np.take_along_axis(probs, chosen, axis=-1)
+        w = w / np.add.reduce(w, axis=-1, keepdims=True)
+        q = x.shape[0]
+        ys = np.empty((q, self.k, x.shape[1]), _F32)
+        for expert in np.unique(chosen).tolist():
+            rows, slots = np.nonzero(chosen == expert)
+            ys[rows, slots] = self.experts[expert](x[rows])
+        # combine in slot order: the same additions for a row whatever q is
+        out = ys[:, 0] * w[:, 0:1]
+        for s in range(1, self.k):
+            out += ys[:, s] * w[:, s : s + 1]
+        chosen = chosen.astype(np.int64)
+        chosen.flags.writeable = False
+        self.last = chosen
+        return out
+
+
+Ffn = DenseFfn | MoeFfn
+
+
+def short_conv(conv_state: _Arr, slot: int, channels: int, kernel: _Arr, xin: _Arr, record: _Arr | None) -> _Arr:
+    """Causal depthwise conv over time: ``out_t = sum_l kernel[l] * x_{t-L+1+l}``, history from ``conv_state``.
+
+    Updates ``conv_state[slot]`` to the last ``L - 1`` inputs; ``record[i, slot]``
+    gets the state after each position.
+    """
+    q = xin.shape[0]
+    width = kernel.shape[0] - 1
+    if width:
+        state = conv_state[slot, :channels]  # [C, L-1], oldest first
+        full = np.concatenate((state.T, xin))  # [L-1+q, C]
+        state[...] = full[q:].T
+        if record is not None:
+            # window s of L-1 rows starting at s is the state after s inputs of this forward
+            record[:, slot, :channels] = sliding_window_view(full, width, axis=0)[1:]
+    else:
+        full = np.ascontiguousarray(xin)
+    # taps summed in a fixed order, elementwise: exact and independent of q
+    acc = full[0:q] * kernel[0]
+    for tap in range(1, width + 1):
+        acc += full[tap : tap + q] * kernel[tap]
+    return acc
+
+
+class ConvBlock:
+    """LFM2 gated short conv: ``B, C, x = split(in_proj(h))``; ``out_proj(C * causal_conv(B * x))``."""
+
+    __slots__ = ("d", "ffn", "ffn_norm", "in_t", "kernel", "op_norm", "out_t", "slot")
+
+    def __init__(self, w: Mapping[str, FloatArray], p: str, slot: int, ffn: Ffn) -> None:
+        self.op_norm = w[p + "operator_norm.weight"]
+        self.ffn_norm = w[p + "ffn_norm.weight"]
+        self.in_t = np.ascontiguousarray(w[p + "conv.in_proj.weight"].T)
+        self.kernel = np.ascontiguousarray(w[p + "conv.conv.weight"][:, 0, :].T)  # [L, d]
+        self.out_t = np.ascontiguousarray(w[p + "conv.out_proj.weight"].T)
+        self.d = self.out_t.shape[1]
+        self.slot = slot
+        self.ffn = ffn
+
+    def mix(self, x: _Arr, conv_state: _Arr, record: _Arr | None) -> _Arr:
+        d = self.d
+        bcx = _linear(x, self.in_t)
+        bx = bcx[:, :d] * bcx[:, 2 * d :]
+        y = bcx[:, d : 2 * d] * short_conv(conv_state, self.slot, d, self.kernel, bx, record)
+        return _linear(y, self.out_t)
+
+
+def rope_tables(head_dim: int, theta: float, max_context: int) -> tuple[FloatArray, FloatArray]:
+    """``cos`` and signed ``sin`` ``[max_context, head_dim]`` (computed in float64, stored in float32).
+
+    ``rotate_half(x) * sin == x[..., perm] * signed_sin``, bit for bit (negation is exact).
+    """
+    hd = head_dim
+    half = hd // 2
+    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    angles = np.arange(max_context, dtype=np.float64)[:, None] * inv_freq[None, :]
+    emb = np.concatenate((angles, angles), axis=-1)
+    cos = np.cos(emb).astype(_F32)
+    sin = np.sin(emb)
+    sin_signed = np.concatenate((-sin[:, :half], sin[:, half:]), axis=-1).astype(_F32)
+    return cos, sin_signed
+
+
+class AttnBlock:
+    """GQA with per-head QK RMSNorm and rotate-half RoPE, causal over the KV cache."""
+
+    __slots__ = (
+        "eps",
+        "ffn",
+        "ffn_norm",
+        "hd",
+        "n_h",
+        "n_kv",
+        "op_norm",
+        "out_t",
+        "perm",
+        "qk_norm",
+        "qkv_t",
+        "scale",
+        "slot",
+    )
+
+    def __init__(
+        self,
+        w: Mapping[str, FloatArray],
+        p: str,
+        slot: int,
+        ffn: Ffn,
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        eps: float,
+    ) -> None:
+        a = p + "self_attn."
+        self.op_norm = w[p + "operator_norm.weight"]
+        self.ffn_norm = w[p + "ffn_norm.weight"]
+        qkv = np.concatenate((w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]))
+        self.qkv_t = np.ascontiguousarray(qkv.T)
+        self.out_t = np.ascontiguousarray(w[a + "out_proj.weight"].T)
+        # one norm weight row per head of concat(q, k): q heads use q_layernorm, kv heads k_layernorm
+        self.qk_norm = np.concatenate(
+            (
+                np.broadcast_to(w[a + "q_layernorm.weight"], (n_heads, head_dim)),
+                np.broadcast_to(w[a + "k_layernorm.weight"], (n_kv_heads, head_dim)),
+            )
+        )
+        self.slot = slot
+        self.ffn = ffn
+        self.n_h, self.n_kv, self.hd, self.eps = n_heads, n_kv_heads, head_dim, eps
+        half = head_dim // 2
+        self.perm = np.concatenate((np.arange(half, head_dim), np.arange(half)))
+        self.scale = _F32(1.0 / math.sqrt(head_dim))
+
+    def mix(self, x: _Arr, base: int, cos: _Arr, sin: _Arr, key_cache: _Arr, value_cache: _Arr) -> _Arr:
+        q = x.shape[0]
+        n_h, n_kv, hd = self.n_h, self.n_kv, self.hd
+        total = base + q
+        qkv = _linear(x, self.qkv_t)
+        nqk = (n_h + n_kv) * hd
+        qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), self.qk_norm, self.eps)
+        qk = qk * cos + qk[..., self.perm] * sin  # RoPE, rotate-half convention
+        kc = key_cache[self.slot]  # [kv, max_context, hd]
+        vc = value_cache[self.slot]
+        kc[:, base:total] = qk[:, n_h:].transpose(1, 0, 2)
+        vc[:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
+        qg = (qk[:, :n_h] * self.scale).reshape(q, n_kv, n_h // n_kv, hd)
+        o = np.empty((q, n_kv, n_h // n_kv, hd), _F32)
+        # Row i attends to keys 0 .. base + i with exactly the calls (same shapes, same cache
+        # views) a one-token forward at that position makes, so it is bit-identical to it.
+        # A vectorised masked version would sum over base + q keys, and BLAS and pairwise
+        # sums group a longer reduction differently.
+        for i in range(q):
+            n = base + i + 1
+            s = np.matmul(qg[i], kc[:, :n].transpose(0, 2, 1))  # [kv, group, n]
+            s -= s.max(axis=-1, keepdims=True)
+            e = np.exp(s)
+            np.divide(np.matmul(e, vc[:, :n]), np.add.reduce(e, axis=-1, keepdims=True), out=o[i])
+        return _linear(o.reshape(q, n_h * hd), self.out_t)
+
+
+class GdnBlock:
+    """Gated DeltaNet (Qwen3-Next / Qwen3.5 recurrence, one q/k head per v head)."""
+
+    __slots__ = (
+        "conv_dim",
+        "dk",
+        "dt_bias",
+        "dv",
+        "eps",
+        "ffn",
+        "ffn_norm",
+        "hg",
+        "in_t",
+        "kernel",
+        "neg_a",
+        "norm_w",
+        "op_norm",
+        "out_t",
+        "q_scale",
+        "rec_slot",
+        "slot",
+    )
+
+    def __init__(
+        self,
+        w: Mapping[str, FloatArray],
+        p: str,
+        slot: int,
+        rec_slot: int,
+        ffn: Ffn,
+        *,
+        heads: int,
+        key_dim: int,
+        value_dim: int,
+        eps: float,
+    ) -> None:
+        g = p + "linear_attn."
+        self.op_norm = w[p + "operator_norm.weight"]
+        self.ffn_norm = w[p + "ffn_norm.weight"]
+        fused = np.concatenate(
+            (
+                w[g + "in_proj_qkv.weight"],
+                w[g + "in_proj_z.weight"],
+                w[g + "in_proj_b.weight"],
+                w[g + "in_proj_a.weight"],
+            )
+        )
+        self.in_t = np.ascontiguousarray(fused.T)
+        self.kernel = np.ascontiguousarray(w[g + "conv1d.weight"][:, 0, :].T)  # [L, conv_dim]
+        self.neg_a = (-np.exp(w[g + "A_log"])).astype(_F32)
+        self.dt_bias = w[g + "dt_bias"]
+        self.norm_w = w[g + "norm.weight"]
+        self.out_t = np.ascontiguousarray(w[g + "out_proj.weight"].T)
+        self.hg, self.dk, self.dv, self.eps = heads, key_dim, value_dim, eps
+        self.conv_dim = heads * (2 * key_dim + value_dim)
+        self.q_scale = _F32(1.0 / math.sqrt(key_dim))
+        self.slot = slot
+        self.rec_slot = rec_slot
+        self.ffn = ffn
+
+    def mix(self, x: _Arr, conv_state: _Arr, rec_state: _Arr, conv_rec: _Arr | None, rec_rec: _Arr | None) -> _Arr:
+        q = x.shape[0]
+        hg, dk, dv = self.hg, self.dk, self.dv
+        cd = self.conv_dim
+        proj = _linear(x, self.in_t)  # [q, conv_dim + hg*dv + 2*hg]: qkv, z, b, a
+        mixed = _silu(short_conv(conv_state, self.slot, cd, self.kernel, proj[:, :cd], conv_rec))
+        z = proj[:, cd : cd + hg * dv]
+        b = proj[:, cd + hg * dv : cd + hg * dv + hg]
+        a = proj[:, cd + hg * dv + hg :]
+        qk = mixed[:, : 2 * hg * dk].reshape(q, 2 * hg, dk)
+        qk = qk / np.sqrt(np.add.reduce(qk * qk, axis=-1, keepdims=True) + _L2_EPS)  # L2 norm per head
+        qrow = (qk[:, :hg] * self.q_scale)[:, :, None, :]  # [q, hg, 1, dk]
+        krow = np.ascontiguousarray(qk[:, hg:])[:, :, None, :]  # [q, hg, 1, dk]
+        kcol = krow.transpose(0, 1, 3, 2)  # [q, hg, dk, 1]
+        vrow = mixed[:, 2 * hg * dk :].reshape(q, hg, 1, dv)
+        beta = (1.0 / (1.0 + np.exp(-b)))[:, :, None, None]
+        decay = np.exp(self.neg_a * np.logaddexp(0.0, a + self.dt_bias))[:, :, None, None]  # exp(g)
+        state = rec_state[self.rec_slot]  # [hg, dk, dv], updated in place
+        o = np.empty((q, hg, 1, dv), _F32)
+        for t in range(q):  # the delta rule is sequential by nature
+            state *= decay[t]
+            delta = (vrow[t] - np.matmul(krow[t], state)) * beta[t]  # v - S^T k, scaled by beta
+            state += kcol[t] * delta  # S += k delta^T
+            np.matmul(qrow[t], state, out=o[t])  # o = S^T q
+            if rec_rec is not None:
+                rec_rec[t, self.rec_slot] = state
+        o3 = o.reshape(q, hg, dv)
+        y = _rms_norm(o3, self.norm_w, self.eps) * _silu(z.reshape(q, hg, dv))  # gated RMSNorm per head
+        return _linear(y.reshape(q, hg * dv), self.out_t)
+
+
+Block = ConvBlock | AttnBlock | GdnBlock
+
+
+def build_ffn(w: Mapping[str, FloatArray], p: str, *, n_experts: int, experts_per_token: int) -> Ffn:
+    """Block ``p``'s feed-forward: dense SwiGLU, or (``n_experts > 0``) a mixture of SwiGLU experts."""
+    if n_experts:
+        experts = [
+            DenseFfn(
+                w[f"{p}feed_forward.experts.{e}.w1.weight"],
+                w[f"{p}feed_forward.experts.{e}.w3.weight"],
+                w[f"{p}feed_forward.experts.{e}.w2.weight"],
+            )
+            for e in range(n_experts)
+        ]
+        return MoeFfn(w[p + "feed_forward.gate.weight"], experts, experts_per_token)
+    return DenseFfn(w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"], w[p + "feed_forward.w2.weight"])
