@@ -136,6 +136,16 @@ def test_contract_imports_nothing_above_it() -> None:
             assert not above, f"{mod} imports {above}"
 
 
+def test_formats_import_only_contract() -> None:
+    """``specproof.formats`` (one module per file format) sits just above ``contract``: every layer
+    that writes or reads a file can import it."""
+    graph = import_graph(ROOT)
+    for mod, deps in graph.items():
+        if mod.startswith("specproof.formats"):
+            above = sorted(d for d in deps if not d.startswith(("specproof.contract", "specproof.formats")))
+            assert not above, f"{mod} imports {above}"
+
+
 def test_strategies_do_not_import_conformance() -> None:
     graph = import_graph(ROOT)
     for mod, deps in graph.items():

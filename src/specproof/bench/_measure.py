@@ -75,6 +75,7 @@ from specproof.engine import ContextView, NgramDrafter, SpecDecoder, greedy_deco
 from specproof.engine._protocols import Drafter, Target
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter
 from specproof.engine.errors import InvalidSettingError, SpecproofError
+from specproof.formats import bench as bench_format
 from specproof.plugins import drafter_factory as spec_factory
 from specproof.plugins import load_drafter, load_target
 
@@ -371,7 +372,7 @@ class BenchResult:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "schema": "specproof-bench/2",
+            "schema": bench_format.ID,
             "version": __version__,
             "platform": dict(self.platform),
             "config": self.config.to_json(),

@@ -14,6 +14,9 @@ from typing import Any
 
 import attrs
 
+from specproof.formats import report as report_format
+from specproof.formats import session as session_format
+
 __all__ = ["NOT_IN_PLUGIN", "OPTIONS", "Option", "add_to_argparse", "add_to_pytest", "get"]
 
 
@@ -129,7 +132,7 @@ OPTIONS: tuple[Option, ...] = (
         cli="--report",
         plugin="--specproof-report",
         metavar="FILE",
-        help="write the specproof-report/2 JSON here",
+        help=f"write the {report_format.ID} JSON here",
     ),
     Option(
         dest="markdown",
@@ -143,7 +146,7 @@ OPTIONS: tuple[Option, ...] = (
         cli="--replay-session",
         plugin="--specproof-replay-session",
         metavar="FILE",
-        help="replay a saved specproof-session/1 request history on the engine (what a session failure's "
+        help=f"replay a saved {session_format.ID} request history on the engine (what a session failure's "
         "reproduce command does)",
     ),
     Option(

@@ -6,7 +6,7 @@
 - ``export_bundle(path, target, k=K, ...)`` -> ``ExportResult``: a ``ReferenceHybrid``
   (conv + attn blocks, dense feed-forward) as a stateful iOS 18 / macOS 15 ML program.
 - ``write_golden(path, target, target_spec=...)``: greedy tokens for ``GOLDEN_PROMPTS``
-  in the ``specproof-golden/1`` format that ``specproof check-trace --greedy`` reads.
+  in the golden format (``specproof.formats.golden``) that ``specproof check-trace --greedy`` reads.
 - ``CoreMLTarget`` lives in ``specproof.engine.targets.coreml`` (macOS 15+ only).
 
 coremltools is imported lazily: importing this module needs only the core install.

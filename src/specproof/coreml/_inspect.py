@@ -28,6 +28,7 @@ import attrs
 
 from specproof.engine.errors import InvalidSettingError, SpecproofError
 from specproof.engine.targets.coreml import import_coremltools
+from specproof.formats import bundle_inspect as bundle_inspect_format
 
 __all__ = [
     "BundleReadError",
@@ -169,7 +170,7 @@ class BundleReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": "specproof-bundle-inspect/1",
+            "format": bundle_inspect_format.ID,
             "path": self.path,
             "k": self.k,
             "qualifies": self.qualifies,

@@ -39,7 +39,7 @@ budget — shows there). A failure raises a
 ``SessionFailure`` (``_session_runner``) whose ``example`` holds the whole request history
 (``{"history": [...], "failing_request": i}``); certification reports it as a violation of
 the session invariant (docs/contract.md). ``SessionHistory`` (``_session_history``) saves it
-as a ``specproof-session/1`` file, and ``replay_session`` replays it on a fresh engine,
+as a session history file (``specproof.formats.session``), and ``replay_session`` replays it on a fresh engine,
 installing the same scripted drafts, so it fails again; ``shrink_history`` shortens it.
 """
 

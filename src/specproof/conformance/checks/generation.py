@@ -3,7 +3,7 @@
 Each ``check_*`` function looks at a ``Generation`` (or its parts) after the fact and
 returns the breaches it finds as ``Violation`` records (an empty list: checked and
 held). None of them needs a target, so they apply equally to a live ``SpecDecoder``
-run, to a black-box engine's output and to a ``specproof-trace/1`` file.
+run, to a black-box engine's output and to a trace file.
 
 The rules are those of docs/contract.md ("one speculative round" and the invariant
 table). No check names its invariant: each takes the registry's ``Invariant`` it
