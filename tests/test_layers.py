@@ -61,8 +61,10 @@ def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
             if id(node) in skipped:
                 continue
             targets = [t for t in _targets(node, package=package) if t in modules and t != name]
-            if isinstance(node, ast.ImportFrom) and len(targets) > 1 and all(
-                f"{targets[0]}.{a.name}" in modules for a in node.names
+            if (
+                isinstance(node, ast.ImportFrom)
+                and len(targets) > 1
+                and all(f"{targets[0]}.{a.name}" in modules for a in node.names)
             ):
                 targets = targets[1:]  # only submodules named: the package's __init__ runs, as for any import
             found.update(targets)

@@ -20,8 +20,8 @@ from specproof.bench import make_baseline, run_bench, save_baseline
 from specproof.conformance import certify
 from specproof.conformance._campaign import CampaignOptions, CampaignState, WorkerState
 from specproof.conformance.traces import Golden, golden_case, write_golden, write_trace
-from specproof.formats import FORMATS, load_schema, problems, validate
 from specproof.engine import NgramDrafter, SpecDecoder
+from specproof.formats import FORMATS, load_schema, problems, validate
 from specproof.strategies import SessionHistory
 
 ROOT = Path(__file__).resolve().parents[1]
