@@ -153,7 +153,7 @@ def test_real_context_texts_are_held_out_deterministic_and_validated(tmp_path):
         real_context_texts(files=1, text_tokens=512, stride=64, min_prefix=64, root=str(tmp_path))
     with pytest.raises(InvalidSettingError, match="min_prefix=600"):
         real_context_texts(files=1, text_tokens=512, stride=64, min_prefix=600)
-    with pytest.raises(InvalidSettingError, match="stride must be"):
+    with pytest.raises(InvalidSettingError, match="stride=0 must be"):
         real_context_texts(files=1, text_tokens=512, stride=0, min_prefix=64)
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 from specproof.strategies._corpus import corpus_bytes
 
 __all__ = ["CONTEXT_KINDS", "contexts", "text_tokens"]
@@ -25,10 +27,9 @@ _MAX_UNIT = 8  # longest period of a periodic context: n-gram drafters look back
 _MAX_SPAN = 16  # longest copied span
 
 
-def _check_int(name: str, value: object, minimum: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{where}: {name}={value!r} must be an integer >= {minimum}")
-    return value
+class StrategyArgumentError(InvalidSettingError, InvalidArgument):
+    """A strategy's argument is invalid: specproof's ``InvalidSettingError`` and Hypothesis'
+    ``InvalidArgument`` (what Hypothesis raises for its own strategies' arguments)."""
 
 
 def check_kinds(kinds: Iterable[str] | None, *, known: tuple[str, ...], where: str) -> tuple[str, ...]:
@@ -168,9 +169,9 @@ def contexts(
     small ids: a failing context shrinks to a short constant run where it can.
     """
     where = "contexts()"
-    vocab_size = _check_int("vocab_size", vocab_size, 1, where)
-    min_size = _check_int("min_size", min_size, 0, where)
-    max_size = _check_int("max_size", max_size, 0, where)
+    vocab_size = int_at_least(vocab_size, name="vocab_size", minimum=1, where=where, error=StrategyArgumentError)
+    min_size = int_at_least(min_size, name="min_size", minimum=0, where=where, error=StrategyArgumentError)
+    max_size = int_at_least(max_size, name="max_size", minimum=0, where=where, error=StrategyArgumentError)
     if max_size < min_size:
         raise InvalidArgument(f"{where}: max_size={max_size} must be >= min_size={min_size}")
     chosen = check_kinds(kinds, known=CONTEXT_KINDS, where=where)

@@ -46,9 +46,10 @@ from hypothesis.stateful import (
 )
 
 from specproof.contract import arrays_differ, validate_tolerance
+from specproof.contract.validation import int_at_least
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder
 from specproof.engine.errors import InvalidSettingError
-from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 
 __all__ = [
@@ -273,8 +274,7 @@ class RollbackMachine(RuleBasedStateMachine):
         if decoder_factory is not None and not callable(decoder_factory):
             raise InvalidArgument(f"{where}: decoder_factory={decoder_factory!r} must be callable or None")
         for opt, value, minimum in (("max_k", max_k, 0), ("max_prompt", max_prompt, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
+            int_at_least(value, name=opt, minimum=minimum, where=where, error=StrategyArgumentError)
         if isinstance(stateful_step_count, bool) or not isinstance(stateful_step_count, int) or stateful_step_count < 1:
             raise InvalidArgument(f"{where}: stateful_step_count={stateful_step_count!r} must be an integer >= 1")
         tolerance = check_tolerance(tolerance, where=where, name="tolerance")

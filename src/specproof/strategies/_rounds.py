@@ -17,6 +17,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from specproof.contract.validation import int_at_least_validator
 from specproof.engine.errors import InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.strategies._contexts import check_kinds
 
@@ -53,11 +54,6 @@ class ScriptMismatchError(SpecproofError, ValueError):
     """A ``ScriptedDrafter`` was asked to draft for a context its script does not describe."""
 
 
-def _nonneg_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 0:
-        raise InvalidSettingError(f"{type(instance).__name__}.{attribute.name}={value!r} must be an integer >= 0")
-
-
 @attrs.frozen
 class PlannedRound:
     """One scripted round: a draft of ``draft_length`` tokens whose first ``correct`` are right.
@@ -68,8 +64,8 @@ class PlannedRound:
     ``max_context``); the draft is then cut and stays right up to ``correct``.
     """
 
-    draft_length: int = attrs.field(validator=_nonneg_int)
-    correct: int = attrs.field(validator=_nonneg_int)
+    draft_length: int = attrs.field(validator=int_at_least_validator(0))
+    correct: int = attrs.field(validator=int_at_least_validator(0))
 
     def __attrs_post_init__(self) -> None:
         if self.correct > self.draft_length:

@@ -57,8 +57,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
+from specproof.contract.validation import int_at_least
 from specproof.engine.errors import InvalidSettingError
-from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._machine import check_tolerance, configured_machine
 from specproof.strategies._rounds import RoundPlan, round_plans
 from specproof.strategies._session_history import DRAFTER_CHOICES, SessionHistory, SessionRequest
@@ -169,8 +170,7 @@ class SessionMachine(RuleBasedStateMachine):
             ("max_new_tokens", max_new_tokens, 1),
             ("stateful_step_count", stateful_step_count, 1),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
+            int_at_least(value, name=opt, minimum=minimum, where=where, error=StrategyArgumentError)
         if max_context is not None:
             if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < max_new_tokens + 2:
                 raise InvalidArgument(

@@ -13,24 +13,15 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from specproof.contract.validation import int_at_least, int_at_least_validator
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, Target, greedy_decode
 from specproof.engine.errors import InvalidSettingError
-from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter, round_plans
 
 __all__ = ["DecodingCase", "EngineSettings", "decoding_cases", "engine_settings"]
 
 PROMPT_PLACEMENTS: tuple[str, ...] = ("ordinary", "near_max_context")
-
-
-def _int_at_least(minimum: int) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < minimum:
-            raise InvalidSettingError(
-                f"{type(instance).__name__}.{attribute.name}={value!r} must be an integer >= {minimum}"
-            )
-
-    return check
 
 
 def _check_eos(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -47,8 +38,8 @@ def _check_rollback(instance: object, attribute: attrs.Attribute[Any], value: ob
 class EngineSettings:
     """What one generation is run with: draft budget ``k``, ``max_new_tokens``, EOS id and rollback strategy."""
 
-    k: int = attrs.field(validator=_int_at_least(0))
-    max_new_tokens: int = attrs.field(validator=_int_at_least(0))
+    k: int = attrs.field(validator=int_at_least_validator(0))
+    max_new_tokens: int = attrs.field(validator=int_at_least_validator(0))
     eos_token_id: int | None = attrs.field(default=None, validator=_check_eos)
     rollback: str = attrs.field(default="checkpoint", validator=_check_rollback)
 
@@ -62,16 +53,10 @@ class EngineSettings:
         )
 
 
-def _check_nonneg_int(name: str, value: object, where: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{where}: {name}={value!r} must be an integer >= {minimum}")
-    return value
-
-
 def _as_int_strategy(value: object, name: str, where: str, minimum: int) -> st.SearchStrategy[int]:
     if isinstance(value, st.SearchStrategy):
         return value
-    return st.just(_check_nonneg_int(name, value, where, minimum))
+    return st.just(int_at_least(value, name=name, minimum=minimum, where=where, error=StrategyArgumentError))
 
 
 def _check_rollbacks(rollbacks: Iterable[str], where: str) -> tuple[str, ...]:
@@ -102,11 +87,11 @@ def engine_settings(
     Shrinks toward ``k = 0``, the smallest ``max_new_tokens``, no EOS and the first rollback.
     """
     where = "engine_settings()"
-    max_k = _check_nonneg_int("max_k", max_k, where)
+    max_k = int_at_least(max_k, name="max_k", minimum=0, where=where, error=StrategyArgumentError)
     new_tokens = st.integers(1, 48) if max_new_tokens is None else max_new_tokens
     new_tokens = _as_int_strategy(new_tokens, "max_new_tokens", where, 0)
     if vocab_size is not None:
-        vocab_size = _check_nonneg_int("vocab_size", vocab_size, where, 1)
+        vocab_size = int_at_least(vocab_size, name="vocab_size", minimum=1, where=where, error=StrategyArgumentError)
     candidates: tuple[int, ...] = ()
     if eos_candidates is not None:
         if isinstance(eos_candidates, (str, bytes)):
@@ -219,8 +204,8 @@ def decoding_cases(
     where = "decoding_cases()"
     if not callable(target_factory):
         raise InvalidArgument(f"{where}: target_factory={target_factory!r} must be a callable returning a Target")
-    max_k = _check_nonneg_int("max_k", max_k, where)
-    max_prompt = _check_nonneg_int("max_prompt", max_prompt, where, 1)
+    max_k = int_at_least(max_k, name="max_k", minimum=0, where=where, error=StrategyArgumentError)
+    max_prompt = int_at_least(max_prompt, name="max_prompt", minimum=1, where=where, error=StrategyArgumentError)
     new_tokens = st.integers(1, 48) if max_new_tokens is None else max_new_tokens
     new_tokens = _as_int_strategy(new_tokens, "max_new_tokens", where, 0)
     kinds = check_kinds(context_kinds, known=CONTEXT_KINDS, where=where)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from specproof.contract import Violation
+from specproof.contract.validation import int_at_least
 from specproof.engine._records import STOP_REASONS, Generation, Step
 from specproof.engine.errors import InvalidSettingError
 
@@ -36,14 +37,8 @@ __all__ = [
 ]
 
 
-def _need_int(value: object, *, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidSettingError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def _need_optional_int(value: object, *, name: str, minimum: int) -> int | None:
-    return None if value is None else _need_int(value, name=name, minimum=minimum)
+    return None if value is None else int_at_least(value, name=name, minimum=minimum)
 
 
 def _short(tokens: Sequence[int], limit: int = 12) -> str:
@@ -70,7 +65,7 @@ def emitted_per_round(steps: Sequence[Step], tokens: Sequence[int]) -> list[int]
 
 def check_accept_bounds(inv: Invariant, steps: Sequence[Step], *, k: int) -> list[Violation]:
     """``engine.accept-bounds``: ``1 <= len(accepted) <= len(draft) + 1 <= k + 1`` in every round."""
-    k = _need_int(k, name="k", minimum=0)
+    k = int_at_least(k, name="k", minimum=0)
     out: list[Violation] = []
     for i, step in enumerate(steps):
         n_acc, n_draft = len(step.accepted), len(step.draft)
@@ -182,7 +177,7 @@ def check_kv_length(
     after the call) must equal the last round's ``processed``, and
     ``prompt_length + len(tokens) - 1`` when ``tokens`` is given.
     """
-    prompt_length = _need_int(prompt_length, name="prompt_length", minimum=1)
+    prompt_length = int_at_least(prompt_length, name="prompt_length", minimum=1)
     final_processed = _need_optional_int(final_processed, name="final_processed", minimum=0)
     out: list[Violation] = []
     expected_base = prompt_length - 1
@@ -299,8 +294,8 @@ def check_stop(
     A generation driven with ``max_rounds`` stops early with ``max_new_tokens``; check
     such calls with ``max_new_tokens=len(tokens)``.
     """
-    max_new_tokens = _need_int(max_new_tokens, name="max_new_tokens", minimum=0)
-    prompt_length = _need_int(prompt_length, name="prompt_length", minimum=1)
+    max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
+    prompt_length = int_at_least(prompt_length, name="prompt_length", minimum=1)
     max_context = _need_optional_int(max_context, name="max_context", minimum=1)
     final_processed = _need_optional_int(final_processed, name="final_processed", minimum=0)
     eos_token_id = _need_optional_int(eos_token_id, name="eos_token_id", minimum=0)
@@ -502,7 +497,7 @@ def check_trace_consistency(
     last round may be cut (a round after the cut should not have run), and a cut at
     EOS / ``max_new_tokens`` must match the stop reason.
     """
-    max_new_tokens = _need_int(max_new_tokens, name="max_new_tokens", minimum=0)
+    max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
     eos_token_id = _need_optional_int(eos_token_id, name="eos_token_id", minimum=0)
     out: list[Violation] = []
     rebuilt: list[int] = []

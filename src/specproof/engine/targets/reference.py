@@ -38,6 +38,7 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specproof.contract.compare import arrays_differ
+from specproof.contract.validation import int_at_least
 from specproof.engine.errors import (
     CapacityError,
     InvalidSettingError,
@@ -76,11 +77,6 @@ def _to_layers(value: Iterable[str]) -> tuple[str, ...]:
         return tuple(value)
     except TypeError:
         raise InvalidSettingError(f"ReferenceConfig.layers={value!r} must be a tuple of block kinds") from None
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InvalidSettingError(f"ReferenceConfig.{name}={value!r} must be an integer >= {minimum}")
 
 
 def _check_positive_float(name: str, value: object) -> None:
@@ -141,9 +137,9 @@ class ReferenceConfig:
             "experts_per_token",
             "expert_ffn_dim",
         ):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("n_experts", self.n_experts, 0)
-        _check_int("seed", self.seed, 0)
+            int_at_least(getattr(self, name), name=f"ReferenceConfig.{name}", minimum=1)
+        int_at_least(self.n_experts, name="ReferenceConfig.n_experts", minimum=0)
+        int_at_least(self.seed, name="ReferenceConfig.seed", minimum=0)
         for name in ("rope_theta", "norm_eps", "init_scale"):
             _check_positive_float(name, getattr(self, name))
         if not isinstance(self.tie_embeddings, (bool, np.bool_)):
@@ -708,7 +704,10 @@ class ReferenceHybrid:
             clock = self._clock
             cks = [
                 ReferenceSnapshot(
-                    processed=base + i + 1, conv_state=conv_ck[i], rec_state=rec_ck[i], target_id=self._id,
+                    processed=base + i + 1,
+                    conv_state=conv_ck[i],
+                    rec_state=rec_ck[i],
+                    target_id=self._id,
                     write_clock=clock,
                 )
                 for i in range(len(toks))
