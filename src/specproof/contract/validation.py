@@ -34,10 +34,10 @@ def int_at_least(
     return int(value)
 
 
-def int_at_least_validator(minimum: int) -> Callable[[object, Any, object], None]:
+def int_at_least_validator(minimum: int) -> Callable[[Any, Any, Any], None]:
     """``int_at_least`` as an attrs field validator: ``Class.field=value must be an integer >= minimum``."""
 
-    def check(instance: object, attribute: Any, value: object) -> None:
+    def check(instance: Any, attribute: Any, value: Any) -> None:
         int_at_least(value, name=f"{type(instance).__name__}.{attribute.name}", minimum=minimum)
 
     return check
