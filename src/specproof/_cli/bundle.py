@@ -129,8 +129,8 @@ def _print_report(report: Any) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    from specproof.contract.errors import MissingDependencyError
     from specproof.coreml import BundleReadError, inspect_bundle
-    from specproof.engine.errors import MissingDependencyError
 
     try:
         report = inspect_bundle(args.path, k=args.k)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["DEGENERATE_SHARE", "PERIOD_WINDOW", "distinct_ngram_share", "final_period", "is_degenerate"]
 

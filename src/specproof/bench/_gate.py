@@ -42,8 +42,8 @@ from typing import Any, Final
 
 import attrs
 
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.files import FileTooLargeError
-from specproof.engine.errors import InvalidSettingError
 from specproof.formats import baseline as baseline_format
 
 __all__ = [

@@ -31,10 +31,10 @@ from typing import Final
 import attrs
 import numpy as np
 
+from specproof.contract import Drafter, Target
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
 from specproof.engine import ContextView
-from specproof.engine._protocols import Drafter, Target
-from specproof.engine.errors import InvalidSettingError
 
 __all__ = ["RealContextCell", "RealContextText", "measure_real_contexts", "real_context_texts"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
+from specproof.contract import Generation
 from specproof.contract.lossless import LosslessVerdict
-from specproof.engine._records import Generation
 
 __all__ = ["CAPABILITIES", "Capabilities", "Proposal", "RunRecord"]
 

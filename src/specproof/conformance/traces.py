@@ -32,7 +32,8 @@ import attrs
 
 from specproof.conformance._registry import REGISTRY, Invariant, Outcome
 from specproof.conformance._run import Capabilities, RunRecord
-from specproof.contract import Violation
+from specproof.contract import STOP_REASONS, Generation, Step, Target, Violation
+from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.contract.files import (
     MAX_JSON_DEPTH,
     FileTooLargeError,
@@ -41,9 +42,6 @@ from specproof.contract.files import (
     write_text_file,
 )
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
-from specproof.engine._protocols import Target
-from specproof.engine._records import STOP_REASONS, Generation, Step
-from specproof.engine.errors import InvalidSettingError, SpecproofError
 from specproof.formats import SchemaProblem, expectation
 from specproof.formats import check_trace as check_trace_format
 from specproof.formats import golden as golden_format

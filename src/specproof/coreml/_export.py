@@ -32,7 +32,7 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 from specproof.formats import golden as golden_format

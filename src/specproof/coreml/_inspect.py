@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import attrs
 
-from specproof.engine.errors import InvalidSettingError, SpecproofError
+from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.formats import bundle_inspect as bundle_inspect_format
 

@@ -7,17 +7,16 @@ from typing import Literal, overload
 
 import numpy as np
 
+from specproof.contract import Drafter, Generation, Stats, Step, StopReason, Target
+from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.contract.validation import int_at_least
 from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
-from specproof.engine._protocols import Drafter, Target
-from specproof.engine._records import Generation, Stats, Step, StopReason
 from specproof.engine._validate import (
     check_draft,
     check_logits,
     check_prompt,
     component_name,
 )
-from specproof.engine.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 
 __all__ = ["ROLLBACK_STRATEGIES", "ContextView", "DecodeSession", "SpecDecoder", "longest_accepted_prefix"]
 

@@ -7,7 +7,7 @@ from numbers import Integral
 
 import numpy as np
 
-from specproof.engine.errors import (
+from specproof.contract.errors import (
     DrafterContractError,
     EmptyPromptError,
     PromptTooLongError,

@@ -46,9 +46,9 @@ from hypothesis.stateful import (
 )
 
 from specproof.contract import arrays_differ, validate_tolerance
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder
-from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 

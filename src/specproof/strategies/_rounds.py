@@ -17,8 +17,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from specproof.contract.errors import InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.contract.validation import int_at_least_validator
-from specproof.engine.errors import InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.strategies._contexts import check_kinds
 
 __all__ = [

@@ -57,8 +57,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
-from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._machine import check_tolerance, configured_machine
 from specproof.strategies._rounds import RoundPlan, round_plans

@@ -25,10 +25,10 @@ import attrs
 from hypothesis import event
 
 from specproof.contract import STOP_REASONS, UsageError, live_state_differs
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import greedy_with_margins
 from specproof.engine._plugins import takes_suite_drafts
-from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._machine import check_tolerance
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
 from specproof.strategies._session_history import SessionHistory, SessionRequest

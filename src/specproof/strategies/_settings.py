@@ -13,9 +13,9 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least, int_at_least_validator
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, Target, greedy_decode
-from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter, round_plans
 

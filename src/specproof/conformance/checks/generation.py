@@ -17,10 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from specproof.contract import Violation
+from specproof.contract import STOP_REASONS, Generation, Step, Violation
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
-from specproof.engine._records import STOP_REASONS, Generation, Step
-from specproof.engine.errors import InvalidSettingError
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant

@@ -30,9 +30,9 @@ import attrs
 import numpy as np
 
 from specproof.conformance.zoo._targets import small_reference
+from specproof.contract import StopReason
+from specproof.contract.errors import EmptyPromptError, InvalidSettingError, TokenRangeError
 from specproof.engine import Generation, ReferenceHybrid, ReferenceSnapshot, Stats, Step, greedy_decode
-from specproof.engine._records import StopReason
-from specproof.engine.errors import EmptyPromptError, InvalidSettingError, TokenRangeError
 
 __all__ = [
     "AcceptsPastMismatch",

@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 
 from specproof.conformance.zoo._targets import small_reference
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine import (
     ContextView,
     DecodeSession,
@@ -44,7 +45,6 @@ from specproof.engine import (
     greedy_decode,
 )
 from specproof.engine._validate import check_prompt, component_name
-from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
     "ContinuationOnlySessionEngine",

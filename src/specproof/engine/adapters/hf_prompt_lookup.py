@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from specproof.contract import Generation, StopReason
+from specproof.contract.errors import InvalidSettingError, TokenRangeError
 from specproof.contract.validation import int_at_least
-from specproof.engine._records import Generation, StopReason
 from specproof.engine._validate import check_prompt
-from specproof.engine.errors import InvalidSettingError, TokenRangeError
 from specproof.engine.targets.hf import HFTarget, load_spec, require_hf
 
 __all__ = ["HFPromptLookupEngine", "make"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["NgramDrafter", "naive_ngram_propose"]
 

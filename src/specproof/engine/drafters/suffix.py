@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
-from specproof.engine.errors import InvalidSettingError
 
 __all__ = ["SuffixDrafter"]
 

@@ -36,7 +36,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
+from specproof.contract.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
 from specproof.engine.targets._framework import (
     ByteTokenizer,
     FrameworkSnapshot,

@@ -38,14 +38,14 @@ import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specproof.contract.compare import arrays_differ
-from specproof.contract.validation import int_at_least
-from specproof.engine.errors import (
+from specproof.contract.errors import (
     CapacityError,
     InvalidSettingError,
     StaleSnapshotError,
     TargetContractError,
     TokenRangeError,
 )
+from specproof.contract.validation import int_at_least
 
 __all__ = [
     "BLOCK_KINDS",
