@@ -25,12 +25,13 @@ def int_at_least(
     minimum: int,
     where: str | None = None,
     error: type[InvalidSettingError] = InvalidSettingError,
+    hint: str = "",
 ) -> int:
     """``value`` as an ``int`` if it is an integer (numpy's too; never a bool) >= ``minimum``;
-    else ``error`` naming ``where`` (the component or function), ``name`` and the value."""
+    else ``error`` naming ``where`` (the component or function), ``name`` and the value, then ``hint``."""
     if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < minimum:
         prefix = f"{where}: " if where else ""
-        raise error(f"{prefix}{name}={value!r} must be an integer >= {minimum}")
+        raise error(f"{prefix}{name}={value!r} must be an integer >= {minimum}{hint}")
     return int(value)
 
 

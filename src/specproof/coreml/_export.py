@@ -33,6 +33,7 @@ import attrs
 import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 from specproof.formats import golden as golden_format
@@ -266,8 +267,7 @@ def export_bundle(
     ``max_query`` (default ``max(k + 1, 64)``) is the upper bound of the token input's
     length; it must be at least ``k + 1`` so one forward verifies ``k`` draft tokens.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InvalidSettingError(f"bundle export: k={k!r} must be an integer >= 1")
+    int_at_least(k, name="k", minimum=1, where="bundle export")
     mq = max(k + 1, DEFAULT_MAX_QUERY) if max_query is None else max_query
     if isinstance(mq, bool) or not isinstance(mq, int) or mq < k + 1:
         raise InvalidSettingError(f"bundle export: max_query={mq!r} must be an integer >= k + 1 = {k + 1}")

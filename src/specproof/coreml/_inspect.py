@@ -26,7 +26,8 @@ from typing import Any, Final
 
 import attrs
 
-from specproof.contract.errors import InvalidSettingError, SpecproofError
+from specproof.contract.errors import SpecproofError
+from specproof.contract.validation import int_at_least
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.formats import bundle_inspect as bundle_inspect_format
 
@@ -447,8 +448,7 @@ def inspect_bundle(path: str | Path, *, k: int = 4) -> BundleReport:
     Raises ``BundleReadError`` when the path is not a readable bundle and
     ``InvalidSettingError`` for ``k < 1``.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InvalidSettingError(f"bundle inspect: k={k!r} must be an integer >= 1")
+    int_at_least(k, name="k", minimum=1, where="bundle inspect")
     p = Path(path)
     spec = _load_spec(p)
     model_type = spec.WhichOneof("Type") or ""

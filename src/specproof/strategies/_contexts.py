@@ -37,16 +37,16 @@ def check_kinds(kinds: Iterable[str] | None, *, known: tuple[str, ...], where: s
     if kinds is None:
         return known
     if isinstance(kinds, str):
-        raise InvalidArgument(f"{where}: kinds={kinds!r} must be a collection of kind names, not a string")
+        raise StrategyArgumentError(f"{where}: kinds={kinds!r} must be a collection of kind names, not a string")
     try:
         chosen = list(kinds)
     except TypeError:
-        raise InvalidArgument(f"{where}: kinds={kinds!r} must be a collection of kind names") from None
+        raise StrategyArgumentError(f"{where}: kinds={kinds!r} must be a collection of kind names") from None
     if not chosen:
-        raise InvalidArgument(f"{where}: kinds=[] selects nothing; known kinds: {', '.join(known)}")
+        raise StrategyArgumentError(f"{where}: kinds=[] selects nothing; known kinds: {', '.join(known)}")
     for name in chosen:
         if name not in known:
-            raise InvalidArgument(f"{where}: unknown kind {name!r}; known kinds: {', '.join(known)}")
+            raise StrategyArgumentError(f"{where}: unknown kind {name!r}; known kinds: {', '.join(known)}")
     return tuple(name for name in known if name in chosen)
 
 
@@ -173,10 +173,10 @@ def contexts(
     min_size = int_at_least(min_size, name="min_size", minimum=0, where=where, error=StrategyArgumentError)
     max_size = int_at_least(max_size, name="max_size", minimum=0, where=where, error=StrategyArgumentError)
     if max_size < min_size:
-        raise InvalidArgument(f"{where}: max_size={max_size} must be >= min_size={min_size}")
+        raise StrategyArgumentError(f"{where}: max_size={max_size} must be >= min_size={min_size}")
     chosen = check_kinds(kinds, known=CONTEXT_KINDS, where=where)
     if "text" in chosen and len(text_tokens(vocab_size)) < min_size:
-        raise InvalidArgument(
+        raise StrategyArgumentError(
             f"{where}: min_size={min_size} is longer than the text corpus ({len(text_tokens(vocab_size))} tokens)"
         )
     return st.one_of(*(_BUILDERS[name](vocab_size, min_size, max_size) for name in chosen))

@@ -54,7 +54,6 @@ import attrs
 from hypothesis import event
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
 from specproof.contract.errors import InvalidSettingError
@@ -157,13 +156,15 @@ class SessionMachine(RuleBasedStateMachine):
         """
         where = "SessionMachine.configure()"
         if not callable(engine_factory):
-            raise InvalidArgument(f"{where}: engine_factory={engine_factory!r} must be callable")
+            raise StrategyArgumentError(f"{where}: engine_factory={engine_factory!r} must be callable")
         if not callable(greedy):
-            raise InvalidArgument(f"{where}: greedy={greedy!r} must be callable (prompt, n, eos) -> (tokens, margins)")
+            raise StrategyArgumentError(
+                f"{where}: greedy={greedy!r} must be callable (prompt, n, eos) -> (tokens, margins)"
+            )
         if set_drafter is not None and not callable(set_drafter):
-            raise InvalidArgument(f"{where}: set_drafter={set_drafter!r} must be callable or None")
+            raise StrategyArgumentError(f"{where}: set_drafter={set_drafter!r} must be callable or None")
         if reference_factory is not None and not callable(reference_factory):
-            raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+            raise StrategyArgumentError(f"{where}: reference_factory={reference_factory!r} must be callable or None")
         for opt, value, minimum in (
             ("vocab_size", vocab_size, 2),
             ("max_prompt", max_prompt, 1),
@@ -173,7 +174,7 @@ class SessionMachine(RuleBasedStateMachine):
             int_at_least(value, name=opt, minimum=minimum, where=where, error=StrategyArgumentError)
         if max_context is not None:
             if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < max_new_tokens + 2:
-                raise InvalidArgument(
+                raise StrategyArgumentError(
                     f"{where}: max_context={max_context!r} must be an integer >= max_new_tokens + 2 "
                     f"= {max_new_tokens + 2} (room for a two-token prompt and the budget), or None"
                 )

@@ -11,7 +11,6 @@ from typing import Any
 
 import attrs
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
 from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least, int_at_least_validator
@@ -61,13 +60,13 @@ def _as_int_strategy(value: object, name: str, where: str, minimum: int) -> st.S
 
 def _check_rollbacks(rollbacks: Iterable[str], where: str) -> tuple[str, ...]:
     if isinstance(rollbacks, str):
-        raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
+        raise StrategyArgumentError(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
     chosen = tuple(rollbacks)
     if not chosen:
-        raise InvalidArgument(f"{where}: rollbacks=() selects nothing; known: {', '.join(ROLLBACK_STRATEGIES)}")
+        raise StrategyArgumentError(f"{where}: rollbacks=() selects nothing; known: {', '.join(ROLLBACK_STRATEGIES)}")
     for name in chosen:
         if name not in ROLLBACK_STRATEGIES:
-            raise InvalidArgument(f"{where}: unknown rollback {name!r}; known: {', '.join(ROLLBACK_STRATEGIES)}")
+            raise StrategyArgumentError(f"{where}: unknown rollback {name!r}; known: {', '.join(ROLLBACK_STRATEGIES)}")
     return tuple(dict.fromkeys(chosen))
 
 
@@ -95,13 +94,13 @@ def engine_settings(
     candidates: tuple[int, ...] = ()
     if eos_candidates is not None:
         if isinstance(eos_candidates, (str, bytes)):
-            raise InvalidArgument(f"{where}: eos_candidates must be a sequence of token ids")
+            raise StrategyArgumentError(f"{where}: eos_candidates must be a sequence of token ids")
         candidates = tuple(dict.fromkeys(eos_candidates))
         for i, tok in enumerate(candidates):
             if isinstance(tok, bool) or not isinstance(tok, Integral) or int(tok) < 0:
-                raise InvalidArgument(f"{where}: eos_candidates[{i}]={tok!r} is not a token id")
+                raise StrategyArgumentError(f"{where}: eos_candidates[{i}]={tok!r} is not a token id")
             if vocab_size is not None and int(tok) >= vocab_size:
-                raise InvalidArgument(f"{where}: eos_candidates[{i}]={tok} is outside [0, {vocab_size})")
+                raise StrategyArgumentError(f"{where}: eos_candidates[{i}]={tok} is outside [0, {vocab_size})")
         candidates = tuple(int(t) for t in candidates)
     chosen_rollbacks = _check_rollbacks(rollbacks, where)
 
@@ -203,7 +202,7 @@ def decoding_cases(
     """
     where = "decoding_cases()"
     if not callable(target_factory):
-        raise InvalidArgument(f"{where}: target_factory={target_factory!r} must be a callable returning a Target")
+        raise StrategyArgumentError(f"{where}: target_factory={target_factory!r} must be a callable returning a Target")
     max_k = int_at_least(max_k, name="max_k", minimum=0, where=where, error=StrategyArgumentError)
     max_prompt = int_at_least(max_prompt, name="max_prompt", minimum=1, where=where, error=StrategyArgumentError)
     new_tokens = st.integers(1, 48) if max_new_tokens is None else max_new_tokens
@@ -219,7 +218,7 @@ def decoding_cases(
             made = target_factory()
             for attr in ("vocab_size", "max_context", "forward", "reset"):
                 if not hasattr(made, attr):
-                    raise InvalidArgument(f"{where}: target_factory() returned {made!r}, which has no {attr!r}")
+                    raise StrategyArgumentError(f"{where}: target_factory() returned {made!r}, which has no {attr!r}")
             built.append(made)
         return built[0]
 
