@@ -32,7 +32,7 @@ def test_the_profile_capacities_in_the_docs_are_the_profiles() -> None:
     from specproof.conformance._profiles import PROFILES
 
     want = tuple(PROFILES[name].max_capacity for name in ("quick", "ci", "release"))
-    pattern = re.compile(r"quick (\d+)(?: tokens)?,\s+ci (\d+),\s+release (\d+)")
+    pattern = re.compile(r"quick\s+(\d+)(?: tokens)?,\s+ci\s+(\d+),\s+release\s+(\d+)")
     pages = [README, *sorted((README.parent / "docs").glob("*.md"))]
     found = [(p.name, tuple(int(n) for n in m.groups())) for p in pages for m in pattern.finditer(p.read_text())]
     assert found, "no page lists the profile capacities (the pattern or the docs changed)"
