@@ -38,11 +38,10 @@ from specproof.contract.files import (
     MAX_JSON_DEPTH,
     FileTooLargeError,
     json_depth_exceeds,
-    read_bounded_text,
     write_text_file,
 )
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
-from specproof.formats import SchemaProblem, expectation
+from specproof.formats import JsonFormat, SchemaProblem, expectation
 from specproof.formats import check_trace as check_trace_format
 from specproof.formats import golden as golden_format
 from specproof.formats import trace as trace_format
@@ -371,13 +370,13 @@ def _parse_lines(lines: Sequence[str], source: str) -> Trace:
     )
 
 
-#: the largest trace read back (a trace of a long run is a few MB; golden files are smaller)
-MAX_TRACE_BYTES = 256 << 20
+#: the largest trace or golden file read back
+MAX_TRACE_BYTES = trace_format.MAX_BYTES
 
 
-def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: str, *, max_bytes: int) -> str:
+def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: str, *, fmt: JsonFormat) -> str:
     try:
-        return read_bounded_text(path, max_bytes=max_bytes)
+        return fmt.read_text(path)
     except FileTooLargeError as exc:
         raise error(f"{os.fspath(path)}: not a {what} file: {exc}") from None
     except FileNotFoundError:
@@ -390,7 +389,7 @@ def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
     """Parse a trace file; raises ``TraceFormatError`` naming the line and the field."""
-    text = _read_text(path, TraceFormatError, "trace", max_bytes=MAX_TRACE_BYTES)
+    text = _read_text(path, TraceFormatError, "trace", fmt=trace_format.FORMAT)
     return _parse_lines(text.split("\n"), os.fspath(path))
 
 
@@ -512,7 +511,7 @@ class Golden:
 def load_golden(path: str | os.PathLike[str]) -> Golden:
     """Parse a golden file; raises ``GoldenFormatError`` naming the case and the field."""
     source = os.fspath(path)
-    text = _read_text(path, GoldenFormatError, "golden", max_bytes=MAX_TRACE_BYTES)
+    text = _read_text(path, GoldenFormatError, "golden", fmt=golden_format.FORMAT)
     try:
         data = golden_format.FORMAT.loads(text)
     except json.JSONDecodeError as exc:

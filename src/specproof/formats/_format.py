@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import attrs
 
-from specproof.contract.files import loads_bounded, read_bounded_text, write_text_file
+from specproof.contract.files import MAX_USER_FILE_BYTES, loads_bounded, read_bounded_text, write_text_file
 from specproof.formats import _schema
 from specproof.formats._schema import SchemaProblem
 
@@ -24,13 +24,15 @@ class JsonFormat:
 
     ``id`` is the value of the document's ``field`` (``format``, or ``schema`` for the bench
     files; None for a bare JSON array, whose schema is its version); ``schema`` the name of its
-    JSON Schema in ``specproof/schemas/``; ``indent``, ``sort_keys``, ``default`` how ``dumps``
+    JSON Schema in ``specproof/schemas/``; ``max_bytes`` the largest file read back; ``indent``,
+    ``sort_keys``, ``default`` how ``dumps``
     writes it (the bytes specproof has always written), or ``layout`` for a hand-laid one.
     """
 
     id: str
     schema: str
     field: Literal["format", "schema"] | None = "format"
+    max_bytes: int = MAX_USER_FILE_BYTES
     indent: int | None = 2
     sort_keys: bool = False
     default: Any = None
@@ -62,8 +64,8 @@ class JsonFormat:
         return write_text_file(path, self.dumps(doc))
 
     def read_text(self, path: str | os.PathLike[str]) -> str:
-        """The file's text, bounded in size (``FileTooLargeError``, ``OSError``, ``UnicodeDecodeError``)."""
-        return read_bounded_text(path)
+        """The file's text, at most ``max_bytes`` (``FileTooLargeError``, ``OSError``, ``UnicodeDecodeError``)."""
+        return read_bounded_text(path, max_bytes=self.max_bytes)
 
     def loads(self, text: str) -> Any:
         """The JSON of ``text``, bounded in depth (``ValueError``; ``json.JSONDecodeError``); not validated."""

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from specproof.formats import trace
 from specproof.formats._format import JsonFormat
 
 __all__ = ["FORMAT", "FORMAT_ONE_CASE_PER_LINE", "ID"]
 
 ID: Final = "specproof-golden/1"
-FORMAT: Final = JsonFormat(ID, "golden-1", indent=1)
+FORMAT: Final = JsonFormat(ID, "golden-1", max_bytes=trace.MAX_BYTES, indent=1)
 
 
 def _one_case_per_line(doc: dict[str, Any]) -> str:
@@ -22,4 +23,4 @@ def _one_case_per_line(doc: dict[str, Any]) -> str:
 
 
 #: the same format, one case per line (what ``bundle export --golden`` writes)
-FORMAT_ONE_CASE_PER_LINE: Final = JsonFormat(ID, "golden-1", layout=_one_case_per_line)
+FORMAT_ONE_CASE_PER_LINE: Final = JsonFormat(ID, "golden-1", max_bytes=trace.MAX_BYTES, layout=_one_case_per_line)
