@@ -24,9 +24,9 @@ def test_distinct_share_and_period_of_loops_and_text():
     text = list(b"A passage of prose that does not repeat itself: every four-byte window differs.")
     assert distinct_ngram_share(text) > 0.9 and final_period(text) is None
     assert distinct_ngram_share([1, 2]) == 1.0 and final_period([1, 1]) is None  # too short to say
-    with pytest.raises(InvalidSettingError, match="n must be"):
+    with pytest.raises(InvalidSettingError, match="n=0 must be"):
         distinct_ngram_share(run, 0)
-    with pytest.raises(InvalidSettingError, match="window must be"):
+    with pytest.raises(InvalidSettingError, match="window=0 must be"):
         final_period(run, window=0)
 
 
@@ -153,7 +153,7 @@ def test_real_context_texts_are_held_out_deterministic_and_validated(tmp_path):
         real_context_texts(files=1, text_tokens=512, stride=64, min_prefix=64, root=str(tmp_path))
     with pytest.raises(InvalidSettingError, match="min_prefix=600"):
         real_context_texts(files=1, text_tokens=512, stride=64, min_prefix=600)
-    with pytest.raises(InvalidSettingError, match="stride must be"):
+    with pytest.raises(InvalidSettingError, match="stride=0 must be"):
         real_context_texts(files=1, text_tokens=512, stride=0, min_prefix=64)
 
 

@@ -17,7 +17,6 @@ import pytest
 ct = pytest.importorskip("coremltools")
 
 from specproof import cli  # noqa: E402
-from specproof.contract.schemas import validate  # noqa: E402
 from specproof.coreml import (  # noqa: E402
     EVALUATOR_OPS,
     GOLDEN_PROMPTS,
@@ -30,6 +29,7 @@ from specproof.coreml import (  # noqa: E402
 )
 from specproof.engine import InvalidSettingError, PluginError, ReferenceConfig, ReferenceHybrid  # noqa: E402
 from specproof.engine.targets.coreml_eval import FP16_TIE_TOLERANCE, CoreMLEvalTarget, load_spec  # noqa: E402
+from specproof.formats import validate  # noqa: E402
 from specproof.plugins import load_target  # noqa: E402
 
 LOGIT_TOL = 0.03  # relative to the chunk's largest |logit|: fp16 recurrences through 4 blocks (measured <= 1.5%)

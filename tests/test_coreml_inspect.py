@@ -15,9 +15,9 @@ from coremltools.converters.mil import Builder as mb  # noqa: E402
 from coremltools.converters.mil.mil import get_new_symbol, types  # noqa: E402
 
 from specproof import cli  # noqa: E402
-from specproof.contract.schemas import validate  # noqa: E402
 from specproof.coreml import BundleReadError, export_bundle, inspect_bundle  # noqa: E402
 from specproof.engine import ReferenceConfig, ReferenceHybrid  # noqa: E402
+from specproof.formats import validate  # noqa: E402
 
 EXPORT_CONFIG = ReferenceConfig(layers=("conv", "attn", "conv", "attn"), max_context=512)
 

@@ -226,11 +226,11 @@ def test_prompt_errors_name_the_problem():
 
 
 def test_setting_errors():
-    with pytest.raises(InvalidSettingError, match="k must be an integer >= 0, got -1"):
+    with pytest.raises(InvalidSettingError, match="SpecDecoder: k=-1 must be an integer >= 0"):
         SpecDecoder(TARGET, NgramDrafter(), k=-1)
     with pytest.raises(InvalidSettingError, match="rollback='undo'"):
         SpecDecoder(TARGET, NgramDrafter(), rollback="undo")  # type: ignore[arg-type]
-    with pytest.raises(InvalidSettingError, match="max_new_tokens must be an integer >= 0"):
+    with pytest.raises(InvalidSettingError, match="max_new_tokens=-3 must be an integer >= 0"):
         SpecDecoder(TARGET, NgramDrafter()).generate([1], -3)
 
 

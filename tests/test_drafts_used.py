@@ -28,8 +28,8 @@ from specproof.conformance._subjects import Suite
 from specproof.conformance.checks.drafts import check_drafts_used
 from specproof.conformance.zoo import ZooEngine, small_reference
 from specproof.contract import Step
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine import greedy_decode
-from specproof.engine.errors import InvalidSettingError
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter
 
 

@@ -184,7 +184,7 @@ def test_accept_bounds_catches_too_many_accepted_and_draft_over_k():
 
 
 def test_accept_bounds_rejects_bad_k():
-    with pytest.raises(InvalidSettingError, match="k must be an integer >= 0"):
+    with pytest.raises(InvalidSettingError, match="k=-1 must be an integer >= 0"):
         check_accept_bounds(get("engine.accept-bounds"), [], k=-1)
 
 

@@ -61,8 +61,10 @@ def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
             if id(node) in skipped:
                 continue
             targets = [t for t in _targets(node, package=package) if t in modules and t != name]
-            if isinstance(node, ast.ImportFrom) and len(targets) > 1 and all(
-                f"{targets[0]}.{a.name}" in modules for a in node.names
+            if (
+                isinstance(node, ast.ImportFrom)
+                and len(targets) > 1
+                and all(f"{targets[0]}.{a.name}" in modules for a in node.names)
             ):
                 targets = targets[1:]  # only submodules named: the package's __init__ runs, as for any import
             found.update(targets)
@@ -133,6 +135,16 @@ def test_contract_imports_nothing_above_it() -> None:
     for mod, deps in graph.items():
         if mod.startswith("specproof.contract"):
             above = sorted(d for d in deps if not d.startswith("specproof.contract"))
+            assert not above, f"{mod} imports {above}"
+
+
+def test_formats_import_only_contract() -> None:
+    """``specproof.formats`` (one module per file format) sits just above ``contract``: every layer
+    that writes or reads a file can import it."""
+    graph = import_graph(ROOT)
+    for mod, deps in graph.items():
+        if mod.startswith("specproof.formats"):
+            above = sorted(d for d in deps if not d.startswith(("specproof.contract", "specproof.formats")))
             assert not above, f"{mod} imports {above}"
 
 

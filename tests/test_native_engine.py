@@ -508,7 +508,7 @@ def test_traffic_and_protocol_overhead_are_reported(
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    from specproof.contract.schemas import validate
+    from specproof.formats import validate
 
     assert validate("generate-1", out) == []  # a wire engine's summary (its own time, the traffic) too
     assert out["engine_elapsed_us"] > 0 and out["protocol_overhead_us_per_round"] is not None

@@ -56,7 +56,7 @@ def test_does_not_mutate_context():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(min_n=0), "min_n must be an integer >= 1"),
+        (dict(min_n=0), "min_n=0 must be an integer >= 1"),
         (dict(min_n=3, max_n=2), "min_n=3 must not exceed max_n=2"),
         (dict(prefer="latest"), "prefer='latest'"),
         (dict(extend=1), "extend must be True or False"),

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specproof.engine.errors import (
+from specproof.contract.errors import (
     CapacityError,
     InvalidSettingError,
     StaleSnapshotError,

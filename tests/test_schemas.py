@@ -20,12 +20,13 @@ from specproof.bench import make_baseline, run_bench, save_baseline
 from specproof.conformance import certify
 from specproof.conformance._campaign import CampaignOptions, CampaignState, WorkerState
 from specproof.conformance.traces import Golden, golden_case, write_golden, write_trace
-from specproof.contract.schemas import SCHEMAS, load_schema, problems, validate
 from specproof.engine import NgramDrafter, SpecDecoder
+from specproof.formats import FORMATS, load_schema, problems, validate
 from specproof.strategies import SessionHistory
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIR = ROOT / "src" / "specproof" / "schemas"
+SCHEMAS = {f.schema: f.id for f in FORMATS}  # schema name -> format id, from the format modules
 ZOO_SESSION_BUG = "specproof.conformance.zoo:snapshot_only_last_call"  # fails engine.session in ~2 s
 
 
@@ -57,6 +58,30 @@ def test_every_schema_file_is_a_valid_draft_2020_12_schema_and_is_listed() -> No
             # every top-level field says what it means
             for field, sub in obj["properties"].items():
                 assert sub.get("description") or "$ref" in sub, f"{name}: {field} has no description"
+
+
+def test_each_format_id_is_spelled_in_one_module_only() -> None:
+    """A format's id (``specproof-report/2``) lives in its module of ``specproof.formats``; every
+    writer and reader takes it from there. The schema files pin the same id (``const``, checked
+    above), so they may spell it; no other source file may."""
+    src = ROOT / "src" / "specproof"
+    sources = sorted(src.rglob("*.py"))
+    for fmt in FORMATS:
+        spelled = [str(p.relative_to(src)) for p in sources if fmt.id in p.read_text()]
+        module = fmt.schema.rsplit("-", 1)[0].replace("-", "_").replace("bench_baseline", "baseline")
+        assert spelled == [f"formats/{module}.py"], f"{fmt.id} is spelled in {spelled}"
+
+
+def test_each_format_module_names_its_own_schema_and_tag() -> None:
+    import specproof.formats as formats
+
+    assert sorted(f.id for f in FORMATS) == sorted(set(f.id for f in FORMATS))  # no id twice
+    for fmt in FORMATS:
+        assert formats.by_schema(fmt.schema) is fmt
+        doc_field = "schema" if fmt.schema.startswith("bench") else ("format" if fmt.field else None)
+        assert fmt.field == doc_field and fmt.tag() == ({doc_field: fmt.id} if doc_field else {})
+    with pytest.raises(KeyError, match="no specproof format with schema 'report-9'"):
+        formats.by_schema("report-9")
 
 
 def test_the_schemas_ship_as_package_data() -> None:

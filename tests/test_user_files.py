@@ -116,3 +116,23 @@ def test_traces_golden_files_and_baselines(tmp_path: Path) -> None:
     _huge(baseline)
     with pytest.raises(BaselineError, match=r"not a baseline: .* more than the limit"):
         load_baseline(baseline)
+
+
+def test_every_format_reads_within_its_own_size_limit(tmp_path: Path) -> None:
+    """A format's ``read_text`` refuses a file past its ``max_bytes`` before reading it; traces and
+    golden files may be larger than the other user files, never unbounded."""
+    import attrs
+
+    from specproof.formats import FORMATS, golden, trace
+
+    for fmt in FORMATS:
+        big = trace.MAX_BYTES if fmt.schema in ("trace-1", "golden-1") else MAX_USER_FILE_BYTES
+        assert fmt.max_bytes == big, fmt.id
+    assert golden.FORMAT_ONE_CASE_PER_LINE.max_bytes == trace.MAX_BYTES
+    small = attrs.evolve(trace.FORMAT, max_bytes=10)
+    path = tmp_path / "t.jsonl"
+    path.write_text("x" * 10)
+    assert small.read_text(path) == "x" * 10
+    path.write_text("x" * 11)
+    with pytest.raises(FileTooLargeError, match="11 bytes, more than the limit of 10 bytes"):
+        small.read_text(path)

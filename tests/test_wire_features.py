@@ -28,7 +28,7 @@ import pytest
 
 from _processes import running_processes
 from specproof.conformance import certify
-from specproof.engine.errors import PluginError
+from specproof.contract.errors import PluginError
 from specproof.wire import EngineProtocolError, EngineRequestError, ExecEngine, validate_message
 from specproof.wire._limits import NO_STATE_LINE_BYTES, check_feature_shape, feature_line_bytes
 

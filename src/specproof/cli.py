@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from specproof.engine.errors import InvalidSettingError, PluginError, SpecproofError
+    from specproof.contract.errors import InvalidSettingError, PluginError, SpecproofError
 
     parser = build_parser()
     args = parser.parse_args(argv)

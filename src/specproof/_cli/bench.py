@@ -7,7 +7,6 @@ Exit codes: 0 (measured; gate passed if asked), 1 (the gate found a regression),
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 
@@ -39,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specproof.bench import BenchConfig, compare, load_baseline, plan_size, plot_result, run_bench, save_baseline
-    from specproof.contract.files import check_output_path, write_text_file
+    from specproof.contract.files import check_output_path
+    from specproof.formats import bench as bench_format
 
     # every usage problem before minutes of measuring: output paths first (nothing is created)
     for option, path in (("--json", args.json), ("--plot", args.plot), ("--save-baseline", args.save_baseline)):
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     data = result.to_json()
     _print_tables(console, data)
     if args.json:
-        write_text_file(args.json, json.dumps(data, indent=2) + "\n")
+        bench_format.FORMAT.write(args.json, data)
     if args.plot:
         plot_result(data, args.plot)
         console.print(f"plot written to {args.plot}")

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from specproof._cli.common import add_target_argument
+from specproof.formats import bundle_inspect as bundle_inspect_format
+from specproof.formats import golden as golden_format
 
 _EXPORT_TARGET_HELP = (
     "reference target spec to export (default reference:layers=conv+attn+conv+attn): conv, attn and gdn blocks, "
@@ -38,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     ins.add_argument("path", help="the .mlpackage (or .mlmodel)")
     ins.add_argument("--k", type=int, default=4, help="draft tokens per verify forward (default 4: K+1=5 ids)")
-    ins.add_argument("--json", action="store_true", help="print the verdict as JSON (specproof-bundle-inspect/1)")
+    ins.add_argument("--json", action="store_true", help=f"print the verdict as JSON ({bundle_inspect_format.ID})")
     ins.set_defaults(func=run_inspect)
     _add_export_parser(bsub)
     p.set_defaults(func=lambda args: _no_action(p))
@@ -98,7 +100,7 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         help="export logits [1, 1, vocab] for the last position only (a variant the inspector must reject)",
     )
     exp.add_argument(
-        "--golden", default=None, metavar="FILE", help="also write greedy tokens of fixed prompts (specproof-golden/1)"
+        "--golden", default=None, metavar="FILE", help=f"also write greedy tokens of fixed prompts ({golden_format.ID})"
     )
     exp.add_argument("--force", action="store_true", help="replace an existing bundle at PATH")
     add_target_argument(exp, default=DEFAULT_EXPORT_TARGET)
@@ -166,15 +168,15 @@ def _print_report(report: Any) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    from specproof.contract.errors import MissingDependencyError
     from specproof.coreml import BundleReadError, inspect_bundle
-    from specproof.engine.errors import MissingDependencyError
 
     try:
         report = inspect_bundle(args.path, k=args.k)
     except (BundleReadError, MissingDependencyError) as exc:
         what = "not a readable bundle" if isinstance(exc, BundleReadError) else "missing dependency"
         if args.json:  # a JSON consumer gets JSON, errors included
-            error = {"format": "specproof-bundle-inspect/1", "path": str(args.path), "error": f"{what}: {exc}"}
+            error = {"format": bundle_inspect_format.ID, "path": str(args.path), "error": f"{what}: {exc}"}
             print(json.dumps({**error, "exit_code": 2}, indent=2))
         else:
             print(f"specproof bundle inspect: {what}: {exc}", file=sys.stderr)

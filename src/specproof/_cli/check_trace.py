@@ -1,10 +1,13 @@
-"""``specproof check-trace``: check a ``specproof-trace/1`` file's invariants, and losslessness against an oracle."""
+"""``specproof check-trace``: check a trace file's invariants, and losslessness against an oracle."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+
+from specproof.formats import golden as golden_format
+from specproof.formats import trace as trace_format
 
 
 def _tolerance(text: str) -> float:
@@ -20,21 +23,21 @@ def _tolerance(text: str) -> float:
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "check-trace",
-        help="check a specproof-trace/1 file (round invariants, and losslessness against an oracle)",
+        help=f"check a {trace_format.ID} file (round invariants, and losslessness against an oracle)",
         description=(
-            "Check the invariants of a specproof-trace/1 file: accept bounds and rule, KV length, stopping, "
+            f"Check the invariants of a {trace_format.ID} file: accept bounds and rule, KV length, stopping, "
             "trace consistency, and engine.lossless against golden greedy tokens or a target. "
             "Exit status: 0 everything passed (an excused near-tie counts as a pass), 1 an invariant failed, "
             "2 a malformed trace, a bad command line, or an oracle that cannot decide."
         ),
     )
-    p.add_argument("file", metavar="FILE", help="the trace (JSON Lines, specproof-trace/1)")
+    p.add_argument("file", metavar="FILE", help=f"the trace (JSON Lines, {trace_format.ID})")
     oracle = p.add_mutually_exclusive_group()
     oracle.add_argument(
         "--greedy",
         default=None,
         metavar="GOLDEN.json",
-        help="a specproof-golden/1 file: its case for the trace's prompt is plain greedy's output",
+        help=f"a {golden_format.ID} file: its case for the trace's prompt is plain greedy's output",
     )
     oracle.add_argument(
         "--target",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from specproof.contract.errors import PluginError
 from specproof.engine import Target
-from specproof.engine.errors import PluginError
 from specproof.plugins import load_target
 
 __all__ = ["add_target_argument", "decode_tokens", "encode_prompt", "make_target", "parse_ids"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from specproof._cli.certify import _hypothesis_dir as hypothesis_dir
 from specproof._cli.certify import add_db_option, add_subject_options, open_db, print_database
+from specproof.formats import report as report_format
 
 EPILOG = """Every worker runs the checks `certify` would run with a new random seed per round (a seeded
 certify run: every failure has a reproduce line that works without the database) and saves what it
@@ -56,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=None,
         help="base seed: worker w's round r uses seed + w + W * r (a reproducible campaign); default random",
     )
-    p.add_argument("--report", default=None, metavar="FILE", help="write the campaign's specproof-report/2 JSON here")
+    p.add_argument("--report", default=None, metavar="FILE", help=f"write the campaign's {report_format.ID} JSON here")
     p.add_argument("--markdown", default=None, metavar="FILE", help="write the campaign's Markdown certificate here")
     p.add_argument("--junitxml", default=None, metavar="FILE", help="write JUnit XML (one testcase per check) here")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of the table")

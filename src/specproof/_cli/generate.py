@@ -15,6 +15,8 @@ from specproof._cli.common import (
     make_target,
     parse_ids,
 )
+from specproof.formats import generate as generate_format
+from specproof.formats import trace as trace_format
 
 DEFAULT_PROMPT = (
     "def area(width, height):\n    return width * height\n\n"
@@ -59,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--eos", type=int, default=None, metavar="ID", help="stop at this token id")
     p.add_argument("--seed", type=int, default=None, help="seed of the reference target's weights")
     p.add_argument("--compare-greedy", action="store_true", help="also run plain greedy: equality and both wall times")
-    p.add_argument("--trace", default=None, metavar="FILE", help="write a specproof-trace/1 JSON Lines trace")
+    p.add_argument("--trace", default=None, metavar="FILE", help=f"write a {trace_format.ID} JSON Lines trace")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")
     p.add_argument(
         "--engine",
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     assert gen.stats is not None
     stats = gen.stats
     summary: dict[str, object] = {
-        "format": "specproof-generate/1",
+        "format": generate_format.ID,
         "target": args.target,
         "drafter": getattr(drafter, "name", type(drafter).__name__),
         "k": args.k,
@@ -237,7 +239,7 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
         seconds = time.perf_counter() - t0
         steps = list(gen.steps or ())
         summary: dict[str, object] = {
-            "format": "specproof-generate/1",
+            "format": generate_format.ID,
             "engine": args.engine,
             "prompt_tokens": len(prompt),
             "tokens": list(gen.tokens),

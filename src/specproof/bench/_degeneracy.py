@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 
 __all__ = ["DEGENERATE_SHARE", "PERIOD_WINDOW", "distinct_ngram_share", "final_period", "is_degenerate"]
 
@@ -30,8 +30,7 @@ PERIOD_WINDOW: Final = 32
 
 def distinct_ngram_share(tokens: Sequence[int], n: int = 4) -> float:
     """Distinct ``n``-grams of ``tokens`` over all of its ``n``-grams; 1.0 when it has none."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise InvalidSettingError(f"distinct_ngram_share: n must be an integer >= 1, got {n!r}")
+    int_at_least(n, name="n", minimum=1, where="distinct_ngram_share")
     seq = [int(t) for t in tokens]
     total = len(seq) - n + 1
     if total <= 0:
@@ -41,8 +40,7 @@ def distinct_ngram_share(tokens: Sequence[int], n: int = 4) -> float:
 
 def final_period(tokens: Sequence[int], *, window: int = PERIOD_WINDOW) -> int | None:
     """The smallest ``p <= window`` such that the last ``window`` tokens each equal the token ``p`` before them."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise InvalidSettingError(f"final_period: window must be an integer >= 1, got {window!r}")
+    int_at_least(window, name="window", minimum=1, where="final_period")
     seq = [int(t) for t in tokens]
     size = len(seq)
     for p in range(1, window + 1):

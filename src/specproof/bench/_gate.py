@@ -42,9 +42,9 @@ from typing import Any, Final
 
 import attrs
 
-from specproof.contract.files import FileTooLargeError, loads_bounded, read_bounded_text, write_text_file
-from specproof.contract.schemas import problems
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.files import FileTooLargeError
+from specproof.formats import baseline as baseline_format
 
 __all__ = [
     "BASELINE_SCHEMA",
@@ -64,7 +64,7 @@ __all__ = [
     "validate_baseline",
 ]
 
-BASELINE_SCHEMA: Final = "specproof-bench-baseline/2"
+BASELINE_SCHEMA: Final = baseline_format.ID
 # Relative change allowed in a machine-independent figure. They are exact counts on the
 # reference target (bit-for-bit batch-invariant), so any real change is a change in the
 # engine or drafter; the slack only covers a different CPython/numpy shifting a tie.
@@ -215,7 +215,7 @@ def _peer_record(peer: Mapping[str, Any]) -> dict[str, Any]:
 
 def save_baseline(path: str | os.PathLike[str], result: Mapping[str, Any]) -> dict[str, Any]:
     doc = make_baseline(result)
-    write_text_file(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    baseline_format.FORMAT.write(path, doc)
     return doc
 
 
@@ -233,7 +233,7 @@ def validate_baseline(doc: Any, where: str = "<baseline>") -> dict[str, Any]:
     """
     if not isinstance(doc, dict):
         raise BaselineError(f"baseline {where}: expected a JSON object, got {type(doc).__name__}")
-    found = problems("bench-baseline-2", doc)
+    found = baseline_format.FORMAT.problems(doc)
     if found:
         first = found[0]
         if first.keyword == "required":
@@ -250,7 +250,7 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a baseline file (``BaselineError`` naming the file and field)."""
     where = os.fspath(path)
     try:
-        text = read_bounded_text(path)
+        text = baseline_format.FORMAT.read_text(path)
     except FileTooLargeError as exc:
         raise BaselineError(f"baseline {where}: not a baseline: {exc}") from None
     except OSError as exc:
@@ -258,7 +258,7 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise BaselineError(f"baseline {where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        doc = loads_bounded(text)
+        doc = baseline_format.FORMAT.loads(text)
     except json.JSONDecodeError as exc:
         raise BaselineError(f"baseline {where}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except ValueError as exc:

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from specproof.contract import Drafter, Target
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine import DecodeSession, NgramDrafter, SpecDecoder
-from specproof.engine._protocols import Drafter, Target
-from specproof.engine.errors import InvalidSettingError
 
 __all__ = ["burn", "extra_forward", "round_cpu_seconds", "slow_proposal", "slow_verify"]
 

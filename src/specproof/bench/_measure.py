@@ -71,10 +71,11 @@ from specproof import __version__
 from specproof.bench._degeneracy import distinct_ngram_share, final_period, is_degenerate
 from specproof.bench._real import RealContextCell, measure_real_contexts, real_context_texts
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
+from specproof.contract import Drafter, Target
+from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.engine import ContextView, NgramDrafter, SpecDecoder, greedy_decode
-from specproof.engine._protocols import Drafter, Target
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter
-from specproof.engine.errors import InvalidSettingError, SpecproofError
+from specproof.formats import bench as bench_format
 from specproof.plugins import drafter_factory as spec_factory
 from specproof.plugins import load_drafter, load_target
 
@@ -371,7 +372,7 @@ class BenchResult:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "schema": "specproof-bench/2",
+            "schema": bench_format.ID,
             "version": __version__,
             "platform": dict(self.platform),
             "config": self.config.to_json(),

@@ -31,9 +31,10 @@ from typing import Final
 import attrs
 import numpy as np
 
+from specproof.contract import Drafter, Target
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 from specproof.engine import ContextView
-from specproof.engine._protocols import Drafter, Target
-from specproof.engine.errors import InvalidSettingError
 
 __all__ = ["RealContextCell", "RealContextText", "measure_real_contexts", "real_context_texts"]
 
@@ -89,8 +90,7 @@ def real_context_texts(
     """``files`` test-suite files (the first by sha256 of their name), their first ``text_tokens`` bytes,
     and the positions ``min_prefix, min_prefix + stride, ...`` that leave ``k + 1`` tokens of room."""
     for name, value, low in (("files", files, 1), ("text_tokens", text_tokens, 64), ("stride", stride, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise InvalidSettingError(f"real contexts: {name} must be an integer >= {low}, got {value!r}")
+        int_at_least(value, name=name, minimum=low, where="real contexts")
     if isinstance(min_prefix, bool) or not isinstance(min_prefix, int) or not 1 <= min_prefix < text_tokens:
         raise InvalidSettingError(f"real contexts: min_prefix={min_prefix!r} must be in [1, text_tokens={text_tokens})")
     base = root if root is not None else _stdlib_root()

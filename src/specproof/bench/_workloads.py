@@ -36,8 +36,8 @@ from typing import Final
 
 import attrs
 
-from specproof.engine._protocols import Target
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract import Target
+from specproof.contract.errors import InvalidSettingError
 
 __all__ = [
     "SOURCE_MODULES",

@@ -6,8 +6,8 @@ Public entry points:
   ``specproof invariants`` prints it);
 - ``checks`` — every invariant as a function returning structured violations;
 - ``certify(...)`` / ``check_subject(...)`` — run the certifying checks in-process and get a
-  ``specproof-report/2`` dict (``certify``) or the per-check results (``check_subject``);
-- ``traces`` — the ``specproof-trace/1`` format and ``check_trace``;
+  report dict (``certify``; ``specproof.formats.report``) or the per-check results (``check_subject``);
+- ``traces`` — traces (``specproof.formats.trace``) and ``check_trace``;
 - ``zoo`` — deliberately broken implementations the suite must reject;
 - the pytest plugin (``pytest --pyargs specproof.conformance --specproof-drafter ...``).
 """

@@ -16,7 +16,7 @@ exactly a seeded ``certify`` run, so every failure comes with a reproduce line t
 without the database (``--seed``), and the database carries it to every later run.
 
 The parent process aggregates what the workers report (per check: examples, exercised,
-failures; per engine case: rounds by path) into a ``specproof-report/2`` report with a
+failures; per engine case: rounds by path) into a report (``specproof.formats.report``) with a
 ``campaign`` section, rendered by the same writers as ``certify``'s.
 """
 
@@ -34,6 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+
+from specproof.formats import report as report_format
 
 __all__ = ["CampaignOptions", "CampaignState", "run_campaign"]
 
@@ -150,7 +152,7 @@ class CampaignState:
         return len(self.failures)
 
     def report(self) -> dict[str, Any]:
-        """The campaign as a ``specproof-report/2`` dict (the certify report's fields, plus ``campaign``)."""
+        """The campaign as a report dict (the certify report's fields, plus ``campaign``)."""
         base = dict(self.skeleton or {})
         results = list(self.checks.values())
         failing = [r for r in results if r["status"] in ("fail", "error")]
@@ -204,7 +206,7 @@ def _report_defaults(plan: dict[str, Any]) -> dict[str, Any]:
     from specproof import __version__
 
     return {
-        "format": "specproof-report/2",
+        "format": report_format.ID,
         "specproof_version": __version__,
         "subjects": {"subject": plan.get("subject"), "engines": [], "used": []},
         "profile": plan.get("profile", "quick"),

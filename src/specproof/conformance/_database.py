@@ -39,7 +39,9 @@ import attrs
 from hypothesis.database import (
     DirectoryBasedExampleDatabase,
     ExampleDatabase,
+    InMemoryExampleDatabase,
     MultiplexedDatabase,
+    ReadOnlyDatabase,
     choices_from_bytes,
 )
 
@@ -291,30 +293,18 @@ def shortlex(value: bytes) -> tuple[int, bytes]:
     return (len(value), value)
 
 
-class _ReplayOnly(ExampleDatabase):
-    """A read-only database answering one key with given entries: Phase.reuse replays them all.
+def replay_only(key: bytes, entries: Iterable[bytes]) -> ExampleDatabase:
+    """A database for Phase.reuse that replays ``entries`` under ``key`` and changes nothing.
 
     Hypothesis deletes a replayed entry that does not fail; a covering example is not meant to
-    fail, so it is handed over here, where deleting is a no-op (its namespace is untouched).
+    fail, so it is handed over in a ``ReadOnlyDatabase`` (saving and deleting are no-ops; its
+    namespace in the store is untouched). Hypothesis sorts what it fetches (shortlex), so the
+    in-memory set's order does not matter.
     """
-
-    def __init__(self, key: bytes, entries: Iterable[bytes]) -> None:
-        super().__init__()
-        self.key, self.entries = key, list(entries)
-
-    def fetch(self, key: bytes) -> Iterable[bytes]:
-        return list(self.entries) if key == self.key else []
-
-    def save(self, key: bytes, value: bytes) -> None:
-        pass
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        pass
-
-
-def replay_only(key: bytes, entries: Iterable[bytes]) -> ExampleDatabase:
-    """A database for Phase.reuse that replays ``entries`` under ``key`` and changes nothing."""
-    return _ReplayOnly(key, entries)
+    entries_db = InMemoryExampleDatabase()
+    for entry in entries:
+        entries_db.save(key, entry)
+    return ReadOnlyDatabase(entries_db)
 
 
 def derandomized_seed(test: Any) -> int:

@@ -14,7 +14,16 @@ from typing import Any
 
 import attrs
 
+from specproof.conformance._profiles import PROFILES
+from specproof.formats import report as report_format
+from specproof.formats import session as session_format
+
 __all__ = ["NOT_IN_PLUGIN", "OPTIONS", "Option", "add_to_argparse", "add_to_pytest", "get"]
+
+
+def _capacities() -> str:
+    """``quick 4096, ci 16384, release 65536``: each profile's largest context, from the profiles."""
+    return ", ".join(f"{name} {profile.max_capacity}" for name, profile in PROFILES.items())
 
 
 @attrs.frozen(kw_only=True)
@@ -106,7 +115,7 @@ OPTIONS: tuple[Option, ...] = (
         type=int,
         metavar="N",
         help="test an engine at a context capacity of N tokens (default: its max_context, bounded by the "
-        "profile: quick 4096, ci 16384, release 65536); the certificate says which capacity was tested",
+        f"profile: {_capacities()}); the certificate says which capacity was tested",
     ),
     Option(
         dest="expect_fail",
@@ -129,7 +138,7 @@ OPTIONS: tuple[Option, ...] = (
         cli="--report",
         plugin="--specproof-report",
         metavar="FILE",
-        help="write the specproof-report/2 JSON here",
+        help=f"write the {report_format.ID} JSON here",
     ),
     Option(
         dest="markdown",
@@ -143,7 +152,7 @@ OPTIONS: tuple[Option, ...] = (
         cli="--replay-session",
         plugin="--specproof-replay-session",
         metavar="FILE",
-        help="replay a saved specproof-session/1 request history on the engine (what a session failure's "
+        help=f"replay a saved {session_format.ID} request history on the engine (what a session failure's "
         "reproduce command does)",
     ),
     Option(

@@ -12,7 +12,7 @@ import attrs
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import ExampleDatabase
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["PROFILES", "Profile", "get_profile"]
 

@@ -50,9 +50,8 @@ from specproof.conformance.checks import features as feature_checks
 from specproof.conformance.checks import generation as generation_checks
 from specproof.conformance.checks import target as target_checks
 from specproof.conformance.checks.generation import round_of_index
-from specproof.contract import UsageError, Violation
-from specproof.engine._records import Generation, Step
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract import Generation, Step, UsageError, Violation
+from specproof.contract.errors import InvalidSettingError
 from specproof.strategies import contexts
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -16,14 +16,14 @@ from typing import Any
 
 import attrs
 
+from specproof.contract import Generation
 from specproof.contract.lossless import LosslessVerdict
-from specproof.engine._records import Generation
 
 __all__ = ["CAPABILITIES", "Capabilities", "Proposal", "RunRecord"]
 
 CAPABILITIES: dict[str, str] = {
     "steps": "the engine returns per-round `Step` records",
-    "stats": "the engine returns `DecodeStats`",
+    "stats": "the engine returns `Stats`",
     "rollback": "the engine says its rollback strategy (`checkpoint` / `replay`)",
     "oracle": "plain greedy can be computed: a model (`oracle`, a pristine target), `greedy()`, or golden tokens",
     "target": "the live target's state can be read (`state_arrays()`) or probed with a forward",

@@ -35,7 +35,7 @@ def certify(
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> tuple[Certification, dict[str, Any]]:
-    """Run every check ``plan`` selects; returns the certification and its ``specproof-report/2``."""
+    """Run every check ``plan`` selects; returns the certification and its report."""
     cert = Certification(plan, on_result=on_result)
     if on_start is not None:
         on_start(len(cert.all_checks()))

@@ -54,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if CERTIFICATION in config.stash or not _requested(config):
         return
     from specproof.contract import UsageError
-    from specproof.engine.errors import InvalidSettingError, PluginError
+    from specproof.contract.errors import InvalidSettingError, PluginError
 
     try:
         _certification(config)

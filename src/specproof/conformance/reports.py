@@ -1,4 +1,4 @@
-"""Certification reports: the ``specproof-report/2`` JSON, its Markdown certificate and JUnit XML.
+"""Certification reports: the report JSON (``specproof.formats.report``), its Markdown certificate and JUnit XML.
 
 The verdict (docs/contract.md, "verdicts"):
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from specproof import __version__
 from specproof.contract.files import check_output_path, write_text_file
+from specproof.formats import report as report_format
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._certifying import Certification
@@ -49,7 +50,7 @@ __all__ = [
     "write_text_file",
 ]
 
-FORMAT = "specproof-report/2"
+FORMAT = report_format.ID
 EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 3, "interrupted": 130}
 
 
@@ -104,7 +105,7 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
 
 
 def build_report(cert: Certification) -> dict[str, Any]:
-    """The ``specproof-report/2`` dict of a finished (or interrupted) certification."""
+    """The report dict (``specproof.formats.report``) of a finished (or interrupted) certification."""
     plan, suite = cert.plan, cert.plan.suite
     results = [r.to_json() for r in cert.results.values()]
     verdict, why = _verdict(cert, results)
@@ -177,7 +178,7 @@ def build_report(cert: Certification) -> dict[str, Any]:
 
 
 def write_json_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
-    write_text_file(path, json.dumps(report, indent=2, default=str) + "\n")
+    report_format.FORMAT.write(path, report)
 
 
 def render_markdown(report: dict[str, Any]) -> str:

@@ -1,15 +1,15 @@
-"""``specproof-trace/1`` traces, ``specproof-golden/1`` golden files, and checking a trace.
+"""Traces, golden files (``specproof.formats.trace``, ``.golden``), and checking a trace.
 
 A trace is JSON Lines, one record per line:
 
-- line 1, the header: ``{"format": "specproof-trace/1", "vocab_size", "k", "prompt",
+- line 1, the header: ``{"format": formats.trace.ID, "vocab_size", "k", "prompt",
   "max_new_tokens", "eos_token_id", "engine", "target"}`` plus optional
   ``"max_context"`` and ``"rollback"``;
 - one line per round: ``{"round": i, "base", "draft", "argmax", "accepted", "processed"}``
   (the fields of ``specproof.engine.Step``);
 - the final line: ``{"final": true, "tokens", "stop_reason"}``.
 
-A golden file is one JSON object: ``{"format": "specproof-golden/1", "target": "...",
+A golden file is one JSON object: ``{"format": formats.golden.ID, "target": "...",
 "cases": [{"prompt": [...], "max_new_tokens": N, "eos_token_id": null, "tokens": [...]}]}``
 (each case may also carry ``"margins"``: the top-2 logit margin of every token, which
 lets a divergence on a near-tie be excused).
@@ -32,20 +32,19 @@ import attrs
 
 from specproof.conformance._registry import REGISTRY, Invariant, Outcome
 from specproof.conformance._run import Capabilities, RunRecord
-from specproof.contract import Violation
+from specproof.contract import STOP_REASONS, Generation, Step, Target, Violation
+from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.contract.files import (
     MAX_JSON_DEPTH,
     FileTooLargeError,
     json_depth_exceeds,
-    loads_bounded,
-    read_bounded_text,
     write_text_file,
 )
 from specproof.contract.lossless import LosslessVerdict, compare_lossless
-from specproof.contract.schemas import SchemaProblem, expectation, problems
-from specproof.engine._protocols import Target
-from specproof.engine._records import STOP_REASONS, Generation, Step
-from specproof.engine.errors import InvalidSettingError, SpecproofError
+from specproof.formats import JsonFormat, SchemaProblem, expectation
+from specproof.formats import check_trace as check_trace_format
+from specproof.formats import golden as golden_format
+from specproof.formats import trace as trace_format
 
 __all__ = [
     "GOLDEN_FORMAT",
@@ -67,8 +66,8 @@ __all__ = [
     "write_trace",
 ]
 
-TRACE_FORMAT = "specproof-trace/1"
-GOLDEN_FORMAT = "specproof-golden/1"
+TRACE_FORMAT = trace_format.ID
+GOLDEN_FORMAT = golden_format.ID
 
 
 # Every line and golden file is validated with its JSON Schema (specproof/schemas/trace-1.json,
@@ -76,11 +75,11 @@ GOLDEN_FORMAT = "specproof-golden/1"
 
 
 class TraceFormatError(SpecproofError, ValueError):
-    """A trace file is not valid ``specproof-trace/1``; the message names the line and the field."""
+    """A trace file is not a valid trace; the message names the line and the field."""
 
 
 class GoldenFormatError(SpecproofError, ValueError):
-    """A golden file is not valid ``specproof-golden/1``; the message names the case and the field."""
+    """A golden file is not valid; the message names the case and the field."""
 
 
 class TraceWriteError(SpecproofError, OSError):
@@ -147,7 +146,7 @@ class Trace:
         return head
 
     def to_lines(self) -> list[str]:
-        """The trace as ``specproof-trace/1`` lines (without newlines)."""
+        """The trace as its JSON Lines (without newlines)."""
         lines = [json.dumps(self.header())]
         lines.extend(json.dumps({"round": i, **step.to_json()}) for i, step in enumerate(self.steps))
         lines.append(json.dumps({"final": True, "tokens": list(self.tokens), "stop_reason": self.stop_reason}))
@@ -230,7 +229,7 @@ class _Fields:
 
 def _schema_check(obj: dict[str, object], part: str, where: str) -> None:
     """Validate one trace line with the ``trace-1`` schema's ``part`` before any other check."""
-    found = problems("trace-1", obj, part=part)
+    found = trace_format.FORMAT.problems(obj, part=part)
     if found:
         raise TraceFormatError(f"{where}: {_schema_message(found, obj)}")
 
@@ -392,13 +391,13 @@ def _round_record(obj: dict[str, object], where: str, expected_index: int, vocab
     )
 
 
-#: the largest trace read back (a trace of a long run is a few MB; golden files are smaller)
-MAX_TRACE_BYTES = 256 << 20
+#: the largest trace or golden file read back
+MAX_TRACE_BYTES = trace_format.MAX_BYTES
 
 
-def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: str, *, max_bytes: int) -> str:
+def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: str, *, fmt: JsonFormat) -> str:
     try:
-        return read_bounded_text(path, max_bytes=max_bytes)
+        return fmt.read_text(path)
     except FileTooLargeError as exc:
         raise error(f"{os.fspath(path)}: not a {what} file: {exc}") from None
     except FileNotFoundError:
@@ -410,8 +409,8 @@ def _read_text(path: str | os.PathLike[str], error: type[SpecproofError], what: 
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Parse a ``specproof-trace/1`` file; raises ``TraceFormatError`` naming the line and the field."""
-    text = _read_text(path, TraceFormatError, "trace", max_bytes=MAX_TRACE_BYTES)
+    """Parse a trace file; raises ``TraceFormatError`` naming the line and the field."""
+    text = _read_text(path, TraceFormatError, "trace", fmt=trace_format.FORMAT)
     return _parse_lines(text.split("\n"), os.fspath(path))
 
 
@@ -440,7 +439,7 @@ def write_trace(
     max_context: int | None = None,
     rollback: str | None = None,
 ) -> Trace:
-    """Write ``generation`` as a ``specproof-trace/1`` file (atomically) and return the ``Trace`` written.
+    """Write ``generation`` as a trace file (atomically) and return the ``Trace`` written.
 
     The lines are validated with the reader before anything is written, so every
     trace this writes reads back; a generation without ``steps`` (a black-box
@@ -507,7 +506,7 @@ class GoldenCase:
 
 @attrs.frozen(kw_only=True)
 class Golden:
-    """A ``specproof-golden/1`` file: plain greedy outputs of one target."""
+    """A golden file: plain greedy outputs of one target."""
 
     target: str
     cases: tuple[GoldenCase, ...] = attrs.field(converter=_cases)
@@ -531,11 +530,11 @@ class Golden:
 
 
 def load_golden(path: str | os.PathLike[str]) -> Golden:
-    """Parse a ``specproof-golden/1`` file; raises ``GoldenFormatError`` naming the case and the field."""
+    """Parse a golden file; raises ``GoldenFormatError`` naming the case and the field."""
     source = os.fspath(path)
-    text = _read_text(path, GoldenFormatError, "golden", max_bytes=MAX_TRACE_BYTES)
+    text = _read_text(path, GoldenFormatError, "golden", fmt=golden_format.FORMAT)
     try:
-        data = loads_bounded(text)
+        data = golden_format.FORMAT.loads(text)
     except json.JSONDecodeError as exc:
         raise GoldenFormatError(f"{source}: invalid JSON: {exc}") from None
     except ValueError as exc:
@@ -545,7 +544,7 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
     top = _Fields(data, source, GoldenFormatError)
     if data.get("format") != GOLDEN_FORMAT:
         raise top.fail(f"field 'format' must be {GOLDEN_FORMAT!r}, got {_describe(data.get('format'))}")
-    found = problems("golden-1", data)
+    found = golden_format.FORMAT.problems(data)
     if found and len(found[0].path) >= 2 and found[0].path[0] == "cases":  # about one case: name it
         i = found[0].path[1]
         case = [p for p in found if p.path[:2] == ("cases", i)]
@@ -590,8 +589,8 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
 
 
 def write_golden(path: str | os.PathLike[str], golden: Golden) -> None:
-    """Write ``golden`` as a ``specproof-golden/1`` file (atomically)."""
-    _write_atomically(path, json.dumps(golden.to_json(), indent=1) + "\n")
+    """Write ``golden`` as a golden file (atomically)."""
+    _write_atomically(path, golden_format.FORMAT.dumps(golden.to_json()))
 
 
 def golden_case(
@@ -671,7 +670,7 @@ class TraceReport:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "format": "specproof-check-trace/1",
+            "format": check_trace_format.ID,
             "source": self.source,
             "engine": self.engine,
             "target": self.target,

@@ -7,7 +7,8 @@ It imports nothing from specproof above it (a test fails on any import cycle):
 - ``errors`` — every error specproof raises on purpose, including ``UsageError`` (exit 2);
 - ``Violation`` / ``ViolationError`` — one breach of one invariant, as every check reports it;
 - ``compare`` — the one array comparison (exact or within ``atol``; NaN and signed-zero policy);
-- ``lossless`` — the tie-aware ``engine.lossless`` verdict.
+- ``lossless`` — the tie-aware ``engine.lossless`` verdict;
+- ``validation`` — the one check of an integer option's lower bound and of a tolerance.
 """
 
 from specproof.contract._protocols import (
@@ -21,8 +22,9 @@ from specproof.contract._protocols import (
 )
 from specproof.contract._records import STOP_REASONS, Generation, Stats, Step, StopReason
 from specproof.contract._violations import INVARIANT_ID, Violation, ViolationError
-from specproof.contract.compare import arrays_differ, live_state_differs, states_differ, validate_tolerance
+from specproof.contract.compare import arrays_differ, live_state_differs, states_differ
 from specproof.contract.errors import SpecproofError, UsageError
+from specproof.contract.validation import int_at_least, validate_tolerance
 
 __all__ = [
     "INVARIANT_ID",
@@ -43,6 +45,7 @@ __all__ = [
     "ViolationError",
     "WhiteBoxTarget",
     "arrays_differ",
+    "int_at_least",
     "live_state_differs",
     "states_differ",
     "validate_tolerance",

@@ -15,25 +15,11 @@ Shapes must be equal; dtypes need not be (values are compared in float64).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
-__all__ = ["arrays_differ", "live_state_differs", "states_differ", "validate_tolerance"]
-
-
-def validate_tolerance(value: object, *, name: str) -> float:
-    """A tolerance is a finite real number >= 0; anything else is a ``ValueError`` naming it and its value.
-
-    The one validator for every tolerance option (the CLI's, ``Plan.create``'s, the state machines').
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
-    return number
+__all__ = ["arrays_differ", "live_state_differs", "states_differ"]
 
 
 def _mismatch(a: np.ndarray, b: np.ndarray, atol: float) -> np.ndarray:

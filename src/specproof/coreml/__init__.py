@@ -9,7 +9,7 @@
   (``LAYOUTS``); ``FAMILIES`` / ``family_target`` are the flagship shapes (``lfm2-moe``,
   ``qwen3.6-moe``).
 - ``write_golden(path, target, target_spec=...)``: greedy tokens for ``GOLDEN_PROMPTS``
-  in the ``specproof-golden/1`` format that ``specproof check-trace --greedy`` reads.
+  in the golden format (``specproof.formats.golden``) that ``specproof check-trace --greedy`` reads.
 - ``MilEvaluator`` runs a saved program in numpy on any OS (the ops in ``EVALUATOR_OPS``);
   ``CoreMLEvalTarget`` (``coreml-eval:PATH``) and ``CoreMLTarget`` (``coreml:PATH``,
   macOS 15+ only) live in ``specproof.engine.targets``.

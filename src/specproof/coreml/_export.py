@@ -12,7 +12,6 @@ the ``coreml-eval:`` target.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,12 +20,12 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from specproof.contract.files import write_text_file
+from specproof.contract.errors import InvalidSettingError
 from specproof.coreml._options import ExportOptions
 from specproof.coreml._program import build_program, check_exportable, state_shapes
-from specproof.engine.errors import InvalidSettingError
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
+from specproof.formats import golden as golden_format
 
 __all__ = [
     "DEFAULT_EXPORT_TARGET",
@@ -46,7 +45,7 @@ __all__ = [
 DEFAULT_EXPORT_TARGET: Final = "reference:layers=conv+attn+conv+attn"
 DEFAULT_MAX_QUERY: Final = 64
 DEFAULT_MAX_QUERY_GDN: Final = 16  # an unrolled delta rule runs max_query steps per call: keep it short
-GOLDEN_FORMAT: Final = "specproof-golden/1"
+GOLDEN_FORMAT: Final = golden_format.ID
 GOLDEN_MAX_NEW_TOKENS: Final = 32
 
 # Fixed prompts for golden outputs: code, prose, a repetition, raw ids across the byte range.
@@ -199,12 +198,10 @@ def golden_cases(
 def write_golden(
     path: str | Path, target: Any, *, target_spec: str, cases: list[dict[str, Any]] | None = None, **options: Any
 ) -> dict[str, Any]:
-    """Write a ``specproof-golden/1`` file of greedy tokens on ``target`` (or the ``cases`` given); return it."""
+    """Write a golden file (``specproof.formats.golden``) of greedy tokens on ``target`` (or the ``cases`` given)."""
     doc = {"format": GOLDEN_FORMAT, "target": target_spec, "cases": cases or golden_cases(target, **options)}
     # one case per line: diffs of a regenerated file show which prompt changed
-    head = json.dumps({"format": doc["format"], "target": doc["target"]})[:-1]
-    body = ",\n  ".join(json.dumps(case) for case in doc["cases"])
-    write_text_file(path, f'{head}, "cases": [\n  {body}\n]}}\n')
+    golden_format.FORMAT_ONE_CASE_PER_LINE.write(path, doc)
     return doc
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
 __all__ = ["FAMILIES", "family_spec", "family_target"]

@@ -31,9 +31,11 @@ from typing import Any, Final
 
 import attrs
 
+from specproof.contract.errors import SpecproofError
+from specproof.contract.validation import int_at_least
 from specproof.coreml._layout import KV_NAME, io_pairs, state_layout, threading_problems
-from specproof.engine.errors import InvalidSettingError, SpecproofError
 from specproof.engine.targets.coreml import import_coremltools
+from specproof.formats import bundle_inspect as bundle_inspect_format
 
 __all__ = [
     "BundleReadError",
@@ -179,7 +181,7 @@ class BundleReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": "specproof-bundle-inspect/1",
+            "format": bundle_inspect_format.ID,
             "path": self.path,
             "k": self.k,
             "qualifies": self.qualifies,
@@ -464,8 +466,7 @@ def inspect_bundle(path: str | Path, *, k: int = 4) -> BundleReport:
     Raises ``BundleReadError`` when the path is not a readable bundle and
     ``InvalidSettingError`` for ``k < 1``.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InvalidSettingError(f"bundle inspect: k={k!r} must be an integer >= 1")
+    int_at_least(k, name="k", minimum=1, where="bundle inspect")
     p = Path(path)
     spec = _load_spec(p)
     model_type = spec.WhichOneof("Type") or ""

@@ -6,7 +6,7 @@ from typing import Final
 
 import attrs
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["GDN_FORMS", "LAYOUTS", "PLANTED_BUGS", "ExportOptions"]
 

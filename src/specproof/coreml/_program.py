@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from specproof.contract.errors import InvalidSettingError
 from specproof.coreml._blocks import Graph, attn_block, conv_block, dense_ffn, fp16, gdn_block, moe_ffn, rms_norm
 from specproof.coreml._options import ExportOptions
-from specproof.engine.errors import InvalidSettingError
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 

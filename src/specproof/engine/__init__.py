@@ -4,26 +4,21 @@ drafters and targets (command-line specs resolve in ``specproof.plugins``).
 This module is the public facade; the implementation lives in private modules.
 """
 
-from specproof.engine._decoder import (
-    ROLLBACK_STRATEGIES,
-    ContextView,
-    DecodeSession,
-    SpecDecoder,
-    longest_accepted_prefix,
-)
-from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
-from specproof.engine._protocols import (
+from specproof.contract import (
+    STOP_REASONS,
     CheckpointingTarget,
     Drafter,
     Engine,
     FeatureDrafter,
     FeatureTarget,
+    Generation,
+    Stats,
+    Step,
+    StopReason,
     Target,
     WhiteBoxTarget,
 )
-from specproof.engine._records import STOP_REASONS, Generation, Stats, Step, StopReason
-from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
-from specproof.engine.errors import (
+from specproof.contract.errors import (
     CapacityError,
     ContractError,
     DecodeError,
@@ -38,6 +33,15 @@ from specproof.engine.errors import (
     TargetContractError,
     TokenRangeError,
 )
+from specproof.engine._decoder import (
+    ROLLBACK_STRATEGIES,
+    ContextView,
+    DecodeSession,
+    SpecDecoder,
+    longest_accepted_prefix,
+)
+from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
+from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from specproof.engine.targets import register_target_family
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid, ReferenceSnapshot
 

@@ -8,17 +8,16 @@ from typing import Literal, overload
 import attrs
 import numpy as np
 
+from specproof.contract import Drafter, Generation, Stats, Step, StopReason, Target
+from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
+from specproof.contract.validation import int_at_least
 from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
-from specproof.engine._protocols import Drafter, Target
-from specproof.engine._records import Generation, Stats, Step, StopReason
 from specproof.engine._validate import (
     check_draft,
     check_logits,
     check_prompt,
-    check_setting_int,
     component_name,
 )
-from specproof.engine.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 
 __all__ = [
     "ROLLBACK_STRATEGIES",
@@ -150,7 +149,7 @@ class SpecDecoder:
     """
 
     def __init__(self, target: Target, drafter: Drafter, *, k: int = 4, rollback: Rollback = "checkpoint") -> None:
-        self.k = check_setting_int(k, name="SpecDecoder k", minimum=0)
+        self.k = int_at_least(k, name="k", minimum=0, where="SpecDecoder")
         if rollback not in ROLLBACK_STRATEGIES:
             raise InvalidSettingError(f"SpecDecoder rollback={rollback!r} is not one of {ROLLBACK_STRATEGIES}")
         if rollback == "checkpoint" and not callable(getattr(target, "forward_with_checkpoints", None)):
@@ -258,7 +257,7 @@ class DecodeSession:
         """
         decoder = self.decoder
         target = decoder.target
-        max_new_tokens = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
+        max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
         if eos_token_id is not None and not (
             isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < target.vocab_size
         ):
@@ -269,7 +268,7 @@ class DecodeSession:
         steps: list[Step] = []
         stop: StopReason = "max_new_tokens"
         if max_rounds is not None:
-            max_rounds = check_setting_int(max_rounds, name="max_rounds", minimum=1)
+            max_rounds = int_at_least(max_rounds, name="max_rounds", minimum=1)
         while len(out) < max_new_tokens and (max_rounds is None or len(steps) < max_rounds):
             room = target.max_context - target.processed
             if room < 1:

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.engine._validate import component_name
-from specproof.engine.errors import InvalidSettingError, SpecproofError
 
 __all__ = ["FeatureStore", "drafter_feature_layers", "forward_features"]
 

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specproof.engine._protocols import Target
-from specproof.engine._records import Generation, Stats, Step, StopReason
-from specproof.engine._validate import check_logits, check_prompt, check_setting_int, component_name
-from specproof.engine.errors import TokenRangeError
+from specproof.contract import Generation, Stats, Step, StopReason, Target
+from specproof.contract.errors import TokenRangeError
+from specproof.contract.validation import int_at_least
+from specproof.engine._validate import check_logits, check_prompt, component_name
 
 __all__ = ["greedy_decode", "greedy_with_margins", "top2_margin"]
 
@@ -31,7 +31,7 @@ def greedy_with_margins(
     """
     name = component_name(target)
     ctx = check_prompt(prompt, vocab_size=target.vocab_size, max_context=target.max_context)
-    max_new_tokens = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
+    max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
     if eos_token_id is not None and not (
         isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < target.vocab_size
     ):

@@ -12,7 +12,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 
-from specproof.engine.errors import PluginError
+from specproof.contract.errors import PluginError
 
 __all__ = ["declared_capabilities", "plugin_factory", "resolve_plugin", "takes_suite_drafts"]
 

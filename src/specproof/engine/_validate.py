@@ -7,10 +7,9 @@ from numbers import Integral
 
 import numpy as np
 
-from specproof.engine.errors import (
+from specproof.contract.errors import (
     DrafterContractError,
     EmptyPromptError,
-    InvalidSettingError,
     PromptTooLongError,
     TargetContractError,
     TokenRangeError,
@@ -22,7 +21,6 @@ __all__ = [
     "draft_sequence_problem",
     "check_logits",
     "check_prompt",
-    "check_setting_int",
 ]
 
 
@@ -37,12 +35,6 @@ def component_name(obj: object) -> str:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def check_setting_int(value: object, *, name: str, minimum: int) -> int:
-    if not _is_int(value) or int(value) < minimum:  # type: ignore[call-overload]
-        raise InvalidSettingError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
 
 
 def check_prompt(prompt: Sequence[int], *, vocab_size: int, max_context: int) -> list[int]:

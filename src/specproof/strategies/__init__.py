@@ -9,7 +9,7 @@
 - ``SessionMachine.configure(...)`` / ``run_session_machine(...)`` / ``replay_session(...)``: requests
   on one live engine (new prompt, regenerate, edits, user turns, earlier prefixes) against plain
   greedy; a failing request raises ``SessionFailure``; ``SessionHistory`` is the
-  ``specproof-session/1`` record a failure saves and replays;
+  record (``specproof.formats.session``) a failure saves and replays;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.

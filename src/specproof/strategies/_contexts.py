@@ -15,6 +15,8 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 from specproof.strategies._corpus import corpus_bytes
 
 __all__ = ["CONTEXT_KINDS", "contexts", "text_tokens"]
@@ -25,10 +27,9 @@ _MAX_UNIT = 8  # longest period of a periodic context: n-gram drafters look back
 _MAX_SPAN = 16  # longest copied span
 
 
-def _check_int(name: str, value: object, minimum: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{where}: {name}={value!r} must be an integer >= {minimum}")
-    return value
+class StrategyArgumentError(InvalidSettingError, InvalidArgument):
+    """A strategy's argument is invalid: specproof's ``InvalidSettingError`` and Hypothesis'
+    ``InvalidArgument`` (what Hypothesis raises for its own strategies' arguments)."""
 
 
 def check_kinds(kinds: Iterable[str] | None, *, known: tuple[str, ...], where: str) -> tuple[str, ...]:
@@ -36,16 +37,16 @@ def check_kinds(kinds: Iterable[str] | None, *, known: tuple[str, ...], where: s
     if kinds is None:
         return known
     if isinstance(kinds, str):
-        raise InvalidArgument(f"{where}: kinds={kinds!r} must be a collection of kind names, not a string")
+        raise StrategyArgumentError(f"{where}: kinds={kinds!r} must be a collection of kind names, not a string")
     try:
         chosen = list(kinds)
     except TypeError:
-        raise InvalidArgument(f"{where}: kinds={kinds!r} must be a collection of kind names") from None
+        raise StrategyArgumentError(f"{where}: kinds={kinds!r} must be a collection of kind names") from None
     if not chosen:
-        raise InvalidArgument(f"{where}: kinds=[] selects nothing; known kinds: {', '.join(known)}")
+        raise StrategyArgumentError(f"{where}: kinds=[] selects nothing; known kinds: {', '.join(known)}")
     for name in chosen:
         if name not in known:
-            raise InvalidArgument(f"{where}: unknown kind {name!r}; known kinds: {', '.join(known)}")
+            raise StrategyArgumentError(f"{where}: unknown kind {name!r}; known kinds: {', '.join(known)}")
     return tuple(name for name in known if name in chosen)
 
 
@@ -168,14 +169,14 @@ def contexts(
     small ids: a failing context shrinks to a short constant run where it can.
     """
     where = "contexts()"
-    vocab_size = _check_int("vocab_size", vocab_size, 1, where)
-    min_size = _check_int("min_size", min_size, 0, where)
-    max_size = _check_int("max_size", max_size, 0, where)
+    vocab_size = int_at_least(vocab_size, name="vocab_size", minimum=1, where=where, error=StrategyArgumentError)
+    min_size = int_at_least(min_size, name="min_size", minimum=0, where=where, error=StrategyArgumentError)
+    max_size = int_at_least(max_size, name="max_size", minimum=0, where=where, error=StrategyArgumentError)
     if max_size < min_size:
-        raise InvalidArgument(f"{where}: max_size={max_size} must be >= min_size={min_size}")
+        raise StrategyArgumentError(f"{where}: max_size={max_size} must be >= min_size={min_size}")
     chosen = check_kinds(kinds, known=CONTEXT_KINDS, where=where)
     if "text" in chosen and len(text_tokens(vocab_size)) < min_size:
-        raise InvalidArgument(
+        raise StrategyArgumentError(
             f"{where}: min_size={min_size} is longer than the text corpus ({len(text_tokens(vocab_size))} tokens)"
         )
     return st.one_of(*(_BUILDERS[name](vocab_size, min_size, max_size) for name in chosen))

@@ -35,7 +35,6 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, event
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -46,9 +45,10 @@ from hypothesis.stateful import (
 )
 
 from specproof.contract import arrays_differ, validate_tolerance
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder
-from specproof.engine.errors import InvalidSettingError
-from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 
 __all__ = [
@@ -164,11 +164,11 @@ def _compare_arrays(name: str, got: np.ndarray, want: np.ndarray, tolerance: flo
 
 
 def check_tolerance(value: object, *, where: str, name: str) -> float:
-    """The contract's tolerance validator, raising Hypothesis' ``InvalidArgument`` as strategies do."""
+    """The contract's tolerance validator, raising ``StrategyArgumentError`` (an ``InvalidArgument``)."""
     try:
         return validate_tolerance(value, name=name)
     except ValueError as exc:
-        raise InvalidArgument(f"{where}: {exc}") from None
+        raise StrategyArgumentError(f"{where}: {exc}") from None
 
 
 def configured_machine(
@@ -217,27 +217,30 @@ def _machine_config(
     stateful_step_count: int,
     judges: Any,
 ) -> _MachineConfig:
-    """``RollbackMachine.configure``'s options validated (``InvalidArgument`` naming the bad one), defaults filled."""
+    """``RollbackMachine.configure``'s options validated (a ``StrategyArgumentError`` names the bad one)."""
     where = "RollbackMachine.configure()"
     if not callable(target_factory):
-        raise InvalidArgument(f"{where}: target_factory={target_factory!r} must be callable")
+        raise StrategyArgumentError(f"{where}: target_factory={target_factory!r} must be callable")
     if reference_factory is not None and not callable(reference_factory):
-        raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+        raise StrategyArgumentError(f"{where}: reference_factory={reference_factory!r} must be callable or None")
     if decoder_factory is not None and not callable(decoder_factory):
-        raise InvalidArgument(f"{where}: decoder_factory={decoder_factory!r} must be callable or None")
-    for opt, value, minimum in (("max_k", max_k, 0), ("max_prompt", max_prompt, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
-    if isinstance(stateful_step_count, bool) or not isinstance(stateful_step_count, int) or stateful_step_count < 1:
-        raise InvalidArgument(f"{where}: stateful_step_count={stateful_step_count!r} must be an integer >= 1")
+        raise StrategyArgumentError(f"{where}: decoder_factory={decoder_factory!r} must be callable or None")
+    for opt, value, minimum in (
+        ("max_k", max_k, 0),
+        ("max_prompt", max_prompt, 1),
+        ("stateful_step_count", stateful_step_count, 1),
+    ):
+        int_at_least(value, name=opt, minimum=minimum, where=where, error=StrategyArgumentError)
     tolerance = check_tolerance(tolerance, where=where, name="tolerance")
     if judges is not None and not callable(getattr(judges, "at", None)):
-        raise InvalidArgument(f"{where}: judges={judges!r} must have an at(factory, tokens) method or be None")
+        raise StrategyArgumentError(f"{where}: judges={judges!r} must have an at(factory, tokens) method or be None")
     if isinstance(rollbacks, str):
-        raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
+        raise StrategyArgumentError(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
     chosen = tuple(dict.fromkeys(rollbacks))
     if not chosen or any(r not in ROLLBACK_STRATEGIES for r in chosen):
-        raise InvalidArgument(f"{where}: rollbacks={chosen!r} must be a non-empty subset of {ROLLBACK_STRATEGIES}")
+        raise StrategyArgumentError(
+            f"{where}: rollbacks={chosen!r} must be a non-empty subset of {ROLLBACK_STRATEGIES}"
+        )
     return _MachineConfig(
         target_factory=target_factory,
         reference_factory=reference_factory or target_factory,

@@ -15,10 +15,10 @@ from typing import Any
 import attrs
 import numpy as np
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
-from specproof.engine.errors import InvalidSettingError, SpecproofError, TokenRangeError
-from specproof.strategies._contexts import check_kinds
+from specproof.contract.errors import InvalidSettingError, SpecproofError, TokenRangeError
+from specproof.contract.validation import int_at_least, int_at_least_validator
+from specproof.strategies._contexts import StrategyArgumentError, check_kinds
 
 __all__ = [
     "ROUND_KINDS",
@@ -53,11 +53,6 @@ class ScriptMismatchError(SpecproofError, ValueError):
     """A ``ScriptedDrafter`` was asked to draft for a context its script does not describe."""
 
 
-def _nonneg_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 0:
-        raise InvalidSettingError(f"{type(instance).__name__}.{attribute.name}={value!r} must be an integer >= 0")
-
-
 @attrs.frozen
 class PlannedRound:
     """One scripted round: a draft of ``draft_length`` tokens whose first ``correct`` are right.
@@ -68,8 +63,8 @@ class PlannedRound:
     ``max_context``); the draft is then cut and stays right up to ``correct``.
     """
 
-    draft_length: int = attrs.field(validator=_nonneg_int)
-    correct: int = attrs.field(validator=_nonneg_int)
+    draft_length: int = attrs.field(validator=int_at_least_validator(0))
+    correct: int = attrs.field(validator=int_at_least_validator(0))
 
     def __attrs_post_init__(self) -> None:
         if self.correct > self.draft_length:
@@ -141,9 +136,7 @@ def _kind_rounds(draw: Any, kind: str, k: int) -> list[PlannedRound]:
 
 
 def _check_k(k: object, where: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise InvalidArgument(f"{where}: k={k!r} must be an integer >= 0")
-    return k
+    return int_at_least(k, name="k", minimum=0, where=where, error=StrategyArgumentError)
 
 
 def _usable_kinds(kinds: Iterable[str] | None, k: int, where: str) -> tuple[str, ...]:
@@ -163,7 +156,7 @@ def planned_round(*, k: int, kinds: Iterable[str] | None = None) -> st.SearchStr
     k = _check_k(k, where)
     usable = tuple(name for name in _usable_kinds(kinds, k, where) if name != "full_then_empty")
     if not usable:
-        raise InvalidArgument(f"{where}: kinds={kinds!r} selects only the two-round kind 'full_then_empty'")
+        raise StrategyArgumentError(f"{where}: kinds={kinds!r} selects only the two-round kind 'full_then_empty'")
     return st.sampled_from(usable).flatmap(lambda name: _kind_rounds(name, k)).map(lambda rounds: rounds[0])
 
 
@@ -181,10 +174,9 @@ def round_plans(
     """
     where = "round_plans()"
     k = _check_k(k, where)
-    if isinstance(min_rounds, bool) or not isinstance(min_rounds, int) or min_rounds < 1:
-        raise InvalidArgument(f"{where}: min_rounds={min_rounds!r} must be an integer >= 1")
+    min_rounds = int_at_least(min_rounds, name="min_rounds", minimum=1, where=where, error=StrategyArgumentError)
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < min_rounds:
-        raise InvalidArgument(f"{where}: max_rounds={max_rounds!r} must be an integer >= min_rounds={min_rounds}")
+        raise StrategyArgumentError(f"{where}: max_rounds={max_rounds!r} must be an integer >= min_rounds={min_rounds}")
     usable = _usable_kinds(kinds, k, where)
 
     @st.composite
@@ -232,10 +224,9 @@ class ScriptedDrafter:
     """
 
     def __init__(self, prompt: Sequence[int], continuation: Sequence[int], plan: RoundPlan, *, vocab_size: int) -> None:
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
-            raise InvalidSettingError(
-                f"ScriptedDrafter: vocab_size={vocab_size!r} must be an integer >= 2 (a wrong token needs a second id)"
-            )
+        int_at_least(
+            vocab_size, name="vocab_size", minimum=2, where="ScriptedDrafter", hint=" (a wrong token needs a second id)"
+        )
         if not isinstance(plan, RoundPlan):
             raise InvalidSettingError(f"ScriptedDrafter: plan must be a RoundPlan, got {type(plan).__name__}")
         self.vocab_size = vocab_size
@@ -258,8 +249,7 @@ class ScriptedDrafter:
         self.calls.clear()
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
-        if isinstance(k, bool) or not isinstance(k, Integral) or int(k) < 0:
-            raise InvalidSettingError(f"ScriptedDrafter.propose: k={k!r} must be an integer >= 0")
+        int_at_least(k, name="k", minimum=0, where="ScriptedDrafter.propose")
         k = int(k)
         m = len(self.prompt)
         head = [int(t) for t in context[:m]]

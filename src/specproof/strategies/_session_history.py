@@ -1,7 +1,7 @@
-"""The ``specproof-session/1`` request history: ``SessionRequest``, ``SessionHistory`` and their file.
+"""The session request history (``specproof.formats.session``): ``SessionRequest``, ``SessionHistory`` and their file.
 
 A session machine failure carries the whole request history; ``SessionHistory`` saves it
-as a ``specproof-session/1`` JSON file (bounded reading, errors naming the file and the
+as a JSON file (bounded reading, errors naming the file and the
 field or line: docs/contract.md, sessions), which ``replay_session`` replays. This module
 only reads, validates and writes the record; running it is ``_session_runner``'s.
 """
@@ -17,14 +17,15 @@ from pathlib import Path
 import attrs
 
 from specproof.contract import UsageError
-from specproof.contract.files import FileTooLargeError, loads_bounded, read_bounded_text, write_text_file
-from specproof.contract.schemas import SchemaProblem, problems
+from specproof.contract.files import FileTooLargeError
+from specproof.formats import SchemaProblem
+from specproof.formats import session as session_format
 from specproof.strategies._rounds import PlannedRound, RoundPlan
 
 __all__ = ["DRAFTER_CHOICES", "REQUEST_KINDS", "SESSION_FORMAT", "SessionFileError", "SessionHistory", "SessionRequest"]
 
-SESSION_FORMAT = "specproof-session/1"
-SCHEMA_FILE = "specproof/schemas/session-1.json"  # the JSON Schema every history is validated with first
+SESSION_FORMAT = session_format.ID
+SCHEMA_FILE = session_format.SCHEMA_FILE
 
 # Request kinds, in the order the machine's rules are listed. "reset" carries no prompt.
 REQUEST_KINDS: tuple[str, ...] = ("new_prompt", "regenerate", "edit", "multi_turn", "earlier_prefix", "reset")
@@ -33,7 +34,7 @@ DRAFTER_CHOICES: tuple[str, ...] = ("scripted", "engine")
 
 
 class SessionFileError(UsageError):
-    """A ``specproof-session/1`` history (file or JSON object) is malformed; the message names the field."""
+    """A session history (file or JSON object) is malformed; the message names the field."""
 
 
 # --------------------------------------------------------------------------- the history record
@@ -161,9 +162,9 @@ class SessionRequest:
 class SessionHistory:
     """Every request of a session, in order, and which one failed: what ``replay_session`` replays.
 
-    JSON (``specproof-session/1``)::
+    JSON (``specproof.formats.session``)::
 
-        {"format": "specproof-session/1", "vocab_size": 64, "engine": "mypkg.engine:make",
+        {"format": formats.session.ID, "vocab_size": 64, "engine": "mypkg.engine:make",
          "failing_request": 3, "requests": [{"kind": "new_prompt", "prompt": [...],
          "max_new_tokens": 8, "eos_token_id": null, "drafter": "scripted",
          "plan": [[4, 4], [4, 1]], "note": "..."}, ...]}
@@ -199,7 +200,7 @@ class SessionHistory:
         """Validate and build; a ``SessionFileError`` names the offending field (``requests[2].prompt[5]``)."""
         if not isinstance(obj, Mapping):
             raise SessionFileError(f"{source}: a session history is a JSON object, got {type(obj).__name__}")
-        found = problems("session-1", dict(obj))
+        found = session_format.FORMAT.problems(dict(obj))
         if found:
             raise _schema_error(source, found, obj)
         vocab = obj.get("vocab_size")
@@ -228,20 +229,14 @@ class SessionHistory:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the history as indented JSON (one request per line) and return the path."""
-        out = Path(path)
-        data = self.to_json()
-        requests = data.pop("requests")
-        head = json.dumps(data, indent=1)[:-2]  # the object without its closing brace
-        body = ",\n".join("  " + json.dumps(r, separators=(", ", ": ")) for r in requests)  # type: ignore[attr-defined]
-        write_text_file(out, f'{head},\n "requests": [\n{body}\n ]\n}}\n')
-        return out
+        return session_format.FORMAT.write(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> SessionHistory:
-        """Read and validate a ``specproof-session/1`` file; errors name the file and the line or field."""
+        """Read and validate a session history file; errors name the file and the line or field."""
         source = str(path)
         try:
-            text = read_bounded_text(path)
+            text = session_format.FORMAT.read_text(path)
         except FileTooLargeError as err:
             raise SessionFileError(f"{source}: not a session history: {err} (docs/contract.md, sessions)") from None
         except OSError as err:
@@ -249,7 +244,7 @@ class SessionHistory:
         except UnicodeDecodeError as err:
             raise SessionFileError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start})") from None
         try:
-            obj = loads_bounded(text)
+            obj = session_format.FORMAT.loads(text)
         except json.JSONDecodeError as err:
             raise SessionFileError(
                 f"{source}: line {err.lineno} column {err.colno}: not valid JSON ({err.msg})"

@@ -39,7 +39,7 @@ budget — shows there). A failure raises a
 ``SessionFailure`` (``_session_runner``) whose ``example`` holds the whole request history
 (``{"history": [...], "failing_request": i}``); certification reports it as a violation of
 the session invariant (docs/contract.md). ``SessionHistory`` (``_session_history``) saves it
-as a ``specproof-session/1`` file, and ``replay_session`` replays it on a fresh engine,
+as a session history file (``specproof.formats.session``), and ``replay_session`` replays it on a fresh engine,
 installing the same scripted drafts, so it fails again; ``shrink_history`` shortens it.
 """
 
@@ -54,11 +54,11 @@ import attrs
 from hypothesis import event
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
 
-from specproof.engine.errors import InvalidSettingError
-from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
+from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._machine import check_tolerance, configured_machine
 from specproof.strategies._rounds import RoundPlan, round_plans
 from specproof.strategies._session_history import DRAFTER_CHOICES, SessionHistory, SessionRequest
@@ -124,27 +124,28 @@ def _session_config(
     reference_factory: Callable[[], Any] | None,
     atol: float,
 ) -> _SessionConfig:
-    """``SessionMachine.configure``'s options validated (``InvalidArgument`` naming the bad one)."""
+    """``SessionMachine.configure``'s options validated (``StrategyArgumentError`` naming the bad one)."""
     where = "SessionMachine.configure()"
     if not callable(engine_factory):
-        raise InvalidArgument(f"{where}: engine_factory={engine_factory!r} must be callable")
+        raise StrategyArgumentError(f"{where}: engine_factory={engine_factory!r} must be callable")
     if not callable(greedy):
-        raise InvalidArgument(f"{where}: greedy={greedy!r} must be callable (prompt, n, eos) -> (tokens, margins)")
+        raise StrategyArgumentError(
+            f"{where}: greedy={greedy!r} must be callable (prompt, n, eos) -> (tokens, margins)"
+        )
     if set_drafter is not None and not callable(set_drafter):
-        raise InvalidArgument(f"{where}: set_drafter={set_drafter!r} must be callable or None")
+        raise StrategyArgumentError(f"{where}: set_drafter={set_drafter!r} must be callable or None")
     if reference_factory is not None and not callable(reference_factory):
-        raise InvalidArgument(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+        raise StrategyArgumentError(f"{where}: reference_factory={reference_factory!r} must be callable or None")
     for opt, value, minimum in (
         ("vocab_size", vocab_size, 2),
         ("max_prompt", max_prompt, 1),
         ("max_new_tokens", max_new_tokens, 1),
         ("stateful_step_count", stateful_step_count, 1),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise InvalidArgument(f"{where}: {opt}={value!r} must be an integer >= {minimum}")
+        int_at_least(value, name=opt, minimum=minimum, where=where, error=StrategyArgumentError)
     if max_context is not None:
         if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < max_new_tokens + 2:
-            raise InvalidArgument(
+            raise StrategyArgumentError(
                 f"{where}: max_context={max_context!r} must be an integer >= max_new_tokens + 2 "
                 f"= {max_new_tokens + 2} (room for a two-token prompt and the budget), or None"
             )

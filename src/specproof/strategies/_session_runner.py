@@ -25,10 +25,11 @@ import attrs
 from hypothesis import event
 
 from specproof.contract import STOP_REASONS, UsageError, live_state_differs
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.lossless import compare_lossless
+from specproof.contract.validation import int_at_least
 from specproof.engine import greedy_with_margins
 from specproof.engine._plugins import takes_suite_drafts
-from specproof.engine.errors import InvalidSettingError
 from specproof.strategies._machine import check_tolerance
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
 from specproof.strategies._session_history import SessionHistory, SessionRequest
@@ -458,8 +459,7 @@ def shrink_history(
         reference_factory=reference_factory,
         atol=atol,
     )
-    if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 1:
-        raise InvalidSettingError(f"shrink_history: max_replays={max_replays!r} must be an integer >= 1")
+    int_at_least(max_replays, name="max_replays", minimum=1, where="shrink_history")
     budget = [max_replays]
 
     def failing_prefix(requests: Sequence[SessionRequest]) -> list[SessionRequest] | None:

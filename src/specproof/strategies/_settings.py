@@ -11,26 +11,16 @@ from typing import Any
 
 import attrs
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least, int_at_least_validator
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder, Target, greedy_decode
-from specproof.engine.errors import InvalidSettingError
-from specproof.strategies._contexts import CONTEXT_KINDS, check_kinds, contexts
+from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter, round_plans
 
 __all__ = ["DecodingCase", "EngineSettings", "decoding_cases", "engine_settings"]
 
 PROMPT_PLACEMENTS: tuple[str, ...] = ("ordinary", "near_max_context")
-
-
-def _int_at_least(minimum: int) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < minimum:
-            raise InvalidSettingError(
-                f"{type(instance).__name__}.{attribute.name}={value!r} must be an integer >= {minimum}"
-            )
-
-    return check
 
 
 def _check_eos(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -47,8 +37,8 @@ def _check_rollback(instance: object, attribute: attrs.Attribute[Any], value: ob
 class EngineSettings:
     """What one generation is run with: draft budget ``k``, ``max_new_tokens``, EOS id and rollback strategy."""
 
-    k: int = attrs.field(validator=_int_at_least(0))
-    max_new_tokens: int = attrs.field(validator=_int_at_least(0))
+    k: int = attrs.field(validator=int_at_least_validator(0))
+    max_new_tokens: int = attrs.field(validator=int_at_least_validator(0))
     eos_token_id: int | None = attrs.field(default=None, validator=_check_eos)
     rollback: str = attrs.field(default="checkpoint", validator=_check_rollback)
 
@@ -62,27 +52,21 @@ class EngineSettings:
         )
 
 
-def _check_nonneg_int(name: str, value: object, where: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidArgument(f"{where}: {name}={value!r} must be an integer >= {minimum}")
-    return value
-
-
 def _as_int_strategy(value: object, name: str, where: str, minimum: int) -> st.SearchStrategy[int]:
     if isinstance(value, st.SearchStrategy):
         return value
-    return st.just(_check_nonneg_int(name, value, where, minimum))
+    return st.just(int_at_least(value, name=name, minimum=minimum, where=where, error=StrategyArgumentError))
 
 
 def _check_rollbacks(rollbacks: Iterable[str], where: str) -> tuple[str, ...]:
     if isinstance(rollbacks, str):
-        raise InvalidArgument(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
+        raise StrategyArgumentError(f"{where}: rollbacks={rollbacks!r} must be a collection of names, not a string")
     chosen = tuple(rollbacks)
     if not chosen:
-        raise InvalidArgument(f"{where}: rollbacks=() selects nothing; known: {', '.join(ROLLBACK_STRATEGIES)}")
+        raise StrategyArgumentError(f"{where}: rollbacks=() selects nothing; known: {', '.join(ROLLBACK_STRATEGIES)}")
     for name in chosen:
         if name not in ROLLBACK_STRATEGIES:
-            raise InvalidArgument(f"{where}: unknown rollback {name!r}; known: {', '.join(ROLLBACK_STRATEGIES)}")
+            raise StrategyArgumentError(f"{where}: unknown rollback {name!r}; known: {', '.join(ROLLBACK_STRATEGIES)}")
     return tuple(dict.fromkeys(chosen))
 
 
@@ -102,21 +86,21 @@ def engine_settings(
     Shrinks toward ``k = 0``, the smallest ``max_new_tokens``, no EOS and the first rollback.
     """
     where = "engine_settings()"
-    max_k = _check_nonneg_int("max_k", max_k, where)
+    max_k = int_at_least(max_k, name="max_k", minimum=0, where=where, error=StrategyArgumentError)
     new_tokens = st.integers(1, 48) if max_new_tokens is None else max_new_tokens
     new_tokens = _as_int_strategy(new_tokens, "max_new_tokens", where, 0)
     if vocab_size is not None:
-        vocab_size = _check_nonneg_int("vocab_size", vocab_size, where, 1)
+        vocab_size = int_at_least(vocab_size, name="vocab_size", minimum=1, where=where, error=StrategyArgumentError)
     candidates: tuple[int, ...] = ()
     if eos_candidates is not None:
         if isinstance(eos_candidates, (str, bytes)):
-            raise InvalidArgument(f"{where}: eos_candidates must be a sequence of token ids")
+            raise StrategyArgumentError(f"{where}: eos_candidates must be a sequence of token ids")
         candidates = tuple(dict.fromkeys(eos_candidates))
         for i, tok in enumerate(candidates):
             if isinstance(tok, bool) or not isinstance(tok, Integral) or int(tok) < 0:
-                raise InvalidArgument(f"{where}: eos_candidates[{i}]={tok!r} is not a token id")
+                raise StrategyArgumentError(f"{where}: eos_candidates[{i}]={tok!r} is not a token id")
             if vocab_size is not None and int(tok) >= vocab_size:
-                raise InvalidArgument(f"{where}: eos_candidates[{i}]={tok} is outside [0, {vocab_size})")
+                raise StrategyArgumentError(f"{where}: eos_candidates[{i}]={tok} is outside [0, {vocab_size})")
         candidates = tuple(int(t) for t in candidates)
     chosen_rollbacks = _check_rollbacks(rollbacks, where)
 
@@ -218,9 +202,9 @@ def decoding_cases(
     """
     where = "decoding_cases()"
     if not callable(target_factory):
-        raise InvalidArgument(f"{where}: target_factory={target_factory!r} must be a callable returning a Target")
-    max_k = _check_nonneg_int("max_k", max_k, where)
-    max_prompt = _check_nonneg_int("max_prompt", max_prompt, where, 1)
+        raise StrategyArgumentError(f"{where}: target_factory={target_factory!r} must be a callable returning a Target")
+    max_k = int_at_least(max_k, name="max_k", minimum=0, where=where, error=StrategyArgumentError)
+    max_prompt = int_at_least(max_prompt, name="max_prompt", minimum=1, where=where, error=StrategyArgumentError)
     new_tokens = st.integers(1, 48) if max_new_tokens is None else max_new_tokens
     new_tokens = _as_int_strategy(new_tokens, "max_new_tokens", where, 0)
     kinds = check_kinds(context_kinds, known=CONTEXT_KINDS, where=where)
@@ -270,7 +254,7 @@ def _built_once(target_factory: Callable[[], Target], where: str) -> Callable[[]
             made = target_factory()
             for attr in ("vocab_size", "max_context", "forward", "reset"):
                 if not hasattr(made, attr):
-                    raise InvalidArgument(f"{where}: target_factory() returned {made!r}, which has no {attr!r}")
+                    raise StrategyArgumentError(f"{where}: target_factory() returned {made!r}, which has no {attr!r}")
             built.append(made)
         return built[0]
 

@@ -3,7 +3,7 @@
 Each ``check_*`` function looks at a ``Generation`` (or its parts) after the fact and
 returns the breaches it finds as ``Violation`` records (an empty list: checked and
 held). None of them needs a target, so they apply equally to a live ``SpecDecoder``
-run, to a black-box engine's output and to a ``specproof-trace/1`` file.
+run, to a black-box engine's output and to a trace file.
 
 The rules are those of docs/contract.md ("one speculative round" and the invariant
 table). No check names its invariant: each takes the registry's ``Invariant`` it
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from specproof.contract import Violation
-from specproof.engine._records import STOP_REASONS, Generation, Stats, Step
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract import STOP_REASONS, Generation, Stats, Step, Violation
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
@@ -36,14 +36,8 @@ __all__ = [
 ]
 
 
-def _need_int(value: object, *, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidSettingError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def _need_optional_int(value: object, *, name: str, minimum: int) -> int | None:
-    return None if value is None else _need_int(value, name=name, minimum=minimum)
+    return None if value is None else int_at_least(value, name=name, minimum=minimum)
 
 
 def _short(tokens: Sequence[int], limit: int = 12) -> str:
@@ -70,7 +64,7 @@ def emitted_per_round(steps: Sequence[Step], tokens: Sequence[int]) -> list[int]
 
 def check_accept_bounds(inv: Invariant, steps: Sequence[Step], *, k: int) -> list[Violation]:
     """``engine.accept-bounds``: ``1 <= len(accepted) <= len(draft) + 1 <= k + 1`` in every round."""
-    k = _need_int(k, name="k", minimum=0)
+    k = int_at_least(k, name="k", minimum=0)
     out: list[Violation] = []
     for i, step in enumerate(steps):
         n_acc, n_draft = len(step.accepted), len(step.draft)
@@ -182,7 +176,7 @@ def check_kv_length(
     after the call) must equal the last round's ``processed``, and
     ``prompt_length + len(tokens) - 1`` when ``tokens`` is given.
     """
-    prompt_length = _need_int(prompt_length, name="prompt_length", minimum=1)
+    prompt_length = int_at_least(prompt_length, name="prompt_length", minimum=1)
     final_processed = _need_optional_int(final_processed, name="final_processed", minimum=0)
     out: list[Violation] = []
     expected_base = prompt_length - 1
@@ -321,8 +315,8 @@ def check_stop(
     A generation driven with ``max_rounds`` stops early with ``max_new_tokens``; check
     such calls with ``max_new_tokens=len(tokens)``.
     """
-    max_new_tokens = _need_int(max_new_tokens, name="max_new_tokens", minimum=0)
-    prompt_length = _need_int(prompt_length, name="prompt_length", minimum=1)
+    max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
+    prompt_length = int_at_least(prompt_length, name="prompt_length", minimum=1)
     max_context = _need_optional_int(max_context, name="max_context", minimum=1)
     final_processed = _need_optional_int(final_processed, name="final_processed", minimum=0)
     eos_token_id = _need_optional_int(eos_token_id, name="eos_token_id", minimum=0)
@@ -625,7 +619,7 @@ def check_trace_consistency(
     last round may be cut (a round after the cut should not have run), and a cut at
     EOS / ``max_new_tokens`` must match the stop reason.
     """
-    max_new_tokens = _need_int(max_new_tokens, name="max_new_tokens", minimum=0)
+    max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
     eos_token_id = _need_optional_int(eos_token_id, name="eos_token_id", minimum=0)
     out, rebuilt, cut = _rebuild_output(inv, steps, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
     toks = list(tokens)

@@ -31,9 +31,10 @@ import attrs
 import numpy as np
 
 from specproof.conformance.zoo._targets import small_reference
+from specproof.contract import StopReason
+from specproof.contract.errors import EmptyPromptError, InvalidSettingError, TokenRangeError
+from specproof.contract.validation import int_at_least
 from specproof.engine import Generation, ReferenceHybrid, ReferenceSnapshot, Stats, Step, greedy_decode
-from specproof.engine._records import StopReason
-from specproof.engine.errors import EmptyPromptError, InvalidSettingError, TokenRangeError
 
 __all__ = [
     "AcceptsPastMismatch",
@@ -112,8 +113,7 @@ class ZooEngine:
     bug = "none (the correct control)"
 
     def __init__(self, *, k: int = 4, rollback: str = "checkpoint", target: ReferenceHybrid | None = None) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InvalidSettingError(f"{type(self).__name__} k={k!r} must be an integer >= 1")
+        int_at_least(k, name="k", minimum=1, where=type(self).__name__)
         if rollback not in ("checkpoint", "replay"):
             raise InvalidSettingError(f"{type(self).__name__} rollback={rollback!r} is not 'checkpoint' or 'replay'")
         self.target = small_reference() if target is None else target
@@ -217,8 +217,7 @@ class ZooEngine:
         bad = next((i for i, t in enumerate(ctx) if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise TokenRangeError(f"{self.name}: prompt[{bad}]={ctx[bad]} is outside [0, {self.vocab_size})")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise InvalidSettingError(f"{self.name}: max_new_tokens={max_new_tokens!r} must be an integer >= 0")
+        int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where=self.name)
         if eos_token_id is not None and (
             isinstance(eos_token_id, bool)
             or not isinstance(eos_token_id, (int, np.integer))

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from specproof.conformance.zoo._targets import ZOO_CONFIG, small_reference
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine import Generation, NgramDrafter, ReferenceHybrid, SpecDecoder
 from specproof.engine.drafters.heads import FeatureHead, HeadDrafter
-from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
     "FeatureLookupDrafter",

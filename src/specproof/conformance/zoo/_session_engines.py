@@ -33,6 +33,8 @@ from typing import Any
 import attrs
 
 from specproof.conformance.zoo._targets import small_reference
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 from specproof.engine import (
     ContextView,
     DecodeSession,
@@ -44,7 +46,6 @@ from specproof.engine import (
     greedy_decode,
 )
 from specproof.engine._validate import check_prompt, component_name
-from specproof.engine.errors import InvalidSettingError
 
 __all__ = [
     "ContinuationOnlySessionEngine",
@@ -116,8 +117,7 @@ class SessionEngine:
         target: ReferenceHybrid | None = None,
         drafter: Any = None,
     ) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise InvalidSettingError(f"{type(self).__name__} k={k!r} must be an integer >= 0")
+        int_at_least(k, name="k", minimum=0, where=type(self).__name__)
         if rollback not in ("checkpoint", "replay"):
             raise InvalidSettingError(f"{type(self).__name__} rollback={rollback!r} is not 'checkpoint' or 'replay'")
         self.target = small_reference() if target is None else target

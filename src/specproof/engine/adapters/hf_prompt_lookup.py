@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specproof.engine._records import Generation, StopReason
-from specproof.engine._validate import check_prompt, check_setting_int
-from specproof.engine.errors import InvalidSettingError, TokenRangeError
+from specproof.contract import Generation, StopReason
+from specproof.contract.errors import InvalidSettingError, TokenRangeError
+from specproof.contract.validation import int_at_least
+from specproof.engine._validate import check_prompt
 from specproof.engine.targets.hf import HFTarget, load_spec, require_hf
 
 __all__ = ["HFPromptLookupEngine", "make"]
@@ -39,11 +40,11 @@ class HFPromptLookupEngine:
         require_hf()
         if not isinstance(target, HFTarget):
             raise InvalidSettingError(f"HFPromptLookupEngine target must be an HFTarget, got {type(target).__name__}")
-        self.k = check_setting_int(prompt_lookup_num_tokens, name="prompt_lookup_num_tokens", minimum=1)
+        self.k = int_at_least(prompt_lookup_num_tokens, name="prompt_lookup_num_tokens", minimum=1)
         self.max_matching_ngram_size = (
             None
             if max_matching_ngram_size is None
-            else check_setting_int(max_matching_ngram_size, name="max_matching_ngram_size", minimum=1)
+            else int_at_least(max_matching_ngram_size, name="max_matching_ngram_size", minimum=1)
         )
         # the engine contract: the model it decodes, exposed as an oracle (model.generate keeps its own
         # cache, so this HFTarget is never the live target)
@@ -60,7 +61,7 @@ class HFPromptLookupEngine:
         """Decode with transformers' prompt lookup; ``stop_reason`` from the tokens it returned."""
         torch, _ = require_hf()
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
-        n = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
+        n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
         if eos_token_id is not None and not (
             isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
         ):

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from specproof.engine._protocols import Target
-from specproof.engine.errors import DrafterContractError, InvalidSettingError
+from specproof.contract import Target
+from specproof.contract.errors import DrafterContractError, InvalidSettingError
 from specproof.engine.targets.reference import _linear, _rms_norm, _silu
 
 __all__ = ["FeatureHead", "HeadDrafter"]

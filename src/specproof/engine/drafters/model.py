@@ -16,8 +16,8 @@ from typing import Literal
 
 import numpy as np
 
-from specproof.engine._protocols import Target
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract import Target
+from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["DraftRollback", "ModelDrafter"]
 

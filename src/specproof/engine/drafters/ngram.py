@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 
 __all__ = ["NgramDrafter", "naive_ngram_propose"]
 
@@ -32,8 +33,7 @@ class NgramDrafter:
 
     def __init__(self, min_n: int = 1, max_n: int = 3, prefer: Prefer = "recent", *, extend: bool = True) -> None:
         for field, value in (("min_n", min_n), ("max_n", max_n)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"NgramDrafter {field} must be an integer >= 1, got {value!r}")
+            int_at_least(value, name=field, minimum=1, where="NgramDrafter")
         if min_n > max_n:
             raise InvalidSettingError(f"NgramDrafter min_n={min_n} must not exceed max_n={max_n}")
         if prefer not in ("recent", "earliest"):

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import int_at_least
 
 __all__ = ["SuffixDrafter"]
 
@@ -36,8 +37,7 @@ class SuffixDrafter:
 
     def __init__(self, *, min_n: int = 2, max_n: int = 16, max_requests: int = 64) -> None:
         for name, value, low in (("min_n", min_n, 1), ("max_n", max_n, 1), ("max_requests", max_requests, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidSettingError(f"SuffixDrafter {name}={value!r} must be an integer >= {low}")
+            int_at_least(value, name=name, minimum=low, where="SuffixDrafter")
         if max_n < min_n:
             raise InvalidSettingError(f"SuffixDrafter max_n={max_n} is below min_n={min_n}")
         self.min_n, self.max_n, self.max_requests = min_n, max_n, max_requests

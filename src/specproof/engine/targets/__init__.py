@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+from specproof.contract import Target
+from specproof.contract.errors import InvalidSettingError, PluginError
 from specproof.engine._plugins import resolve_plugin
-from specproof.engine._protocols import Target
-from specproof.engine.errors import InvalidSettingError, PluginError
 
 __all__ = ["TARGET_FAMILIES", "load_target", "register_target_family"]
 

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from specproof.engine.errors import InvalidSettingError, SpecproofError
+from specproof.contract.errors import InvalidSettingError, SpecproofError
 
 __all__ = ["OPS", "MilEvaluator", "UnknownOpError", "load_program"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specproof.engine.errors import MissingDependencyError
+from specproof.contract.errors import MissingDependencyError
 
 __all__ = ["require_hf", "require_mlx"]
 

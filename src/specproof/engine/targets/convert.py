@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
 __all__ = [

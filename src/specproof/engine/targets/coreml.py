@@ -28,7 +28,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import (
+from specproof.contract.errors import (
     CapacityError,
     InvalidSettingError,
     MissingDependencyError,

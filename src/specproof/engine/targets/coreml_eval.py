@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
+from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
 from specproof.engine.targets._mil_eval import OPS, MilEvaluator, UnknownOpError
 
 __all__ = ["FP16_TIE_TOLERANCE", "OPS", "CoreMLEvalSnapshot", "CoreMLEvalTarget", "UnknownOpError", "load_spec"]

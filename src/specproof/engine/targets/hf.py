@@ -36,7 +36,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
+from specproof.contract.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
+from specproof.contract.validation import int_at_least
 from specproof.engine.targets._framework import (
     ByteTokenizer,
     FrameworkSnapshot,
@@ -89,8 +90,7 @@ class HFTarget:
         if max_context is None:
             max_context = getattr(config, "max_position_embeddings", None)
         for field, value in (("vocab_size", vocab_size), ("max_context", max_context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"HFTarget {field}={value!r} must be an integer >= 1 (pass {field}=...)")
+            int_at_least(value, name=f"HFTarget {field}", minimum=1, hint=f" (pass {field}=...)")
         self.vocab_size: int = int(vocab_size)  # type: ignore[arg-type]
         self.max_context: int = int(max_context)  # type: ignore[arg-type]
         self.model_type: str = str(getattr(config, "model_type", type(model).__name__))

@@ -33,7 +33,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproof.engine.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
+from specproof.contract.errors import InvalidSettingError, StaleSnapshotError, TargetContractError
+from specproof.contract.validation import int_at_least
 from specproof.engine.targets._framework import (
     ByteTokenizer,
     FrameworkSnapshot,
@@ -97,8 +98,7 @@ class MLXTarget:
         if max_context is None:
             max_context = _arg(args, "max_position_embeddings")
         for field, value in (("vocab_size", vocab_size), ("max_context", max_context)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidSettingError(f"MLXTarget {field}={value!r} must be an integer >= 1 (pass {field}=...)")
+            int_at_least(value, name=f"MLXTarget {field}", minimum=1, hint=f" (pass {field}=...)")
         self.vocab_size: int = int(vocab_size)  # type: ignore[arg-type]
         self.max_context: int = int(max_context)  # type: ignore[arg-type]
         self.model_type: str = str(_arg(getattr(model, "args", None), "model_type", type(model).__module__))

@@ -37,13 +37,14 @@ import numpy as np
 import numpy.typing as npt
 
 from specproof.contract.compare import arrays_differ
-from specproof.engine.errors import (
+from specproof.contract.errors import (
     CapacityError,
     InvalidSettingError,
     StaleSnapshotError,
     TargetContractError,
     TokenRangeError,
 )
+from specproof.contract.validation import int_at_least
 from specproof.engine.targets._reference_blocks import (
     AttnBlock,
     Block,
@@ -86,11 +87,6 @@ def _to_layers(value: Iterable[str]) -> tuple[str, ...]:
         return tuple(value)
     except TypeError:
         raise InvalidSettingError(f"ReferenceConfig.layers={value!r} must be a tuple of block kinds") from None
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InvalidSettingError(f"ReferenceConfig.{name}={value!r} must be an integer >= {minimum}")
 
 
 def _check_positive_float(name: str, value: object) -> None:
@@ -151,9 +147,9 @@ class ReferenceConfig:
             "experts_per_token",
             "expert_ffn_dim",
         ):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("n_experts", self.n_experts, 0)
-        _check_int("seed", self.seed, 0)
+            int_at_least(getattr(self, name), name=f"ReferenceConfig.{name}", minimum=1)
+        int_at_least(self.n_experts, name="ReferenceConfig.n_experts", minimum=0)
+        int_at_least(self.seed, name="ReferenceConfig.seed", minimum=0)
         for name in ("rope_theta", "norm_eps", "init_scale"):
             _check_positive_float(name, getattr(self, name))
         if not isinstance(self.tie_embeddings, (bool, np.bool_)):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from specproof.engine.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid, default_config, moe_config
 
 __all__ = ["load", "load_moe", "parse_overrides"]

@@ -1,8 +1,9 @@
 """JSON Schemas (draft 2020-12) of every JSON format specproof defines, except the wire protocol.
 
 The schema files are package data under ``specproof/schemas/`` (one per format, named after
-it: ``specproof-report/2`` is ``report-2.json``); the wire protocol's ``specproof-engine/1``
-messages have their own in ``specproof/wire/schemas/``. Input formats (session histories,
+it: format ``<name>/<n>`` is ``<name>-<n>.json``); the wire protocol's messages have their
+own in ``specproof/wire/schemas/``. Each format's module in ``specproof.formats`` names its
+schema; this module only loads and applies schemas by name. Input formats (session histories,
 traces, golden files, bench baselines) are validated with these schemas before any other
 check; output formats (the certify report, the bench result) are validated against theirs
 by the project's tests.
@@ -16,7 +17,7 @@ by the project's tests.
 ``part`` picks a definition of the schema's ``$defs`` (a JSON Lines format has one per
 kind of line: ``validate("trace-1", line, part="round")``).
 
-This module is in the bottom layer: it imports nothing from specproof above ``contract``.
+This module imports nothing from specproof.
 """
 
 from __future__ import annotations
@@ -31,29 +32,21 @@ from typing import Any, Final
 import attrs
 
 __all__ = [
-    "SCHEMAS",
     "SchemaProblem",
     "describe_value",
     "expectation",
     "format_path",
     "load_schema",
     "problems",
+    "schema_names",
     "validate",
 ]
 
-#: schema name -> the format it describes (the value of the document's ``format``/``schema`` field)
-SCHEMAS: Final[dict[str, str]] = {
-    "report-2": "specproof-report/2",
-    "session-1": "specproof-session/1",
-    "trace-1": "specproof-trace/1",
-    "golden-1": "specproof-golden/1",
-    "bench-2": "specproof-bench/2",
-    "bench-baseline-2": "specproof-bench-baseline/2",
-    "check-trace-1": "specproof-check-trace/1",
-    "generate-1": "specproof-generate/1",
-    "bundle-inspect-1": "specproof-bundle-inspect/1",
-    "invariants-1": "specproof-invariants/1",
-}
+
+def schema_names() -> list[str]:
+    """Every schema shipped in ``specproof/schemas/`` (``report-2``, ``trace-1``, ...), sorted."""
+    folder = resources.files("specproof").joinpath("schemas")
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
 def load_schema(name: str) -> dict[str, Any]:
@@ -63,8 +56,8 @@ def load_schema(name: str) -> dict[str, Any]:
 
 @functools.cache
 def _load(name: str) -> dict[str, Any]:
-    if name not in SCHEMAS:
-        raise KeyError(f"no specproof schema {name!r} (known: {', '.join(SCHEMAS)})")
+    if name not in schema_names():
+        raise KeyError(f"no specproof schema {name!r} (known: {', '.join(schema_names())})")
     text = resources.files("specproof").joinpath("schemas", f"{name}.json").read_text(encoding="utf-8")
     return json.loads(text)  # type: ignore[no-any-return]
 
