@@ -35,7 +35,7 @@ from specproof import __version__
 from specproof.contract.files import check_output_path, write_text_file
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specproof.conformance._certifying import Certification
+    from specproof.conformance._certification import Certification
 
 __all__ = [
     "EXIT_CODES",

@@ -30,8 +30,8 @@ from typing import Literal
 
 import attrs
 
+from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._registry import REGISTRY, Invariant, Outcome
-from specproof.conformance._run import Capabilities, RunRecord
 from specproof.contract import Violation
 from specproof.contract.files import (
     MAX_JSON_DEPTH,

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import copy
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
 from specproof.conformance._judges import JudgeMemo
-from specproof.conformance._run import Capabilities, Proposal, RunRecord
+from specproof.conformance._records import Capabilities, Proposal, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
 from specproof.contract import arrays_differ, live_state_differs
 from specproof.contract.lossless import compare_lossless
@@ -30,12 +30,15 @@ from specproof.engine import CapacityError, DecodeError, Drafter, Generation, Sp
 
 __all__ = [
     "PATHS",
+    "CaseSearch",
     "EngineRun",
     "HostileDrafter",
     "RunCache",
     "StateProbe",
+    "case_greedy",
     "classify_rounds",
     "greedy_continuation",
+    "rounds_by_path",
     "run_builtin",
     "run_plugin",
 ]
@@ -69,6 +72,24 @@ class EngineRun:
     @property
     def completed(self) -> bool:
         return self.record is not None
+
+
+@attrs.define
+class CaseSearch:
+    """The one search of an engine case: every example's run, in the order drawn."""
+
+    runs: list[EngineRun] = attrs.Factory(list)
+    seconds: float = 0.0
+    error: BaseException | None = None
+    covering: list[tuple[EngineRun, bytes]] = attrs.Factory(list)  # replayed covering examples, as saved
+
+
+def rounds_by_path(runs: Iterable[EngineRun]) -> Counter[str]:
+    """Rounds by rollback path over these runs (the path-coverage table's counts)."""
+    total: Counter[str] = Counter()
+    for run in runs:
+        total.update(run.paths)
+    return total
 
 
 def classify_rounds(
@@ -346,6 +367,21 @@ def greedy_continuation(
     return tokens, (all_margins[: len(tokens)] if all_margins is not None else None)
 
 
+def case_greedy(
+    case: Any, target: Any, prompt: list[int], n: int, eos: int | None, *, horizon: int, cache: RunCache
+) -> tuple[list[int], list[float] | None]:
+    """Plain greedy for an engine case (``EngineCase``): on the suite's target (``target``, a
+    ``TargetSubject``) for the built-in decoder, else on the plug-in's model or ``greedy()``."""
+    if case.kind == "builtin":
+        assert target is not None
+        return greedy_continuation(
+            target.make, None, ("target", target.spec), prompt, n, eos, horizon=horizon, cache=cache
+        )
+    return greedy_continuation(
+        case.make_reference, case.greedy_fn, ("plugin", case.token), prompt, n, eos, horizon=horizon, cache=cache
+    )
+
+
 def _cause(error: BaseException) -> str:
     cause = error.__cause__ if error.__cause__ is not None else error
     return f"{type(cause).__name__}: {cause}"
@@ -583,21 +619,7 @@ def run_plugin(
     if callable(reset):
         reset()
     live = case.live_target
-    reference = case.make_reference if live is not None else None
-    # the engine's own feature drafter's layers, else the --drafter subject's (a wire engine: EngineCase.feature_layers)
-    own = feature_layers_of(case.own_drafter) or getattr(case, "feature_layers", None)
-    layers = own if drafter is not None else None
-    # the features are judged against a fresh copy of the model, whether or not the engine exposes its live target
-    probe = StateProbe(
-        drafter if drafter is not None else _NoDrafter(),
-        live,
-        reference,
-        atol=atol,
-        judges=cache.judges,
-        feature_layers=layers,
-    )
-    if layers is not None and case.make_reference is not None and probe.features is None:
-        probe.features = FeatureJudge(case.make_reference, layers, atol=atol)
+    probe = _plugin_probe(case, drafter, atol=atol, cache=cache)
     before = _fingerprint(live)
     try:
         if drafter is not None:
@@ -614,24 +636,8 @@ def run_plugin(
         bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
         return cache.runs.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
     if live is not None and case.live_confirmed is None and gen.tokens:
-        # The engine contract: `target` is the target the engine decodes on. One that never moves
-        # during a generation is an oracle of the same model, not the live target.
-        case.confirm_live(_fingerprint(live) != before)
-        live = case.live_target
-        if live is None:
-            judge, sent = probe.features, probe.proposals
-            probe = StateProbe(probe.inner, None, None, atol=atol, judges=cache.judges)
-            probe.features, probe.proposals = judge, sent
-    expected, margins = greedy_continuation(
-        case.make_reference,
-        case.greedy_fn,
-        ("plugin", case.token),
-        prompt,
-        max_new_tokens,
-        eos,
-        horizon=horizon,
-        cache=cache,
-    )
+        live, probe = _confirm_live(case, probe, moved=_fingerprint(live) != before, atol=atol, cache=cache)
+    expected, margins = case_greedy(case, None, list(prompt), max_new_tokens, eos, horizon=horizon, cache=cache)
     final = int(live.processed) if live is not None else None
     ctx = [*prompt, *gen.tokens]
     state = _final_state_check(probe, live, ctx, atol, observe=case.observable, keep=True)
@@ -656,6 +662,41 @@ def run_plugin(
         vocab_size=case.vocab_size,
     )
     return cache.runs.remember(key, run)  # type: ignore[no-any-return]
+
+
+def _plugin_probe(case: Any, drafter: Drafter | None, *, atol: float, cache: RunCache) -> StateProbe:
+    """The state probe of one plug-in generation, wrapping the suite's drafter when one is installed."""
+    live = case.live_target
+    reference = case.make_reference if live is not None else None
+    # the engine's own feature drafter's layers, else the --drafter subject's (a wire engine: EngineCase.feature_layers)
+    own = feature_layers_of(case.own_drafter) or getattr(case, "feature_layers", None)
+    layers = own if drafter is not None else None
+    # the features are judged against a fresh copy of the model, whether or not the engine exposes its live target
+    probe = StateProbe(
+        drafter if drafter is not None else _NoDrafter(),
+        live,
+        reference,
+        atol=atol,
+        judges=cache.judges,
+        feature_layers=layers,
+    )
+    if layers is not None and case.make_reference is not None and probe.features is None:
+        probe.features = FeatureJudge(case.make_reference, layers, atol=atol)
+    return probe
+
+
+def _confirm_live(
+    case: Any, probe: StateProbe, *, moved: bool, atol: float, cache: RunCache
+) -> tuple[Any, StateProbe]:
+    """The engine contract: `target` is the target the engine decodes on. One that never moves
+    during a generation is an oracle of the same model, not the live target (no state probe then)."""
+    case.confirm_live(moved)
+    live = case.live_target
+    if live is None:
+        judge, sent = probe.features, probe.proposals
+        probe = StateProbe(probe.inner, None, None, atol=atol, judges=cache.judges)
+        probe.features, probe.proposals = judge, sent
+    return live, probe
 
 
 class _NoDrafter:
