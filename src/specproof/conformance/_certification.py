@@ -41,13 +41,13 @@ class Certification:
         plan: Plan,
         *,
         on_result: Callable[[CheckResult], None] | None = None,
-        invariants: Iterable[registry.Invariant] = registry.REGISTRY,
+        invariants: Iterable[registry.Invariant] | None = None,
     ) -> None:
         """``on_result`` is called with each check's result as it finishes (progress for the CLI);
         ``invariants``: the registry the checks come from (the project's own by default)."""
         self.plan = plan
         self.on_result = on_result
-        self.invariants = tuple(invariants)
+        self.invariants = None if invariants is None else tuple(invariants)
         # Inside a pytest run a check executes under pytest's output capture, where a progress line
         # would be swallowed: the plugin sets this and hands the results on after each test.
         self.defer_results = False
@@ -134,7 +134,8 @@ class Certification:
 
     def reproduce_command(self, result: CheckResult) -> str:
         """The command that runs this (failing) check again (``_reproduce``)."""
-        inv = next((i for i in self.invariants if i.id == result.invariant), None)
+        known = registry.REGISTRY if self.invariants is None else self.invariants
+        inv = next((i for i in known if i.id == result.invariant), None)
         extra = self.driver(inv.driver).reproduce_args(result) if inv is not None else ()
         return reproduce_command(self.plan, result, driver_args=extra)
 

@@ -21,10 +21,11 @@ __all__ = ["generate_checks"]
 
 
 def generate_checks(
-    plan: Plan, subject: registry.Subject, *, invariants: Iterable[registry.Invariant] = registry.REGISTRY
+    plan: Plan, subject: registry.Subject, *, invariants: Iterable[registry.Invariant] | None = None
 ) -> Iterator[CheckItem]:
-    """The checks of one area (``drafter``, ``target``, ``engine``) a plan selects, in registry order."""
-    for inv in invariants:
+    """The checks of one area (``drafter``, ``target``, ``engine``) a plan selects, in registry order
+    (``invariants``: another registry's entries; by default the project's ``REGISTRY``)."""
+    for inv in registry.by_subject(subject) if invariants is None else invariants:
         if inv.subject != subject or (plan.only and inv.id not in plan.only):
             continue
         yield from driver_class(inv.driver).checks(inv, plan.suite)

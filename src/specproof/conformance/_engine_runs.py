@@ -685,9 +685,7 @@ def _plugin_probe(case: Any, drafter: Drafter | None, *, atol: float, cache: Run
     return probe
 
 
-def _confirm_live(
-    case: Any, probe: StateProbe, *, moved: bool, atol: float, cache: RunCache
-) -> tuple[Any, StateProbe]:
+def _confirm_live(case: Any, probe: StateProbe, *, moved: bool, atol: float, cache: RunCache) -> tuple[Any, StateProbe]:
     """The engine contract: `target` is the target the engine decodes on. One that never moves
     during a generation is an oracle of the same model, not the live target (no state probe then)."""
     case.confirm_live(moved)

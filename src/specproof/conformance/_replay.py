@@ -139,9 +139,7 @@ class Replay:
             if reached and view.keep_covering(path, min(reached, key=shortlex)):
                 self.plan.database.covering_saved[case.id] += 1
 
-    def replay_covering(
-        self, case: EngineCase, found: CaseSearch, draw: Callable[[st.DataObject], EngineRun]
-    ) -> None:
+    def replay_covering(self, case: EngineCase, found: CaseSearch, draw: Callable[[st.DataObject], EngineRun]) -> None:
         """After a derandomized search: replay the covering examples of the paths it did not reach.
 
         A path the search reached costs nothing; each unreached one costs its one saved example.
