@@ -85,6 +85,7 @@ def test_a_finished_certification_holds_no_runs_or_models(monkeypatch: pytest.Mo
     if not cleared:
         monkeypatch.setattr(RunCache, "clear", lambda self: None)
         monkeypatch.setattr(specproof.strategies, "release_machine", lambda machine: None)
+
     def machine_classes() -> list[type]:
         gc.collect()
         found = (k for k in gc.get_objects() if isinstance(k, type) and k.__qualname__.endswith("<locals>.Counted"))
