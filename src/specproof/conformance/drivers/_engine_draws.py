@@ -13,14 +13,8 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from specproof.conformance._engine_runs import (
-    EngineRun,
-    HostileDrafter,
-    RunCache,
-    case_greedy,
-    run_builtin,
-    run_plugin,
-)
+from specproof.conformance._engine_runs import EngineRun, RunCache, case_greedy, run_builtin, run_plugin
+from specproof.conformance._probes import HostileDrafter
 from specproof.conformance._subjects import EngineCase
 from specproof.conformance.checks.features import feature_layers_of
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
