@@ -79,21 +79,22 @@ def test_a_finished_certification_holds_no_runs_or_models(monkeypatch: pytest.Mo
     import gc
 
     import specproof.strategies
-    from specproof.conformance._harness import RunCache
-    from specproof.conformance._runner import certify
+    from specproof.conformance._engine_runs import RunCache
+    from specproof.conformance._pytest_run import certify
 
     if not cleared:
         monkeypatch.setattr(RunCache, "clear", lambda self: None)
         monkeypatch.setattr(specproof.strategies, "release_machine", lambda machine: None)
+
     def machine_classes() -> list[type]:
         gc.collect()
-        found = (k for k in gc.get_objects() if isinstance(k, type) and "_run_" in k.__qualname__)
+        found = (k for k in gc.get_objects() if isinstance(k, type) and k.__qualname__.endswith("<locals>.Counted"))
         return [k for k in found if "_config_names" in dir(k)]
 
     before = {id(k) for k in machine_classes()}  # (classes of other tests' runs are not this run's)
     plan = Plan.create("engine", only=("stateful.rollback-machine", "engine.session", "engine.lossless"))
     cert, report = certify(plan)
-    assert report["verdict"] == "pass"
+    assert report.verdict == "pass"
     held = {"runs": len(cert.cache.runs), "greedy": len(cert.cache.greedy), "models": len(cert.cache.judges._models)}
     configured = [
         (klass.__name__, name)

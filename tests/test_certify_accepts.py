@@ -28,7 +28,7 @@ GOOD = "_good_implementations"
 
 
 def _certify(kind: str, spec: str, *, only: tuple[str, ...] = (), **options: Any) -> dict[str, Any]:
-    return certify(kind, **{kind: spec}, profile="quick", only=only, **options)
+    return certify(kind, **{kind: spec}, profile="quick", only=only, **options).to_json()
 
 
 def _not_passing(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -22,8 +22,9 @@ import pytest
 
 from specproof.conformance import _registry as registry
 from specproof.conformance import certify
-from specproof.conformance._harness import HostileDrafter, RunCache, run_plugin
-from specproof.conformance._run import Proposal
+from specproof.conformance._engine_runs import RunCache, run_plugin
+from specproof.conformance._probes import HostileDrafter
+from specproof.conformance._records import Proposal
 from specproof.conformance._subjects import Suite
 from specproof.conformance.checks.drafts import check_drafts_used
 from specproof.conformance.zoo import ZooEngine, small_reference

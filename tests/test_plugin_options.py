@@ -142,3 +142,50 @@ def test_a_seeded_pytest_run_saves_what_a_derandomized_certify_replays(
     gate = json.loads(report.read_text())
     assert gate["database"]["covering_replayed"] == {"checkpoint": 1, "replay": 1}
     assert all(row["clamped_at_max_context"] for row in gate["path_coverage"].values())
+
+
+def test_the_plan_takes_its_options_from_one_mapping() -> None:
+    """``plan_arguments`` (from ``OPTIONS``) is the only mapping from options to ``Plan.create``: every
+    option marked ``plan`` is an argument of the same name, and every argument but the resolved ones
+    (the database, the storage, the expected failures) is such an option."""
+    import inspect
+
+    from specproof.conformance import Plan, plan_arguments
+    from specproof.conformance._options import OPTIONS
+
+    arguments = set(inspect.signature(Plan.create).parameters) - {"cls"}
+    in_plan = {o.dest for o in OPTIONS if o.plan}
+    assert in_plan <= arguments
+    assert arguments - in_plan == {"storage", "database", "expected_failures"}
+    values = {o.dest: o.default for o in OPTIONS} | {"only": ["engine.stop", "engine.lossless"], "seed": 7}
+    mapped = plan_arguments(values)
+    assert set(mapped) == in_plan and mapped["only"] == ("engine.stop", "engine.lossless") and mapped["seed"] == 7
+    assert set(plan_arguments(values, ("profile", "report"))) == {"profile"}  # report is no plan argument
+
+
+def test_certify_and_the_plugin_build_the_same_plan(tmp_path: Path) -> None:
+    from specproof.conformance import Plan
+    from specproof.conformance._options import OPTIONS
+    from specproof.contract import UsageError
+
+    values = {o.dest: o.default for o in OPTIONS} | {
+        "target": "reference",
+        "only": ["engine.stop"],
+        "seed": 3,
+        "max_context": 64,
+        "db": "none",
+        "hypothesis_dir": str(tmp_path / "hyp"),
+        "expect_fail": ["engine.stop=known"],
+    }
+    cli, plugin = Plan.from_options(values), Plan.from_options(values, flags="plugin")
+    fields = ("specs", "profile", "only", "seed", "max_context", "expected_failures", "storage", "database")
+    assert [getattr(cli, f) for f in fields] == [getattr(plugin, f) for f in fields]
+    assert (cli.only, cli.seed, cli.max_context, cli.expected_failures) == (
+        ("engine.stop",),
+        3,
+        64,
+        {"engine.stop": "known"},
+    )
+    assert cli.storage == str(tmp_path) and cli.database is None
+    with pytest.raises(UsageError, match="--specproof-hypothesis-dir"):
+        Plan.from_options(values | {"hypothesis_dir": str(tmp_path / "missing" / "hyp")}, flags="plugin")

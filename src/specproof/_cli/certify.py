@@ -47,9 +47,9 @@ def _hypothesis_dir(arg: str | None) -> Path:
 def add_subject_options(p: argparse.ArgumentParser, *, verb: str) -> None:
     """What to check and how strictly: the options `certify` and `fuzz` share (one definition for both,
     and for the pytest plugin: conformance/_options.py)."""
-    from specproof.conformance._options import add_to_argparse
+    from specproof.conformance._options import SUBJECT_OPTIONS, add_to_argparse
 
-    add_to_argparse(p, ["subject", "drafter", "target", "engine", "tie_tolerance", "atol", "only"], verb=verb)
+    add_to_argparse(p, SUBJECT_OPTIONS, verb=verb)
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:
@@ -72,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
 
     from specproof.conformance import Plan
     from specproof.conformance import run_plan as certify
-    from specproof.conformance._expected import load_expected_failures, parse_expected_failures
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,
@@ -82,35 +81,12 @@ def run(args: argparse.Namespace) -> int:
         write_text_file,
     )
 
-    # Everything the user gave is checked before any work: paths first (nothing is created).
-    outputs = {
-        "--report": args.report,
-        "--markdown": args.markdown,
-        "--junitxml": args.junitxml,
-    }
-    for option, path in outputs.items():
-        if path:
-            check_output_path(path, option=option)
+    # Everything the user gave is checked before any work: paths first (nothing is created), then
+    # the options as the plan takes them (the one mapping from OPTIONS: Plan.from_options)
+    if args.junitxml:
+        check_output_path(args.junitxml, option="--junitxml")
+    plan = Plan.from_options(vars(args))
     storage = _hypothesis_dir(args.hypothesis_dir)
-    database = open_db(args, storage)
-    expected = load_expected_failures(args.expect_fail_file) if args.expect_fail_file else {}
-    expected.update(parse_expected_failures(args.expect_fail))
-    plan = Plan.create(
-        args.subject,
-        drafter=args.drafter,
-        target=args.target,
-        engine=args.engine,
-        profile=args.profile,
-        seed=args.seed,
-        tie_tolerance=args.tie_tolerance,
-        atol=args.atol,
-        only=tuple(args.only),
-        replay_session=args.replay_session,
-        storage=str(storage.parent),
-        max_context=args.max_context,
-        database=database,
-        expected_failures=expected,
-    )
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:
         from hypothesis.configuration import set_hypothesis_home_dir
@@ -124,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(
         file=sys.stderr if args.json else sys.stdout, soft_wrap=not terminal, width=None if terminal else 10_000
     )
-    report = _run_with_progress(plan, certify, console, terminal)
+    report = _run_with_progress(plan, certify, console, terminal).to_json()
     if args.report:
         write_json_report(args.report, report)
     if args.markdown:
@@ -141,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_CODES.get(report["verdict"], 1)
 
 
-def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) -> dict[str, Any]:
+def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) -> Any:
     """A progress bar on a terminal; in a log, one line per finished check as the run goes."""
     if not terminal:
 
@@ -153,7 +129,7 @@ def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) ->
                 highlight=False,
             )
 
-        return certify(plan, on_result=line)[1]  # type: ignore[no-any-return]
+        return certify(plan, on_result=line)[1]
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -173,7 +149,7 @@ def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) ->
         def finished(result: Any) -> None:
             progress.update(task, advance=1, description=result.nodeid)
 
-        return certify(plan, on_start=start, on_result=finished)[1]  # type: ignore[no-any-return]
+        return certify(plan, on_start=start, on_result=finished)[1]
 
 
 def print_database(console: Any, report: dict[str, Any]) -> None:

@@ -86,9 +86,8 @@ def parse_duration(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from specproof.conformance import Plan
+    from specproof.conformance import SUBJECT_OPTIONS, Plan, plan_arguments
     from specproof.conformance._campaign import CampaignOptions, run_campaign
-    from specproof.conformance._runner import _close_engines
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,
@@ -110,18 +109,10 @@ def run(args: argparse.Namespace) -> int:
     duration = parse_duration(args.duration) if args.duration is not None else None
     storage = hypothesis_dir(args.hypothesis_dir)
     store = open_db(args, storage)  # unreachable Redis, a bad path: exit 2 now
-    plan_args: dict[str, Any] = {
-        "subject": args.subject,
-        "drafter": args.drafter,
-        "target": args.target,
-        "engine": args.engine,
-        "profile": args.profile,
-        "tie_tolerance": args.tie_tolerance,
-        "atol": args.atol,
-        "only": tuple(args.only),
-    }
+    # the plan of every round: certify's options as the plan takes them (fuzz's --seed is a base seed, not one)
+    plan_args = plan_arguments(vars(args), (*SUBJECT_OPTIONS, "profile"))
     plan = Plan.create(**plan_args)  # bad specs, ids, tolerances: a usage error before any worker starts
-    _close_engines(plan)
+    plan.close()
     options = CampaignOptions(
         plan=plan_args,
         db=args.db,

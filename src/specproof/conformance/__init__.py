@@ -5,8 +5,9 @@ Public entry points:
 - ``REGISTRY`` / ``Invariant`` — every check's id, subject, summary and needs (one source of truth;
   ``specproof invariants`` prints it);
 - ``checks`` — every invariant as a function returning structured violations;
-- ``certify(...)`` / ``check_subject(...)`` — run the certifying checks in-process and get a
-  report dict (``certify``; ``specproof.formats.report``) or the per-check results (``check_subject``);
+- ``certify(...)`` — run the certifying checks in-process and get a ``Report`` (its
+  ``to_json()`` is the report document, ``specproof.formats.report``);
+- ``Driver`` / ``register_driver`` — the kinds of search behind the checks (docs/contract.md, "Drivers");
 - ``traces`` — traces (``specproof.formats.trace``) and ``check_trace``;
 - ``zoo`` — deliberately broken implementations the suite must reject;
 - the pytest plugin (``pytest --pyargs specproof.conformance --specproof-drafter ...``).
@@ -16,7 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from specproof.conformance._certifying import Certification, CheckItem, Plan
+from specproof.conformance._certification import Certification
+from specproof.conformance._options import SUBJECT_OPTIONS, plan_arguments
+from specproof.conformance._plan import Plan
+from specproof.conformance._pytest_run import certify as run_plan
+from specproof.conformance._records import CAPABILITIES, Capabilities, RunRecord
 from specproof.conformance._registry import (
     REGISTRY,
     Invariant,
@@ -27,21 +32,25 @@ from specproof.conformance._registry import (
     registry_json,
     select,
 )
-from specproof.conformance._results import CheckResult
-from specproof.conformance._run import CAPABILITIES, Capabilities, RunRecord
-from specproof.conformance._runner import certify as run_plan
+from specproof.conformance._results import CheckResult, Report
+from specproof.conformance.drivers import DRIVERS, CheckItem, Driver, DriverContext, register_driver
 from specproof.contract import Violation, ViolationError
 
 __all__ = [
     "CAPABILITIES",
+    "DRIVERS",
     "REGISTRY",
+    "SUBJECT_OPTIONS",
     "Capabilities",
     "Certification",
     "CheckItem",
     "CheckResult",
+    "Driver",
+    "DriverContext",
     "Invariant",
     "Outcome",
     "Plan",
+    "Report",
     "RunRecord",
     "Violation",
     "ViolationError",
@@ -51,6 +60,8 @@ __all__ = [
     "get",
     "markdown_table",
     "parametrize_with_checks",
+    "plan_arguments",
+    "register_driver",
     "registry_json",
     "run_plan",
     "select",
@@ -71,8 +82,8 @@ def certify(
     db: str | None = None,
     db_replay: str = "all",
     expected_failures: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Certify plug-ins given as specs (as ``specproof certify`` does); returns the report dict.
+) -> Report:
+    """Certify plug-ins given as specs (as ``specproof certify`` does); returns the ``Report``.
 
     Options are validated before anything runs: a bad one raises ``specproof.contract.UsageError``.
     ``db`` is an example database (a directory, or ``redis://HOST:PORT/N`` beside the default
@@ -80,24 +91,22 @@ def certify(
     (the CLI's default is a directory under the cache); ``db_replay="failures"`` replays saved
     failures only, not the covering examples campaigns saved (``--db-replay``).
     """
-    from specproof.conformance._certifying import Plan
     from specproof.conformance._database import default_examples_dir, open_database
-    from specproof.conformance._runner import certify as run
 
-    plan = Plan.create(
-        subject,
-        drafter=drafter,
-        target=target,
-        engine=engine,
-        profile=profile,
-        seed=seed,
-        tie_tolerance=tie_tolerance,
-        atol=atol,
-        only=only,
-        database=open_database(db, default_dir=default_examples_dir(), replay=db_replay) if db is not None else None,
-        expected_failures=expected_failures,
-    )
-    return run(plan)[1]
+    values = {
+        "subject": subject,
+        "drafter": drafter,
+        "target": target,
+        "engine": engine,
+        "profile": profile,
+        "seed": seed,
+        "tie_tolerance": tie_tolerance,
+        "atol": atol,
+        "only": only,
+    }
+    database = open_database(db, default_dir=default_examples_dir(), replay=db_replay) if db is not None else None
+    plan = Plan.create(**plan_arguments(values), database=database, expected_failures=expected_failures)
+    return run_plan(plan)[1]
 
 
 def parametrize_with_checks(**options: Any) -> Any:

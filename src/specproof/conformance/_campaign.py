@@ -234,8 +234,9 @@ def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
         set_hypothesis_home_dir(options.hypothesis_dir)
         from pathlib import Path
 
-        from specproof.conformance._certifying import Certification, Plan
+        from specproof.conformance._certification import Certification
         from specproof.conformance._database import default_examples_dir, open_database
+        from specproof.conformance._plan import Plan
         from specproof.conformance.reports import build_report
 
         store = open_database(options.db, default_dir=default_examples_dir(Path(options.hypothesis_dir)))

@@ -9,7 +9,7 @@ fails on one that is neither).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -18,7 +18,16 @@ from specproof.conformance._profiles import PROFILES
 from specproof.formats import report as report_format
 from specproof.formats import session as session_format
 
-__all__ = ["NOT_IN_PLUGIN", "OPTIONS", "Option", "add_to_argparse", "add_to_pytest", "get"]
+__all__ = [
+    "NOT_IN_PLUGIN",
+    "OPTIONS",
+    "SUBJECT_OPTIONS",
+    "Option",
+    "add_to_argparse",
+    "add_to_pytest",
+    "get",
+    "plan_arguments",
+]
 
 
 def _capacities() -> str:
@@ -37,6 +46,9 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     repeat: bool = False  # action="append"
+    # a ``Plan.create`` argument of the same name (False: resolved first, e.g. --db opens a database,
+    # or not part of the plan at all, e.g. --report)
+    plan: bool = True
 
     def kwargs(self, verb: str) -> dict[str, Any]:
         out: dict[str, Any] = {"help": self.help.format(verb=verb), "default": self.default}
@@ -119,6 +131,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         dest="expect_fail",
+        plan=False,
         cli="--expect-fail",
         plugin="--specproof-expect-fail",
         repeat=True,
@@ -128,6 +141,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         dest="expect_fail_file",
+        plan=False,
         cli="--expect-fail-file",
         plugin="--specproof-expect-fail-file",
         metavar="FILE",
@@ -135,6 +149,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         dest="report",
+        plan=False,
         cli="--report",
         plugin="--specproof-report",
         metavar="FILE",
@@ -142,6 +157,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         dest="markdown",
+        plan=False,
         cli="--markdown",
         plugin="--specproof-markdown",
         metavar="FILE",
@@ -157,6 +173,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         dest="hypothesis_dir",
+        plan=False,
         cli="--hypothesis-dir",
         plugin="--specproof-hypothesis-dir",
         metavar="DIR",
@@ -165,6 +182,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         dest="db",
+        plan=False,
         cli="--db",
         plugin="--specproof-db",
         metavar="PATH|redis://HOST:PORT/N|none",
@@ -174,6 +192,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         dest="db_replay",
+        plan=False,
         cli="--db-replay",
         plugin="--specproof-db-replay",
         default="all",
@@ -192,6 +211,24 @@ NOT_IN_PLUGIN: dict[str, str] = {
 }
 
 _BY_DEST = {o.dest: o for o in OPTIONS}
+
+SUBJECT_OPTIONS: tuple[str, ...] = ("subject", "drafter", "target", "engine", "tie_tolerance", "atol", "only")
+"""What to check and how strictly: the options ``certify`` and ``fuzz`` share."""
+
+
+def plan_arguments(values: Mapping[str, Any], dests: Iterable[str] | None = None) -> dict[str, Any]:
+    """The ``Plan.create`` arguments among these option values (by dest; ``dests``: only these).
+
+    The one mapping from options to a plan, for ``specproof certify`` and ``fuzz``, the pytest
+    plugin and ``certify()``: an option given as a list (``--only``, repeated) becomes a tuple.
+    """
+    wanted = set(_BY_DEST) if dests is None else set(dests)
+    out: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.plan and option.dest in wanted and option.dest in values:
+            value = values[option.dest]
+            out[option.dest] = tuple(value or ()) if option.repeat else value
+    return out
 
 
 def get(dest: str) -> Option:

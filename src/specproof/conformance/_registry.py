@@ -25,7 +25,7 @@ Adding an engine invariant (see docs/contract.md, "adding an invariant"):
 1. a check function ``check_x(inv, ...) -> list[Violation]`` (in ``checks/generation.py``
    for a rule over the records) building its breaches with ``inv.violation(...)``;
 2. one ``Invariant(...)`` entry below with ``on_record=_on_record(<adapter>, <exercised>, <held>)``,
-   its ``needs`` (names from ``specproof.conformance._run.CAPABILITIES``) and ``zoo``: the
+   its ``needs`` (names from ``specproof.conformance._records.CAPABILITIES``) and ``zoo``: the
    zoo member(s) it alone or first rejects (``also`` on other entries lists members whose
    bug it catches too);
 3. the zoo member itself (``specproof.conformance.zoo``); regenerate the README table
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 from hypothesis import strategies as st
 
-from specproof.conformance._run import Capabilities, RunRecord
+from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
 from specproof.conformance.checks import features as feature_checks
@@ -55,7 +55,7 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.strategies import contexts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specproof.conformance._harness import EngineRun
+    from specproof.conformance._engine_runs import EngineRun
     from specproof.conformance._profiles import Profile
 
 __all__ = [
@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 Subject = Literal["drafter", "target", "engine"]
-Driver = Literal["examples", "engine-case", "rollback-machine", "session-machine"]
+Driver = str  # a driver's name in ``specproof.conformance.drivers.DRIVERS`` (docs/contract.md, "Drivers")
 
 
 @attrs.frozen

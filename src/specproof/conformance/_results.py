@@ -1,15 +1,22 @@
-"""Per-check results: status, examples tried and exercising, path coverage, time, violations."""
+"""Results: per check (status, examples tried and exercising, paths, time, violations) and the report.
+
+``CheckResult`` is one check's verdict; ``Report`` is what ``certify()`` returns: the
+verdict, the results and the path coverage as typed fields, and the ``specproof-report/2``
+document they came from (``to_json()``, unchanged).
+"""
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 import attrs
 
 from specproof.contract import Violation
 
-__all__ = ["CheckResult", "Status"]
+__all__ = ["CheckResult", "Report", "Status"]
 
 Status = Literal["pending", "pass", "excused", "fail", "skip", "error", "xfail", "xpass"]
 
@@ -85,3 +92,79 @@ class CheckResult:
             "reproduce": self.reproduce or None,
             "expected_failure": self.expected_failure,
         }
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    """The report of one certification: its verdict, the results and the path coverage.
+
+    ``to_json()`` (or ``as_dict()``) is the ``specproof-report/2`` document, as written by
+    ``--report`` (docs/contract.md, "the report"). Reading it like a dict (``report["verdict"]``)
+    still works, with a ``DeprecationWarning``: use the fields or ``to_json()``.
+    """
+
+    verdict: str  # pass | fail | inconclusive (``EXIT_CODES`` of ``reports``)
+    verdict_reason: str
+    results: tuple[dict[str, Any], ...]  # one ``CheckResult.to_json()`` per check, in the order run
+    path_coverage: dict[str, dict[str, int]]  # rounds by rollback path per engine case
+    unreached_paths: dict[str, list[str]]
+    seconds: float
+    document: Mapping[str, Any] = attrs.field(repr=False, eq=False)
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> Report:
+        """The record of a ``specproof-report/2`` document (as ``build_report`` made it)."""
+        return cls(
+            verdict=str(document["verdict"]),
+            verdict_reason=str(document.get("verdict_reason") or ""),
+            results=tuple(document.get("results") or ()),
+            path_coverage=dict(document.get("path_coverage") or {}),
+            unreached_paths=dict(document.get("unreached_paths") or {}),
+            seconds=float(document.get("seconds") or 0.0),
+            document=dict(document),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``specproof-report/2`` document (a copy: the record stays as it was)."""
+        return dict(self.document)
+
+    as_dict = to_json
+
+    @property
+    def interrupted(self) -> bool:
+        return self.verdict == "interrupted"
+
+    def result(self, check_id: str) -> dict[str, Any]:
+        """One check's result by its id (``case-invariant`` for an engine check)."""
+        for r in self.results:
+            if r["id"] == check_id:
+                return r
+        raise KeyError(f"no check {check_id!r} in this report")
+
+    # ---- the dict access of older versions (deprecated) -----------------------------------
+
+    def _deprecated(self) -> None:
+        warnings.warn(
+            "certify() returns a Report: read its fields, or report.to_json() for the dict",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        self._deprecated()
+        return self.document[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._deprecated()
+        return self.document.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.document
+
+    def __iter__(self) -> Iterator[str]:
+        self._deprecated()
+        return iter(self.document)
+
+    def keys(self) -> Any:
+        self._deprecated()
+        return self.document.keys()

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import attrs
 
-from specproof.conformance._run import Capabilities
+from specproof.conformance._records import Capabilities
 from specproof.conformance.checks.features import feature_layers_of
 from specproof.contract import validate_tolerance
 from specproof.contract.errors import PluginError

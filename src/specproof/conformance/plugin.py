@@ -13,12 +13,13 @@ Loading it in an unrelated pytest run costs an option group and nothing else.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specproof.conformance._certifying import Certification, CheckItem
+    from specproof.conformance._certification import Certification
+    from specproof.conformance.drivers import CheckItem
 
 _AREAS = {"test_drafter": "drafter", "test_target": "target", "test_engine": "engine"}
 
@@ -35,9 +36,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
     # the options of `specproof certify`, from the same definitions (conformance/_options.py)
     add_to_pytest(parser.getgroup("specproof", "specproof conformance (certify drafters, targets, engines)"))
-
-
-_STORE = pytest.StashKey["tuple[Any, Any, dict[str, str]]"]()  # (storage dir, example store, expected failures)
 
 
 def _requested(config: pytest.Config) -> bool:
@@ -62,55 +60,16 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
 
 
-def _prepare(config: pytest.Config) -> tuple[Any, Any, dict[str, str]]:
-    found = config.stash.get(_STORE, None)
-    if found is not None:
-        return found
-    from specproof.conformance._database import default_examples_dir, open_database, storage_dir
-    from specproof.conformance._expected import load_expected_failures, parse_expected_failures
-    from specproof.contract.files import check_output_path
-
-    opt = config.getoption
-    for flag, dest in (("--specproof-report", "specproof_report"), ("--specproof-markdown", "specproof_markdown")):
-        if opt(dest):
-            check_output_path(opt(dest), option=flag)
-    storage = storage_dir(opt("specproof_hypothesis_dir"), option="--specproof-hypothesis-dir")
-    store = open_database(
-        opt("specproof_db"),
-        default_dir=default_examples_dir(storage),
-        option="--specproof-db",
-        replay=opt("specproof_db_replay"),
-    )
-    expected = load_expected_failures(opt("specproof_expect_fail_file")) if opt("specproof_expect_fail_file") else {}
-    expected.update(parse_expected_failures(opt("specproof_expect_fail")))
-    found = config.stash[_STORE] = (storage, store, expected)
-    return found
-
-
 def _certification(config: pytest.Config) -> Certification:
     cert = config.stash.get(CERTIFICATION, None)
     if cert is None:
-        from specproof.conformance._certifying import Certification, Plan
+        from specproof.conformance._certification import Certification
+        from specproof.conformance._options import OPTIONS
+        from specproof.conformance._plan import Plan
 
-        storage, store, expected = _prepare(config)
-        opt = config.getoption
-        plan = Plan.create(
-            opt("specproof_subject"),
-            drafter=opt("specproof_drafter"),
-            target=opt("specproof_target"),
-            engine=opt("specproof_engine"),
-            profile=opt("specproof_profile"),
-            seed=opt("specproof_seed"),
-            tie_tolerance=opt("specproof_tie_tolerance"),
-            atol=opt("specproof_atol"),
-            only=tuple(opt("specproof_only")),
-            replay_session=opt("specproof_replay_session"),
-            storage=str(storage.parent),
-            max_context=opt("specproof_max_context"),
-            database=store,
-            expected_failures=expected,
-        )
-        cert = Certification(plan)
+        # the one mapping from the options to a plan, as `specproof certify` makes its own
+        values = {o.dest: config.getoption("specproof_" + o.dest) for o in OPTIONS}
+        cert = Certification(Plan.from_options(values, flags="plugin"))
         config.stash[CERTIFICATION] = cert
     return cert
 

@@ -36,7 +36,7 @@ from specproof.contract.files import check_output_path, write_text_file
 from specproof.formats import report as report_format
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specproof.conformance._certifying import Certification
+    from specproof.conformance._certification import Certification
 
 __all__ = [
     "EXIT_CODES",

@@ -30,8 +30,8 @@ from typing import Literal, TypedDict
 
 import attrs
 
+from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._registry import REGISTRY, Invariant, Outcome
-from specproof.conformance._run import Capabilities, RunRecord
 from specproof.contract import STOP_REASONS, Generation, Step, Target, Violation
 from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.contract.files import (

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from numbers import Integral
 from typing import Any
 
-from specproof.conformance._run import Proposal
+from specproof.conformance._records import Proposal
 from specproof.contract import Violation
 
 __all__ = ["check_drafts_used"]

@@ -23,7 +23,7 @@ __all__ = ["CAPABILITIES", "Capabilities", "Proposal", "RunRecord"]
 
 CAPABILITIES: dict[str, str] = {
     "steps": "the engine returns per-round `Step` records",
-    "stats": "the engine returns `Stats`",
+    "stats": "the engine returns `Stats` (the `stats` of its `Generation`)",
     "rollback": "the engine says its rollback strategy (`checkpoint` / `replay`)",
     "oracle": "plain greedy can be computed: a model (`oracle`, a pristine target), `greedy()`, or golden tokens",
     "target": "the live target's state can be read (`state_arrays()`) or probed with a forward",

@@ -9,33 +9,36 @@ and nothing leaks into the next certification.
 
 The judges here (the greedy oracle, the state reference) are fresh copies of the model
 fed only by forwards, never restored: a broken restore in the subject cannot hide in them.
+What wraps the drafter an engine is given (the state probe, the hostile drafter) is ``_probes``'s.
 """
 
 from __future__ import annotations
 
 import copy
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
 from specproof.conformance._judges import JudgeMemo
-from specproof.conformance._run import Capabilities, Proposal, RunRecord
+from specproof.conformance._probes import NoDrafter, StateProbe
+from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
-from specproof.contract import arrays_differ, live_state_differs
+from specproof.contract import arrays_differ
 from specproof.contract.lossless import compare_lossless
-from specproof.engine import CapacityError, DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
+from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
 
 __all__ = [
     "PATHS",
+    "CaseSearch",
     "EngineRun",
-    "HostileDrafter",
     "RunCache",
-    "StateProbe",
+    "case_greedy",
     "classify_rounds",
     "greedy_continuation",
+    "rounds_by_path",
     "run_builtin",
     "run_plugin",
 ]
@@ -71,6 +74,24 @@ class EngineRun:
         return self.record is not None
 
 
+@attrs.define
+class CaseSearch:
+    """The one search of an engine case: every example's run, in the order drawn."""
+
+    runs: list[EngineRun] = attrs.Factory(list)
+    seconds: float = 0.0
+    error: BaseException | None = None
+    covering: list[tuple[EngineRun, bytes]] = attrs.Factory(list)  # replayed covering examples, as saved
+
+
+def rounds_by_path(runs: Iterable[EngineRun]) -> Counter[str]:
+    """Rounds by rollback path over these runs (the path-coverage table's counts)."""
+    total: Counter[str] = Counter()
+    for run in runs:
+        total.update(run.paths)
+    return total
+
+
 def classify_rounds(
     steps: Sequence[Step], *, k: int | None, eos: int | None, max_context: int | None, tokens: Sequence[int]
 ) -> Counter[str]:
@@ -98,170 +119,6 @@ def classify_rounds(
             paths["clamped_at_max_context"] += 1
         emitted += len(accepted)
     return paths
-
-
-class StateProbe:
-    """Wraps the drafter the engine is given; at every proposal compares the live target's state.
-
-    When the engine asks for a draft, the previous round's rollback is done, so its live
-    target must be the target plain decoding of ``ctx[:-1]`` gives. A trusted reference
-    (a fresh copy of the model) is fed the new context tokens with plain forwards, and the
-    live target's ``state_arrays()`` are compared with it (exact at ``atol`` 0). What it
-    finds is recorded as violation fields (``found``) for the registry's state invariant.
-    """
-
-    def __init__(
-        self,
-        inner: Drafter,
-        live: object,
-        make_reference: Callable[[], Target] | None,
-        *,
-        atol: float,
-        judges: JudgeMemo,
-        feature_layers: tuple[int, ...] | None = None,
-    ) -> None:
-        self.inner = inner
-        # a feature drafter's layers (docs/contract.md, "Feature drafters"): the probe declares them, so
-        # the engine hands it features, and judges them (engine.features) before passing them on
-        self.feature_layers = feature_layers
-        self.features = (
-            FeatureJudge(make_reference, feature_layers, atol=atol)
-            if feature_layers is not None and make_reference is not None
-            else None
-        )
-        self.live = live
-        self.make_reference = make_reference
-        self.reference: Target | None = None
-        self.atol = atol
-        self.judges = judges
-        self.found: list[dict[str, Any]] = []
-        self.checks = 0
-        self._fed = 0
-        self._round = 0
-        self.proposals: list[Proposal] = []  # every draft handed to the engine (engine.drafts-used)
-        self.name = getattr(inner, "name", type(inner).__name__)
-
-    def reset(self) -> None:
-        reset = getattr(self.inner, "reset", None)
-        if callable(reset):
-            reset()
-
-    @property
-    def white_box(self) -> bool:
-        return self.make_reference is not None and callable(getattr(self.live, "state_arrays", None))
-
-    def check(self, context: Sequence[int], *, when: str) -> None:
-        if self.make_reference is None or self.found:
-            return
-        want = len(context) - 1
-        try:
-            if self.reference is None:
-                self.reference = self.judges.at(self.make_reference, context[:want])  # fed by forwards only
-                self._fed = want
-            elif want > self._fed:
-                self.reference.forward(list(context[self._fed : want]))
-                self._fed = want
-        except CapacityError:
-            # the engine ran its context past max_context: the stop and KV-length checks say so;
-            # there is no plain-decoding state to compare with
-            self.make_reference = None
-            return
-        if not self.white_box:
-            return
-        if int(self.live.processed) != want:  # type: ignore[attr-defined]
-            return  # the KV-length check reports this; comparing states would only repeat it
-        self.checks += 1
-        # a wire view compares itself: digests, or a CRC-32 saying rows changed after they were reported
-        why = live_state_differs(self.reference.state_arrays(), self.live, atol=self.atol)  # type: ignore[union-attr]
-        if why is not None:
-            self.found.append(
-                {
-                    "round": self._round if when == "round" else None,
-                    "explanation": f"{when}: the live target is not the target plain decoding of ctx[:-1] gives: {why}",
-                    "example": {"context_length": len(context)},
-                }
-            )
-
-    def propose(self, context: Sequence[int], k: int, **kwargs: Any) -> Sequence[int]:
-        self.check(context, when="round")
-        features = kwargs.get("features")
-        if self.features is not None:
-            self.features.check(context, features, round_index=self._round)
-        self._round += 1
-        if features is not None and feature_layers_of(self.inner) is not None:
-            draft = self.inner.propose(context, k, features=features)  # type: ignore[call-arg]
-        else:
-            draft = self.inner.propose(context, k)
-        # a sized sequence only: a generator is handed on untouched (the engine must reject it)
-        tokens = tuple(draft) if hasattr(draft, "__len__") and not isinstance(draft, (str, bytes)) else ()
-        hostile = bool(getattr(self.inner, "last_hostile", False))
-        self.proposals.append(Proposal(context_length=len(context), k=int(k), draft=tokens, hostile=hostile))
-        return draft
-
-    @property
-    def refused_hostile(self) -> bool:
-        """The last draft handed out was hostile (over-long or out of range): a refusal is allowed."""
-        return bool(self.proposals) and self.proposals[-1].hostile
-
-
-class HostileDrafter:
-    """The hostile-drafter rule (docs/contract.md, "Engines"): drafts an engine must cut or refuse.
-
-    Wraps the suite's scripted drafter. From its ``start``-th call on it answers
-    ``overlong``: the greedy continuation, ``extra`` tokens longer than the k asked for (an
-    engine that trusts the draft accepts every token of it and runs past ``max_new_tokens``);
-    ``out_of_range``: the scripted draft with its last token replaced by an id outside the
-    vocabulary. ``last_hostile`` says whether the last answer broke the rule, so a refusal
-    right after it is told apart from a crash.
-    """
-
-    MODES = ("overlong", "out_of_range")
-
-    def __init__(
-        self,
-        inner: Drafter,
-        prompt: Sequence[int],
-        continuation: Sequence[int],
-        *,
-        mode: str,
-        extra: int,
-        start: int,
-        vocab_size: int,
-    ) -> None:
-        if mode not in self.MODES:
-            raise ValueError(f"HostileDrafter mode={mode!r} is not one of {self.MODES}")
-        self.inner = inner
-        self.prompt_length = len(prompt)
-        self.continuation = [int(t) for t in continuation]
-        self.mode, self.extra, self.start, self.vocab_size = mode, extra, start, vocab_size
-        self.calls = 0
-        self.last_hostile = False
-        self.name = f"HostileDrafter({mode}, +{extra}, from call {start})"
-
-    def reset(self) -> None:
-        self.calls = 0
-        self.last_hostile = False
-        reset = getattr(self.inner, "reset", None)
-        if callable(reset):
-            reset()
-
-    def propose(self, context: Sequence[int], k: int) -> list[int]:
-        draft = [int(t) for t in self.inner.propose(context, k)]
-        self.calls += 1
-        self.last_hostile = False
-        if self.calls <= self.start:
-            return draft
-        if self.mode == "overlong":
-            pos = len(context) - self.prompt_length
-            longer = self.continuation[pos : pos + int(k) + self.extra]
-            if len(longer) > int(k):
-                self.last_hostile = True
-                return longer
-            return draft
-        if draft:
-            draft[-1] = self.vocab_size + self.extra - 1
-            self.last_hostile = True
-        return draft
 
 
 class _LRU(OrderedDict[object, Any]):
@@ -344,6 +201,21 @@ def greedy_continuation(
     if eos is not None and eos in tokens:
         tokens = tokens[: tokens.index(eos) + 1]
     return tokens, (all_margins[: len(tokens)] if all_margins is not None else None)
+
+
+def case_greedy(
+    case: Any, target: Any, prompt: list[int], n: int, eos: int | None, *, horizon: int, cache: RunCache
+) -> tuple[list[int], list[float] | None]:
+    """Plain greedy for an engine case (``EngineCase``): on the suite's target (``target``, a
+    ``TargetSubject``) for the built-in decoder, else on the plug-in's model or ``greedy()``."""
+    if case.kind == "builtin":
+        assert target is not None
+        return greedy_continuation(
+            target.make, None, ("target", target.spec), prompt, n, eos, horizon=horizon, cache=cache
+        )
+    return greedy_continuation(
+        case.make_reference, case.greedy_fn, ("plugin", case.token), prompt, n, eos, horizon=horizon, cache=cache
+    )
 
 
 def _cause(error: BaseException) -> str:
@@ -583,21 +455,7 @@ def run_plugin(
     if callable(reset):
         reset()
     live = case.live_target
-    reference = case.make_reference if live is not None else None
-    # the engine's own feature drafter's layers, else the --drafter subject's (a wire engine: EngineCase.feature_layers)
-    own = feature_layers_of(case.own_drafter) or getattr(case, "feature_layers", None)
-    layers = own if drafter is not None else None
-    # the features are judged against a fresh copy of the model, whether or not the engine exposes its live target
-    probe = StateProbe(
-        drafter if drafter is not None else _NoDrafter(),
-        live,
-        reference,
-        atol=atol,
-        judges=cache.judges,
-        feature_layers=layers,
-    )
-    if layers is not None and case.make_reference is not None and probe.features is None:
-        probe.features = FeatureJudge(case.make_reference, layers, atol=atol)
+    probe = _plugin_probe(case, drafter, atol=atol, cache=cache)
     before = _fingerprint(live)
     try:
         if drafter is not None:
@@ -614,24 +472,8 @@ def run_plugin(
         bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
         return cache.runs.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
     if live is not None and case.live_confirmed is None and gen.tokens:
-        # The engine contract: `target` is the target the engine decodes on. One that never moves
-        # during a generation is an oracle of the same model, not the live target.
-        case.confirm_live(_fingerprint(live) != before)
-        live = case.live_target
-        if live is None:
-            judge, sent = probe.features, probe.proposals
-            probe = StateProbe(probe.inner, None, None, atol=atol, judges=cache.judges)
-            probe.features, probe.proposals = judge, sent
-    expected, margins = greedy_continuation(
-        case.make_reference,
-        case.greedy_fn,
-        ("plugin", case.token),
-        prompt,
-        max_new_tokens,
-        eos,
-        horizon=horizon,
-        cache=cache,
-    )
+        live, probe = _confirm_live(case, probe, moved=_fingerprint(live) != before, atol=atol, cache=cache)
+    expected, margins = case_greedy(case, None, list(prompt), max_new_tokens, eos, horizon=horizon, cache=cache)
     final = int(live.processed) if live is not None else None
     ctx = [*prompt, *gen.tokens]
     state = _final_state_check(probe, live, ctx, atol, observe=case.observable, keep=True)
@@ -658,9 +500,37 @@ def run_plugin(
     return cache.runs.remember(key, run)  # type: ignore[no-any-return]
 
 
-class _NoDrafter:
-    def propose(self, context: Sequence[int], k: int) -> list[int]:  # pragma: no cover - never installed
-        return []
+def _plugin_probe(case: Any, drafter: Drafter | None, *, atol: float, cache: RunCache) -> StateProbe:
+    """The state probe of one plug-in generation, wrapping the suite's drafter when one is installed."""
+    live = case.live_target
+    reference = case.make_reference if live is not None else None
+    # the engine's own feature drafter's layers, else the --drafter subject's (a wire engine: EngineCase.feature_layers)
+    own = feature_layers_of(case.own_drafter) or getattr(case, "feature_layers", None)
+    layers = own if drafter is not None else None
+    # the features are judged against a fresh copy of the model, whether or not the engine exposes its live target
+    probe = StateProbe(
+        drafter if drafter is not None else NoDrafter(),
+        live,
+        reference,
+        atol=atol,
+        judges=cache.judges,
+        feature_layers=layers,
+    )
+    if layers is not None and case.make_reference is not None and probe.features is None:
+        probe.features = FeatureJudge(case.make_reference, layers, atol=atol)
+    return probe
+
+
+def _confirm_live(case: Any, probe: StateProbe, *, moved: bool, atol: float, cache: RunCache) -> tuple[Any, StateProbe]:
+    """The engine contract: `target` is the target the engine decodes on. One that never moves
+    during a generation is an oracle of the same model, not the live target (no state probe then)."""
+    case.confirm_live(moved)
+    live = case.live_target
+    if live is None:
+        judge, sent = probe.features, probe.proposals
+        probe = StateProbe(probe.inner, None, None, atol=atol, judges=cache.judges)
+        probe.features, probe.proposals = judge, sent
+    return live, probe
 
 
 def _fingerprint(live: object) -> object:

@@ -1,4 +1,4 @@
-"""``certify()``: run the certifying test modules in-process through pytest and build the report.
+"""Run a plan's checks in-process through pytest (the certifying test modules) and build the report.
 
 pytest is the one runner (so ``specproof certify`` and ``pytest --pyargs specproof.conformance``
 are one implementation); the checks, their verdicts and the report come from the
@@ -12,12 +12,12 @@ import os
 from collections.abc import Callable
 from contextlib import redirect_stdout
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from specproof.conformance._certifying import Certification, Plan
-from specproof.conformance._results import CheckResult
+from specproof.conformance._certification import Certification
+from specproof.conformance._plan import Plan
+from specproof.conformance._results import CheckResult, Report
 from specproof.conformance.plugin import CERTIFICATION
 from specproof.conformance.reports import build_report
 
@@ -34,7 +34,7 @@ def certify(
     *,
     on_start: Callable[[int], None] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
-) -> tuple[Certification, dict[str, Any]]:
+) -> tuple[Certification, Report]:
     """Run every check ``plan`` selects; returns the certification and its report."""
     cert = Certification(plan, on_result=on_result)
     if on_start is not None:
@@ -73,7 +73,7 @@ def certify(
     except KeyboardInterrupt:
         code = pytest.ExitCode.INTERRUPTED
     finally:
-        _close_engines(plan)
+        plan.close()
     if code == pytest.ExitCode.INTERRUPTED:
         cert.interrupted = True
     report = build_report(cert)
@@ -81,15 +81,4 @@ def certify(
         report["verdict"] = "fail"
         report["verdict_reason"] = f"the certifying run itself failed (pytest exit {int(code)})"
         report["pytest_output"] = sink.getvalue()[-4000:]
-    return cert, report
-
-
-def _close_engines(plan: Plan) -> None:
-    """Engines that hold a process or a socket (``exec:``, ``tcp:``) are closed when the run ends."""
-    for case in plan.suite.engines:
-        close = getattr(case.engine, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:  # pragma: no cover - closing is best effort
-                pass
+    return cert, Report.from_json(report)

@@ -1,0 +1,47 @@
+"""Reproduce commands: the one place a failing check's ``specproof certify`` line is built."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._plan import Plan
+    from specproof.conformance._results import CheckResult
+
+__all__ = ["reproduce_command"]
+
+_DIGEST_KEY_ENV = "SPECPROOF_WIRE_DIGEST_KEY"  # (specproof.wire's name: conformance does not import it here)
+_DIGEST_KEY = re.compile(r"\$SPECPROOF_WIRE_DIGEST_KEY=([0-9a-f]{32})\b")
+
+
+def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[str] = ()) -> str:
+    """The command that runs this check again on the same subjects, profile, seed and tolerances.
+
+    ``driver_args``: the options the check's driver adds (``--replay-session FILE``); with
+    them the example database is not needed, else a failure that came back from the database
+    names it (``--db``).
+    """
+    specs = plan.specs
+    parts = ["specproof", "certify", str(specs.get("subject") or "all")]
+    for key in ("drafter", "target", "engine"):
+        if specs.get(key):
+            parts += [f"--{key}", shlex.quote(str(specs[key]))]
+    parts += ["--profile", plan.profile.name, "--only", result.invariant]
+    parts += [shlex.quote(a) for a in driver_args]
+    if plan.seed is not None:
+        parts += ["--seed", str(plan.seed)]
+    store = plan.database
+    if store is not None and store.replayed.get(result.nodeid) and not driver_args:
+        parts += ["--db", shlex.quote(store.spec)]  # the failure came back from the database: replay it again
+    if plan.tie_tolerance is not None:
+        parts += ["--tie-tolerance", repr(plan.tie_tolerance)]
+    if plan.atol is not None:
+        parts += ["--atol", repr(plan.atol)]
+    # a wire state-digest failure names the key its signs were drawn with: the command sets it, so
+    # the pasted command compares the same projections (the engine never sees the key)
+    keys = {m[1] for v in result.violations for m in _DIGEST_KEY.finditer(str(v.explanation))}
+    prefix = [f"{_DIGEST_KEY_ENV}={min(keys)}"] if keys else []
+    return " ".join(prefix + parts)

@@ -1,0 +1,133 @@
+"""The ``session-machine`` driver: one plug-in engine instance serving many requests.
+
+A ``SessionMachine`` sends request after request to one engine (the cache it keeps between
+calls is what is tested) and judges each against plain greedy, white-box where the live
+target shows its state. The database's failing histories are replayed first; a failure's
+history is shrunk by replaying it on fresh engines (not by Hypothesis: far cheaper), saved,
+and its reproduce command replays it (``--replay-session FILE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from specproof.conformance import _registry as registry
+from specproof.conformance._engine_runs import case_greedy
+from specproof.conformance._subjects import EngineCase, Suite
+from specproof.conformance.drivers._protocol import CheckItem, Driver
+from specproof.contract import Violation, ViolationError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._results import CheckResult
+
+__all__ = ["SessionMachineDriver"]
+
+
+class SessionMachineDriver(Driver):
+    """Sessions on each engine case that keeps a cache between calls."""
+
+    name = "session-machine"
+
+    @classmethod
+    def checks(cls, invariant: registry.Invariant, suite: Suite) -> Iterator[CheckItem]:
+        for case in suite.engines:
+            if invariant.applies(case.exposes()) is None:  # SpecDecoder keeps no cache between calls
+                yield CheckItem(invariant, case.id, case)
+
+    def reproduce_args(self, result: CheckResult) -> Sequence[str]:
+        replay = self.plan.replay_session or self.context.session_files.get(result.case)
+        return ("--replay-session", replay) if replay else ()
+
+    def _judge(self, case: EngineCase) -> dict[str, Any]:
+        """What judges a session: the engine factory, plain greedy and, white-box, a reference model."""
+        # white-box after every request where the live target shows its state
+        white_box = callable(getattr(case.live_target, "state_arrays", None)) and case.make_reference is not None
+        # without a reference model the oracle is the engine's own greedy(), on the engine's caches
+        shares_engine = case.make_reference is None
+        plan, cache = self.plan, self.context.cache
+        horizon = plan.profile.max_new_tokens
+
+        def greedy(prompt: Sequence[int], n: int, eos: int | None) -> tuple[list[int], Any]:
+            # the same memoized continuations the engine-case search uses; when they come from the
+            # engine, all it generated (the horizon), so the prefix-reuse bound credits what it holds
+            want = max(n, horizon) if shares_engine else n
+            return case_greedy(case, plan.suite.target, list(prompt), want, eos, horizon=horizon, cache=cache)
+
+        greedy.shares_engine = shares_engine  # type: ignore[attr-defined]
+        return {
+            "engine_factory": case.make_engine,
+            "greedy": greedy,
+            "vocab_size": case.vocab_size,
+            "tie_tolerance": case.tie_tolerance,
+            "reference_factory": case.make_reference if white_box else None,
+            "atol": case.atol,
+        }
+
+    def run(self, item: CheckItem, result: CheckResult) -> None:
+        from specproof.strategies import SessionFailure, SessionHistory, SessionMachine, replay_session, shrink_history
+
+        case = item.engine
+        assert case is not None and case.make_engine is not None
+        judge = self._judge(case)
+        if self.plan.replay_session is not None:
+            history = SessionHistory.load(self.plan.replay_session)
+            result.examples = result.exercised = 1
+            failures = replay_session(history, **judge)
+            if failures:
+                raise ViolationError(_session_violations(item, failures))
+            return
+        self._replay_histories(item, judge, result)
+        profile = self.plan.profile
+        machine = SessionMachine.configure(
+            **judge,
+            max_context=case.max_context,
+            max_prompt=profile.max_prompt,
+            max_new_tokens=min(profile.max_new_tokens, 16),
+            stateful_step_count=profile.stateful_steps,
+        )
+
+        class Counted(machine):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                result.examples += 1
+                result.exercised += 1
+                super().__init__()
+
+        try:
+            # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
+            # shrink_history replays the found history on fresh engines instead (well under a second)
+            self.context.replay.run_machine(Counted, item, shrink=False)
+        except SessionFailure as exc:
+            history = SessionHistory.from_example(exc.example, vocab_size=case.vocab_size)
+            history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
+            shorter = shrink_history(history, **judge)
+            failures = replay_session(shorter, **judge) or [exc]
+            self.context.session_files[case.id] = self.context.replay.save_history(shorter, item)
+            raise ViolationError(_session_violations(item, failures)) from exc
+
+    def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
+        """Replay the failing session histories the database holds for this check (before any search)."""
+        from specproof.strategies import replay_session
+
+        replay = self.context.replay
+        for history, raw in replay.histories(item):
+            result.examples += 1
+            result.exercised += 1
+            failures = replay_session(history, **judge)
+            if failures:
+                self.plan.database.replayed[item.id] += 1
+                assert item.engine is not None
+                # the file the reproduce line replays
+                self.context.session_files[item.engine.id] = replay.save_history(history, None)
+                raise ViolationError(_session_violations(item, failures))
+            replay.forget_history(item, raw)
+
+
+def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violation]:
+    """The session machine's failures (``SessionFailure``) as violations of the check's invariant."""
+    return [
+        item.invariant.violation(f.explanation, expected=f.expected, actual=f.actual, example=f.example)
+        for f in failures
+    ]
