@@ -29,15 +29,15 @@ from specproof.engine import Generation, NgramDrafter, greedy_decode
 from specproof.engine.targets.reference import ReferenceHybrid
 from specproof.plugins import load_target
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, round_plans
-from specproof.wire import (
-    EngineRequestError,
-    ExecEngine,
+from specproof.wire import EngineRequestError, ExecEngine, TcpEngine
+from specproof.wire.native import (
     NativeBuildError,
     NativeToolchainError,
-    TcpEngine,
     build_native,
     export_weights,
     native_binary,
+    native_build_dir,
+    native_dir,
 )
 
 LOGIT_ATOL = 1e-4  # measured: 1.5e-5 over 300 positions of a bench prompt
@@ -459,7 +459,7 @@ def test_cli_native_spec_and_export(native: tuple[Path, Path], tmp_path: Path) -
 
     weights = tmp_path / "w.safetensors"
     done = subprocess.run(
-        [sys.executable, "-m", "specproof.wire", "native-spec", "--weights", str(weights), "--", "--bug", "stale-conv"],
+        [sys.executable, "-m", "specproof", "native", "spec", "--weights", str(weights), "--", "--bug", "stale-conv"],
         capture_output=True,
         text=True,
         check=True,
@@ -576,8 +576,6 @@ def test_certify_passes_the_correct_engine(native: tuple[Path, Path], rollback: 
 def test_a_broken_source_fails_the_build_and_the_source_tree_stays_clean(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specproof.wire import native_dir
-
     src = tmp_path / "native"
     shutil.copytree(native_dir(), src, ignore=shutil.ignore_patterns("build"))
     main = src / "src" / "main.cpp"
@@ -598,8 +596,6 @@ def test_a_broken_source_fails_the_build_and_the_source_tree_stays_clean(
 
 
 def test_the_build_goes_to_a_folder_named_by_the_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from specproof.wire import native_build_dir, native_dir
-
     monkeypatch.delenv("SPECPROOF_NATIVE_BUILD_DIR", raising=False)
     first = native_build_dir()
     assert native_dir() not in first.parents  # out of the source tree

@@ -20,8 +20,8 @@ import pytest
 
 from _processes import running_processes
 from specproof.wire import EngineProtocolError, ExecEngine, TcpEngine
-from specproof.wire._client import WireTargetView
 from specproof.wire._limits import MAX_DEPTH, parse_line
+from specproof.wire._state_view import WireTargetView
 
 HOSTILE = Path(__file__).with_name("_wire_hostile_engine.py")
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,12 +16,9 @@ import pytest
 from specproof.engine import PluginError
 from specproof.plugins import resolve_plugin
 from specproof.wire import (
-    CLIENT_MESSAGES,
-    ENGINE_MESSAGES,
     EngineProtocolError,
     EngineRequestError,
     ExecEngine,
-    WireTargetView,
     encode_digest,
     engine_from_spec,
     load_schema,
@@ -29,6 +26,8 @@ from specproof.wire import (
     validate_message,
 )
 from specproof.wire._digest import projections
+from specproof.wire._schemas import CLIENT_MESSAGES, ENGINE_MESSAGES
+from specproof.wire._state_view import WireTargetView
 
 FAKE = Path(__file__).with_name("_wire_fake_engine.py")
 B64_ONE = "AACAPw=="  # float32 1.0, little-endian
@@ -183,15 +182,15 @@ def test_fake_engine_ok_handshake_and_requests() -> None:
 def test_a_fault_report_waits_for_stderr_the_engine_already_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
     # A loaded CI runner once reported "(the engine wrote nothing to stderr)" for an engine that had:
     # the fault was seen on stdout before the stderr reader thread ran. A slow reader recreates that.
-    from specproof.wire import _client
+    from specproof.wire._transport import ProcessTransport
 
-    drain = _client._ProcessTransport._drain_stderr
+    drain = ProcessTransport._drain_stderr
 
-    def slow_drain(self: _client._ProcessTransport) -> None:
+    def slow_drain(self: ProcessTransport) -> None:
         time.sleep(0.3)
         drain(self)
 
-    monkeypatch.setattr(_client._ProcessTransport, "_drain_stderr", slow_drain)
+    monkeypatch.setattr(ProcessTransport, "_drain_stderr", slow_drain)
     engine = fake("schema-violation", timeout=1.5)
     try:
         with pytest.raises(EngineProtocolError) as info:
