@@ -18,7 +18,8 @@ import time
 
 from specproof.bench._workloads import build_workloads
 from specproof.engine import NgramDrafter
-from specproof.wire import ExecEngine, native_binary
+from specproof.wire import ExecEngine
+from specproof.wire.native import native_binary
 
 
 def main() -> None:

@@ -23,21 +23,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _wire_helpers import Certified, certify_command
 from specproof.bench._workloads import build_workloads, encode_text
 from specproof.conformance import check_generation
 from specproof.engine import Generation, NgramDrafter, greedy_decode
 from specproof.engine.targets.reference import ReferenceHybrid
 from specproof.plugins import load_target
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, round_plans
-from specproof.wire import (
-    EngineRequestError,
-    ExecEngine,
+from specproof.wire import EngineRequestError, ExecEngine, TcpEngine
+from specproof.wire.native import (
     NativeBuildError,
     NativeToolchainError,
-    TcpEngine,
     build_native,
     export_weights,
     native_binary,
+    native_build_dir,
+    native_dir,
 )
 
 LOGIT_ATOL = 1e-4  # measured: 1.5e-5 over 300 positions of a bench prompt
@@ -459,7 +460,7 @@ def test_cli_native_spec_and_export(native: tuple[Path, Path], tmp_path: Path) -
 
     weights = tmp_path / "w.safetensors"
     done = subprocess.run(
-        [sys.executable, "-m", "specproof.wire", "native-spec", "--weights", str(weights), "--", "--bug", "stale-conv"],
+        [sys.executable, "-m", "specproof", "native", "spec", "--weights", str(weights), "--", "--bug", "stale-conv"],
         capture_output=True,
         text=True,
         check=True,
@@ -471,6 +472,24 @@ def test_cli_native_spec_and_export(native: tuple[Path, Path], tmp_path: Path) -
         assert meta["format"] == "specproof-weights/1" and meta["model"] == "trained"
         assert json.loads(meta["config"])["layers"] == ["conv", "attn", "conv", "attn"]
         assert len(list(f.keys())) == len(reference().weights)
+
+
+def test_cli_export_weights_writes_a_target_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    safe_open = pytest.importorskip("safetensors").safe_open
+
+    out = tmp_path / "small.safetensors"
+    spec = "reference:d_model=16,vocab_size=32,max_context=16,layers=conv+attn"
+    command = [sys.executable, "-m", "specproof", "native", "export-weights"]
+    done = subprocess.run([*command, str(out), "--target", spec], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == str(out), done.stderr
+    with safe_open(str(out), framework="numpy") as f:
+        assert f.metadata()["model"] == spec
+        assert len(list(f.keys())) == len(load_target(spec).weights)  # type: ignore[attr-defined]
+    wrong = tmp_path / "x.safetensors"
+    bad = subprocess.run([*command, str(wrong), "--target", "nope"], capture_output=True, text=True, check=False)
+    lines = bad.stderr.strip().splitlines()  # one line naming the option, no traceback
+    assert bad.returncode == 2 and len(lines) == 1 and not wrong.exists(), bad.stderr
+    assert lines[0].startswith("specproof native: error: --target 'nope': unknown target"), bad.stderr
 
 
 def test_traffic_and_protocol_overhead_are_reported(
@@ -535,13 +554,13 @@ slow_certify = pytest.mark.skipif(
 )
 
 
-def certify(native: tuple[Path, Path], *engine_args: str, only: str | None = None) -> subprocess.CompletedProcess[str]:
+def certify(native: tuple[Path, Path], *engine_args: str, only: str | None = None) -> Certified:
     binary, weights = native
     spec = "exec:" + shlex.join([str(binary), "--weights", str(weights), *engine_args])
-    command = [sys.executable, "-m", "specproof", "certify", "engine", "--engine", spec, "--profile", "quick"]
-    if only is not None:
-        command += ["--only", only]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    return certify_command(
+        ["engine", "--engine", spec, "--profile", "quick", *(["--only", only] if only is not None else [])],
+        timeout=300,
+    )
 
 
 @slow_certify
@@ -549,25 +568,25 @@ def certify(native: tuple[Path, Path], *engine_args: str, only: str | None = Non
 def test_certify_rejects_every_planted_bug_on_its_invariant(native: tuple[Path, Path], bug: str) -> None:
     invariant = CAUGHT_BY[bug]
     done = certify(native, "--bug", bug, only=invariant)
-    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 1, done.output[-4000:]
     failed = re.compile(rf"^(fail\s+\S*{re.escape(invariant)}|.*{re.escape(invariant)}\s*│\s*fail\b)")
-    assert any(failed.match(line) for line in done.stdout.splitlines()), done.stdout  # a line or a table row
+    assert any(failed.match(line) for line in done.output.splitlines()), done.output  # a line or a table row
     # a digest-sum failure's command starts by setting the key its signs were drawn with (a CRC or
     # shape failure's does not: no signs to draw again); tests/test_wire_conformance.py pastes one
     key = r"(SPECPROOF_WIRE_DIGEST_KEY=[0-9a-f]{32} )?"
-    reproduce = re.search(rf"reproduce: {key}specproof certify engine --engine", done.stdout)
-    assert reproduce and f"--bug {bug}" in done.stdout, done.stdout
+    reproduce = re.search(rf"reproduce: {key}specproof certify engine --engine", done.output)
+    assert reproduce and f"--bug {bug}" in done.output, done.output
     if reproduce[1]:
-        assert "$" + reproduce[1].strip() in done.stdout  # the key the failure message names
+        assert "$" + reproduce[1].strip() in done.output  # the key the failure message names
 
 
 @slow_certify
 @pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
 def test_certify_passes_the_correct_engine(native: tuple[Path, Path], rollback: str) -> None:
     done = certify(native, "--rollback", rollback)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "verdict: PASS" in done.stdout
-    assert "specproof-native-engine." in done.stdout  # checks named by the handshake's engine name
+    assert done.returncode == 0, done.output[-5000:]
+    assert "verdict: PASS" in done.output
+    assert "specproof-native-engine." in done.output  # checks named by the handshake's engine name
 
 
 # --------------------------------------------------------------------------- the build
@@ -576,8 +595,6 @@ def test_certify_passes_the_correct_engine(native: tuple[Path, Path], rollback: 
 def test_a_broken_source_fails_the_build_and_the_source_tree_stays_clean(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specproof.wire import native_dir
-
     src = tmp_path / "native"
     shutil.copytree(native_dir(), src, ignore=shutil.ignore_patterns("build"))
     main = src / "src" / "main.cpp"
@@ -598,8 +615,6 @@ def test_a_broken_source_fails_the_build_and_the_source_tree_stays_clean(
 
 
 def test_the_build_goes_to_a_folder_named_by_the_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from specproof.wire import native_build_dir, native_dir
-
     monkeypatch.delenv("SPECPROOF_NATIVE_BUILD_DIR", raising=False)
     first = native_build_dir()
     assert native_dir() not in first.parents  # out of the source tree

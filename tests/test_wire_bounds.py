@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import shlex
 import socket
 import subprocess
 import sys
@@ -19,48 +17,21 @@ import numpy as np
 import pytest
 
 from _processes import running_processes
+from _wire_helpers import HOSTILE, Certified, certify_command, exec_spec, start
 from specproof.wire import EngineProtocolError, ExecEngine, TcpEngine
-from specproof.wire._client import WireTargetView
 from specproof.wire._limits import MAX_DEPTH, parse_line
+from specproof.wire._state_view import WireTargetView
 
-HOSTILE = Path(__file__).with_name("_wire_hostile_engine.py")
-ROOT = Path(__file__).resolve().parents[1]
+_WIRE_TIMEOUT = {"SPECPROOF_WIRE_TIMEOUT": "5"}
 
 
 def hostile(mode: str, *, timeout: float = 5.0, **kw: object) -> ExecEngine:
-    return ExecEngine([sys.executable, str(HOSTILE), mode], timeout=timeout, **kw)  # type: ignore[arg-type]
+    return start(HOSTILE, mode, timeout=timeout, **kw)
 
 
-# Linux starts a new program's peak-RSS figure at its parent's peak (exec keeps the old memory map's
-# high-water mark), so a certify started straight from this pytest process reports pytest's own peak
-# (seen in CI: 1049 MB, after a thousand tests). A small Python in between starts certify and reports
-# the figure of certify alone (with the engine processes it waited for).
-_MEASURE = (
-    "import os, subprocess, sys\n"
-    "child = subprocess.Popen(sys.argv[1:])\n"
-    "_, status, usage = os.wait4(child.pid, 0)\n"
-    "print(f'\\nspecproof-test-peak-rss-kib {usage.ru_maxrss}', flush=True)\n"
-    "sys.exit(os.waitstatus_to_exitcode(status))\n"
-)
-
-
-def _certify(args: list[str], *, timeout: float = 120.0) -> tuple[int, str, float, int]:
-    """Run ``specproof certify`` in a child; (exit status, output, seconds, peak RSS in bytes)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SPECPROOF_WIRE_TIMEOUT": "5"}
-    start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-c", _MEASURE, sys.executable, "-m", "specproof", "certify", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        check=False,
-    )
-    out = proc.stdout.decode(errors="replace")
-    seconds = time.monotonic() - start
-    assert seconds < timeout, out[-2000:]
-    out, marker, peak = out.rpartition("\nspecproof-test-peak-rss-kib ")
-    assert marker, f"no peak RSS reported: {peak[-2000:]}"
-    return proc.returncode, out, seconds, int(peak.split()[0]) * 1024
+def _certify(args: list[str], *, timeout: float = 120.0) -> Certified:
+    """``specproof certify ARGS`` in a child, 5 s per engine message."""
+    return certify_command(args, timeout=timeout, env=_WIRE_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- line length
@@ -101,7 +72,7 @@ def test_certify_against_a_flooding_engine_stays_under_1_gb_and_leaves_no_proces
     tag = f"tag-{uuid.uuid4().hex}"
     server = None
     if transport == "exec":
-        spec = "exec:" + shlex.join([sys.executable, str(HOSTILE), "flood", tag])
+        spec = exec_spec(HOSTILE, "flood", tag)
     else:
         server = subprocess.Popen(
             [sys.executable, str(HOSTILE), "flood", "--tcp", tag], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
@@ -110,17 +81,15 @@ def test_certify_against_a_flooding_engine_stays_under_1_gb_and_leaves_no_proces
         port = int(server.stdout.readline().split()[1])
         spec = f"tcp:127.0.0.1:{port}"
     try:
-        rc, out, seconds, rss = _certify(
-            ["engine", "--engine", spec, "--profile", "quick", "--only", "engine.lossless"]
-        )
+        done = _certify(["engine", "--engine", spec, "--profile", "quick", "--only", "engine.lossless"])
     finally:
         if server is not None:
             server.kill()
             server.wait(timeout=5)
-    assert rc == 1, out[-3000:]
-    assert "longer than the limit of 4194304 bytes" in out  # the first failure, also after a failed restart
-    assert rss < 1 << 30, f"peak RSS {rss / 2**20:.0f} MB"
-    assert seconds < 60
+    assert done.returncode == 1, done.output[-3000:]
+    assert "longer than the limit of 4194304 bytes" in done.output  # the first failure, also after a failed restart
+    assert done.peak_rss < 1 << 30, f"peak RSS {done.peak_rss / 2**20:.0f} MB"
+    assert done.seconds < 60
     assert running_processes(tag) == []
 
 
@@ -200,20 +169,18 @@ def test_a_10_to_the_12_context_handshake_is_a_clear_error() -> None:
 
 def test_a_1m_context_engine_is_certified_at_the_profile_capacity(tmp_path: Path) -> None:
     report = tmp_path / "r.json"
-    spec = "exec:" + shlex.join([sys.executable, str(HOSTILE), "ok-1m-drafts"])
-    rc, out, seconds, rss = _certify(["engine", "--engine", spec, "--profile", "quick", "--report", str(report)])
-    assert rc == 0, out[-3000:]
+    spec = exec_spec(HOSTILE, "ok-1m-drafts")
+    done = _certify(["engine", "--engine", spec, "--profile", "quick", "--report", str(report)])
+    assert done.returncode == 0, done.output[-3000:]
     entry = json.loads(report.read_text())["subjects"]["engines"][0]
     assert entry["capacity"] == {"max_context": 1 << 20, "tested": 4096}
     assert any("capacity tested: contexts up to 4096 tokens" in n and "NOT exercised" in n for n in entry["notes"])
     assert entry["wire"]["generations"] > 0 and entry["wire"]["bytes_received"] > 0  # traffic on the certificate
     assert entry["case"] == "hostile-ok-1m-drafts"  # named by the handshake, not the executable
-    assert seconds < 60 and rss < 1 << 30
+    assert done.seconds < 60 and done.peak_rss < 1 << 30
     # --max-context sets it; a capacity at or above max_context adds no note
-    rc, out, _, _ = _certify(
-        ["engine", "--engine", spec, "--profile", "quick", "--max-context", "300", "--report", str(report)]
-    )
-    assert rc == 0, out[-3000:]
+    done = _certify(["engine", "--engine", spec, "--profile", "quick", "--max-context", "300", "--report", str(report)])
+    assert done.returncode == 0, done.output[-3000:]
     assert json.loads(report.read_text())["subjects"]["engines"][0]["capacity"]["tested"] == 300
 
 
@@ -302,8 +269,7 @@ def test_max_context_option_is_validated_before_anything_starts(value: object, w
 
 def test_an_honest_engine_without_suite_drafts_is_judged_on_its_own_drafts(tmp_path: Path) -> None:
     """No check fails it; it never drafts, so the rollback paths it never took make it INCONCLUSIVE (exit 3)."""
-    spec = "exec:" + shlex.join([sys.executable, str(HOSTILE), "ok"])
-    rc, out, _, _ = _certify(["engine", "--engine", spec, "--profile", "quick"])
-    assert rc == 3, out[-3000:]
-    assert "INCONCLUSIVE" in out and "never took these rollback paths" in out
-    assert "does not take drafts from the suite" not in out
+    done = _certify(["engine", "--engine", exec_spec(HOSTILE, "ok"), "--profile", "quick"])
+    assert done.returncode == 3, done.output[-3000:]
+    assert "INCONCLUSIVE" in done.output and "never took these rollback paths" in done.output
+    assert "does not take drafts from the suite" not in done.output

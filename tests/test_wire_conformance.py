@@ -19,32 +19,17 @@ and no engine process is left running afterwards.
 from __future__ import annotations
 
 import re
-import shlex
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from _processes import running_processes
-from specproof.conformance import certify
+from _wire_helpers import PY_ENGINE, by_invariant, certify_engine
 
-ENGINE = Path(__file__).with_name("_wire_py_engine.py")
 ONLY = ("engine.drafts-used", "engine.lossless", "engine.stop", "engine.accept-rule", "engine.state-restored")
 
 
-def _spec(mode: str) -> str:
-    return "exec:" + shlex.join([sys.executable, str(ENGINE), mode])
-
-
 def _run(mode: str, only: tuple[str, ...] = ONLY) -> dict[str, Any]:
-    report = certify("engine", engine=_spec(mode), profile="quick", only=only)
-    assert running_processes(str(ENGINE)) == [], "an engine process was left running"
-    return report
-
-
-def _by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {r["invariant"]: r for r in report["results"]}
+    return certify_engine(PY_ENGINE, mode, only=only)
 
 
 @pytest.mark.parametrize(
@@ -54,19 +39,19 @@ def _by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_an_engine_that_does_not_verify_the_suite_drafts_fails_drafts_used(mode: str, words: str) -> None:
     report = _run(mode)
     assert report["verdict"] == "fail"
-    result = _by_id(report)["engine.drafts-used"]
+    result = by_invariant(report)["engine.drafts-used"]
     assert result["status"] == "fail", result
     assert words in result["detail"]
     assert all(v["invariant"] == "engine.drafts-used" for v in result["violations"])
     # the engine's own drafts are lossless: only the rule it broke fails
-    assert _by_id(report)["engine.lossless"]["status"] == "pass"
-    state = _by_id(report)["engine.state-restored"]  # these modes do not advertise `state`
+    assert by_invariant(report)["engine.lossless"]["status"] == "pass"
+    state = by_invariant(report)["engine.state-restored"]  # these modes do not advertise `state`
     assert state["status"] == "skip" and "`target`" not in state["detail"], state
 
 
 def test_an_honest_engine_without_suite_drafts_is_judged_on_its_own_drafts() -> None:
     report = _run("no-suite-drafts", only=())  # every check, the session machine included
-    results = _by_id(report)
+    results = by_invariant(report)
     assert results["engine.session"]["status"] == "pass"  # no scripted drafter is forced on it there either
     assert not [r for r in report["results"] if r["status"] in ("fail", "error")], report["results"]
     assert report["verdict"] in ("pass", "inconclusive")
@@ -82,7 +67,7 @@ def test_an_honest_engine_without_suite_drafts_is_judged_on_its_own_drafts() -> 
 def test_the_correct_engine_uses_the_suite_drafts_and_refuses_hostile_ones() -> None:
     report = _run("ok")
     assert report["verdict"] == "pass", [(r["invariant"], r["status"], r["detail"]) for r in report["results"]]
-    results = _by_id(report)
+    results = by_invariant(report)
     assert results["engine.drafts-used"]["exercised"] > 10
     assert results["engine.state-restored"]["status"] == "pass"
     (coverage,) = report["path_coverage"].values()
@@ -95,13 +80,13 @@ def test_state_digests_pass_a_perturbed_engine_and_fail_a_stale_conv_state() -> 
     everywhere (not bit-equal to numpy) passes; one that reports a conv tap never written fails."""
     only = ("engine.state-restored", "engine.lossless")
     report = _run("digest-perturbed", only=only)
-    results = _by_id(report)
+    results = by_invariant(report)
     assert results["engine.state-restored"]["status"] == "pass", results["engine.state-restored"]
     assert results["engine.state-restored"]["exercised"] > 0
     (engine,) = report["subjects"]["engines"]
     assert engine["wire"]["state"] == "digests", engine["wire"]
     report = _run("digest-stale-conv", only=only)
-    result = _by_id(report)["engine.state-restored"]
+    result = by_invariant(report)["engine.state-restored"]
     assert result["status"] == "fail", result
     text = " ".join(v["explanation"] for v in result["violations"])
     assert "conv_state differs at layer" in text and "signed projection" in text and "the bound" in text
@@ -113,11 +98,11 @@ def test_state_digests_pass_a_perturbed_engine_and_fail_a_stale_conv_state() -> 
 
 def test_a_digest_failure_reproduced_with_its_key_fails_again(monkeypatch: pytest.MonkeyPatch) -> None:
     only = ("engine.state-restored",)
-    first = _by_id(_run("digest-stale-conv", only=only))["engine.state-restored"]
+    first = by_invariant(_run("digest-stale-conv", only=only))["engine.state-restored"]
     env = first["reproduce"].partition(" specproof certify ")[0]
     name, _, key = env.partition("=")
     assert name == "SPECPROOF_WIRE_DIGEST_KEY" and len(key) == 32
     monkeypatch.setenv(name, key)
-    again = _by_id(_run("digest-stale-conv", only=only))["engine.state-restored"]
+    again = by_invariant(_run("digest-stale-conv", only=only))["engine.state-restored"]
     assert again["status"] == "fail" and f"$SPECPROOF_WIRE_DIGEST_KEY={key}" in again["violations"][0]["explanation"]
     assert again["reproduce"] == first["reproduce"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,24 +26,17 @@ import numpy as np
 import pytest
 
 from _processes import running_processes
-from specproof.conformance import certify
+from _wire_helpers import PY_ENGINE, by_invariant, certify_engine, start
 from specproof.contract.errors import PluginError
 from specproof.wire import EngineProtocolError, EngineRequestError, ExecEngine, validate_message
 from specproof.wire._limits import NO_STATE_LINE_BYTES, check_feature_shape, feature_line_bytes
 
-ENGINE = Path(__file__).with_name("_wire_py_engine.py")
 DRAFTER = "specproof.conformance.zoo:feature_head_drafter"  # layers 0, 1, 3 of the zoo's small reference
 ONLY = ("engine.features", "engine.lossless")
 
 
-def _spec(mode: str) -> str:
-    return "exec:" + shlex.join([sys.executable, str(ENGINE), mode])
-
-
 def _run(mode: str, drafter: str = DRAFTER) -> dict[str, dict[str, Any]]:
-    report = certify("engine", engine=_spec(mode), drafter=drafter, profile="quick", only=ONLY)
-    assert running_processes(str(ENGINE)) == [], "an engine process was left running"
-    return {r["invariant"]: r for r in report["results"]}
+    return by_invariant(certify_engine(PY_ENGINE, mode, only=ONLY, drafter=drafter))
 
 
 class Recorder:
@@ -106,18 +98,18 @@ def test_a_drafter_layer_the_engine_does_not_report_is_a_usage_error(tmp_path: P
     sys.path.insert(0, str(tmp_path))
     try:
         with pytest.raises(PluginError, match=r"layer 7, which engine py-features"):
-            certify("engine", engine=_spec("features"), drafter="deep_drafter:Deep", profile="quick", only=ONLY)
+            certify_engine(PY_ENGINE, "features", only=ONLY, drafter="deep_drafter:Deep")
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop("deep_drafter", None)
-    assert running_processes(str(ENGINE)) == []
+    assert running_processes(str(PY_ENGINE)) == []
 
 
 # --------------------------------------------------------------------------- the client
 
 
 def test_the_client_hands_over_exactly_the_rows_sent() -> None:
-    with ExecEngine([sys.executable, str(ENGINE), "features"]) as engine:
+    with start(PY_ENGINE, "features") as engine:
         assert engine.feature_layers == (0, 1, 2, 3) and engine.d_model == 32
         drafter = Recorder()
         engine.drafter = drafter
@@ -129,7 +121,7 @@ def test_the_client_hands_over_exactly_the_rows_sent() -> None:
 
 
 def test_the_client_asks_for_no_features_of_an_engine_without_the_capability() -> None:
-    with ExecEngine([sys.executable, str(ENGINE), "ok"]) as engine:
+    with start(PY_ENGINE, "ok") as engine:
         assert engine.feature_layers is None
         drafter = Recorder()
         engine.drafter = drafter
@@ -141,7 +133,7 @@ def test_a_layer_the_engine_does_not_report_is_refused_before_sending() -> None:
     class Deep(Recorder):
         feature_layers = (0, 9)
 
-    with ExecEngine([sys.executable, str(ENGINE), "features"]) as engine:
+    with start(PY_ENGINE, "features") as engine:
         engine.drafter = Deep()
         sent = engine.traffic["bytes_sent"]
         with pytest.raises(EngineRequestError, match=r"layer 9, which the engine does not report"):
@@ -159,7 +151,7 @@ def test_a_layer_the_engine_does_not_report_is_refused_before_sending() -> None:
     ],
 )
 def test_malformed_features_are_protocol_errors_naming_the_field(mode: str, words: str) -> None:
-    with ExecEngine([sys.executable, str(ENGINE), mode], max_restarts=0) as engine:
+    with start(PY_ENGINE, mode, max_restarts=0) as engine:
         engine.drafter = Recorder()
         with pytest.raises(EngineProtocolError, match=words):
             engine.generate([5, 6, 7, 8], 3)
@@ -231,7 +223,7 @@ def test_a_propose_with_max_context_rows_fits_the_default_line_limit() -> None:
     assert len(line) < feature_line_bytes(layers, d_model, max_context)
     big = feature_line_bytes(3, 4096, 8192)  # 384 MiB of base64: past the 4 MiB floor, at the 256 MiB ceiling
     assert NO_STATE_LINE_BYTES < big <= 256 << 20
-    with ExecEngine([sys.executable, str(ENGINE), "features"]) as engine:
+    with start(PY_ENGINE, "features") as engine:
         assert engine.max_line_bytes >= feature_line_bytes(4, 32, engine.max_context)
 
 

@@ -13,15 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _wire_helpers import FAKE, start
 from specproof.engine import PluginError
 from specproof.plugins import resolve_plugin
 from specproof.wire import (
-    CLIENT_MESSAGES,
-    ENGINE_MESSAGES,
     EngineProtocolError,
     EngineRequestError,
     ExecEngine,
-    WireTargetView,
     encode_digest,
     engine_from_spec,
     load_schema,
@@ -29,8 +27,9 @@ from specproof.wire import (
     validate_message,
 )
 from specproof.wire._digest import projections
+from specproof.wire._schemas import CLIENT_MESSAGES, ENGINE_MESSAGES
+from specproof.wire._state_view import WireTargetView
 
-FAKE = Path(__file__).with_name("_wire_fake_engine.py")
 B64_ONE = "AACAPw=="  # float32 1.0, little-endian
 
 VALID: dict[str, dict[str, object]] = {
@@ -164,7 +163,7 @@ def test_unknown_type_and_unexpected_type() -> None:
 
 
 def fake(mode: str, *, timeout: float = 5.0) -> ExecEngine:
-    return ExecEngine([sys.executable, str(FAKE), mode], timeout=timeout)
+    return start(FAKE, mode, timeout=timeout)
 
 
 def test_fake_engine_ok_handshake_and_requests() -> None:
@@ -183,15 +182,15 @@ def test_fake_engine_ok_handshake_and_requests() -> None:
 def test_a_fault_report_waits_for_stderr_the_engine_already_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
     # A loaded CI runner once reported "(the engine wrote nothing to stderr)" for an engine that had:
     # the fault was seen on stdout before the stderr reader thread ran. A slow reader recreates that.
-    from specproof.wire import _client
+    from specproof.wire._transport import ProcessTransport
 
-    drain = _client._ProcessTransport._drain_stderr
+    drain = ProcessTransport._drain_stderr
 
-    def slow_drain(self: _client._ProcessTransport) -> None:
+    def slow_drain(self: ProcessTransport) -> None:
         time.sleep(0.3)
         drain(self)
 
-    monkeypatch.setattr(_client._ProcessTransport, "_drain_stderr", slow_drain)
+    monkeypatch.setattr(ProcessTransport, "_drain_stderr", slow_drain)
     engine = fake("schema-violation", timeout=1.5)
     try:
         with pytest.raises(EngineProtocolError) as info:
@@ -328,7 +327,7 @@ def test_state_advertised_but_not_sent_is_a_clear_failure() -> None:
         with pytest.raises(EngineProtocolError, match=r"asked for the state .* sent 0 for 1 rounds"):
             engine.generate([3, 4], 1)
     # the twin: the same engine asked for no state is fine
-    with ExecEngine([sys.executable, str(FAKE), "no-state"], timeout=5.0, state=False) as quiet:
+    with start(FAKE, "no-state", timeout=5.0, state=False) as quiet:
         assert quiet.generate([3, 4], 1).tokens == (4,)
 
 
@@ -472,19 +471,19 @@ def test_wire_state_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPa
     with pytest.raises(EngineProtocolError, match=r"SPECPROOF_WIRE_STATE='partial'.*'digest', 'delta' or 'full'"):
         engine_from_spec("exec:true")
     with pytest.raises(ValueError, match="full_state"):
-        ExecEngine([sys.executable, str(FAKE), "ok"], full_state="yes")  # type: ignore[arg-type]
+        start(FAKE, "ok", full_state="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="choose one"):
-        ExecEngine([sys.executable, str(FAKE), "ok"], full_state=True, state_mode="digest")
+        start(FAKE, "ok", full_state=True, state_mode="digest")
     with pytest.raises(ValueError, match="state_mode"):
-        ExecEngine([sys.executable, str(FAKE), "ok"], state_mode="sketch")
+        start(FAKE, "ok", state_mode="sketch")
 
 
 def test_digest_seeds_are_secret_per_client_and_stable_per_request() -> None:
     """The same request replays with the same signs (a shrinking search sees one verdict); another
     request, or another client, gets others."""
     with (
-        ExecEngine([sys.executable, str(FAKE), "ok"], timeout=10) as one,
-        ExecEngine([sys.executable, str(FAKE), "ok"], timeout=10) as two,
+        start(FAKE, "ok", timeout=10) as one,
+        start(FAKE, "ok", timeout=10) as two,
     ):
         seed = one._digest_seed([1, 2, 3], 8, None)
         assert seed == one._digest_seed([1, 2, 3], 8, None) and 0 <= seed < 2**53
@@ -493,7 +492,7 @@ def test_digest_seeds_are_secret_per_client_and_stable_per_request() -> None:
 
 def test_a_newer_engines_unknown_capabilities_are_accepted_and_ignored() -> None:
     """Forward compatibility (docs/protocol.md, Capabilities): a name the client does not know changes nothing."""
-    with ExecEngine([sys.executable, str(FAKE), "future-capabilities"], timeout=10) as engine:
+    with start(FAKE, "future-capabilities", timeout=10) as engine:
         assert "telepathy" in engine.capabilities and engine.state_kind() == "none"
         assert isinstance(engine.greedy([1, 2], 2), list)
 

@@ -329,7 +329,7 @@ class Model {
         const size_t data_start = 8 + hlen;
         const Json* meta = header.get("__metadata__");
         if (!meta || !meta->get("config") || meta->get("config")->kind != Json::String)
-            throw ModelError("'" + path + "' has no __metadata__.config (write it with python -m specproof.wire export-weights)");
+            throw ModelError("'" + path + "' has no __metadata__.config (write it with specproof native export-weights)");
         if (const Json* fmt = meta->get("format"); !fmt || fmt->str != "specproof-weights/1")
             throw ModelError("'" + path + "': __metadata__.format is not specproof-weights/1");
         if (const Json* spec = meta->get("model"); spec && spec->kind == Json::String) model_spec = spec->str;

@@ -20,7 +20,11 @@ not depend on the array's sizes, so the KV rows of a position keep their signs a
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import secrets
 import zlib
 from collections.abc import Sequence
 from typing import Final
@@ -28,7 +32,20 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DIGEST_SLACK", "GOLDEN", "MAX_SLICE", "digest_bound", "encode_digest", "projections", "sign_states"]
+from specproof.wire._errors import EngineProtocolError
+
+__all__ = [
+    "DIGEST_KEY_ENV",
+    "DIGEST_SLACK",
+    "GOLDEN",
+    "MAX_SLICE",
+    "digest_bound",
+    "digest_key",
+    "encode_digest",
+    "projections",
+    "request_seed",
+    "sign_states",
+]
 
 GOLDEN: Final = 0x9E3779B97F4A7C15
 _M1: Final = np.uint64(0xBF58476D1CE4E5B9)
@@ -132,3 +149,37 @@ def encode_digest(
 
 def slice_length(shape: Sequence[int], slice_axes: int) -> int:
     return math.prod(shape[len(shape) - slice_axes :])
+
+
+# --------------------------------------------------------------------------- the client's seeds
+
+#: the key of the digest seeds, to draw a digest failure's signs again in another run (32 hex digits);
+#: never passed on to an engine process
+DIGEST_KEY_ENV = "SPECPROOF_WIRE_DIGEST_KEY"
+
+
+def digest_key() -> bytes:
+    """``$SPECPROOF_WIRE_DIGEST_KEY`` (32 hex digits, as a digest failure prints it), else 16 fresh random bytes."""
+    raw = os.environ.get(DIGEST_KEY_ENV, "")
+    if not raw:
+        return secrets.token_bytes(16)
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) != 16:
+        raise EngineProtocolError(
+            f"${DIGEST_KEY_ENV}={raw!r}: expected 32 hex digits (the key a digest failure names), or unset"
+        )
+    return key
+
+
+def request_seed(key: bytes, prompt: list[int], max_new_tokens: int, eos_token_id: int | None) -> int:
+    """The signs' seed for a request: the client's secret ``key`` and the request, hashed (below 2**53).
+
+    The engine cannot predict it, and the same request gets the same signs in this client, so a
+    search that replays a failing example sees the same verdict (never a flaky one).
+    """
+    text = json.dumps([prompt, int(max_new_tokens), eos_token_id], separators=(",", ":")).encode()
+    digest = hashlib.blake2b(text, key=key, digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 53) - 1)

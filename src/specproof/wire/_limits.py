@@ -31,6 +31,7 @@ __all__ = [
     "check_feature_shape",
     "check_handshake_sizes",
     "decoded_length",
+    "default_line_limit",
     "feature_line_bytes",
     "message_kind",
     "parse_line",
@@ -232,3 +233,37 @@ def feature_line_bytes(layers: int, d_model: int, max_context: int) -> int:
 def state_line_bytes(fixed_bytes: int, per_token_bytes: int, max_context: int) -> int:
     """The longest legitimate state line: the arrays at ``max_context`` as base64, plus room for the JSON."""
     return _line_of_base64(fixed_bytes + per_token_bytes * max_context)
+
+
+def default_line_limit(
+    capabilities: frozenset[str],
+    *,
+    oracle: object,
+    max_context: int,
+    feature_layers: tuple[int, ...] | None,
+    d_model: int | None,
+) -> int:
+    """The largest legitimate line at the handshake's sizes (docs/protocol.md, "Limits"): a state line
+    worked out from the ``oracle``'s state arrays when it has them, a features line with ``features``."""
+    limit = _state_line_limit(capabilities, oracle, max_context)
+    if feature_layers is not None and d_model is not None:
+        limit = max(limit, feature_line_bytes(len(feature_layers), d_model, max_context))
+    return limit
+
+
+def _state_line_limit(capabilities: frozenset[str], oracle: Any, max_context: int) -> int:
+    """The longest legitimate state line (``NO_STATE_LINE_BYTES`` without the capability ``state``)."""
+    if "state" not in capabilities:
+        return NO_STATE_LINE_BYTES
+    arrays = getattr(oracle, "state_arrays", None)
+    if oracle is None or not callable(arrays) or not callable(getattr(oracle, "forward", None)):
+        return STATE_LINE_BYTES
+    try:
+        oracle.reset()
+        empty = sum(int(a.nbytes) for a in arrays().values())
+        oracle.forward([0])
+        one = sum(int(a.nbytes) for a in arrays().values())
+        oracle.reset()
+    except Exception:
+        return STATE_LINE_BYTES
+    return state_line_bytes(empty, max(0, one - empty), max_context)
