@@ -105,7 +105,7 @@ def test_load_schema_returns_a_copy_and_refuses_unknown_names() -> None:
 
 @pytest.fixture(scope="module")
 def drafter_report() -> dict[str, Any]:
-    return certify("drafter", profile="quick")
+    return certify("drafter", profile="quick").to_json()
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,7 @@ def failing_engine_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     home = tmp_path_factory.mktemp("home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(home))  # the failing session's history is saved under ~/.cache/specproof
-        return certify("engine", engine=ZOO_SESSION_BUG, profile="quick", db=str(home / "db"))
+        return certify("engine", engine=ZOO_SESSION_BUG, profile="quick", db=str(home / "db")).to_json()
 
 
 def test_a_passing_certify_report_matches_its_schema(drafter_report: dict[str, Any]) -> None:
@@ -130,7 +130,7 @@ def test_a_failing_engine_report_with_a_database_matches_its_schema(failing_engi
 
 
 def test_a_target_report_matches_its_schema() -> None:
-    report = certify("target", profile="quick", only=("target.causality",))
+    report = certify("target", profile="quick", only=("target.causality",)).to_json()
     assert report["subjects"]["target"]["spec"]
     _ok("report-2", json.loads(json.dumps(report, default=str)))
 

@@ -33,7 +33,7 @@ class Plan:
     specs: dict[str, str | None]
     tie_tolerance: float | None
     atol: float | None
-    replay_session: str | None = None  # a specproof-session/1 file: engine.session replays it instead of searching
+    replay_session: str | None = None  # a session history file: engine.session replays it instead of searching
     max_context: int | None = None  # --max-context: the capacity an engine is tested at (default: the profile's)
     storage: str | None = None  # where a failing session's history is saved (default ~/.cache/specproof)
     # the example database (an ExampleStore, _database.py): failures are saved and replayed first

@@ -1,7 +1,7 @@
 """Results: per check (status, examples tried and exercising, paths, time, violations) and the report.
 
 ``CheckResult`` is one check's verdict; ``Report`` is what ``certify()`` returns: the
-verdict, the results and the path coverage as typed fields, and the ``specproof-report/2``
+verdict, the results and the path coverage as typed fields, and the report (``specproof.formats.report``)
 document they came from (``to_json()``, unchanged).
 """
 
@@ -98,7 +98,7 @@ class CheckResult:
 class Report:
     """The report of one certification: its verdict, the results and the path coverage.
 
-    ``to_json()`` (or ``as_dict()``) is the ``specproof-report/2`` document, as written by
+    ``to_json()`` (or ``as_dict()``) is the report (``specproof.formats.report``) document, as written by
     ``--report`` (docs/contract.md, "the report"). Reading it like a dict (``report["verdict"]``)
     still works, with a ``DeprecationWarning``: use the fields or ``to_json()``.
     """
@@ -113,7 +113,7 @@ class Report:
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any]) -> Report:
-        """The record of a ``specproof-report/2`` document (as ``build_report`` made it)."""
+        """The record of a report (``specproof.formats.report``) document (as ``build_report`` made it)."""
         return cls(
             verdict=str(document["verdict"]),
             verdict_reason=str(document.get("verdict_reason") or ""),
@@ -125,7 +125,7 @@ class Report:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The ``specproof-report/2`` document (a copy: the record stays as it was)."""
+        """The report (``specproof.formats.report``) document (a copy: the record stays as it was)."""
         return dict(self.document)
 
     as_dict = to_json
