@@ -231,6 +231,7 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
         "skip": "dim",
         "xfail": "yellow",
         "xpass": "bold red",
+        "consequence": "red",  # failed only because the drafter did: told once, under the drafter's check
     }
     for r in report["results"]:
         table.add_row(

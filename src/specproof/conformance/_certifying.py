@@ -42,6 +42,7 @@ from specproof.conformance._run import Capabilities
 from specproof.conformance._subjects import EngineCase, Suite
 from specproof.conformance.checks.features import feature_layers_of
 from specproof.contract import SpecproofError, UsageError, Violation, ViolationError, validate_tolerance
+from specproof.engine._plugins import plugin_directories
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
 __all__ = ["OWN_DRAFT_PATHS", "Certification", "CheckItem", "Plan"]
@@ -1004,6 +1005,8 @@ class Certification:
         # the pasted command compares the same projections (the engine never sees the key)
         keys = {m[1] for v in result.violations for m in _DIGEST_KEY.finditer(str(v.explanation))}
         prefix = [f"{_DIGEST_KEY_ENV}={min(keys)}"] if keys else []
+        found = plugin_directories()  # a plug-in found in the working directory: run it from there
+        prefix = ["cd", _quote(found[0]), "&&", *prefix] if found else prefix
         return " ".join(prefix + parts)
 
     def path_coverage(self) -> dict[str, dict[str, int]]:
@@ -1017,6 +1020,11 @@ class Certification:
             completed = sum(run.completed for run in search.runs)
             out[case.id] = {"generations": len(search.runs), "completed": completed, **{p: total[p] for p in PATHS}}
         return out
+
+    def runs_of(self, case: EngineCase) -> list[EngineRun]:
+        """The runs of an engine case's one search, in the order drawn (empty: it never searched)."""
+        search = self._searches.get(case.token)
+        return list(search.runs) if search is not None else []
 
     def unreached_paths(self) -> dict[str, list[str]]:
         """Per engine case judged on its own drafts: the rollback paths its rounds never took.
