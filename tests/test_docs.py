@@ -23,3 +23,51 @@ def test_readme_layout_lists_every_package() -> None:
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert packages, "no package found"
     assert packages - listed == set(), f"packages missing from the README layout: {sorted(packages - listed)}"
+
+
+CONTRACT = pathlib.Path(__file__).resolve().parents[1] / "docs" / "contract.md"
+
+
+def _contract_record_example() -> dict[str, object]:
+    text = CONTRACT.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    (block,) = [b for b in blocks if "def generation_record" in b]
+    namespace: dict[str, object] = {}
+    exec(compile(block, str(CONTRACT), "exec"), namespace)  # the documented code, as a user copies it
+    return namespace
+
+
+def test_contract_record_example_passes_engine_cost_one_token_prompt_included() -> None:
+    """docs/contract.md's Step/Stats example, rebuilt from real decodings (checkpoint and replay, prompts of
+    one and several tokens), passes engine.cost: `Stats(prefill_forwards=1)` as once shown failed it on a
+    one-token prompt. And the check can fail: the old constant 1 is caught."""
+    import attrs
+
+    from specproof.conformance import get
+    from specproof.conformance.checks import check_cost
+    from specproof.engine import NgramDrafter, SpecDecoder
+    from specproof.engine.targets import load_target
+
+    example = _contract_record_example()
+    round_record, generation_record = example["round_record"], example["generation_record"]
+    inv = get("engine.cost")
+    for rollback in ("checkpoint", "replay"):
+        for prompt in ([5], [5, 9, 5, 9, 5]):
+            gen = SpecDecoder(load_target("reference"), NgramDrafter(), k=3, rollback=rollback).generate(prompt, 24)
+            steps = [
+                round_record(s.base, list(s.draft), list(s.argmax), list(s.accepted), s.processed)  # type: ignore[operator]
+                for s in gen.steps
+            ]
+            rebuilt = generation_record(  # type: ignore[operator]
+                prompt,
+                list(gen.tokens),
+                steps,
+                replay_forwards=gen.stats.replay_forwards,
+                stop_reason=gen.stop_reason,
+            )
+            assert rebuilt.stats.drafted > 0, "the example must be exercised on rounds with drafts"
+            found = check_cost(inv, rebuilt, rollback=rollback, prompt_length=len(prompt))
+            assert found == [], (rollback, prompt, [v.explanation for v in found])
+            if len(prompt) == 1:
+                wrong = attrs.evolve(rebuilt, stats=attrs.evolve(rebuilt.stats, prefill_forwards=1))
+                assert check_cost(inv, wrong, rollback=rollback, prompt_length=1)
