@@ -85,9 +85,8 @@ def test_fuzz_interrupted_says_interrupted(
     }
     monkeypatch.setattr(campaign, "run_campaign", lambda options, on_event=None: _InterruptedCampaign(finished))
     out_file = tmp_path / "f.json"
-    code = main(
-        ["fuzz", "drafter", "--only", "drafter.max-length", "--report", str(out_file), "--hypothesis-dir", str(tmp_path)]
-    )
+    args = ["fuzz", "drafter", "--only", "drafter.max-length", "--report", str(out_file)]
+    code = main([*args, "--hypothesis-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 130
     assert "verdict: INTERRUPTED" in out and "verdict: PASS" not in out, out[-1500:]
