@@ -71,3 +71,31 @@ def test_contract_record_example_passes_engine_cost_one_token_prompt_included() 
             if len(prompt) == 1:
                 wrong = attrs.evolve(rebuilt, stats=attrs.evolve(rebuilt.stats, prefill_forwards=1))
                 assert check_cost(inv, wrong, rollback=rollback, prompt_length=1)
+
+
+BENCH_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "bench.md"
+BENCH_RUN = "benchmarks/bench-quick.json"
+
+
+def test_bench_figures_in_the_docs_are_generated_from_the_committed_run() -> None:
+    """docs/bench.md's figures block is exactly what benchmarks/update_bench_doc.py renders from the committed
+    run file (a valid specproof-bench/2 result), names that run, and is consistent row by row:
+    efficiency = speedup / tok/round, no verify-cost figure beside it."""
+    import json
+
+    from specproof.bench._doc import BEGIN, END, figures_block
+    from specproof.contract.schemas import validate
+
+    run = json.loads((BENCH_PAGE.parents[1] / BENCH_RUN).read_text())
+    assert validate("bench-2", run) == []
+    text = BENCH_PAGE.read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+    block = text[text.index(BEGIN) : text.index(END) + len(END)]
+    assert block == figures_block(run, source=BENCH_RUN), "run `python benchmarks/update_bench_doc.py`"
+    assert BENCH_RUN in block and run["platform"]["recorded_utc"] in block
+    rows = [line.split("|")[1:-1] for line in block.splitlines() if line.startswith("| ") and "workload" not in line]
+    assert len(rows) == len(run["cells"]) > 0
+    for cells in rows:
+        tpr, speedup, efficiency = float(cells[3]), float(cells[7].rstrip("x ")), float(cells[8])
+        assert abs(efficiency - speedup / tpr) <= 0.011, cells
+    assert "verify cost" not in block

@@ -398,6 +398,9 @@ def platform_info() -> dict[str, str]:
         "system": platform.system(),
         "processor": platform.processor() or "unknown",
         "cpus": str(os.cpu_count()),
+        # when, and how busy the machine was: the wall-clock figures depend on it (docs/bench.md)
+        "recorded_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown",
     }
 
 
