@@ -100,13 +100,16 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
     if unchecked:
         return "inconclusive", f"no check passed on exercised examples for: {', '.join(unchecked)}"
     never = unspeculated_cases(cert)
+    unreached = cert.unreached_paths()
     if never:
-        where = "; ".join(f"{case}: {seen}" for case, seen in never.items())
+        where = "; ".join(
+            f"{case}: {seen}" + (f", paths never taken: {', '.join(unreached[case])}" if case in unreached else "")
+            for case, seen in never.items()
+        )
         return "inconclusive", (
             f"no speculative round was observed, so speculation was not certified ({where}); an engine that "
             "does not speculate says so with `speculative = False` (docs/contract.md, Engines)"
         )
-    unreached = cert.unreached_paths()
     if unreached:
         where = "; ".join(f"{case}: {', '.join(paths)}" for case, paths in unreached.items())
         return "inconclusive", (
