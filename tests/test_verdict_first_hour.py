@@ -110,11 +110,16 @@ def test_an_installed_module_is_never_shadowed_by_the_working_directory(tmp_path
 
     (tmp_path / "json.py").write_text("raise RuntimeError('shadowed the standard library')\n")
     (tmp_path / "herebymod.py").write_text("VALUE = 7\n")
+    import specproof.engine._plugins as plugins
+
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.setattr(plugins, "_FOUND_IN", {})  # this process's other certifications must not see it
     assert import_plugin_module("json") is json
     assert import_plugin_module("herebymod").VALUE == 7
     assert sys.path[-1] == str(tmp_path)  # appended after everything installed
+    assert plugins.plugin_directory("herebymod:VALUE") == str(tmp_path)
+    assert plugins.plugin_directory("json:loads") is None
     monkeypatch.delitem(sys.modules, "herebymod")
 
 

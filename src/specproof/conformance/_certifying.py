@@ -42,7 +42,7 @@ from specproof.conformance._run import Capabilities
 from specproof.conformance._subjects import EngineCase, Suite
 from specproof.conformance.checks.features import feature_layers_of
 from specproof.contract import SpecproofError, UsageError, Violation, ViolationError, validate_tolerance
-from specproof.engine._plugins import plugin_directories
+from specproof.engine._plugins import plugin_directory
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
 __all__ = ["OWN_DRAFT_PATHS", "Certification", "CheckItem", "Plan"]
@@ -1005,7 +1005,8 @@ class Certification:
         # the pasted command compares the same projections (the engine never sees the key)
         keys = {m[1] for v in result.violations for m in _DIGEST_KEY.finditer(str(v.explanation))}
         prefix = [f"{_DIGEST_KEY_ENV}={min(keys)}"] if keys else []
-        found = plugin_directories()  # a plug-in found in the working directory: run it from there
+        # a plug-in found in the working directory: the command runs from there
+        found = [d for key in ("drafter", "target", "engine") if (d := plugin_directory(specs.get(key)))]
         prefix = ["cd", _quote(found[0]), "&&", *prefix] if found else prefix
         return " ".join(prefix + parts)
 

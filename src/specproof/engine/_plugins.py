@@ -21,20 +21,20 @@ __all__ = [
     "declared_capabilities",
     "import_plugin_module",
     "plugin_factory",
-    "plugin_directories",
+    "plugin_directory",
     "resolve_plugin",
     "takes_suite_drafts",
 ]
 
-# The working directories a plug-in module was found in (not on sys.path until a spec needed them).
-_FOUND_IN: list[str] = []
+# Plug-in modules found in the working directory (not on sys.path until a spec needed it): name -> directory.
+_FOUND_IN: dict[str, str] = {}
 
 
 def import_plugin_module(name: str) -> ModuleType:
     """Import a plug-in's module; as ``python -m`` and pytest do, the working directory is searched too.
 
     The working directory is appended to ``sys.path`` (after everything installed, so it never
-    shadows a package) only when the module is not found otherwise; ``plugin_directories`` then
+    shadows a package) only when the module is not found otherwise; ``plugin_directory`` then
     names it, for the reproduce lines. Spawned workers inherit the parent's ``sys.path``.
     """
     try:
@@ -55,14 +55,16 @@ def import_plugin_module(name: str) -> ModuleType:
                     f"{again} (searched the installed packages and the working directory {cwd})", name=again.name
                 ) from None
             raise
-        if cwd not in _FOUND_IN:
-            _FOUND_IN.append(cwd)
+        _FOUND_IN[name] = cwd
         return module
 
 
-def plugin_directories() -> tuple[str, ...]:
-    """The working directories plug-in modules were found in this process (see ``import_plugin_module``)."""
-    return tuple(_FOUND_IN)
+def plugin_directory(spec: object) -> str | None:
+    """The working directory the module of ``spec`` (``module:attribute``) was found in by
+    ``import_plugin_module``; None when it was importable without it (installed, on ``PYTHONPATH``)."""
+    if not isinstance(spec, str):
+        return None
+    return _FOUND_IN.get(spec.partition(":")[0])
 
 
 # The method that marks an object as an instance of each kind, not a factory.
