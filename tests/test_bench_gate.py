@@ -99,18 +99,22 @@ def test_ratio_drop_beyond_noise_threshold_fails_within_it_passes():
     base = make_baseline(_result())
     inside = 1.8 * (1 - MEAN_RATIO_TOLERANCE / 2)
     assert compare(
-        base, _result([_cell("code-edit", "checkpoint", speedup=inside), _cell("code-edit", "replay")])
+        base,
+        _result([_cell("code-edit", "checkpoint", speedup=inside), _cell("code-edit", "replay")]),
+        gate_wall=True,
     ).passed
     outside = 0.72 * (1 - RATIO_TOLERANCE) * 0.9
     report = compare(
-        base, _result([_cell("code-edit", "checkpoint", efficiency=outside), _cell("code-edit", "replay")])
+        base,
+        _result([_cell("code-edit", "checkpoint", efficiency=outside), _cell("code-edit", "replay")]),
+        gate_wall=True,
     )
     assert [f.key for f in report.regressions] == [
         "code-edit/reference/checkpoint/k4/efficiency",
         "mean/reference/checkpoint/k4/efficiency",
     ]
     # the drafter's 64K/1K cost is a lower-is-better ratio
-    assert not compare(base, _result(scaling=1.0 + RATIO_TOLERANCE * 2)).passed
+    assert not compare(base, _result(scaling=1.0 + RATIO_TOLERANCE * 2), gate_wall=True).passed
 
 
 def test_small_slowdown_of_every_workload_is_caught_by_the_mean():
@@ -118,7 +122,9 @@ def test_small_slowdown_of_every_workload_is_caught_by_the_mean():
     base = make_baseline(_result([_cell(w, "checkpoint") for w in names]))
     drop = 1 - (MEAN_RATIO_TOLERANCE + RATIO_TOLERANCE) / 2  # inside the per-cell threshold, beyond the mean's
     slower = _result([_cell(w, "checkpoint", speedup=1.8 * drop) for w in names])
-    assert [f.key for f in compare(base, slower).regressions] == ["mean/reference/checkpoint/k4/speedup"]
+    assert [f.key for f in compare(base, slower, gate_wall=True).regressions] == [
+        "mean/reference/checkpoint/k4/speedup"
+    ]
 
 
 def test_missing_figure_fails_and_new_figure_is_listed():
@@ -262,7 +268,7 @@ def baseline_run():
 def test_real_unchanged_run_passes(baseline_run):
     """An unchanged rerun passes on the counts and the CPU-time figures.
 
-    Its wall-clock ratios are gated (and compared here) but not asserted: over this config's 12
+    Its wall-clock ratios are compared (reported, not gated by default) but not asserted: over this config's 12
     chunks one descheduled stretch moves a cell's wall speedup by half (measured: 2 of 3 reruns at
     load 5 dropped one cell's from 3.1 to 1.2). The bench env's ``--quick`` gate checks them at a size
     where they hold (docs/bench.md, noise table)."""

@@ -271,6 +271,7 @@ def test_ctrl_c_stops_the_campaign_with_its_report(tmp_path: Path) -> None:
     assert code == 130, out
     data = json.loads(report.read_text())
     assert data["campaign"]["stopped"] == "interrupted (Ctrl-C)"
+    assert data["verdict"] == "interrupted" and "verdict: INTERRUPTED" in out, out[-2000:]
     assert "Traceback" not in out
 
 

@@ -62,9 +62,7 @@ def open_db(args: argparse.Namespace, storage: Path) -> Any:
     """``--db`` opened (a UsageError before any work when it is bad or unreachable)."""
     from specproof.conformance._database import default_examples_dir, open_database
 
-    return open_database(
-        args.db, default_dir=default_examples_dir(storage), replay=getattr(args, "db_replay", "all")
-    )
+    return open_database(args.db, default_dir=default_examples_dir(storage), replay=getattr(args, "db_replay", "all"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,6 +205,7 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
         "skip": "dim",
         "xfail": "yellow",
         "xpass": "bold red",
+        "consequence": "red",  # failed only because the drafter did: told once, under the drafter's check
     }
     for r in report["results"]:
         table.add_row(

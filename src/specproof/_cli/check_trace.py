@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from typing import Any
 
 from specproof.formats import golden as golden_format
 from specproof.formats import trace as trace_format
@@ -114,6 +115,20 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     for violation in report.violations:
         console.print(escape(str(violation)), highlight=False)
-    verdict = {0: "[green]PASS[/]", 1: "[bold red]FAIL[/]", 2: "[magenta]INCONCLUSIVE[/]"}[report.exit_code]
-    console.print(verdict)
+    console.print(_verdict_line(report), highlight=False, soft_wrap=True)
     return report.exit_code
+
+
+def _verdict_line(report: Any) -> str:
+    """The last line, as certify's: the verdict, the counts by status, and why when it is not a pass."""
+    word = {0: "[green]PASS[/]", 1: "[bold red]FAIL[/]", 2: "[magenta]INCONCLUSIVE[/]"}[report.exit_code]
+    counts: dict[str, int] = {}
+    for result in report.results:
+        counts[result.status] = counts.get(result.status, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no checks"
+    why = ""
+    if report.exit_code == 1:
+        why = " — failed: " + ", ".join(r.invariant for r in report.results if r.status == "fail")
+    elif report.exit_code == 2:
+        why = " — undecided: " + ", ".join(r.invariant for r in report.results if r.status == "inconclusive")
+    return f"verdict: {word} ({summary}); {report.rounds} rounds, {report.tokens} tokens{why}"

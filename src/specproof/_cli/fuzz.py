@@ -136,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
     )
     state = _run_live(options, run_campaign, console, terminal)
     report = state.report()
+    if state.stopped.startswith("interrupted"):  # the word certify gives a Ctrl-C, whatever finished before it
+        report["verdict"] = "interrupted"
+        report["verdict_reason"] = "interrupted (Ctrl-C): the report holds the checks that finished"
     if args.report:
         write_json_report(args.report, report)
     if args.markdown:

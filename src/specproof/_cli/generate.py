@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from specproof._cli.common import (
+    DEFAULT_TARGET,
     add_target_argument,
     decode_tokens,
     encode_prompt,
@@ -43,12 +44,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="use a `specproof bench` workload's prompt: code-edit, retrieval-qa, structured, free-text",
     )
     add_target_argument(p)
+    # no --target: the default, or the target a feature drafter reads (eagle:trained, mtp:trained -> trained)
+    p.set_defaults(target=None)
     p.add_argument(
         "--drafter",
         default="ngram",
         help="ngram, ngram:MIN_N,MAX_N[,earliest], model:TARGET (a draft model: model:trained-small, "
         "model:reference:d_model=32), combined:TARGET (prompt lookup, else the draft model), eagle:trained / "
-        "mtp:trained (feature heads reading the trained target's hidden states), or MODULE:ATTR",
+        "mtp:trained (feature heads reading the trained target's hidden states; --target then defaults to trained), "
+        "or MODULE:ATTR",
     )
     p.add_argument("-k", type=int, default=4, help="draft length per round (default 4)")
     p.add_argument(
@@ -75,12 +79,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from specproof.contract import UsageError
-    from specproof.engine import SpecDecoder, greedy_decode
+    from specproof.engine import SpecDecoder
     from specproof.plugins import load_drafter
+
+    text = _prompt_text(args)
+    if args.engine is not None:
+        args.target = args.target or DEFAULT_TARGET
+        return _run_engine(args, text)
+    drafter = load_drafter(args.drafter)
+    args.target = _target_spec(args, drafter)
+    target = make_target(args.target, seed=args.seed)
+    prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(target, text)
+    if args.rollback is None:
+        args.rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
+    decoder = SpecDecoder(target, drafter, k=args.k, rollback=args.rollback)
+    t0 = time.perf_counter()
+    gen = decoder.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
+    spec_seconds = time.perf_counter() - t0
+    if args.trace:
+        _write_trace(args, gen, prompt, target, decoder.name)
+    summary = _summary(args, gen, prompt, target, drafter, spec_seconds)
+    equal = _compare_greedy(args, summary, target, prompt, gen.tokens) if args.compare_greedy else True
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(args, summary, gen, target, decoder.name)
+    return 0 if equal else 1
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    """The prompt text from the one source given (usage errors, and the --trace path, before any decoding)."""
+    from specproof.contract import UsageError
 
     sources = [
         name
@@ -98,44 +127,58 @@ def run(args: argparse.Namespace) -> int:
         from specproof.contract.files import check_output_path
 
         check_output_path(args.trace, option="--trace")  # before any decoding; nothing is created
-    text = DEFAULT_PROMPT if args.prompt is None else args.prompt
     if args.prompt_file is not None:
-        text = _read_prompt_file(args.prompt_file)
-    elif args.workload is not None:
-        text = _workload_prompt(args.workload)
-    if args.engine is not None:
-        return _run_engine(args, text)
-    target = make_target(args.target, seed=args.seed)
-    drafter = load_drafter(args.drafter)
-    prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(target, text)
-    if args.rollback is None:
-        args.rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
-    decoder = SpecDecoder(target, drafter, k=args.k, rollback=args.rollback)
-    t0 = time.perf_counter()
-    gen = decoder.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
-    spec_seconds = time.perf_counter() - t0
-    if args.trace:
-        from specproof.conformance.traces import write_trace
+        return _read_prompt_file(args.prompt_file)
+    if args.workload is not None:
+        return _workload_prompt(args.workload)
+    return DEFAULT_PROMPT if args.prompt is None else str(args.prompt)
 
-        write_trace(
-            args.trace,
-            gen,
-            prompt=prompt,
-            k=args.k,
-            max_new_tokens=args.max_new_tokens,
-            eos_token_id=args.eos,
-            vocab_size=target.vocab_size,
-            engine=decoder.name,
-            # the spec that rebuilds these weights, so `check-trace --target` needs no flags
-            target=args.target
-            if args.seed is None
-            else f"{args.target}{',' if ':' in args.target else ':'}seed={args.seed}",
-            max_context=target.max_context,
-            rollback=args.rollback,
+
+def _target_spec(args: argparse.Namespace, drafter: object) -> str:
+    """The target to decode on: --target; without it, the target a feature drafter reads its features from
+    (``feature_target_spec``, as certify does), else the default. A feature drafter on another model is
+    a usage error naming the fix (its heads cannot read that model's hidden states)."""
+    from specproof.contract import UsageError
+
+    feature = getattr(drafter, "feature_target_spec", None)
+    feature = feature if isinstance(feature, str) and feature else None
+    if args.target is None:
+        return feature or DEFAULT_TARGET
+    if feature is not None and args.target.partition(":")[0] != feature.partition(":")[0]:
+        raise UsageError(
+            f"--drafter {args.drafter!r} reads the hidden states of target {feature!r}, not --target "
+            f"{args.target!r}: drop --target (it defaults to {feature!r}) or pass --target {feature}"
         )
-    assert gen.stats is not None
+    return str(args.target)
+
+
+def _write_trace(args: argparse.Namespace, gen: Any, prompt: list[int], target: Any, engine: str) -> None:
+    from specproof.conformance.traces import write_trace
+
+    write_trace(
+        args.trace,
+        gen,
+        prompt=prompt,
+        k=args.k,
+        max_new_tokens=args.max_new_tokens,
+        eos_token_id=args.eos,
+        vocab_size=target.vocab_size,
+        engine=engine,
+        # the spec that rebuilds these weights, so `check-trace --target` needs no flags
+        target=args.target
+        if args.seed is None
+        else f"{args.target}{',' if ':' in args.target else ':'}seed={args.seed}",
+        max_context=target.max_context,
+        rollback=args.rollback,
+    )
+
+
+def _summary(
+    args: argparse.Namespace, gen: Any, prompt: list[int], target: Any, drafter: object, seconds: float
+) -> dict[str, object]:
     stats = gen.stats
-    summary: dict[str, object] = {
+    assert stats is not None
+    return {
         "format": generate_format.ID,
         "target": args.target,
         "drafter": getattr(drafter, "name", type(drafter).__name__),
@@ -154,27 +197,38 @@ def run(args: argparse.Namespace) -> int:
         },
         "greedy_forwards": stats.prefill_forwards + len(gen.tokens),
         "acceptance_by_position": [round(a, 3) for a in stats.acceptance_by_position],
-        "spec_seconds": spec_seconds,
+        "spec_seconds": seconds,
     }
-    equal = True
-    if args.compare_greedy:
-        t0 = time.perf_counter()
-        ref = greedy_decode(target, prompt, args.max_new_tokens, eos_token_id=args.eos)
-        summary["greedy_seconds"] = time.perf_counter() - t0
-        equal = ref.tokens == gen.tokens
-        summary["equal_to_greedy"] = equal
-        if not equal:
-            first = next(
-                (i for i, (a, b) in enumerate(zip(ref.tokens, gen.tokens)) if a != b),
-                min(len(ref.tokens), len(gen.tokens)),
-            )
-            summary["first_divergence"] = first
-    if args.json:
-        print(json.dumps(summary, indent=2))
-        return 0 if equal else 1
+
+
+def _compare_greedy(
+    args: argparse.Namespace, summary: dict[str, object], target: Any, prompt: list[int], tokens: Any
+) -> bool:
+    """Plain greedy on the same target: equality, the first divergence and its wall time go in ``summary``."""
+    from specproof.engine import greedy_decode
+
+    t0 = time.perf_counter()
+    ref = greedy_decode(target, prompt, args.max_new_tokens, eos_token_id=args.eos)
+    summary["greedy_seconds"] = time.perf_counter() - t0
+    equal = ref.tokens == tokens
+    summary["equal_to_greedy"] = equal
+    if not equal:
+        summary["first_divergence"] = next(
+            (i for i, (a, b) in enumerate(zip(ref.tokens, tokens)) if a != b), min(len(ref.tokens), len(tokens))
+        )
+    return bool(equal)
+
+
+def _print_summary(args: argparse.Namespace, summary: dict[str, Any], gen: Any, target: Any, engine: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    stats = gen.stats
     console = Console()
     console.print(decode_tokens(target, gen.tokens), markup=False, highlight=False, soft_wrap=True)
-    table = Table(title=f"specproof generate — {decoder.name} on {args.target}", show_header=False)
+    table = Table(title=f"specproof generate — {engine} on {args.target}", show_header=False)
+    name = str(summary["drafter"])
+    table.add_row("drafter", (name if args.drafter in name else f"{name} (--drafter {args.drafter})") + f", k={args.k}")
     table.add_row("emitted tokens", f"{len(gen.tokens)} (stop: {gen.stop_reason})")
     table.add_row("rounds", str(stats.rounds))
     table.add_row("tokens per round", f"{stats.mean_tokens_per_round:.2f}")
@@ -184,14 +238,14 @@ def run(args: argparse.Namespace) -> int:
         f"replay {stats.replay_forwards}); plain greedy needs {summary['greedy_forwards']}",
     )
     table.add_row("acceptance by position", " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-")
-    table.add_row("wall time (speculative)", f"{spec_seconds * 1e3:.1f} ms")
+    table.add_row("wall time (speculative)", f"{summary['spec_seconds'] * 1e3:.1f} ms")
     if args.compare_greedy:
-        table.add_row("wall time (greedy)", f"{summary['greedy_seconds'] * 1e3:.1f} ms")  # type: ignore[operator]
+        table.add_row("wall time (greedy)", f"{summary['greedy_seconds'] * 1e3:.1f} ms")
+        equal = summary["equal_to_greedy"]
         table.add_row(
             "equal to greedy", "yes" if equal else f"NO — first divergence at token {summary['first_divergence']}"
         )
     console.print(table)
-    return 0 if equal else 1
 
 
 def _read_prompt_file(path: str) -> str:
@@ -221,10 +275,6 @@ def _workload_prompt(name: str) -> str:
 
 def _run_engine(args: argparse.Namespace, text: str) -> int:
     """``generate --engine SPEC``: one generation of an engine plug-in, its rounds printed as they were recorded."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from specproof.engine import greedy_decode
     from specproof.plugins import resolve_plugin
 
     engine: Any = resolve_plugin(args.engine, kind="engine")
@@ -248,28 +298,10 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
             "rounds": [s.to_json() for s in steps],
             "seconds": seconds,
         }
-        elapsed = getattr(engine, "last_elapsed_us", None)
-        if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool):
-            # a wire engine: its own time (final.elapsed_us) and the protocol's per round (docs/protocol.md)
-            wall_us = float(getattr(engine, "last_wall_us", seconds * 1e6))
-            summary["engine_elapsed_us"] = float(elapsed)
-            summary["protocol_overhead_us_per_round"] = (
-                round((wall_us - float(elapsed)) / len(steps), 1) if steps else None
-            )
-            wire = getattr(engine, "wire_summary", None)
-            if callable(wire):
-                summary["wire"] = wire()  # bytes each way and how the state travelled (digests, deltas, ...)
+        _wire_figures(engine, summary, seconds, len(steps))
         equal = True
         if args.compare_greedy:
-            greedy_fn = getattr(engine, "greedy", None)
-            if oracle is not None:
-                ref = list(greedy_decode(oracle, prompt, args.max_new_tokens, eos_token_id=args.eos).tokens)
-            elif callable(greedy_fn):
-                ref = [int(t) for t in greedy_fn(list(prompt), args.max_new_tokens)]
-                if args.eos is not None and args.eos in ref:
-                    ref = ref[: ref.index(args.eos) + 1]
-            else:
-                ref = list(greedy_decode(encoder, prompt, args.max_new_tokens, eos_token_id=args.eos).tokens)
+            ref = _engine_greedy(args, engine, oracle, encoder, prompt)
             equal = ref == list(gen.tokens)
             summary["equal_to_greedy"] = equal
     finally:
@@ -278,7 +310,45 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
             close()
     if args.json:
         print(json.dumps(summary, indent=2))
-        return 0 if equal else 1
+    else:
+        _print_engine_rounds(args, summary, gen, steps, seconds, equal)
+    return 0 if equal else 1
+
+
+def _wire_figures(engine: Any, summary: dict[str, object], seconds: float, rounds: int) -> None:
+    """A wire engine: its own time (final.elapsed_us) and the protocol's per round (docs/protocol.md)."""
+    elapsed = getattr(engine, "last_elapsed_us", None)
+    if not isinstance(elapsed, (int, float)) or isinstance(elapsed, bool):
+        return
+    wall_us = float(getattr(engine, "last_wall_us", seconds * 1e6))
+    summary["engine_elapsed_us"] = float(elapsed)
+    summary["protocol_overhead_us_per_round"] = round((wall_us - float(elapsed)) / rounds, 1) if rounds else None
+    wire = getattr(engine, "wire_summary", None)
+    if callable(wire):
+        summary["wire"] = wire()  # bytes each way and how the state travelled (digests, deltas, ...)
+
+
+def _engine_greedy(args: argparse.Namespace, engine: Any, oracle: Any, encoder: Any, prompt: list[int]) -> list[int]:
+    """Plain greedy for ``--compare-greedy``: the engine's model, else its ``greedy()``, else --target."""
+    from specproof.engine import greedy_decode
+
+    greedy_fn = getattr(engine, "greedy", None)
+    if oracle is not None:
+        return list(greedy_decode(oracle, prompt, args.max_new_tokens, eos_token_id=args.eos).tokens)
+    if callable(greedy_fn):
+        ref = [int(t) for t in greedy_fn(list(prompt), args.max_new_tokens)]
+        if args.eos is not None and args.eos in ref:
+            ref = ref[: ref.index(args.eos) + 1]
+        return ref
+    return list(greedy_decode(encoder, prompt, args.max_new_tokens, eos_token_id=args.eos).tokens)
+
+
+def _print_engine_rounds(
+    args: argparse.Namespace, summary: dict[str, Any], gen: Any, steps: list[Any], seconds: float, equal: bool
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
     console.print(summary["text"], markup=False, highlight=False, soft_wrap=True)
     table = Table(title=f"specproof generate --engine {args.engine}")
@@ -302,4 +372,3 @@ def _run_engine(args: argparse.Namespace, text: str) -> int:
         + ("" if not args.compare_greedy else f"; equal to greedy: {'yes' if equal else 'NO'}"),
         markup=False,
     )
-    return 0 if equal else 1

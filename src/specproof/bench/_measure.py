@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import platform
 import statistics
 import subprocess
@@ -389,8 +390,6 @@ class BenchResult:
 
 
 def platform_info() -> dict[str, str]:
-    import os
-
     return {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -399,6 +398,9 @@ def platform_info() -> dict[str, str]:
         "system": platform.system(),
         "processor": platform.processor() or "unknown",
         "cpus": str(os.cpu_count()),
+        # when, and how busy the machine was: the wall-clock figures depend on it (docs/bench.md)
+        "recorded_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "unknown",
     }
 
 
@@ -605,7 +607,6 @@ def _measure_target(
     for wl in workloads:
         prompt = encode_text(spec_t, wl.text)
         oracle = count_greedy(greedy_t, prompt, total)
-        degeneracy = _degeneracy(oracle.tokens)
         for rollback in config.rollbacks:
             if rollback == "checkpoint" and not has_checkpoints:
                 tick(f"{wl.name} {spec}: checkpoint needs forward_with_checkpoints, skipped")
@@ -630,63 +631,115 @@ def _measure_target(
                 ratio = _verify_cost_ratio(greedy_t, snap, fed, rollback, config.verify_reps)
                 greedy_t.restore(snap)
                 session = decoder_factory(spec_t, drafter_factory(), k=k, rollback=rollback).start(prompt)
-                pending = prompt[-1]
-                g_tokens: list[int] = []
-                s_tokens: list[int] = []
-                g_times, s_times, pair, cpu_pair, g_cpu, s_cpu = [], [], [], [], [], []
-                for _ in range(config.chunks):
-                    c0 = time.thread_time()
-                    tg, got = _greedy_chunk(greedy_t, pending, config.chunk_tokens)
-                    c1 = time.thread_time()
-                    pending = got[-1]
-                    g_tokens.extend(got)
-                    t0 = time.perf_counter()
-                    gen = session.generate(config.chunk_tokens)
-                    ts = time.perf_counter() - t0
-                    c2 = time.thread_time()
-                    s_tokens.extend(gen.tokens)
-                    g_times.append(tg)
-                    s_times.append(ts)
-                    pair.append(tg / ts)
-                    g_cpu.append(c1 - c0)
-                    s_cpu.append(c2 - c1)
-                    cpu_pair.append((c1 - c0) / (c2 - c1) if c2 > c1 else 0.0)
-                speedup = statistics.median(pair)
-                cpu_speedup = statistics.median(cpu_pair)
-                tpr = float(fig["tokens_per_round"])
-                timed_equal = tuple(g_tokens) == oracle.tokens and tuple(s_tokens) == oracle.tokens
+                pairs = _time_pairs(greedy_t, session, prompt[-1], chunks=config.chunks, tokens=config.chunk_tokens)
                 cells.append(
-                    Cell(
-                        workload=wl.name,
-                        target=spec,
-                        rollback=rollback,
-                        k=k,
-                        prompt_tokens=len(prompt),
-                        emitted=fig["emitted"],
-                        rounds=fig["rounds"],
-                        tokens_per_round=tpr,
-                        acceptance_by_position=fig["acceptance_by_position"],
-                        forwards_per_token=fig["forwards_per_token"],
-                        forwards_per_round=fig["forwards_per_round"],
-                        replay_per_round=fig["replay_per_round"],
-                        projected_speedup=fig["projected_speedup"],
-                        verify_bytes_ratio=fig["verify_bytes_ratio"],
-                        verify_cost_ratio=ratio,
-                        greedy_seconds=sum(g_times),
-                        spec_seconds=sum(s_times),
-                        speedup=speedup,
-                        speedup_spread=(max(pair) - min(pair)) / speedup,
-                        cpu_speedup=cpu_speedup,
-                        greedy_cpu_seconds=sum(g_cpu),
-                        spec_cpu_seconds=sum(s_cpu),
-                        cpu_speedup_spread=(max(cpu_pair) - min(cpu_pair)) / cpu_speedup if cpu_speedup else 0.0,
-                        efficiency=speedup / tpr if tpr else 0.0,
-                        lossless=timed_equal and bool(fig["lossless"]),
-                        **degeneracy,
+                    _timed_cell(
+                        spec, wl.name, rollback, k, prompt=prompt, fig=fig, ratio=ratio, pairs=pairs, oracle=oracle
                     )
                 )
                 tick(f"{wl.name} {spec} {rollback} k={k}")
     return cells
+
+
+@attrs.frozen(kw_only=True)
+class _Pairs:
+    """Interleaved greedy/speculative chunks: tokens, wall and thread-CPU seconds, and per-pair ratios."""
+
+    greedy_tokens: tuple[int, ...]
+    spec_tokens: tuple[int, ...]
+    greedy_seconds: tuple[float, ...]
+    spec_seconds: tuple[float, ...]
+    greedy_cpu: tuple[float, ...]
+    spec_cpu: tuple[float, ...]
+
+    @property
+    def wall(self) -> list[float]:
+        return [g / s for g, s in zip(self.greedy_seconds, self.spec_seconds)]
+
+    @property
+    def cpu(self) -> list[float]:
+        return [g / s if s > 0 else 0.0 for g, s in zip(self.greedy_cpu, self.spec_cpu)]
+
+
+def _time_pairs(greedy_t: Target, session: Any, pending: int, *, chunks: int, tokens: int) -> _Pairs:
+    """Both sides decode the same positions chunk by chunk, alternating, so load hits both alike."""
+    g_tokens: list[int] = []
+    s_tokens: list[int] = []
+    g_times: list[float] = []
+    s_times: list[float] = []
+    g_cpu: list[float] = []
+    s_cpu: list[float] = []
+    for _ in range(chunks):
+        c0 = time.thread_time()
+        tg, got = _greedy_chunk(greedy_t, pending, tokens)
+        c1 = time.thread_time()
+        pending = got[-1]
+        g_tokens.extend(got)
+        t0 = time.perf_counter()
+        gen = session.generate(tokens)
+        ts = time.perf_counter() - t0
+        c2 = time.thread_time()
+        s_tokens.extend(gen.tokens)
+        g_times.append(tg)
+        s_times.append(ts)
+        g_cpu.append(c1 - c0)
+        s_cpu.append(c2 - c1)
+    return _Pairs(
+        greedy_tokens=tuple(g_tokens),
+        spec_tokens=tuple(s_tokens),
+        greedy_seconds=tuple(g_times),
+        spec_seconds=tuple(s_times),
+        greedy_cpu=tuple(g_cpu),
+        spec_cpu=tuple(s_cpu),
+    )
+
+
+def _timed_cell(
+    spec: str,
+    workload: str,
+    rollback: str,
+    k: int,
+    *,
+    prompt: Sequence[int],
+    fig: Mapping[str, Any],
+    ratio: float,
+    pairs: _Pairs,
+    oracle: Any,
+) -> Cell:
+    """One cell: the counted figures, the verify-cost ratio and the medians of the timed pairs."""
+    pair, cpu_pair = pairs.wall, pairs.cpu
+    speedup = statistics.median(pair)
+    cpu_speedup = statistics.median(cpu_pair)
+    tpr = float(fig["tokens_per_round"])
+    timed_equal = pairs.greedy_tokens == tuple(oracle.tokens) and pairs.spec_tokens == tuple(oracle.tokens)
+    return Cell(
+        workload=workload,
+        target=spec,
+        rollback=rollback,
+        k=k,
+        prompt_tokens=len(prompt),
+        emitted=fig["emitted"],
+        rounds=fig["rounds"],
+        tokens_per_round=tpr,
+        acceptance_by_position=fig["acceptance_by_position"],
+        forwards_per_token=fig["forwards_per_token"],
+        forwards_per_round=fig["forwards_per_round"],
+        replay_per_round=fig["replay_per_round"],
+        projected_speedup=fig["projected_speedup"],
+        verify_bytes_ratio=fig["verify_bytes_ratio"],
+        verify_cost_ratio=ratio,
+        greedy_seconds=sum(pairs.greedy_seconds),
+        spec_seconds=sum(pairs.spec_seconds),
+        speedup=speedup,
+        speedup_spread=(max(pair) - min(pair)) / speedup,
+        cpu_speedup=cpu_speedup,
+        greedy_cpu_seconds=sum(pairs.greedy_cpu),
+        spec_cpu_seconds=sum(pairs.spec_cpu),
+        cpu_speedup_spread=(max(cpu_pair) - min(cpu_pair)) / cpu_speedup if cpu_speedup else 0.0,
+        efficiency=speedup / tpr if tpr else 0.0,
+        lossless=timed_equal and bool(fig["lossless"]),
+        **_degeneracy(oracle.tokens),
+    )
 
 
 # --------------------------------------------------------------------------- drafter comparison
@@ -896,16 +949,6 @@ def peer_lines(result: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- peers
 
 
-def _load_family(spec: str, module: str) -> Target:
-    """``load_target(spec)``; if the family prefix is not registered yet, the module's own ``load_spec``."""
-    from specproof.engine.targets import TARGET_FAMILIES
-
-    prefix, _, rest = spec.partition(":")
-    if prefix in TARGET_FAMILIES:
-        return load_target(spec)
-    return importlib.import_module(module).load_spec(rest)  # type: ignore[no-any-return]
-
-
 # The peers decode the trained fixture converted to each framework: a model that accepts drafts (on
 # the random lfm2-tiny every draft is rejected, so a comparison there never exercises a round).
 PEER_TARGET: Final = "lfm2-trained"
@@ -918,15 +961,13 @@ def _peer_hf(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> dic
     for mod in ("specproof.engine.targets.hf", "specproof.engine.adapters.hf_prompt_lookup"):
         if importlib.util.find_spec(mod) is None:
             return {**row, "status": "skip", "reason": f"module not available: {mod}"}
-    make = importlib.import_module("specproof.engine.adapters.hf_prompt_lookup").make
+    adapter = importlib.import_module("specproof.engine.adapters.hf_prompt_lookup")
     k = 4 if 4 in config.ks else config.ks[0]
-    peer = make(PEER_TARGET, prompt_lookup_num_tokens=k)
-    # the same model instance the peer drives, so both engines decode the same weights
-    target = (
-        getattr(peer, "oracle", None)
-        or getattr(peer, "target", None)
-        or _load_family(f"hf:{PEER_TARGET}", "specproof.engine.targets.hf")
-    )
+    # the trained fixture converted to transformers: only specproof.plugins.load_target builds it (the hf
+    # family's own load_spec refuses `lfm2-trained`); the peer drives that model, so both engines decode
+    # the same weights
+    target = load_target(f"hf:{PEER_TARGET}")
+    peer = adapter.HFPromptLookupEngine(target, prompt_lookup_num_tokens=k)
     return {
         **row,
         **_compare_engines(config, target, peer.generate, drafter_factory, peer_model=getattr(peer, "model", None)),
@@ -945,7 +986,7 @@ def _peer_hf_assisted(config: BenchConfig, drafter_factory: Callable[[], Drafter
     from specproof.engine.targets.hf import ByteTokenizer, HFTarget
     from specproof.fixtures import load_trained_small_target
 
-    target = _load_family(f"hf:{PEER_TARGET}", "specproof.engine.targets.hf")
+    target = load_target(f"hf:{PEER_TARGET}")
     model = target.model  # type: ignore[attr-defined]
     small = reference_to_hf_lfm2(load_trained_small_target(f"max_context={target.max_context}"))
     for m in (small,):
@@ -992,7 +1033,7 @@ def _peer_mlx(config: BenchConfig, drafter_factory: Callable[[], Drafter]) -> di
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    target = _load_family(f"mlx:{PEER_TARGET}", "specproof.engine.targets.mlx")
+    target = load_target(f"mlx:{PEER_TARGET}")
     model = target.model  # type: ignore[attr-defined]
 
     def mlx_greedy(prompt: Sequence[int], max_new_tokens: int, **_: object) -> Any:
@@ -1049,13 +1090,9 @@ def _compare_engines(
     selection), then ``peer_repeats`` pairs, alternating which engine goes first, each
     decoding ``peer_tokens`` tokens from the same prompt, torch on one thread. The figure is
     the median of the per-pair ratios; min, max and spread ((max - min) / median) are
-    reported with the load average before and after, so a noisy run shows as one. The
-    warm-up runs also count model forwards on both sides (specproof's at the target; the
-    peer's with a forward hook on ``peer_model`` when it is a torch module): the
-    machine-independent part of the comparison.
+    reported with the load average before and after, so a noisy run shows as one. The warm-up
+    runs also count model forwards (``_count_ours``, ``_count_peer``): the machine-independent part.
     """
-    import os
-
     wl = build_workloads(("code-edit",), prompt_chars=config.prompt_chars)[0]
     n = min(config.peer_tokens, target.max_context // 4)
     # tiny peer models have short contexts: keep the prompt's end (the request) and room for n tokens
@@ -1081,37 +1118,12 @@ def _compare_engines(
             return time.perf_counter() - t0, tuple(int(t) for t in getattr(got, "tokens", got))
 
         # warm-up (untimed), counting forwards: ours at a counting wrapper, the peer's at its model
-        counting = CountingTarget(target)
         drafter = drafter_factory()
-        counted = _default_decoder(counting, drafter, k=k, rollback=rollback).generate(prompt, n)  # type: ignore[arg-type]
-        ours_forwards = len(counting.decode_log(len(prompt)))
-        peer_calls: list[int] = []
-        hook = None
-        if callable(getattr(peer_model, "register_forward_hook", None)):
-            hook = peer_model.register_forward_hook(lambda *_args: peer_calls.append(1))
-        try:
-            theirs()
-        finally:
-            if hook is not None:
-                hook.remove()
-        peer_forwards = len(peer_calls) - 1 if peer_calls else None  # less its prefill
+        counted, ours_forwards = _count_ours(target, drafter, prompt, n, k=k, rollback=rollback)
+        peer_forwards = _count_peer(theirs, peer_model)
         ours()
         load_before = os.getloadavg()[0]
-        ratios: list[float] = []
-        ours_t: list[float] = []
-        peer_t: list[float] = []
-        ours_tokens: tuple[int, ...] = ()
-        peer_tokens: tuple[int, ...] = ()
-        for i in range(config.peer_repeats):
-            if i % 2 == 0:
-                tp, peer_tokens = theirs()
-                to, ours_tokens = ours()
-            else:
-                to, ours_tokens = ours()
-                tp, peer_tokens = theirs()
-            peer_t.append(tp)
-            ours_t.append(to)
-            ratios.append((len(ours_tokens) / to) / (len(peer_tokens) / tp) if peer_tokens and to > 0 else 0.0)
+        ratios, ours_t, peer_t, ours_tokens, peer_tokens = _alternate(ours, theirs, config.peer_repeats)
         load_after = os.getloadavg()[0]
         threads = _torch_threads(None)
     finally:
@@ -1144,6 +1156,51 @@ def _compare_engines(
     }
 
 
+Timed = Callable[[], tuple[float, tuple[int, ...]]]
+
+
+def _count_ours(target: Target, drafter: Drafter, prompt: Sequence[int], n: int, *, k: int, rollback: str) -> Any:
+    """specproof's generation at a counting wrapper: the generation and its decode forwards."""
+    counting = CountingTarget(target)
+    counted = _default_decoder(counting, drafter, k=k, rollback=rollback).generate(prompt, n)  # type: ignore[arg-type]
+    return counted, len(counting.decode_log(len(prompt)))
+
+
+def _count_peer(theirs: Timed, peer_model: Any) -> int | None:
+    """The peer's warm-up run, its model forwards counted with a forward hook (None: not a torch module)."""
+    peer_calls: list[int] = []
+    hook = None
+    if callable(getattr(peer_model, "register_forward_hook", None)):
+        hook = peer_model.register_forward_hook(lambda *_args: peer_calls.append(1))
+    try:
+        theirs()
+    finally:
+        if hook is not None:
+            hook.remove()
+    return len(peer_calls) - 1 if peer_calls else None  # less its prefill
+
+
+def _alternate(ours: Timed, theirs: Timed, repeats: int) -> tuple[Any, ...]:
+    """``repeats`` timed pairs, alternating which engine goes first: per-pair tokens/s ratios, both sides'
+    seconds, and the last tokens of each."""
+    ratios: list[float] = []
+    ours_t: list[float] = []
+    peer_t: list[float] = []
+    ours_tokens: tuple[int, ...] = ()
+    peer_tokens: tuple[int, ...] = ()
+    for i in range(repeats):
+        if i % 2 == 0:
+            tp, peer_tokens = theirs()
+            to, ours_tokens = ours()
+        else:
+            to, ours_tokens = ours()
+            tp, peer_tokens = theirs()
+        peer_t.append(tp)
+        ours_t.append(to)
+        ratios.append((len(ours_tokens) / to) / (len(peer_tokens) / tp) if peer_tokens and to > 0 else 0.0)
+    return ratios, ours_t, peer_t, ours_tokens, peer_tokens
+
+
 _PEER_NAMES: Final = {
     "_peer_hf": ("transformers prompt lookup", f"hf:{PEER_TARGET}", "hf"),
     "_peer_hf_assisted": ("transformers assisted generation", f"hf:{PEER_TARGET}", "hf"),
@@ -1157,7 +1214,7 @@ def _run_peer(fn: Callable[..., dict[str, Any]], config: BenchConfig, drafter_fa
         return fn(config, drafter_factory)
     except ImportError as exc:
         return {"peer": peer, "target": target, "status": "skip", "reason": f"install specproof[{extra}] ({exc})"}
-    except Exception as exc:  # a peer must never fail the bench: report why its row is empty
+    except Exception as exc:  # an installed peer that fails: its row says why, and the CLI fails the bench
         return {"peer": peer, "target": target, "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
 
 
@@ -1188,18 +1245,7 @@ def run_bench(
     t_start = time.perf_counter()
     workloads = build_workloads(config.workloads, prompt_chars=config.prompt_chars)
     drafter_specs, skipped = resolve_drafters(config)
-    texts: list[Any] = []
-    real: dict[str, Any] = {}
-    if config.real_files and drafter_specs:
-        try:
-            texts = real_context_texts(
-                files=config.real_files,
-                text_tokens=config.real_tokens,
-                stride=config.real_stride,
-                min_prefix=config.real_min_prefix,
-            )
-        except InvalidSettingError as exc:  # a Python installed without its test suite: say so, measure the rest
-            real = {"status": "skip", "reason": str(exc)}
+    texts, real = _real_texts(config, drafter_specs)
     cells: list[Cell] = []
     drafter_cells: list[DrafterCell] = []
     for spec in config.targets:
@@ -1228,17 +1274,7 @@ def run_bench(
                 )
             )
             if texts:
-                k = 4 if 4 in config.ks else config.ks[0]
-                makers = [(d, spec_factory(d)) for d in drafter_specs]
-                real_cells = measure_real_contexts(spec, pair[0], makers, texts, k=k, tick=tick)
-                real = {
-                    "status": "ok",
-                    "method": "teacher-forced: the target's greedy k+1 tokens from a real prefix vs each drafter's "
-                    "k-token proposal from it",
-                    "texts": [t.to_json() for t in texts],
-                    "positions": sum(len(t.positions) for t in texts),
-                    "cells": [c.to_json() for c in real_cells],
-                }
+                real = _real_figures(spec, pair[0], drafter_specs, texts, config, tick)
     drafter = _drafter_cost(drafter_factory, config.drafter_contexts, k=max(config.ks), reps=config.drafter_reps)
     tick("drafter cost")
     certify: dict[str, Any] = {"status": "skip", "reason": "skipped by --quick: it takes about 2 minutes here"}
@@ -1246,10 +1282,9 @@ def run_bench(
         certify = _certify_wall()
         tick("certify --profile ci")
     peers: list[dict[str, Any]] = []
-    if config.peers:
-        for fn in (_peer_hf, _peer_hf_assisted, _peer_mlx):
-            peers.append(_run_peer(fn, config, drafter_factory))
-            tick(f"peer {peers[-1].get('peer')}")
+    for fn in (_peer_hf, _peer_hf_assisted, _peer_mlx) if config.peers else ():
+        peers.append(_run_peer(fn, config, drafter_factory))
+        tick(f"peer {peers[-1].get('peer')}")
     return BenchResult(
         config=config,
         cells=tuple(cells),
@@ -1263,3 +1298,36 @@ def run_bench(
         real_contexts=real,
         drafters_skipped=skipped,
     )
+
+
+def _real_texts(config: BenchConfig, drafter_specs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+    """The held-out texts of the real-context acceptance, or why there are none (a skip record)."""
+    if not (config.real_files and drafter_specs):
+        return [], {}
+    try:
+        texts = real_context_texts(
+            files=config.real_files,
+            text_tokens=config.real_tokens,
+            stride=config.real_stride,
+            min_prefix=config.real_min_prefix,
+        )
+    except InvalidSettingError as exc:  # a Python installed without its test suite: say so, measure the rest
+        return [], {"status": "skip", "reason": str(exc)}
+    return list(texts), {}
+
+
+def _real_figures(
+    spec: str, target: Target, drafter_specs: Sequence[str], texts: list[Any], config: BenchConfig, tick: ProgressHook
+) -> dict[str, Any]:
+    """Each drafter's teacher-forced acceptance on the real texts, as the result's ``real_contexts``."""
+    k = 4 if 4 in config.ks else config.ks[0]
+    makers = [(d, spec_factory(d)) for d in drafter_specs]
+    real_cells = measure_real_contexts(spec, target, makers, texts, k=k, tick=tick)
+    return {
+        "status": "ok",
+        "method": "teacher-forced: the target's greedy k+1 tokens from a real prefix vs each drafter's "
+        "k-token proposal from it",
+        "texts": [t.to_json() for t in texts],
+        "positions": sum(len(t.positions) for t in texts),
+        "cells": [c.to_json() for c in real_cells],
+    }

@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterable
 
 from specproof.conformance import _registry as registry
 from specproof.conformance._checks import generate_checks
-from specproof.conformance._engine_runs import PATHS, RunCache, rounds_by_path
+from specproof.conformance._engine_runs import PATHS, EngineRun, RunCache, rounds_by_path
 from specproof.conformance._plan import Plan
 from specproof.conformance._replay import Replay
 from specproof.conformance._reproduce import reproduce_command
 from specproof.conformance._results import CheckResult
+from specproof.conformance._subjects import EngineCase
 from specproof.conformance.drivers import CheckItem, Driver, DriverContext, driver_class
 from specproof.contract import ViolationError
 
@@ -152,6 +153,11 @@ class Certification:
             completed = sum(run.completed for run in search.runs)
             out[case.id] = {"generations": len(search.runs), "completed": completed, **{p: total[p] for p in PATHS}}
         return out
+
+    def runs_of(self, case: EngineCase) -> list[EngineRun]:
+        """The runs of an engine case's one search, in the order drawn (empty: it never searched)."""
+        search = self.context.searches.get(case.token)
+        return list(search.runs) if search is not None else []
 
     def unreached_paths(self) -> dict[str, list[str]]:
         """Per engine case judged on its own drafts: the rollback paths its rounds never took.

@@ -7,6 +7,8 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from specproof.engine._plugins import plugin_directory
+
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._plan import Plan
     from specproof.conformance._results import CheckResult
@@ -44,4 +46,7 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
     # the pasted command compares the same projections (the engine never sees the key)
     keys = {m[1] for v in result.violations for m in _DIGEST_KEY.finditer(str(v.explanation))}
     prefix = [f"{_DIGEST_KEY_ENV}={min(keys)}"] if keys else []
+    # a plug-in found in the working directory: the command runs from there
+    found = [d for key in ("drafter", "target", "engine") if (d := plugin_directory(specs.get(key)))]
+    prefix = ["cd", shlex.quote(found[0]), "&&", *prefix] if found else prefix
     return " ".join(prefix + parts)

@@ -18,7 +18,7 @@ from specproof.contract import Violation
 
 __all__ = ["CheckResult", "Report", "Status"]
 
-Status = Literal["pending", "pass", "excused", "fail", "skip", "error", "xfail", "xpass"]
+Status = Literal["pending", "pass", "excused", "fail", "skip", "error", "xfail", "xpass", "consequence"]
 
 
 @attrs.define
@@ -45,6 +45,8 @@ class CheckResult:
     notes: list[str] = attrs.Factory(list)
     reproduce: str = ""
     expected_failure: str | None = None  # the declared reason, when --expect-fail names this invariant
+    # the checks of another subject whose failure caused this one's (status "consequence"): told once, there
+    consequence_of: tuple[str, ...] = ()
 
     def fail(self, violations: list[Violation]) -> None:
         self.status = "fail"
@@ -76,7 +78,16 @@ class CheckResult:
             self.status = "xpass"
             self.detail = f"declared an expected failure ({reason}) but passed: remove the declaration"
 
+    def mark_consequence(self, causes: tuple[str, ...]) -> None:
+        """A failure caused by a subject that failed its own checks (``causes``): reported there, counted here."""
+        if self.status not in ("fail", "error"):
+            return
+        self.status = "consequence"
+        self.consequence_of = tuple(causes)
+        self.detail = f"consequence of {', '.join(causes)} (the drafter's failure): {self.detail}"
+
     def to_json(self) -> dict[str, object]:
+        extra: dict[str, object] = {"consequence_of": list(self.consequence_of)} if self.consequence_of else {}
         return {
             "id": self.nodeid,
             "invariant": self.invariant,
@@ -91,6 +102,7 @@ class CheckResult:
             "violations": [v.to_json() for v in self.violations],
             "reproduce": self.reproduce or None,
             "expected_failure": self.expected_failure,
+            **extra,
         }
 
 

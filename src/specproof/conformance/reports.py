@@ -7,11 +7,15 @@ The verdict (docs/contract.md, "verdicts"):
 - ``pass``: nothing failed, and every subject that was requested had at least one check
   pass on examples that exercised it;
 - ``inconclusive``: nothing failed, but nothing ran or some requested subject had no check
-  that passed (everything skipped): not a pass;
+  that passed (everything skipped), or a plug-in engine was never seen speculating (no round
+  with a draft, no drafted tokens: ``_speculation``) and does not declare ``speculative = False``:
+  not a pass;
 - ``interrupted``: Ctrl-C; the report holds what finished.
 
 A check named by ``--expect-fail`` that fails is ``xfail``: counted apart, it does not fail
-the verdict and counts as its subject having been checked.
+the verdict and counts as its subject having been checked. An engine check that failed because
+the certified drafter failed its own check is a ``consequence`` (``_consequences``): told once,
+under the drafter's failure, and counted in the verdict reason.
 
 Every file goes through ``write_text_file``: the path is checked before any work
 (``check_output_path``), written atomically, with the usual permissions.
@@ -32,6 +36,8 @@ import hypothesis
 import numpy as np
 
 from specproof import __version__
+from specproof.conformance._consequences import mark_consequences
+from specproof.conformance._speculation import not_speculative_notes, unspeculated_cases
 from specproof.contract.files import check_output_path, write_text_file
 from specproof.formats import report as report_format
 
@@ -82,7 +88,7 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
     if cert.interrupted:
         return "interrupted", "interrupted (Ctrl-C): the report holds the checks that finished"
     if any(r["status"] in ("fail", "error") for r in results):
-        return "fail", ""
+        return "fail", _consequence_reason(results)
     stale = sorted({r["invariant"] for r in results if r["status"] == "xpass"})
     if stale:
         return "fail", f"declared expected failures passed (strict): {', '.join(stale)}; remove the declarations"
@@ -94,7 +100,17 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
     unchecked = [s for s, ok in by_subject.items() if not ok]
     if unchecked:
         return "inconclusive", f"no check passed on exercised examples for: {', '.join(unchecked)}"
+    never = unspeculated_cases(cert)
     unreached = cert.unreached_paths()
+    if never:
+        where = "; ".join(
+            f"{case}: {seen}" + (f", paths never taken: {', '.join(unreached[case])}" if case in unreached else "")
+            for case, seen in never.items()
+        )
+        return "inconclusive", (
+            f"no speculative round was observed, so speculation was not certified ({where}); an engine that "
+            "does not speculate says so with `speculative = False` (docs/contract.md, Engines)"
+        )
     if unreached:
         where = "; ".join(f"{case}: {', '.join(paths)}" for case, paths in unreached.items())
         return "inconclusive", (
@@ -104,9 +120,40 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
     return "pass", ""
 
 
+def _consequence_reason(results: list[dict[str, Any]]) -> str:
+    """The FAIL reason when engine checks failed only because the drafter did (told once, counted)."""
+    followed = [r for r in results if r["status"] == "consequence"]
+    if not followed:
+        return ""
+    causes = sorted({c for r in followed for c in r.get("consequence_of") or ()})
+    return (
+        f"{len(followed)} engine check(s) failed only as a consequence of {', '.join(causes)} (the drafter's own "
+        "failure, reported once); fix the drafter first"
+    )
+
+
+def _capabilities(case: Any, suite: Any) -> dict[str, object]:
+    """What the suite observed and drove on an engine case. The built-in engine decodes on the target
+    subject with the suite's drafters, compared with fresh copies of it: the suite holds its live
+    target, its oracle and its drafts."""
+    caps = case.capabilities()
+    if case.kind == "builtin":
+        target = suite.target.prototype if suite.target is not None else None
+        caps.update(
+            steps=True,
+            live_target=True,
+            oracle=True,
+            suite_drafts=True,
+            state_arrays=callable(getattr(target, "state_arrays", None)),
+        )
+    return caps
+
+
 def build_report(cert: Certification) -> dict[str, Any]:
     """The report dict (``specproof.formats.report``) of a finished (or interrupted) certification."""
     plan, suite = cert.plan, cert.plan.suite
+    mark_consequences(cert)  # before the results are read: a drafter's failure told once
+    declared = not_speculative_notes(cert)
     results = [r.to_json() for r in cert.results.values()]
     verdict, why = _verdict(cert, results)
     checked = {r["case"] for r in results}
@@ -138,8 +185,8 @@ def build_report(cert: Certification) -> dict[str, Any]:
             "name": c.name,
             "kind": c.kind,
             "version": _spec_version(plan.specs.get("engine")) if c.kind == "plugin" else __version__,
-            "capabilities": c.capabilities(),
-            "notes": list(c.notes),
+            "capabilities": _capabilities(c, suite),
+            "notes": [*c.notes, *([declared[c.id]] if c.id in declared else [])],
             # the capacity the examples reached up to, beside the one the engine declares
             "capacity": {"max_context": c.max_context, "tested": c.capacity},
             # a wire engine's traffic and protocol overhead per round (docs/protocol.md)
@@ -205,7 +252,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- used, not certified: {u}")
     seed = "derandomized" if report.get("derandomized") else f"seed {report.get('seed')}"
     lines += [
-        f"- profile `{report['profile']}`, {seed}, tie tolerance {report['tie_tolerance']}, atol {report['atol']}",
+        f"- profile `{report['profile']}`, {seed}, {_tolerances_in_force(report)}",
         f"- specproof {report['specproof_version']}, Hypothesis {report['hypothesis_version']}, "
         f"Python {report['python']}, {report['platform']}",
         f"- {report['seconds']} s",
@@ -240,6 +287,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
             f"Engine case {case} drafts for itself; paths it never took (not checked): {', '.join(missing)}.",
         ]
+    lines += _consequence_lines(report["results"])
     for r in [r for r in report["results"] if r["status"] in ("fail", "error", "xfail", "xpass")]:
         lines += ["", f"## {r['invariant']} ({r['case']}) — {r['status']}", ""]
         for v in r.get("violations") or []:
@@ -251,6 +299,38 @@ def render_markdown(report: dict[str, Any]) -> str:
         if r.get("reproduce"):
             lines += ["", f"Reproduce: `{r['reproduce']}`"]
     return "\n".join(lines) + "\n"
+
+
+def _tolerances_in_force(report: dict[str, Any]) -> str:
+    """The tie tolerance and atol the comparisons used: the options given, else the target's own
+    (``--tie-tolerance``/``--atol`` unset leaves the report's top-level fields null)."""
+    subj = report["subjects"]
+    holders = [subj.get("target") or {}, *(subj.get("engines") or ())]
+    parts = []
+    for field, name in (("tie_tolerance", "tie tolerance"), ("atol", "atol")):
+        given = report.get(field)
+        if given is not None:
+            parts.append(f"{name} {given:g} (given)")
+            continue
+        values = sorted({h[field] for h in holders if h.get(field) is not None})
+        parts.append(f"{name} " + ("/".join(f"{v:g}" for v in values) + " (the target's)" if values else "n/a"))
+    return ", ".join(parts)
+
+
+def _consequence_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Engine checks that failed only because the drafter did: one line, not one section each."""
+    followed = [r for r in results if r["status"] == "consequence"]
+    if not followed:
+        return []
+    causes = sorted({c for r in followed for c in r.get("consequence_of") or ()})
+    ids = ", ".join(f"`{r['id']}`" for r in followed)
+    return [
+        "",
+        f"## Consequences of {', '.join(causes)}",
+        "",
+        f"{len(followed)} engine check(s) failed only because the drafter under certification failed its own "
+        f"check (its section below): {ids}.",
+    ]
 
 
 def write_markdown_report(path: str | os.PathLike[str], report: dict[str, Any]) -> None:
@@ -266,7 +346,7 @@ def render_junit(report: dict[str, Any]) -> str:
         tests=str(len(results)),
         failures=str(sum(r["status"] in ("fail", "xpass") for r in results)),
         errors=str(sum(r["status"] == "error" for r in results)),
-        skipped=str(sum(r["status"] in ("skip", "xfail") for r in results)),
+        skipped=str(sum(r["status"] in ("skip", "xfail", "consequence") for r in results)),
         time=f"{report['seconds']:.3f}",
     )
     for r in results:
@@ -282,6 +362,8 @@ def render_junit(report: dict[str, Any]) -> str:
             ET.SubElement(case, "error", message=r["detail"][:300])
         elif r["status"] == "xpass":  # strict: a declared expected failure that passed
             ET.SubElement(case, "failure", message=r["detail"][:300])
+        elif r["status"] == "consequence":  # told once, under the drafter check that caused it
+            ET.SubElement(case, "skipped", message=r["detail"][:300])
         elif r["status"] in ("skip", "xfail"):  # an expected failure is reported as pytest reports xfail
             ET.SubElement(case, "skipped", message=r["detail"][:300])
         ET.SubElement(case, "system-out").text = f"examples {r['examples']}, exercised {r['exercised']}"

@@ -10,11 +10,62 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
+from types import ModuleType
 
 from specproof.contract.errors import PluginError
 
-__all__ = ["declared_capabilities", "plugin_factory", "resolve_plugin", "takes_suite_drafts"]
+__all__ = [
+    "declared_capabilities",
+    "import_plugin_module",
+    "plugin_factory",
+    "plugin_directory",
+    "resolve_plugin",
+    "takes_suite_drafts",
+]
+
+# Plug-in modules found in the working directory (not on sys.path until a spec needed it): name -> directory.
+_FOUND_IN: dict[str, str] = {}
+
+
+def import_plugin_module(name: str) -> ModuleType:
+    """Import a plug-in's module; as ``python -m`` and pytest do, the working directory is searched too.
+
+    The working directory is appended to ``sys.path`` (after everything installed, so it never
+    shadows a package) only when the module is not found otherwise; ``plugin_directory`` then
+    names it, for the reproduce lines. Spawned workers inherit the parent's ``sys.path``.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        top = name.split(".")[0]
+        cwd = os.getcwd()
+        if exc.name not in (top, name) or cwd in [os.path.abspath(p or os.curdir) for p in sys.path]:
+            raise
+        sys.path.append(cwd)
+        importlib.invalidate_caches()
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as again:
+            if again.name in (top, name):
+                sys.path.remove(cwd)
+                raise ModuleNotFoundError(
+                    f"{again} (searched the installed packages and the working directory {cwd})", name=again.name
+                ) from None
+            raise
+        _FOUND_IN[name] = cwd
+        return module
+
+
+def plugin_directory(spec: object) -> str | None:
+    """The working directory the module of ``spec`` (``module:attribute``) was found in by
+    ``import_plugin_module``; None when it was importable without it (installed, on ``PYTHONPATH``)."""
+    if not isinstance(spec, str):
+        return None
+    return _FOUND_IN.get(spec.partition(":")[0])
+
 
 # The method that marks an object as an instance of each kind, not a factory.
 _MARKERS = {"drafter": "propose", "target": "forward", "engine": "generate"}
@@ -31,7 +82,7 @@ def plugin_factory(spec: str, *, kind: str) -> Callable[[], object]:
     if not sep or not module_name or not attr_path:
         raise PluginError(f"{flag} {spec!r}: expected MODULE:ATTRIBUTE, for example mypkg.drafters:make")
     try:
-        module = importlib.import_module(module_name)
+        module = import_plugin_module(module_name)
     except ImportError as exc:
         raise PluginError(f"{flag} {spec!r}: cannot import module {module_name!r}: {exc}") from exc
     except Exception as exc:  # the plug-in's own import raised: report it as theirs

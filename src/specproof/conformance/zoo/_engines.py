@@ -660,7 +660,8 @@ class OracleOnlyEngine(OwnCopyEngine):
 
 
 class GreedyOnlyEngine(OracleOnlyEngine):
-    """Correct, black-box: no steps, no model exposed, only ``greedy(prompt, n)`` as the oracle."""
+    """Correct, black-box: no steps, no model exposed, only ``greedy(prompt, n)`` as the oracle; it reports
+    ``stats`` (its drafted tokens show it speculates)."""
 
     bug = "none (correct: black-box with greedy())"
 
@@ -674,7 +675,8 @@ class GreedyOnlyEngine(OracleOnlyEngine):
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
         gen = super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
-        return Generation(tokens=gen.tokens, stop_reason=gen.stop_reason)
+        # no steps; its stats show that it drafted (a black-box engine with neither is never seen speculating)
+        return Generation(tokens=gen.tokens, stop_reason=gen.stop_reason, stats=gen.stats)
 
 
 class RaisesEveryCall(ZooEngine):
