@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specproof.contract.schemas import problems
+from specproof.formats import problems
 
 from specproof.cli import main
 from specproof.conformance.zoo._drafters import TooLong

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if path:
             check_output_path(path, option=option)
     if args.gate_wall and not args.gate:
-        from specproof.engine.errors import InvalidSettingError
+        from specproof.contract.errors import InvalidSettingError
 
         raise InvalidSettingError("--gate-wall gates against a baseline: give --gate BASELINE too")
     if args.plot:
@@ -113,7 +113,7 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        from specproof.engine.errors import InvalidSettingError
+        from specproof.contract.errors import InvalidSettingError
 
         raise InvalidSettingError(
             "--plot needs matplotlib: install specproof[bench] (pip install 'specproof[bench]'), or drop --plot"
