@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specproof.formats import problems
 
 from specproof.cli import main
 from specproof.conformance.zoo._drafters import TooLong
 from specproof.conformance.zoo._engines import GreedyOnlyEngine
 from specproof.contract import Generation
+from specproof.formats import problems
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 HERE = "test_verdict_first_hour"
