@@ -14,6 +14,8 @@ from specproof.conformance import Certification, Plan, parametrize_with_checks
 from specproof.conformance.plugin import CERTIFICATION
 from specproof.conformance.zoo import ZooTarget
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 SPEC = "test_certification_scope:RestoreConvOff"
 
 

@@ -21,6 +21,8 @@ from specproof.engine.targets.convert import (
     tiny_lfm2_reference,
 )
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 ATOL = 5e-4
 HAS_MLX = importlib.util.find_spec("mlx") is not None and importlib.util.find_spec("mlx_lm") is not None
 HAS_HF = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None

@@ -27,6 +27,8 @@ from specproof.conformance._database import derandomized_seed, open_database
 from specproof.conformance._profiles import get_profile
 from specproof.contract import UsageError
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 MEMBER = "specproof.conformance.zoo:length_cap_hides_eos_in_block"
 CONTROL = "specproof.conformance.zoo:zoo_engine"
 ONLY = ("engine.stop",)

@@ -17,6 +17,8 @@ from specproof.fixtures import _feature_heads, _trained, load_trained_target
 from specproof.fixtures._feature_heads import feature_heads_metadata, load_feature_head
 from specproof.plugins import load_drafter
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 PROMPT = list(b'import os\n\n\ndef main():\n    """Run the thing."""\n    for x in range(10):\n        print(x)\n')
 
 

@@ -21,6 +21,8 @@ import pytest
 
 from specproof.cli import build_parser, main
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 MEMBER = "specproof.conformance.zoo:length_cap_hides_eos_in_block"
 CHECK = "length_cap_hides_eos_in_block-engine.stop"
 

@@ -19,6 +19,8 @@ from specproof.engine.adapters.hf_prompt_lookup import HFPromptLookupEngine, mak
 from specproof.engine.targets.hf import HFTarget, load_spec  # noqa: E402
 from specproof.plugins import resolve_plugin  # noqa: E402
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 torch.set_num_threads(1)  # tiny models on shared cores
 
 PROMPTS = [

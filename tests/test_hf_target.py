@@ -20,6 +20,8 @@ from specproof.engine import StaleSnapshotError, TargetContractError, greedy_dec
 from specproof.engine.targets.hf import TINY_MODELS, HFTarget, load_spec  # noqa: E402
 from specproof.plugins import load_target  # noqa: E402
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 # transformers' kernels are not batch-invariant: a q-token forward differs from q one-token forwards
 # by up to ~4e-5 on these float32 models (the chunked vs recurrent delta rule, gemm vs gemv), so the
 # chunking checks use the target's tie_tolerance (1e-3); restore is exact (same calls, same state).

@@ -20,6 +20,8 @@ from specproof.engine import StaleSnapshotError, TargetContractError, greedy_dec
 from specproof.engine.targets.mlx import TINY_MODELS, MLXTarget
 from specproof.plugins import load_target
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 # MLX's CPU kernels give the same bits for a q-token forward as for q one-token forwards on these
 # models (measured: max |diff| 0.0); the shared chunking checks still allow the target's stated
 # tolerance, because Metal kernels are not guaranteed to.

@@ -41,6 +41,8 @@ from specproof.wire.native import (
     native_dir,
 )
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 LOGIT_ATOL = 1e-4  # measured: 1.5e-5 over 300 positions of a bench prompt
 BUGS = (
     "stale-conv",

@@ -285,6 +285,7 @@ def test_a_decoder_dropping_the_bonus_on_a_full_accept_fails_the_machine(monkeyp
     assert info.value.prop in ("lossless", "step-record"), str(info.value)
 
 
+@pytest.mark.slow
 def test_certify_rejects_a_decoder_dropping_the_bonus_on_a_full_accept(monkeypatch):
     from specproof.conformance import certify
 

@@ -7,6 +7,8 @@ import pytest
 from specproof.engine import greedy_decode
 from specproof.plugins import load_target
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 PROMPT = list(b"def read(self, path):\n    with open(path) as f:\n")
 
 

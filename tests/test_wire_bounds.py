@@ -22,6 +22,8 @@ from specproof.wire import EngineProtocolError, ExecEngine, TcpEngine
 from specproof.wire._limits import MAX_DEPTH, parse_line
 from specproof.wire._state_view import WireTargetView
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 _WIRE_TIMEOUT = {"SPECPROOF_WIRE_TIMEOUT": "5"}
 
 

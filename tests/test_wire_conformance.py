@@ -25,6 +25,8 @@ import pytest
 
 from _wire_helpers import PY_ENGINE, by_invariant, certify_engine
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 ONLY = ("engine.drafts-used", "engine.lossless", "engine.stop", "engine.accept-rule", "engine.state-restored")
 
 

@@ -31,6 +31,8 @@ from specproof.contract.errors import PluginError
 from specproof.wire import EngineProtocolError, EngineRequestError, ExecEngine, validate_message
 from specproof.wire._limits import NO_STATE_LINE_BYTES, check_feature_shape, feature_line_bytes
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 DRAFTER = "specproof.conformance.zoo:feature_head_drafter"  # layers 0, 1, 3 of the zoo's small reference
 ONLY = ("engine.features", "engine.lossless")
 

@@ -34,6 +34,8 @@ from specproof.conformance.zoo import (
 from specproof.engine import SpecproofError
 from specproof.plugins import resolve_plugin
 
+pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
+
 
 def _certify(kind: str, spec: str, *, only: tuple[str, ...] = (), seed: int | None = None) -> dict[str, Any]:
     return certify(kind, **{kind: spec}, profile="quick", only=only, seed=seed)
