@@ -28,6 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "specproof._cli.bundle",
     "specproof._cli.bench",
     "specproof._cli.invariants",
+    "specproof._cli.export",
 )
 
 
