@@ -251,16 +251,30 @@ def require_vllm() -> Any:
 _LLM: dict[str, Any] = {}
 
 
+def _where(exc: BaseException) -> str:
+    """The innermost frame of ``exc`` inside vLLM, as ``vllm/PATH:LINE (CODE)``, or ``""``."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename.replace("\\", "/")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    path = f.filename.replace("\\", "/").rpartition("/vllm/")[2]
+    return f" at vllm/{path}:{f.lineno} ({(f.line or f.name).strip()[:80]})"
+
+
 def _refusal_hint(exc: BaseException, settings: VLLMSettings) -> str:
-    text = f"{type(exc).__name__}: {exc}"
+    """One line: what vLLM raised, where, and the option to change when it is a known refusal."""
+    first = (str(exc).splitlines() or [""])[0][:300]
+    text = f"{type(exc).__name__}: {first}{_where(exc)}"
     low = text.lower()
     if settings.prefix_caching and ("triton" in low or "mamba" in low or "prefix" in low):
-        return f"{text.splitlines()[0][:300]} — set prefix_caching=0 (vLLM's hybrid prefix caching needs Triton)"
+        return f"{text} — set prefix_caching=0 (vLLM's hybrid prefix caching runs a Triton-only kernel)"
     if "head size" in low or "head_size" in low:
-        return f"{text.splitlines()[0][:300]} — pad the heads: `specproof export vllm DIR --head-dim 32`"
+        return f"{text} — pad the heads: `specproof export vllm DIR --head-dim 32`"
     if settings.method is not None and "specul" in low:
-        return f"{text.splitlines()[0][:300]} — change or remove the speculative= option"
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+        return f"{text} — change or remove the speculative= option"
+    return text
 
 
 def _llm_for(settings: VLLMSettings) -> Any:
