@@ -291,7 +291,7 @@ def _llm_for(settings: VLLMSettings) -> Any:
     try:
         llm = vllm.LLM(**settings.llm_kwargs())
     except Exception as exc:  # vLLM raises ValueError, RuntimeError, pydantic errors ...
-        raise InvalidSettingError(f"vLLM refused {settings.describe()}: {_refusal_hint(exc, settings)}") from exc
+        raise InvalidSettingError(f"vLLM refused {settings.describe()}: {_refusal_hint(exc, settings)}") from None
     _LLM.update(settings=settings, llm=llm)
     return llm
 
@@ -358,9 +358,11 @@ class VLLMEngine:
         try:
             (out,) = self.llm.generate([prompt_in], params, use_tqdm=False)
         except Exception as exc:
+            # from None: reports name an error's cause, and this message already carries vLLM's exception,
+            # where it was raised and the option to change (the original stays as __context__)
             raise InvalidSettingError(
                 f"vLLM failed on {self.settings.describe()}: {_refusal_hint(exc, self.settings)}"
-            ) from exc
+            ) from None
         completion = out.outputs[0]
         tokens = [int(t) for t in completion.token_ids]
         stop: StopReason = "max_new_tokens"
