@@ -16,6 +16,9 @@ validated in ``parse_vllm_spec``):
   ``len(prompt) + max_tokens <= N``);
 - ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded).
 
+The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: vLLM's
+kernels and the padded export round differently from the reference); ``--tie-tolerance`` overrides it.
+
 Decoding is greedy (``temperature=0``, ``ignore_eos``; ``eos_token_id`` becomes ``stop_token_ids``)
 on token-id prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLLM
 reports neither its rounds nor its drafts, so ``steps`` is None and only the end-to-end
@@ -43,6 +46,7 @@ import attrs
 from specproof.engine._records import Generation, Stats, StopReason
 from specproof.engine._validate import check_prompt, check_setting_int
 from specproof.engine.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
+from specproof.engine.targets._framework import default_tie_tolerance
 
 __all__ = [
     "SUPPORTED_HEAD_SIZES",
@@ -318,6 +322,9 @@ class VLLMEngine:
             )
         self.settings = settings
         self.oracle = oracle
+        # vLLM's float32 kernels sum in another order than the reference (and the export re-embeds the
+        # heads: logits within 3e-5), so a near-tie may break either way: the framework targets' tolerance
+        self.tie_tolerance: float = default_tie_tolerance("float32")
         self.vocab_size: int = vocab
         self.max_context: int = min(settings.max_model_len - 1, int(getattr(oracle, "max_context", 1 << 30)))
         if settings.method is not None:
