@@ -29,6 +29,7 @@ COMMANDS: tuple[str, ...] = (
     "specproof._cli.bench",
     "specproof._cli.invariants",
     "specproof._cli.native",
+    "specproof._cli.export",
 )
 
 

