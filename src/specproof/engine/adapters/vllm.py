@@ -43,9 +43,10 @@ from typing import Any
 
 import attrs
 
-from specproof.engine._records import Generation, Stats, StopReason
-from specproof.engine._validate import check_prompt, check_setting_int
-from specproof.engine.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
+from specproof.contract import Generation, Stats, StopReason
+from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
+from specproof.contract.validation import int_at_least
+from specproof.engine._validate import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
 __all__ = [
@@ -169,7 +170,7 @@ def parse_vllm_spec(text: str) -> VLLMSettings:
             fields[key] = value
         elif key == "max_model_len":
             try:
-                fields[key] = check_setting_int(int(value), name="vllm option max_model_len", minimum=2)
+                fields[key] = int_at_least(int(value), name="max_model_len", minimum=2, where="vllm option")
             except ValueError:
                 raise InvalidSettingError(f"vllm option max_model_len={value!r}: expected an integer >= 2") from None
         elif key == "oracle":
@@ -345,7 +346,7 @@ class VLLMEngine:
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
         """Decode greedily with vLLM; ``stop_reason`` from the tokens it returned."""
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
-        n = check_setting_int(max_new_tokens, name="max_new_tokens", minimum=0)
+        n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="vllm engine")
         if eos_token_id is not None and not (
             isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
         ):
