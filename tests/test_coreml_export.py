@@ -160,9 +160,9 @@ def test_last_token_only_variant(tmp_path: Path) -> None:
 
 
 def test_evaluator_fails_loudly_on_an_unknown_op(bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from specproof.engine.targets import _mil_eval
+    from specproof.engine.targets import mil_eval
 
-    monkeypatch.delitem(_mil_eval.OPS, "conv")
+    monkeypatch.delitem(mil_eval.OPS, "conv")
     with pytest.raises(UnknownOpError, match=r"ML program '.*ref\.mlpackage' .*op type 'conv' is not implemented"):
         MilEvaluator(bundle)
 

@@ -115,11 +115,11 @@ def test_a_plugin_in_the_working_directory_is_found(tmp_path: Path) -> None:
 
 
 def test_an_installed_module_is_never_shadowed_by_the_working_directory(tmp_path: Path, monkeypatch) -> None:
-    from specproof.engine._plugins import import_plugin_module
+    from specproof.engine.plugin_modules import import_plugin_module
 
     (tmp_path / "json.py").write_text("raise RuntimeError('shadowed the standard library')\n")
     (tmp_path / "herebymod.py").write_text("VALUE = 7\n")
-    import specproof.engine._plugins as plugins
+    import specproof.engine.plugin_modules as plugins
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])

@@ -33,11 +33,10 @@ from specproof.engine import (
     SpecproofError,
     Target,
 )
-from specproof.engine import _plugins as engine_plugins
+from specproof.engine import plugin_modules as engine_plugins
 from specproof.engine import targets as engine_targets
 from specproof.engine.drafters import SuffixDrafter
-from specproof.fixtures import load_trained_small_target, load_trained_target
-from specproof.fixtures._feature_heads import load_head_drafter
+from specproof.fixtures import load_head_drafter, load_trained_small_target, load_trained_target
 
 __all__ = [
     "DRAFTER_SPECS",

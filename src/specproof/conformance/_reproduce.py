@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from specproof.engine._plugins import plugin_directory
+from specproof.engine.plugin_modules import plugin_directory
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._plan import Plan

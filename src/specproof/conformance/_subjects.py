@@ -20,8 +20,8 @@ from specproof.conformance.checks.features import feature_layers_of
 from specproof.contract import validate_tolerance
 from specproof.contract.errors import PluginError
 from specproof.engine import Drafter, Target
-from specproof.engine._plugins import declared_capabilities, takes_suite_drafts
-from specproof.engine._validate import component_name
+from specproof.engine.conventions import component_name
+from specproof.engine.plugin_modules import declared_capabilities, takes_suite_drafts
 from specproof.plugins import drafter_factory, load_target, plugin_factory
 
 __all__ = ["DEFAULT_TARGET", "DrafterSubject", "EngineCase", "Suite", "TargetSubject"]

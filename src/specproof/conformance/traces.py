@@ -597,7 +597,7 @@ def golden_case(
     target: Target, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None
 ) -> GoldenCase:
     """Run plain greedy on ``target`` and record the case (tokens and margins) for a golden file."""
-    from specproof.engine._greedy import greedy_with_margins
+    from specproof.engine import greedy_with_margins
 
     gen, margins = greedy_with_margins(target, prompt, max_new_tokens, eos_token_id=eos_token_id)
     return GoldenCase(
@@ -754,8 +754,8 @@ def _lossless_against_golden(trace: Trace, case: GoldenCase, tie_tolerance: floa
 
 
 def _lossless_against_target(trace: Trace, target: Target, tie_tolerance: float, name: str | None) -> _Oracle:
-    from specproof.engine._greedy import greedy_with_margins
-    from specproof.engine._validate import component_name
+    from specproof.engine import greedy_with_margins
+    from specproof.engine.conventions import component_name
 
     name = name or component_name(target)
     if target.vocab_size != trace.vocab_size:

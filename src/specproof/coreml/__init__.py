@@ -41,8 +41,8 @@ from specproof.coreml._inspect import (
     inspect_bundle,
 )
 from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, ExportOptions
-from specproof.engine.targets._mil_eval import OPS as EVALUATOR_OPS
-from specproof.engine.targets._mil_eval import MilEvaluator, UnknownOpError, load_program
+from specproof.engine.targets.mil_eval import OPS as EVALUATOR_OPS
+from specproof.engine.targets.mil_eval import MilEvaluator, UnknownOpError, load_program
 
 __all__ = [
     "DEFAULT_EXPORT_TARGET",

@@ -12,7 +12,7 @@ from specproof.contract import Drafter, Generation, Stats, Step, StopReason, Tar
 from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.contract.validation import int_at_least
 from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
-from specproof.engine._validate import (
+from specproof.engine.conventions import (
     check_draft,
     check_logits,
     check_prompt,

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from specproof.contract.errors import InvalidSettingError, SpecproofError
-from specproof.engine._validate import component_name
+from specproof.engine.conventions import component_name
 
 __all__ = ["FeatureStore", "drafter_feature_layers", "forward_features"]
 

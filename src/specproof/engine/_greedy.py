@@ -9,7 +9,7 @@ import numpy as np
 from specproof.contract import Generation, Stats, Step, StopReason, Target
 from specproof.contract.errors import TokenRangeError
 from specproof.contract.validation import int_at_least
-from specproof.engine._validate import check_logits, check_prompt, component_name
+from specproof.engine.conventions import check_logits, check_prompt, component_name
 
 __all__ = ["greedy_decode", "greedy_with_margins", "top2_margin"]
 

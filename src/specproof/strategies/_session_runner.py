@@ -29,7 +29,7 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.contract.lossless import compare_lossless
 from specproof.contract.validation import int_at_least
 from specproof.engine import greedy_with_margins
-from specproof.engine._plugins import takes_suite_drafts
+from specproof.engine.plugin_modules import takes_suite_drafts
 from specproof.strategies._machine import check_tolerance
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
 from specproof.strategies._session_history import SessionHistory, SessionRequest

@@ -16,7 +16,7 @@ import numpy as np
 
 from specproof.contract import Violation
 from specproof.engine import Drafter
-from specproof.engine._validate import draft_sequence_problem
+from specproof.engine.conventions import draft_sequence_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant

@@ -45,7 +45,7 @@ from specproof.engine import (
     SpecDecoder,
     greedy_decode,
 )
-from specproof.engine._validate import check_prompt, component_name
+from specproof.engine.conventions import check_prompt, component_name
 
 __all__ = [
     "ContinuationOnlySessionEngine",

@@ -20,7 +20,7 @@ from typing import Any
 from specproof.contract import Generation, StopReason
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 from specproof.contract.validation import int_at_least
-from specproof.engine._validate import check_prompt
+from specproof.engine.conventions import check_prompt
 from specproof.engine.targets.hf import HFTarget, load_spec, require_hf
 
 __all__ = ["HFPromptLookupEngine", "make"]

@@ -46,7 +46,7 @@ import attrs
 from specproof.contract import Generation, Stats, StopReason
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
-from specproof.engine._validate import check_prompt
+from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
 __all__ = [

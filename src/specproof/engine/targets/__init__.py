@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from specproof.contract import Target
 from specproof.contract.errors import InvalidSettingError, PluginError
-from specproof.engine._plugins import resolve_plugin
+from specproof.engine.plugin_modules import resolve_plugin
 
 __all__ = ["TARGET_FAMILIES", "load_target", "register_target_family"]
 

@@ -1,7 +1,7 @@
 """``CoreMLEvalTarget``: a ``Target`` over a saved Core ML bundle, run by the numpy ML-program evaluator.
 
 ``coreml-eval:PATH[,tie_tolerance=X]`` certifies a bundle on Linux: the program stored in
-the ``.mlpackage`` is executed op by op (``_mil_eval.MilEvaluator``: fp16 storage, fp32
+the ``.mlpackage`` is executed op by op (``mil_eval.MilEvaluator``: fp16 storage, fp32
 accumulation, only the ops it implements; any other op is an ``UnknownOpError`` naming the
 op and the program). The interface is the one ``specproof bundle export`` writes and
 ``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]``,
@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
-from specproof.engine.targets._mil_eval import OPS, MilEvaluator, UnknownOpError
+from specproof.engine.targets.mil_eval import OPS, MilEvaluator, UnknownOpError
 
 __all__ = ["FP16_TIE_TOLERANCE", "OPS", "CoreMLEvalSnapshot", "CoreMLEvalTarget", "UnknownOpError", "load_spec"]
 
