@@ -14,7 +14,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from specproof import __version__
+from specproof._version import __version__
 from specproof.contract import UsageError
 
 __all__ = ["COMMANDS", "UsageError", "main"]

@@ -68,7 +68,7 @@ from typing import Any, Final
 import attrs
 import numpy as np
 
-from specproof import __version__
+from specproof._version import __version__
 from specproof.bench._degeneracy import distinct_ngram_share, final_period, is_degenerate
 from specproof.bench._real import RealContextCell, measure_real_contexts, real_context_texts
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream

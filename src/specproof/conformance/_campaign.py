@@ -203,7 +203,7 @@ def _report_defaults(plan: dict[str, Any]) -> dict[str, Any]:
     import hypothesis
     import numpy as np
 
-    from specproof import __version__
+    from specproof._version import __version__
 
     return {
         "format": report_format.ID,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import hypothesis
 import numpy as np
 
-from specproof import __version__
+from specproof._version import __version__
 from specproof.conformance._consequences import mark_consequences
 from specproof.conformance._speculation import not_speculative_notes, unspeculated_cases
 from specproof.contract.files import check_output_path, write_text_file
