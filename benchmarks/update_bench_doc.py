@@ -3,7 +3,7 @@
     specproof bench --quick --json benchmarks/bench-quick.json
     python benchmarks/update_bench_doc.py            # rewrites the block between the markers
 
-tests/test_docs.py fails when the page and the committed run disagree.
+tests/project/test_docs.py fails when the page and the committed run disagree.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Plug-ins for the verdict meta-tests (tests/test_verdicts.py): each should get a non-PASS verdict."""
+"""Plug-ins for the verdict meta-tests (tests/conformance/test_verdicts.py): each should get a non-PASS verdict."""
 
 from __future__ import annotations
 

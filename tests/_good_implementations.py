@@ -1,4 +1,4 @@
-"""Correct implementations that differ from specproof's own, for ``tests/test_certify_accepts.py``.
+"""Correct implementations that differ from specproof's own, for ``tests/conformance/test_certify_accepts.py``.
 
 Certification must accept every one of these: a suite that rejects a correct
 drafter because it breaks ties differently, never drafts, or returns numpy arrays,

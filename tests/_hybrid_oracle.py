@@ -208,7 +208,7 @@ def mean_and_error(values: np.ndarray, population: int) -> tuple[float, float]:
 # sample is fixed, so this is no flake rate but how far off a record may be before it is refused:
 # measured, 0.22 bits/byte on trained's held-out figure (a record 25% off is refused), 0.28 on the
 # draft's (15% off is refused) and 0.037 on its top-1 agreement with trained (0.05 off is refused);
-# tests/test_trained_fixture.py and tests/test_draft_fixture.py show each refusal.
+# tests/fixtures/test_trained_fixture.py and tests/fixtures/test_draft_fixture.py show each refusal.
 TOLERANCE_ERRORS = 3.0
 
 

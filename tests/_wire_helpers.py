@@ -1,4 +1,4 @@
-"""Helpers shared by the wire tests (tests/test_wire_*.py, tests/test_native_engine.py).
+"""Helpers shared by the wire tests (tests/test_wire_*.py, tests/wire/test_native_engine.py).
 
 The test engines are Python scripts beside this file: ``FAKE`` (canned conversations),
 ``HOSTILE`` (bounds-breaking engines) and ``PY_ENGINE`` (a whole engine with planted bugs). They

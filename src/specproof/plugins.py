@@ -1,7 +1,7 @@
 """Resolving command-line specs: targets, drafters and engines (docs/contract.md, "Engines").
 
 This module sits above ``specproof.engine``, ``specproof.wire`` and ``specproof.fixtures``
-and is the one place that knows all three; none of them imports it (tests/test_layers.py).
+and is the one place that knows all three; none of them imports it (tests/project/test_layers.py).
 
 - ``load_target(spec)``: the engine's target families (``reference``, ``reference-moe``,
   ``reference:FIELD=V,...``, ``hf:``, ``mlx:``, ``coreml:``, ``coreml-eval:``, any ``register_target_family``

@@ -5,7 +5,7 @@ run (mode, target, when, load, machine) and prints only figures of that run, eac
 way the bench derives it: efficiency is speedup / tokens per round of the same cell. The
 verify-cost ratio is left out: it is a separate timing whose noise under load made it contradict
 the efficiency beside it. ``replace_block`` puts the block between the markers;
-``benchmarks/update_bench_doc.py`` runs both, and tests/test_docs.py checks that the page holds
+``benchmarks/update_bench_doc.py`` runs both, and tests/project/test_docs.py checks that the page holds
 exactly what the committed run renders.
 """
 

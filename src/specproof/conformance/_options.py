@@ -3,7 +3,7 @@
 Each ``Option`` names its ``certify`` flag and its plugin twin (``--specproof-*``); the CLI
 adds them to argparse (``add_to_argparse``), the plugin to pytest's parser
 (``add_to_pytest``), from the same help, type, default and choices. A ``certify`` option
-with no twin is listed in ``NOT_IN_PLUGIN`` with the reason (tests/test_plugin_options.py
+with no twin is listed in ``NOT_IN_PLUGIN`` with the reason (tests/conformance/test_plugin_options.py
 fails on one that is neither).
 """
 

@@ -1,6 +1,6 @@
 """The one array comparison every check, the stateful machines and the targets use.
 
-Policy (documented in docs/contract.md, tested in tests/test_compare.py):
+Policy (documented in docs/contract.md, tested in tests/contract/test_compare.py):
 
 * **exact** (``atol == 0``): equal as IEEE values. ``+0.0`` equals ``-0.0`` (they behave the
   same in every later sum and product a model makes, and different summation orders

@@ -9,7 +9,7 @@ a zero-argument factory), so it is certified through the ordinary paths::
 
 and ``ZOO`` says, per member, what kind of subject it is, which invariant it breaks
 (and which others the same bug is also caught by), and what the bug is. The
-meta-tests (``tests/test_zoo.py``) certify every member and require the named
+meta-tests (``tests/conformance/test_zoo.py``) certify every member and require the named
 invariant to fail.
 
 Each family also has its correct *control* (``lookup_drafter``, ``zoo_target``,

@@ -247,6 +247,69 @@ def _head_index(heads: int, hd: int, new_hd: int) -> npt.NDArray[np.intp]:
     return (h * new_hd + side * new_half + j).reshape(-1)
 
 
+@attrs.frozen
+class _PaddedShapes:
+    """The widths of one head re-embedding: the residual stream ``d -> new_d``, heads ``hd -> head_dim``."""
+
+    d: int
+    new_d: int
+    hd: int
+    head_dim: int
+    nh: int
+    nkv: int
+
+
+def _widen(
+    w: npt.NDArray[np.float32],
+    rows: npt.NDArray[np.intp] | None,
+    cols: npt.NDArray[np.intp] | None,
+    shape: tuple[int, ...],
+) -> npt.NDArray[np.float32]:
+    """``w`` placed at ``rows`` x ``cols`` (all when None) of a zero array of ``shape``."""
+    out = np.zeros(shape, np.float32)
+    out[
+        np.ix_(rows if rows is not None else np.arange(shape[0]), cols if cols is not None else np.arange(shape[1]))
+    ] = w
+    return out
+
+
+def _pad_tensor(
+    name: str, w: npt.NDArray[np.float32], s: _PaddedShapes, norm_scale: np.float32
+) -> npt.NDArray[np.float32]:
+    """One LFM2 tensor of ``pad_lfm2_heads``' re-embedding (the rules in its docstring)."""
+    real = np.arange(s.d)  # residual stream: the real dimensions first, zeros after
+    q_idx, kv_idx = _head_index(s.nh, s.hd, s.head_dim), _head_index(s.nkv, s.hd, s.head_dim)
+    new_d = s.new_d
+    if name.endswith(("operator_norm.weight", "ffn_norm.weight", "embedding_norm.weight")):
+        v = np.zeros((new_d,), np.float32)
+        v[real] = w * norm_scale
+        return v
+    if name.endswith("q_layernorm.weight"):
+        return _pad_head_rows(w * norm_scale, 1, s.hd, s.head_dim)
+    if name.endswith("k_layernorm.weight"):
+        return _pad_head_rows(w, 1, s.hd, s.head_dim)
+    if name in ("model.embed_tokens.weight", "lm_head.weight") or name.endswith(("w1.weight", "w3.weight")):
+        return _widen(w, None, real, (w.shape[0], new_d))
+    if name.endswith("conv.in_proj.weight"):  # rows B, C, x: each chunk of d rows widened
+        rows = np.concatenate([real + k * new_d for k in range(3)])
+        return _widen(w, rows, real, (3 * new_d, new_d))
+    if name.endswith("conv.conv.weight"):
+        v = np.zeros((new_d, *w.shape[1:]), np.float32)
+        v[real] = w
+        return v
+    if name.endswith("conv.out_proj.weight"):
+        return _widen(w, real, real, (new_d, new_d))
+    if name.endswith("q_proj.weight"):
+        return _widen(w, q_idx, real, (s.nh * s.head_dim, new_d))
+    if name.endswith(("k_proj.weight", "v_proj.weight")):
+        return _widen(w, kv_idx, real, (s.nkv * s.head_dim, new_d))
+    if name.endswith("self_attn.out_proj.weight"):
+        return _widen(w, real, q_idx, (new_d, s.nh * s.head_dim))
+    if name.endswith("w2.weight"):
+        return _widen(w, real, None, (new_d, w.shape[1]))
+    raise InvalidSettingError(f"reference -> vllm lfm2: no padding rule for tensor {name!r}")
+
+
 def pad_lfm2_heads(ref: ReferenceHybrid, *, head_dim: int) -> ReferenceHybrid:
     """An exact re-embedding of an LFM2-compatible ``ref`` with attention heads of ``head_dim`` (>= its own).
 
@@ -275,54 +338,9 @@ def pad_lfm2_heads(ref: ReferenceHybrid, *, head_dim: int) -> ReferenceHybrid:
     d, new_d = cfg.d_model, nh * head_dim
     r = hd / head_dim
     norm_scale = np.float32(math.sqrt(r))
-    real = np.arange(d)  # residual stream: the real dimensions first, zeros after
-    q_idx, kv_idx = _head_index(nh, hd, head_dim), _head_index(nkv, hd, head_dim)
 
-    def widen(
-        w: npt.NDArray[np.float32],
-        rows: npt.NDArray[np.intp] | None,
-        cols: npt.NDArray[np.intp] | None,
-        shape: tuple[int, ...],
-    ) -> npt.NDArray[np.float32]:
-        out = np.zeros(shape, np.float32)
-        out[
-            np.ix_(rows if rows is not None else np.arange(shape[0]), cols if cols is not None else np.arange(shape[1]))
-        ] = w
-        return out
-
-    new: dict[str, npt.NDArray[np.float32]] = {}
-    for name, w in ref.weights.items():
-        w = np.asarray(w, np.float32)
-        if name.endswith(("operator_norm.weight", "ffn_norm.weight", "embedding_norm.weight")):
-            v = np.zeros((new_d,), np.float32)
-            v[real] = w * norm_scale
-        elif name.endswith("q_layernorm.weight"):
-            v = _pad_head_rows(w * norm_scale, 1, hd, head_dim)
-        elif name.endswith("k_layernorm.weight"):
-            v = _pad_head_rows(w, 1, hd, head_dim)
-        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            v = widen(w, None, real, (w.shape[0], new_d))
-        elif name.endswith("conv.in_proj.weight"):  # rows B, C, x: each chunk of d rows widened
-            rows = np.concatenate([real + k * new_d for k in range(3)])
-            v = widen(w, rows, real, (3 * new_d, new_d))
-        elif name.endswith("conv.conv.weight"):
-            v = np.zeros((new_d, *w.shape[1:]), np.float32)
-            v[real] = w
-        elif name.endswith("conv.out_proj.weight"):
-            v = widen(w, real, real, (new_d, new_d))
-        elif name.endswith("q_proj.weight"):
-            v = widen(w, q_idx, real, (nh * head_dim, new_d))
-        elif name.endswith(("k_proj.weight", "v_proj.weight")):
-            v = widen(w, kv_idx, real, (nkv * head_dim, new_d))
-        elif name.endswith("self_attn.out_proj.weight"):
-            v = widen(w, real, q_idx, (new_d, nh * head_dim))
-        elif name.endswith(("w1.weight", "w3.weight")):
-            v = widen(w, None, real, (w.shape[0], new_d))
-        elif name.endswith("w2.weight"):
-            v = widen(w, real, None, (new_d, w.shape[1]))
-        else:
-            raise InvalidSettingError(f"reference -> vllm lfm2: no padding rule for tensor {name!r}")
-        new[name] = v
+    shapes = _PaddedShapes(d=d, new_d=new_d, hd=hd, head_dim=head_dim, nh=nh, nkv=nkv)
+    new = {name: _pad_tensor(name, np.asarray(w, np.float32), shapes, norm_scale) for name, w in ref.weights.items()}
     padded = attrs.evolve(
         cfg,
         d_model=new_d,

@@ -9,7 +9,7 @@ cache": an ``ArraysCache`` holding a conv or delta-rule state cannot be trimmed)
 - every ``ArraysCache`` (LFM2's conv state; Qwen3.5's conv state and delta-rule state) is
   snapshotted by keeping references to its arrays. That is enough: MLX arrays are values, and
   mlx-lm's layers *rebind* ``cache[i] = new_state`` instead of writing into the old array, so a
-  kept reference never changes (``tests/test_mlx_target.py`` checks this).
+  kept reference never changes (``tests/frameworks/test_mlx_target.py`` checks this).
 
 **No ``forward_with_checkpoints``.** mlx-lm's ``ShortConv`` and ``GatedDeltaNet`` keep only the
 state after the last position of a forward; the per-position states exist only inside the layer

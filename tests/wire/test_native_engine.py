@@ -574,7 +574,7 @@ def test_certify_rejects_every_planted_bug_on_its_invariant(native: tuple[Path, 
     failed = re.compile(rf"^(fail\s+\S*{re.escape(invariant)}|.*{re.escape(invariant)}\s*│\s*fail\b)")
     assert any(failed.match(line) for line in done.output.splitlines()), done.output  # a line or a table row
     # a digest-sum failure's command starts by setting the key its signs were drawn with (a CRC or
-    # shape failure's does not: no signs to draw again); tests/test_wire_conformance.py pastes one
+    # shape failure's does not: no signs to draw again); tests/wire/test_wire_conformance.py pastes one
     key = r"(SPECPROOF_WIRE_DIGEST_KEY=[0-9a-f]{32} )?"
     reproduce = re.search(rf"reproduce: {key}specproof certify engine --engine", done.output)
     assert reproduce and f"--bug {bug}" in done.output, done.output

@@ -24,7 +24,7 @@ from specproof.engine import NgramDrafter, SpecDecoder
 from specproof.formats import FORMATS, load_schema, problems, validate
 from specproof.strategies import SessionHistory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = ROOT / "src" / "specproof" / "schemas"
 SCHEMAS = {f.schema: f.id for f in FORMATS}  # schema name -> format id, from the format modules
 ZOO_SESSION_BUG = "specproof.conformance.zoo:snapshot_only_last_call"  # fails engine.session in ~2 s

@@ -13,7 +13,7 @@ from specproof.conformance import REGISTRY, markdown_table, select
 from specproof.conformance.zoo import ZOO
 from specproof.contract import UsageError
 
-INVARIANTS_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "invariants.md"
+INVARIANTS_PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "invariants.md"
 
 
 def test_docs_table_is_the_registry() -> None:

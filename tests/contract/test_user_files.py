@@ -24,7 +24,7 @@ from specproof.contract.files import (
 )
 from specproof.strategies import SessionFileError, SessionHistory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEEP = "[" * 200_000 + "]" * 200_000
 
 

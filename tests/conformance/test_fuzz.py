@@ -29,7 +29,7 @@ CHECK = "length_cap_hides_eos_in_block-engine.stop"
 
 def _specproof(*args: str, hyp: Path, **kw: Any) -> subprocess.Popen[str]:
     env = {**os.environ, "SPECPROOF_HYPOTHESIS_DIR": str(hyp), "OMP_NUM_THREADS": "1"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen(
         [sys.executable, "-m", "specproof", *args],

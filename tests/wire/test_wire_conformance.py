@@ -9,7 +9,7 @@ Each scenario is an engine process speaking specproof-engine/1 (``tests/_wire_py
 - an honest engine without ``suite_drafts`` is judged on its own drafts: nothing fails;
 - an engine without the ``state`` capability: the state checks are skipped with a reason
   in the protocol's words, not the Python API's (one that advertises it and sends none is
-  a protocol error: tests/test_wire_protocol.py);
+  a protocol error: tests/wire/test_wire_protocol.py);
 - the correct engine passes ``engine.drafts-used`` and refuses the suite's hostile drafts
   (an ``error`` answer) without failing;
 

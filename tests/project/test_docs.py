@@ -12,7 +12,7 @@ import pytest
 import specproof
 
 ROOT = pathlib.Path(specproof.__file__).parent
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 README_MAX_LINES = 220
@@ -184,7 +184,7 @@ def test_the_profile_capacities_in_the_docs_are_the_profiles() -> None:
     assert all(got == want for _, got in found), f"the profiles' capacities are {want}; the docs say {found}"
     help_text = get("max_context").help
     assert tuple(int(n) for n in pattern.search(help_text).groups()) == want, help_text  # type: ignore[union-attr]
-CONTRACT = pathlib.Path(__file__).resolve().parents[1] / "docs" / "contract.md"
+CONTRACT = pathlib.Path(__file__).resolve().parents[2] / "docs" / "contract.md"
 
 
 def _contract_record_example() -> dict[str, object]:
@@ -232,7 +232,7 @@ def test_contract_record_example_passes_engine_cost_one_token_prompt_included() 
                 assert check_cost(inv, wrong, rollback=rollback, prompt_length=1)
 
 
-BENCH_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "bench.md"
+BENCH_PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "bench.md"
 BENCH_RUN = "benchmarks/bench-quick.json"
 
 

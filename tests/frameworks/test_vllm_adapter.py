@@ -1,6 +1,6 @@
 """The ``vllm:`` spec without vLLM: option parsing, checkpoint checks and the errors a user sees first.
 
-These run anywhere (numpy only); tests/test_vllm_engine.py drives a real vLLM.
+These run anywhere (numpy only); tests/frameworks/test_vllm_engine.py drives a real vLLM.
 """
 
 from __future__ import annotations

@@ -343,7 +343,7 @@ def test_protocol_doc_field_tables_equal_the_schemas() -> None:
 
     from specproof.wire import field_tables
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     block = re.search(r"<!-- fields:start[^\n]*-->\n(.*?)<!-- fields:end -->", doc, flags=re.S)
     assert block is not None, "docs/protocol.md has no generated field tables"
     assert block.group(1).strip() == field_tables().strip(), "regenerate with specproof.wire.field_tables()"
@@ -373,7 +373,7 @@ def test_field_tables_follow_a_schema_change(monkeypatch: pytest.MonkeyPatch) ->
 @pytest.mark.parametrize("mode", ["ok-drafts", "ignore-drafts", "swap-drafts"])
 def test_the_drafts_sent_are_kept_beside_the_drafts_reported(mode: str) -> None:
     # what an invariant comparing the round's draft with the suite's needs; a correct engine's agree
-    hostile = Path(__file__).with_name("_wire_hostile_engine.py")
+    hostile = Path(__file__).resolve().parents[1] / "_wire_hostile_engine.py"
 
     class Wrong:
         def propose(self, context: object, k: int) -> list[int]:

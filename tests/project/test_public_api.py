@@ -12,7 +12,7 @@ import sys
 
 import specproof
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_the_public_api_is_small_and_every_name_resolves_to_its_home() -> None:

@@ -21,7 +21,7 @@ from specproof.conformance.zoo._engines import GreedyOnlyEngine
 from specproof.contract import Generation
 from specproof.formats import problems
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 HERE = "test_verdict_first_hour"
 
 
