@@ -264,3 +264,33 @@ def test_the_missing_import_check_can_fail(tmp_path: pathlib.Path) -> None:
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from specproof.engine.errors import X\n    import specproof.contract\n")
     assert [m for _, _, m in _specproof_imports(pkg)] == ["specproof.engine.errors", "specproof.contract"]
+
+
+def private_reaches(graph: dict[str, set[str]]) -> list[str]:
+    """``importer -> module`` for every import of another package's private module (a path part
+    after the top-level package that starts with ``_``): packages meet at their facades."""
+    found = []
+    for importer, targets in sorted(graph.items()):
+        own = importer.split(".")[:2]
+        for target in sorted(targets):
+            parts = target.split(".")
+            if parts[:2] != own and any(p.startswith("_") and not p.startswith("__") for p in parts[2:]):
+                found.append(f"{importer} -> {target}")
+    return found
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    assert private_reaches(import_graph(ROOT)) == [], "import it from the package's facade (or make the module public)"
+
+
+def test_the_private_import_check_rejects_a_reach_and_accepts_a_facade(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "specproof"
+    for pkg in ("a", "b"):
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "a" / "_inner.py").write_text("X = 1\n")
+    (root / "a" / "public.py").write_text("from specproof.a._inner import X\n")  # its own package: fine
+    (root / "b" / "reach.py").write_text("def f():\n    from specproof.a._inner import X\n")
+    (root / "b" / "facade.py").write_text("from specproof.a import public\n")
+    assert private_reaches(import_graph(root)) == ["specproof.b.reach -> specproof.a._inner"]

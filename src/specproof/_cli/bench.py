@@ -12,7 +12,7 @@ from typing import Any
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from specproof.bench._measure import DEFAULT_TARGET
+    from specproof.bench import DEFAULT_TARGET
 
     p = sub.add_parser(
         "bench",

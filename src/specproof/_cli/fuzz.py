@@ -86,8 +86,7 @@ def parse_duration(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from specproof.conformance import SUBJECT_OPTIONS, Plan, plan_arguments
-    from specproof.conformance._campaign import CampaignOptions, run_campaign
+    from specproof.conformance import SUBJECT_OPTIONS, CampaignOptions, Plan, plan_arguments, run_campaign
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,

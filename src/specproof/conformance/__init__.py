@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from specproof.conformance._campaign import CampaignOptions, run_campaign
 from specproof.conformance._certification import Certification
-from specproof.conformance._options import SUBJECT_OPTIONS, plan_arguments
+from specproof.conformance._database import default_examples_dir, open_database, storage_dir
+from specproof.conformance._options import SUBJECT_OPTIONS, add_to_argparse, plan_arguments
 from specproof.conformance._plan import Plan
 from specproof.conformance._pytest_run import certify as run_plan
 from specproof.conformance._records import CAPABILITIES, Capabilities, RunRecord
@@ -41,6 +43,7 @@ __all__ = [
     "DRIVERS",
     "REGISTRY",
     "SUBJECT_OPTIONS",
+    "CampaignOptions",
     "Capabilities",
     "Certification",
     "CheckItem",
@@ -56,15 +59,20 @@ __all__ = [
     "ViolationError",
     "certify",
     "check",
+    "add_to_argparse",
     "check_generation",
+    "default_examples_dir",
     "get",
     "markdown_table",
+    "open_database",
     "parametrize_with_checks",
     "plan_arguments",
     "register_driver",
     "registry_json",
+    "run_campaign",
     "run_plan",
     "select",
+    "storage_dir",
 ]
 
 
@@ -91,7 +99,6 @@ def certify(
     (the CLI's default is a directory under the cache); ``db_replay="failures"`` replays saved
     failures only, not the covering examples campaigns saved (``--db-replay``).
     """
-    from specproof.conformance._database import default_examples_dir, open_database
 
     values = {
         "subject": subject,
