@@ -20,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from _assertions import by_invariant as by_invariant  # re-exported for the wire tests
+from _assertions import report_json
 from _processes import running_processes
 from specproof.conformance import certify
 from specproof.wire import ExecEngine
@@ -46,17 +48,12 @@ def start(script: Path, *args: str, **options: Any) -> ExecEngine:
     return ExecEngine(argv(script, *args), **options)
 
 
-def by_invariant(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A report's results keyed by invariant id."""
-    return {r["invariant"]: r for r in report["results"]}
-
-
 def certify_engine(script: Path, mode: str, *, only: tuple[str, ...], **options: Any) -> dict[str, Any]:
     """``certify("engine")`` at the quick profile against the test engine ``script`` in ``mode``
     (``options``: certify's, e.g. ``drafter=``); fails when an engine process is left running."""
     report = certify("engine", engine=exec_spec(script, mode), profile="quick", only=only, **options)
     assert running_processes(str(script)) == [], "an engine process was left running"
-    return report
+    return report_json(report)
 
 
 # Linux starts a new program's peak-RSS figure at its parent's peak (exec keeps the old memory map's
