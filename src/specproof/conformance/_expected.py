@@ -5,18 +5,36 @@ gate can accept a known, documented failure without switching the check off. The
 still runs; a failure of it is reported as ``xfail`` (counted apart, not failing the
 verdict) and, as pytest's strict xfail, a pass is reported as ``xpass`` and fails the
 verdict: the declaration is stale and must go (docs/contract.md, "verdicts").
+
+A declaration means one thing: an id declared twice (on the command line, in the file, or
+both) is a ``UsageError`` naming both places, and a file that is not a regular file (a FIFO,
+a device) is refused before it is opened. A declaration for a check the plan does not run is
+refused by ``Plan.create``; one for a check that ran but was skipped makes the verdict
+INCONCLUSIVE (``reports``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+import stat
+from collections.abc import Iterable
+
+import attrs
 
 from specproof.conformance import _registry as registry
 from specproof.contract import UsageError
 from specproof.contract.files import FileTooLargeError, read_bounded_text
 
-__all__ = ["load_expected_failures", "parse_expected_failures"]
+__all__ = ["declared_failures", "load_expected_failures", "parse_expected_failures"]
+
+_DEFAULT_REASON = "declared expected failure"
+
+
+@attrs.frozen
+class _Declaration:
+    invariant: str  # the registry's id
+    reason: str
+    where: str  # "--expect-fail 'ID=reason'" or "FILE:LINE"
 
 
 def _known(invariant_id: str, where: str) -> str:
@@ -27,29 +45,29 @@ def _known(invariant_id: str, where: str) -> str:
         raise UsageError(f"{where}: {invariant_id!r} is not an invariant id{detail}") from None
 
 
-def parse_expected_failures(items: Iterable[str]) -> dict[str, str]:
-    """``ID`` or ``ID=reason`` per item (an exact invariant id; unknown ids are a ``UsageError``)."""
-    out: dict[str, str] = {}
+def _from_options(items: Iterable[str]) -> list[_Declaration]:
+    out: list[_Declaration] = []
     for item in items:
         text = str(item)
         invariant_id, _, reason = text.partition("=")
         invariant_id = invariant_id.strip()
+        where = f"--expect-fail {text!r}"
         if not invariant_id:
-            raise UsageError(f"--expect-fail {text!r}: give an invariant id, optionally =reason")
-        out[_known(invariant_id, f"--expect-fail {text!r}")] = reason.strip() or "declared expected failure"
+            raise UsageError(f"{where}: give an invariant id, optionally =reason")
+        out.append(_Declaration(_known(invariant_id, where), reason.strip() or _DEFAULT_REASON, where))
     return out
 
 
-def load_expected_failures(path: str | os.PathLike[str]) -> dict[str, str]:
-    """A file of ``ID [reason]`` lines; blank lines and ``#`` comments are skipped.
-
-    A line whose id is not an invariant id is a ``UsageError`` naming the file and line.
-    """
+def _from_file(path: str | os.PathLike[str]) -> list[_Declaration]:
+    name = os.fspath(path)
     try:
+        mode = os.stat(path).st_mode  # before any open: opening a FIFO blocks until a writer comes
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"--expect-fail-file {name!r}: not a regular file ({_kind(mode)}); give a text file")
         lines = read_bounded_text(path).splitlines()
     except (OSError, UnicodeDecodeError, FileTooLargeError) as exc:
-        raise UsageError(f"--expect-fail-file {os.fspath(path)!r}: cannot read it: {exc}") from None
-    out: dict[str, str] = {}
+        raise UsageError(f"--expect-fail-file {name!r}: cannot read it: {exc}") from None
+    out: list[_Declaration] = []
     for number, raw in enumerate(lines, 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -58,13 +76,51 @@ def load_expected_failures(path: str | os.PathLike[str]) -> dict[str, str]:
         if "=" in invariant_id:
             invariant_id, _, first = invariant_id.partition("=")
             reason = f"{first} {reason}".strip()
-        where = f"{os.fspath(path)}:{number}"
-        out[_known(invariant_id.strip(), where)] = reason.strip() or "declared expected failure"
+        where = f"{name}:{number}"
+        out.append(_Declaration(_known(invariant_id.strip(), where), reason.strip() or _DEFAULT_REASON, where))
     return out
 
 
-def merge(*declared: Mapping[str, str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for d in declared:
-        out.update(d)
-    return out
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
+def _collect(declarations: Iterable[_Declaration]) -> dict[str, str]:
+    """Invariant id -> reason; an id declared twice is a ``UsageError`` naming both places."""
+    seen: dict[str, _Declaration] = {}
+    for d in declarations:
+        first = seen.get(d.invariant)
+        if first is not None:
+            raise UsageError(
+                f"{d.invariant} is declared an expected failure twice: {first.where} and {d.where}; keep one"
+            )
+        seen[d.invariant] = d
+    return {i: d.reason for i, d in seen.items()}
+
+
+def parse_expected_failures(items: Iterable[str]) -> dict[str, str]:
+    """``ID`` or ``ID=reason`` per item (an exact invariant id; unknown or repeated ids are a ``UsageError``)."""
+    return _collect(_from_options(items))
+
+
+def load_expected_failures(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A file of ``ID [reason]`` lines; blank lines and ``#`` comments are skipped.
+
+    A line whose id is not an invariant id, or repeats an earlier line's, is a ``UsageError``
+    naming the file and line(s); so is a path that is not a regular file (checked before opening).
+    """
+    return _collect(_from_file(path))
+
+
+def declared_failures(path: str | os.PathLike[str] | None, items: Iterable[str]) -> dict[str, str]:
+    """The file's declarations and the options', together: an id in both is a ``UsageError`` naming both."""
+    return _collect([*(_from_file(path) if path else ()), *_from_options(items)])

@@ -87,7 +87,7 @@ class Plan:
             atol=tol,
         )
         _bound_capacity(suite, prof, max_context)
-        return cls(
+        plan = cls(
             suite=suite,
             profile=prof,
             seed=seed,
@@ -101,6 +101,8 @@ class Plan:
             database=database,
             expected_failures=expected,
         )
+        _check_declarations(plan)
+        return plan
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any], *, flags: Literal["cli", "plugin"] = "cli") -> Plan:
@@ -111,7 +113,7 @@ class Plan:
         ``flags`` says which flag names the errors use (``--db`` or ``--specproof-db``).
         """
         from specproof.conformance._database import default_examples_dir, open_database, storage_dir
-        from specproof.conformance._expected import load_expected_failures, parse_expected_failures
+        from specproof.conformance._expected import declared_failures
         from specproof.contract.files import check_output_path
 
         flag = {o.dest: (o.cli if flags == "cli" else o.plugin) for o in OPTIONS}
@@ -125,8 +127,7 @@ class Plan:
             option=flag["db"],
             replay=values.get("db_replay") or "all",
         )
-        expected = load_expected_failures(values["expect_fail_file"]) if values.get("expect_fail_file") else {}
-        expected.update(parse_expected_failures(values.get("expect_fail") or ()))
+        expected = declared_failures(values.get("expect_fail_file"), values.get("expect_fail") or ())
         return cls.create(
             **plan_arguments(values),
             storage=str(storage.parent),
@@ -186,3 +187,26 @@ def _bound_capacity(suite: Suite, profile: Profile, max_context: int | None) -> 
                 f"max_context={declared}, so the paths at max_context (a round clamped by the context, "
                 f"stop_reason context_full) were NOT exercised at {declared}; --max-context N sets the capacity"
             )
+
+
+def _check_declarations(plan: Plan) -> None:
+    """A declared expected failure names a check this plan runs: one it never runs (deselected by
+    ``--only``, another subject's invariant, a check that applies to none of the cases) is a
+    ``UsageError`` before any work, not a line printed on the certificate."""
+    if not plan.expected_failures:
+        return
+    from specproof.conformance._checks import generate_checks
+
+    runs = {item.invariant.id for s in ("drafter", "target", "engine") for item in generate_checks(plan, s)}
+    for invariant_id in plan.expected_failures:
+        if invariant_id in runs:
+            continue
+        subject = plan.specs.get("subject")
+        if plan.only and invariant_id not in plan.only:
+            why = f"--only selects {', '.join(plan.only)}"
+        else:
+            why = f"it is no check of `certify {subject}` on these subjects"
+        raise UsageError(
+            f"--expect-fail {invariant_id}: that check does not run ({why}); a declaration must name a check "
+            "that runs (remove it, or select the check)"
+        )

@@ -7,13 +7,14 @@ The verdict (docs/contract.md, "verdicts"):
 - ``pass``: nothing failed, and every subject that was requested had at least one check
   pass on examples that exercised it;
 - ``inconclusive``: nothing failed, but nothing ran or some requested subject had no check
-  that passed (everything skipped), or a plug-in engine was never seen speculating (no round
+  that passed (everything skipped, or only declared failures, ``xfail``), a declared expected
+  failure met no check that failed or passed (it was skipped), or a plug-in engine was never seen speculating (no round
   with a draft, no drafted tokens: ``_speculation``) and does not declare ``speculative = False``:
   not a pass;
 - ``interrupted``: Ctrl-C; the report holds what finished.
 
 A check named by ``--expect-fail`` that fails is ``xfail``: counted apart, it does not fail
-the verdict and counts as its subject having been checked. An engine check that failed because
+the verdict, and it is no pass: a subject needs a check that passed. An engine check that failed because
 the certified drafter failed its own check is a ``consequence`` (``_consequences``): told once,
 under the drafter's failure, and counted in the verdict reason.
 
@@ -92,14 +93,23 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
     stale = sorted({r["invariant"] for r in results if r["status"] == "xpass"})
     if stale:
         return "fail", f"declared expected failures passed (strict): {', '.join(stale)}; remove the declarations"
+    unapplied = _unapplied_declarations(cert.plan.expected_failures, results)
+    if unapplied:
+        return "inconclusive", unapplied
     if not results:
         return "inconclusive", "no check ran (the selection is empty for these subjects)"
     by_subject: dict[str, bool] = {}
-    for r in results:
-        by_subject[r["case"]] = by_subject.get(r["case"], False) or r["status"] in ("pass", "excused", "xfail")
+    for r in results:  # an xfail is no pass: a subject whose checks all failed as declared passed nothing
+        by_subject[r["case"]] = by_subject.get(r["case"], False) or r["status"] in ("pass", "excused")
     unchecked = [s for s, ok in by_subject.items() if not ok]
     if unchecked:
-        return "inconclusive", f"no check passed on exercised examples for: {', '.join(unchecked)}"
+        xfailed = {s for s in unchecked if any(r["case"] == s and r["status"] == "xfail" for r in results)}
+        named = ", ".join(
+            f"{s} (its only non-skip results are declared failures, xfail)" if s in xfailed else s for s in unchecked
+        )
+        return "inconclusive", f"no check passed on exercised examples for: {named}" + (
+            "; a known failure certifies nothing" if xfailed else ""
+        )
     never = unspeculated_cases(cert)
     unreached = cert.unreached_paths()
     if never:
@@ -118,6 +128,22 @@ def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, s
             f"paths, so nothing checked them: {where}"
         )
     return "pass", ""
+
+
+def _unapplied_declarations(declared: dict[str, str], results: list[dict[str, Any]]) -> str:
+    """Why the declared expected failures that applied to no result (their checks skipped, or never
+    run) leave the verdict INCONCLUSIVE: empty when every declaration met its check."""
+    out = []
+    for invariant_id, reason in declared.items():
+        own = [r for r in results if r["invariant"] == invariant_id]
+        if any(r["status"] in ("xfail", "xpass") for r in own):
+            continue
+        skipped = [r for r in own if r["status"] == "skip"]
+        why = f"skipped: {skipped[0].get('detail') or 'nothing reached it'}" if skipped else "it did not run"
+        out.append(f"--expect-fail {invariant_id} ({reason}) names a check that neither failed nor passed ({why})")
+    if not out:
+        return ""
+    return "; ".join(out) + ": the declaration was never tested; remove it or make the check run"
 
 
 def _consequence_reason(results: list[dict[str, Any]]) -> str:
