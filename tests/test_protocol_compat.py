@@ -9,6 +9,7 @@ holds for Python engines (``reuses_prefix = True`` without ``stats.prefix_reused
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,3 +81,36 @@ def test_the_correct_python_session_engine_is_judged_and_passes() -> None:
     result = _session(report)
     assert result["status"] == "pass", result
     assert not any("not judged" in n for n in result["notes"])
+
+
+# --------------------------------------------------------------------------- the native engine
+
+
+@pytest.fixture(scope="module")
+def native_spec(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The ``exec:`` spec of the native engine (built once; skipped without a C++ toolchain)."""
+    from specproof.plugins import load_target
+    from specproof.wire.native import NativeToolchainError, build_native, export_weights, native_binary
+
+    binary = native_binary()
+    if not binary.is_file():
+        try:
+            build_native(quiet=True)
+        except NativeToolchainError as exc:
+            pytest.skip(f"no C++ toolchain to build the native engine: {exc}")
+    weights = tmp_path_factory.mktemp("native") / "trained.safetensors"
+    export_weights(weights, target="trained", load_target=load_target)
+    return "exec:" + shlex.join([str(binary), "--weights", str(weights)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("bug", "status"), [(None, "pass"), ("overclaims-prefix-reuse", "fail")])
+def test_the_native_engine_reports_prefix_reused_and_is_judged_on_it(
+    native_spec: str, bug: str | None, status: str
+) -> None:
+    spec = native_spec + ("" if bug is None else f" --bug {bug}")
+    result = _session(certify("engine", engine=spec, profile="quick", only=ONLY))
+    assert result["status"] == status, result
+    assert not any("not judged" in n for n in result["notes"]), result["notes"]
+    if bug is not None:
+        assert "cannot have cached" in str(result["violations"]), result["violations"]
