@@ -47,6 +47,7 @@ def test_a_wire_engine_of_last_rounds_protocol_passes_engine_session() -> None:
     assert result["exercised"] > 0
     notes = " ".join(result["notes"])
     assert "prefix reuse not judged" in notes and "prefix_reused" in notes, result["notes"]
+    assert "prefix reuse not judged" in result["detail"]  # shown in the results table
 
 
 @pytest.mark.parametrize(

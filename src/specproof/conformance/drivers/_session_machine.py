@@ -138,6 +138,10 @@ def _note_unjudged_reuse(machine: Any, result: CheckResult) -> None:
             "reuses_prefix) but its stats do not report prefix_reused, which specproof-engine/1 added after it "
             "was published; its tokens were judged (docs/protocol.md, Compatibility)"
         )
+        # the table's detail column (a failure's own detail replaces it)
+        result.detail = (
+            result.detail or "prefix reuse not judged: no stats.prefix_reused (docs/protocol.md, Compatibility)"
+        )
 
 
 def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violation]:
