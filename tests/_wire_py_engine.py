@@ -25,6 +25,13 @@ MODE says how it treats what the suite sends (each a scenario of issue 20):
 - ``features-stale``: as ``features``, but sends the prompt's rows only, never the accepted ones;
 - ``features-bad-from``, ``features-short-data``: protocol errors in ``propose.features``: a
   ``from`` past the rows the client holds; data one row shorter than ``rows`` says.
+- ``sessions-v0``: correct, and advertises ``sessions`` as an engine written before
+  ``stats.prefix_reused`` existed: it keeps no cache (each request is prefilled afresh, which a
+  session allows) and its ``final`` carries no ``stats`` (docs/protocol.md, Compatibility);
+- ``sessions-overclaim``: as ``sessions-v0``, but reports ``stats`` with ``prefix_reused``: the
+  whole prompt but the pending token, which it never cached (more than it can hold);
+- ``sessions-zero``: as ``sessions-v0``, but reports ``prefix_reused`` 0 on every request, a user
+  turn continuing its last context included (a declared cache that is never used).
 """
 
 from __future__ import annotations
@@ -53,6 +60,9 @@ MODES = (
     "features-stale",
     "features-bad-from",
     "features-short-data",
+    "sessions-v0",
+    "sessions-overclaim",
+    "sessions-zero",
 )
 ATOL = 1e-5
 K = 4
@@ -206,6 +216,7 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
     out: list[int] = []
     stop = "max_new_tokens"
     rounds = 0
+    counts = Counts()
     while len(out) < n:
         if target.processed >= target.max_context:  # type: ignore[attr-defined]
             stop = "context_full"  # no room for the pending token: no round, so no state before one
@@ -231,13 +242,48 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
             }
         )
         rounds += 1
+        counts.add(gen.stats)
         out.extend(gen.tokens)
         if gen.stop_reason == "eos":
             stop = "eos"
             break
     if send_state:
         send(state_message(rid, target, digest, held))
-    send({"type": "final", "id": rid, "tokens": out, "stop_reason": stop, "processed": int(target.processed)})  # type: ignore[attr-defined]
+    final: dict[str, object] = {"type": "final", "id": rid, "tokens": out, "stop_reason": stop}
+    final["processed"] = int(target.processed)  # type: ignore[attr-defined]
+    if MODE in ("sessions-overclaim", "sessions-zero"):
+        prompt = list(req["prompt"])  # type: ignore[call-overload]
+        reused = len(prompt) - 1 if MODE == "sessions-overclaim" else 0
+        final["stats"] = {**counts.wire(len(out)), "prefix_reused": reused}
+    send(final)
+
+
+class Counts:
+    """A generation's ``final.stats`` summed over its one-round ``SpecDecoder`` calls."""
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(("rounds", "verify_forwards", "replay_forwards", "drafted", "accepted"), 0)
+        self.attempts: list[int] = []
+        self.accepts: list[int] = []
+
+    def add(self, stats: object) -> None:
+        if stats is None:
+            return
+        for name in self.totals:
+            self.totals[name] += int(getattr(stats, name))
+        for mine, theirs in ((self.attempts, stats.position_attempts), (self.accepts, stats.position_accepts)):  # type: ignore[attr-defined]
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for p, n in enumerate(theirs):
+                mine[p] += int(n)
+
+    def wire(self, emitted: int) -> dict[str, object]:
+        return {
+            **self.totals,
+            "emitted": emitted,
+            "prefill_forwards": 1,
+            "position_attempts": self.attempts,
+            "position_accepts": self.accepts,
+        }
 
 
 def main() -> None:
@@ -252,6 +298,8 @@ def main() -> None:
         caps.remove("state")
     if MODE.startswith("digest-"):
         caps.append("state_digest")
+    if MODE.startswith("sessions-"):
+        caps.append("sessions")
     features: dict[str, object] = {}
     if MODE.startswith("features"):
         caps.append("features")

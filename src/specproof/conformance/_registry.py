@@ -749,8 +749,8 @@ REGISTRY: tuple[Invariant, ...] = (
         id="engine.session",
         subject="engine",
         summary="requests on one live engine (new prompt, regenerate, an edit sharing a prefix, a user turn, a "
-        "shorter prefix, other max_new_tokens / EOS) each equal plain greedy; an engine that declares a cache "
-        "reports `prefix_reused`, never more than it can hold and never nothing on a user turn",
+        "shorter prefix, other max_new_tokens / EOS) each equal plain greedy; the `prefix_reused` an engine "
+        "that declares a cache reports is never more than it can hold and never nothing on a user turn",
         needs=("oracle", "sessions"),
         draws="a RuleBasedStateMachine whose rules are requests on one engine instance; a failure shows, and "
         "its reproduce command replays, the whole request history",

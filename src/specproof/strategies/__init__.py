@@ -35,7 +35,7 @@ from specproof.strategies._rounds import (
     round_plans,
 )
 from specproof.strategies._session_history import SESSION_FORMAT, SessionFileError, SessionHistory, SessionRequest
-from specproof.strategies._session_machine import SessionMachine, run_session_machine
+from specproof.strategies._session_machine import REUSE_UNREPORTED, SessionMachine, run_session_machine
 from specproof.strategies._session_runner import (
     SessionFailure,
     engine_greedy,
@@ -52,6 +52,7 @@ from specproof.strategies._settings import (
 )
 
 __all__ = [
+    "REUSE_UNREPORTED",
     "CONTEXT_KINDS",
     "PROMPT_PLACEMENTS",
     "ROUND_KINDS",

@@ -64,7 +64,10 @@ from specproof.strategies._rounds import RoundPlan, round_plans
 from specproof.strategies._session_history import DRAFTER_CHOICES, SessionHistory, SessionRequest
 from specproof.strategies._session_runner import GreedyOracle, SessionFailure, SetDrafter, _SessionRunner
 
-__all__ = ["SessionMachine", "run_session_machine"]
+__all__ = ["REUSE_UNREPORTED", "SessionMachine", "run_session_machine"]
+
+#: the ``observed`` tag of a request whose engine declares a cache but reported no ``prefix_reused``
+REUSE_UNREPORTED = "prefix_reused not reported"
 
 # Rules a run may switch off (swarm testing: a run with new_prompt and reset off is one long session).
 _SWITCHABLE: tuple[str, ...] = (
@@ -341,7 +344,10 @@ class SessionMachine(RuleBasedStateMachine):
             kind=kind, prompt=tuple(prompt), max_new_tokens=n, eos_token_id=eos, drafter=drafter, plan=plan, note=note
         )
         self._count(f"request:{kind}")
+        unreported = runner.reuse_unreported
         tokens, failure = runner.run(req)
+        if runner.reuse_unreported > unreported:
+            self._count(REUSE_UNREPORTED)
         if failure is not None:
             _raise(failure)
         self.contexts.append([*prompt, *tokens])

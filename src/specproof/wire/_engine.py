@@ -190,7 +190,8 @@ class WireEngine:
         if "greedy" in self.capabilities:
             self.greedy = self._greedy
         #: capability ``sessions``: the engine keeps its caches between requests and says how many prompt
-        #: tokens it served from them (``stats.prefix_reused``); ``engine.session`` holds it to both
+        #: tokens it served from them (``stats.prefix_reused``); ``engine.session`` holds it to the figure
+        #: where a ``final`` reports it (docs/protocol.md, Compatibility)
         self.reuses_prefix: bool = "sessions" in self.capabilities
         if "suite_drafts" in self.capabilities:
             #: the suite's drafter (capability ``suite_drafts``); absent otherwise, so the suite

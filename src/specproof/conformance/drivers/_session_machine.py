@@ -100,12 +100,14 @@ class SessionMachineDriver(Driver):
             # shrink_history replays the found history on fresh engines instead (well under a second)
             self.context.replay.run_machine(Counted, item, shrink=False)
         except SessionFailure as exc:
+            _note_unjudged_reuse(machine, result)
             history = SessionHistory.from_example(exc.example, vocab_size=case.vocab_size)
             history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
             shorter = shrink_history(history, **judge)
             failures = replay_session(shorter, **judge) or [exc]
             self.context.session_files[case.id] = self.context.replay.save_history(shorter, item)
             raise ViolationError(_session_violations(item, failures)) from exc
+        _note_unjudged_reuse(machine, result)
 
     def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
         """Replay the failing session histories the database holds for this check (before any search)."""
@@ -123,6 +125,23 @@ class SessionMachineDriver(Driver):
                 self.context.session_files[item.engine.id] = replay.save_history(history, None)
                 raise ViolationError(_session_violations(item, failures))
             replay.forget_history(item, raw)
+
+
+def _note_unjudged_reuse(machine: Any, result: CheckResult) -> None:
+    """A note on the result when a declared cache's reuse went unjudged (it reported no ``prefix_reused``)."""
+    from specproof.strategies import REUSE_UNREPORTED
+
+    unreported = machine.observed[REUSE_UNREPORTED]
+    if unreported:
+        result.notes.append(
+            f"prefix reuse not judged on {unreported} request(s): the engine declares a cache (`sessions` / "
+            "reuses_prefix) but its stats do not report prefix_reused, which specproof-engine/1 added after it "
+            "was published; its tokens were judged (docs/protocol.md, Compatibility)"
+        )
+        # the table's detail column (a failure's own detail replaces it)
+        result.detail = (
+            result.detail or "prefix reuse not judged: no stats.prefix_reused (docs/protocol.md, Compatibility)"
+        )
 
 
 def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violation]:
