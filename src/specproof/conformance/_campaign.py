@@ -358,9 +358,13 @@ def run_campaign(
         p.start()
     deadline = None if options.duration is None else state.started + options.duration
     stop_at: float | None = None
+    checked = state.started
     try:
         while not all(w.done or w.lost for w in state.workers):
             now = time.perf_counter()
+            if now - checked >= 0.25:  # a dead worker is noticed while the others keep the queue busy
+                checked = now
+                _account_dead(procs, state)
             if not stop.is_set():
                 if deadline is not None and now >= deadline:
                     state.stopped = state.stopped or f"--for {options.duration:g} s elapsed"
@@ -376,7 +380,6 @@ def run_campaign(
             try:
                 kind, index, payload = out.get(timeout=0.25)
             except _queue.Empty:
-                _account_dead(procs, state)  # nothing left in the queue: a worker that ended without "done" died
                 if on_event is not None:
                     on_event(state, "tick", -1, None)
                 if not any(p.is_alive() for p in procs):
@@ -414,6 +417,8 @@ def run_campaign(
                     if p in terminated
                     else f"{describe_exit(p.exitcode)} after {w.rounds} round(s)"
                 )
+            if w.lost:
+                state.stopped = state.stopped or f"worker {i} {w.lost}"
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if not state.stopped:
