@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from specproof.cli import main
+from specproof.formats import validate
 
 pytestmark = pytest.mark.slow  # real campaigns of seconds: outside `tox -e quick`, always in `tox`
 
@@ -101,6 +102,7 @@ def test_a_killed_worker_is_reported_and_the_campaign_is_never_pass(tmp_path: Pa
     assert proc.returncode == 3, out[-3000:]
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["verdict"] == "inconclusive", data["verdict_reason"]
+    assert validate("report-2", data) == []
     assert data["campaign"]["workers_lost"], data["campaign"]
     lost = data["campaign"]["workers_lost"]
     assert len(lost) == killed and all(w["exitcode"] == -signal.SIGKILL for w in lost), lost
@@ -125,6 +127,7 @@ def test_sigterm_stops_the_campaign_like_ctrl_c(tmp_path: Path) -> None:
     assert proc.returncode == 143, out[-3000:]
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["verdict"] == "interrupted" and data["campaign"]["stopped"] == "interrupted (SIGTERM)"
+    assert validate("report-2", data) == []
     assert data["campaign"]["rounds"] > 0 and data["results"], data["campaign"]
     assert "verdict: INTERRUPTED" in out and "Traceback" not in out, out[-3000:]
     assert not survivors, f"workers {survivors} outlived their campaign"
