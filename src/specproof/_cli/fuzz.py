@@ -19,7 +19,9 @@ finds in the example database; every later `certify` against the same database r
 Many machines: run `specproof fuzz --db redis://HOST:6379/0` on each. Stops at --for, at
 --max-failures, when a shared database goes away (what was found is kept in the local directory), or
 on Ctrl-C; then prints the campaign report. Exit status: 0 no failure, 1 a check failed, 2 usage error
-(nothing run), 3 nothing exercised or the shared database went away before any failure, 130 Ctrl-C."""
+(nothing run), 3 nothing exercised, a worker died or did not finish (its exit status or signal is in the report),
+or the shared database went away before any failure, 130 Ctrl-C, 143 SIGTERM (both with the partial report).
+--workers is at most 4 per CPU and what the available memory holds at about 100 MB each."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,7 +52,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--max-failures", type=int, default=None, metavar="N", help="stop when N checks have failed (N >= 1)"
     )
-    p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (default 1)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="W",
+        help="worker processes (default 1; at most 4 per CPU and about 100 MB of available memory each)",
+    )
     p.add_argument(
         "--seed",
         type=int,
@@ -86,7 +94,7 @@ def parse_duration(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from specproof.conformance import SUBJECT_OPTIONS, CampaignOptions, Plan, plan_arguments, run_campaign
+    from specproof.conformance import SUBJECT_OPTIONS, CampaignOptions, Plan, max_workers, plan_arguments, run_campaign
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,
@@ -103,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
             check_output_path(path, option=option)
     if args.workers < 1:
         raise UsageError(f"--workers {args.workers}: at least one worker")
+    most, why = max_workers()
+    if args.workers > most:
+        raise UsageError(f"--workers {args.workers}: this machine holds at most {most} ({why})")
     if args.max_failures is not None and args.max_failures < 1:
         raise UsageError(f"--max-failures {args.max_failures}: at least 1")
     duration = parse_duration(args.duration) if args.duration is not None else None
@@ -137,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     report = state.report()
     if state.stopped.startswith("interrupted"):  # the word certify gives a Ctrl-C, whatever finished before it
         report["verdict"] = "interrupted"
-        report["verdict_reason"] = "interrupted (Ctrl-C): the report holds the checks that finished"
+        report["verdict_reason"] = f"{state.stopped}: the report holds the checks that finished"
     if args.report:
         write_json_report(args.report, report)
     if args.markdown:
@@ -153,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         _print_campaign(console, report)
     print_database(console, report)
     if state.stopped.startswith("interrupted"):
-        return 130
+        return 143 if "SIGTERM" in state.stopped else 130
     return EXIT_CODES.get(report["verdict"], 1)
 
 
@@ -219,3 +230,5 @@ def _print_campaign(console: Any, report: dict[str, Any]) -> None:
     )
     for e in c["worker_errors"]:
         console.print(f"worker error: {e}", markup=False, soft_wrap=True)
+    for lost in c.get("workers_lost") or ():
+        console.print(f"worker {lost['worker']} lost: {lost['why']}", markup=False, soft_wrap=True)

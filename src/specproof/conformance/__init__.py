@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specproof.conformance._campaign import CampaignOptions, run_campaign
+from specproof.conformance._campaign import CampaignOptions, max_workers, run_campaign
 from specproof.conformance._certification import Certification
 from specproof.conformance._database import default_examples_dir, open_database, storage_dir
 from specproof.conformance._options import SUBJECT_OPTIONS, add_to_argparse, plan_arguments
@@ -64,6 +64,7 @@ __all__ = [
     "default_examples_dir",
     "get",
     "markdown_table",
+    "max_workers",
     "open_database",
     "parametrize_with_checks",
     "plan_arguments",

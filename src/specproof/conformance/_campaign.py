@@ -37,7 +37,57 @@ import attrs
 
 from specproof.formats import report as report_format
 
-__all__ = ["CampaignOptions", "CampaignState", "run_campaign"]
+__all__ = ["CampaignOptions", "CampaignState", "Terminated", "max_workers", "run_campaign"]
+
+WORKERS_PER_CPU = 4  # rounds are CPU-bound: more workers than this per CPU only queue
+WORKER_MEMORY = 100 * 2**20  # bytes a worker holds (measured about 73 MB at quick), with headroom
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what CI timeouts and service managers send) in the campaign's parent: stopped like Ctrl-C."""
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (Linux' MemAvailable, else free pages), None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def max_workers() -> tuple[int, str]:
+    """The most workers this machine can hold, and why: WORKERS_PER_CPU per usable CPU, and no more
+    than the available memory holds at WORKER_MEMORY each (at least one)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    limit, why = WORKERS_PER_CPU * cpus, f"{WORKERS_PER_CPU} per CPU on {cpus} CPU(s)"
+    memory = _available_memory()
+    if memory is not None and memory // WORKER_MEMORY < limit:
+        limit = max(1, memory // WORKER_MEMORY)
+        why = f"about {WORKER_MEMORY // 2**20} MB each in {memory / 2**30:.1f} GiB of available memory"
+    return limit, why
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """A worker's end in words: its exit status, or the signal that killed it."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"killed by {name}" + (" (the out-of-memory killer sends it too)" if name == "SIGKILL" else "")
+    return f"exited with status {exitcode}"
 
 
 @attrs.frozen(kw_only=True)
@@ -64,6 +114,8 @@ class WorkerState:
     seed: int | None = None
     done: bool = False
     error: str | None = None
+    exitcode: int | None = None  # the process' exit status (negative: the signal that killed it)
+    lost: str | None = None  # why it ended without finishing (died, or terminated mid-check); None: it did
 
 
 @attrs.define
@@ -164,6 +216,12 @@ class CampaignState:
             verdict, why = "inconclusive", "the campaign exercised no check"
         if self.lost and not failing:
             verdict, why = "inconclusive", self.lost
+        lost = [w for w in self.workers if w.lost]
+        if lost and not failing:  # a dead worker's rounds are missing: what they would have found is unknown
+            verdict = "inconclusive"
+            why = f"{len(lost)} of {self.options.workers} worker(s) did not finish: " + "; ".join(
+                f"worker {w.index} {w.lost}" for w in lost
+            )
         base.update(
             verdict=verdict,
             verdict_reason=why,
@@ -187,6 +245,9 @@ class CampaignState:
                 "stopped": self.stopped,
                 "lost": self.lost,
                 "worker_errors": [w.error for w in self.workers if w.error],
+                "workers_lost": [
+                    {"worker": w.index, "exitcode": w.exitcode, "rounds": w.rounds, "why": w.lost} for w in lost
+                ],
             },
         )
         if self.skeleton is None:  # no round finished (Ctrl-C or dead workers early): still a whole report
@@ -284,20 +345,26 @@ def run_campaign(
     on_event: Callable[[CampaignState, str, int, Any], None] | None = None,
     grace: float = 20.0,
 ) -> CampaignState:
-    """Run the campaign to its end (time, failures, a lost database, or Ctrl-C) and merge its results."""
+    """Run the campaign to its end (time, failures, a lost database, a dead worker, Ctrl-C or SIGTERM)
+    and merge its results; every worker is accounted for: finished, or lost with its exit status."""
     state = CampaignState(options=options)
     state.workers = [WorkerState(index=i) for i in range(options.workers)]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     stop = ctx.Event()
     procs = [ctx.Process(target=_worker, args=(i, options, out, stop), daemon=True) for i in range(options.workers)]
+    previous = _on_sigterm()
     for p in procs:
         p.start()
     deadline = None if options.duration is None else state.started + options.duration
     stop_at: float | None = None
+    checked = state.started
     try:
-        while not all(w.done for w in state.workers):
+        while not all(w.done or w.lost for w in state.workers):
             now = time.perf_counter()
+            if now - checked >= 0.25:  # a dead worker is noticed while the others keep the queue busy
+                checked = now
+                _account_dead(procs, state)
             if not stop.is_set():
                 if deadline is not None and now >= deadline:
                     state.stopped = state.stopped or f"--for {options.duration:g} s elapsed"
@@ -318,37 +385,88 @@ def run_campaign(
                 if not any(p.is_alive() for p in procs):
                     break
                 continue
-            worker = state.workers[index]
-            if kind == "check":
-                state.absorb_check(index, payload)
-            elif kind == "round":
-                state.absorb_round(index, payload)
-            elif kind == "seed":
-                worker.seed = payload
-            elif kind == "lost":
-                state.lost = state.lost or payload
-            elif kind == "error":
-                worker.error = payload
-                state.stopped = state.stopped or f"worker {index} failed: {payload.splitlines()[0]}"
-            elif kind == "done":
-                worker.done = True
+            _absorb(state, kind, index, payload)
             if on_event is not None:
                 on_event(state, kind, index, payload)
-    except KeyboardInterrupt:
-        state.stopped = "interrupted (Ctrl-C)"
+    except KeyboardInterrupt as exc:
+        state.stopped = "interrupted (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
         stop.set()
     finally:
         stop.set()
+        if previous is not None:  # a second SIGTERM while the workers stop is not a traceback
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_at = stop_at if stop_at is not None else time.perf_counter()
         for p in procs:
             p.join(timeout=max(0.5, grace / 4))
-        for p in procs:
+        terminated = [p for p in procs if p.is_alive()]
+        for p in terminated:
+            p.terminate()
+        for p in terminated:
+            p.join(timeout=5)
             if p.is_alive():
-                p.terminate()
+                p.kill()
                 p.join(timeout=5)
         _drain(out, state)
+        for i, p in enumerate(procs):
+            w = state.workers[i]
+            w.exitcode = p.exitcode
+            if not w.done and not w.lost:
+                w.lost = (
+                    f"was still in a check {time.perf_counter() - stop_at:.0f} s after the stop and was terminated "
+                    f"({describe_exit(p.exitcode)}) after {w.rounds} round(s)"
+                    if p in terminated
+                    else f"{describe_exit(p.exitcode)} after {w.rounds} round(s)"
+                )
+            if w.lost:
+                state.stopped = state.stopped or f"worker {i} {w.lost}"
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     if not state.stopped:
         state.stopped = "every worker finished"
     return state
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _on_sigterm() -> Any:
+    """Handle SIGTERM like Ctrl-C in the parent (main thread only); the handler it replaces, or None."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _account_dead(procs: list[Any], state: CampaignState) -> None:
+    """Workers whose process ended without saying "done": lost, with their exit status or signal;
+    the campaign stops (its verdict cannot be PASS with a worker's rounds missing)."""
+    for i, p in enumerate(procs):
+        w = state.workers[i]
+        # (exit 0 without "done" yet: its "done" may still be on its way; the final drain decides)
+        if p.exitcode is not None and p.exitcode != 0 and not w.done and not w.lost:
+            w.exitcode = p.exitcode
+            w.lost = f"{describe_exit(p.exitcode)} after {w.rounds} round(s)"
+            state.stopped = state.stopped or f"worker {i} {w.lost}"
+
+
+def _absorb(state: CampaignState, kind: str, index: int, payload: Any) -> None:
+    worker = state.workers[index]
+    if kind == "check":
+        state.absorb_check(index, payload)
+    elif kind == "round":
+        state.absorb_round(index, payload)
+    elif kind == "seed":
+        worker.seed = payload
+    elif kind == "lost":
+        state.lost = state.lost or payload
+    elif kind == "error":
+        worker.error = payload
+        worker.lost = f"raised {payload.splitlines()[0]} after {worker.rounds} round(s)"
+        state.stopped = state.stopped or f"worker {index} failed: {payload.splitlines()[0]}"
+    elif kind == "done":
+        worker.done = True
 
 
 def _drain(out: Any, state: CampaignState) -> None:
@@ -357,9 +475,4 @@ def _drain(out: Any, state: CampaignState) -> None:
             kind, index, payload = out.get_nowait()
         except (_queue.Empty, OSError, ValueError, EOFError):
             return
-        if kind == "check":
-            state.absorb_check(index, payload)
-        elif kind == "round":
-            state.absorb_round(index, payload)
-        elif kind == "lost":
-            state.lost = state.lost or payload
+        _absorb(state, kind, index, payload)
