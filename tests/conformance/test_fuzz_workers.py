@@ -29,7 +29,7 @@ CORRECT = ("drafter", "--only", "drafter.max-length")
 
 def _fuzz(*args: str, tmp_path: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "SPECPROOF_HYPOTHESIS_DIR": str(tmp_path / "hyp"), "OMP_NUM_THREADS": "1"}
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen(
         [sys.executable, "-m", "specproof", "fuzz", *CORRECT, *args, "--report", str(tmp_path / "r.json")],
