@@ -197,6 +197,7 @@ class CampaignState:
                 paths[case] = sorted({*paths.get(case, ()), *names})
         merged["covering_paths"] = paths
         merged["warnings"] = list(dict.fromkeys(w for a in accounts for w in a.get("warnings") or ()))
+        merged["unsaved"] = list(dict.fromkeys(u for a in accounts for u in a.get("unsaved") or ()))
         merged["lost"] = next((a["lost"] for a in accounts if a.get("lost")), None)
         return merged
 
@@ -222,6 +223,10 @@ class CampaignState:
             why = f"{len(lost)} of {self.options.workers} worker(s) did not finish: " + "; ".join(
                 f"worker {w.index} {w.lost}" for w in lost
             )
+        unsaved = (self.database() or {}).get("unsaved") or []
+        if unsaved:  # a find the example database did not keep: never a pass
+            not_kept = f"the example database did not keep {len(unsaved)} example(s) (not kept: {'; '.join(unsaved[:3])})"
+            verdict, why = "fail", f"{why}; {not_kept}" if why else not_kept
         base.update(
             verdict=verdict,
             verdict_reason=why,

@@ -15,8 +15,16 @@
 Each check reads and writes its own namespace (``ExampleStore.view``): the key names the
 subjects (their specs and the engine case), the invariant, the tolerances and the profile,
 so a failure is replayed only where it means the same thing. An entry that cannot be
-decoded is skipped with a warning, never a crash; a shared server that fails marks the
+decoded, or that is not a regular file (a FIFO, a symlink to ``/dev/zero``: never opened), is
+skipped with a warning, never a crash or a hang; a shared server that fails marks the
 store ``lost`` (a campaign stops on it) and the run goes on with the local directory.
+
+A find is never lost in silence: Hypothesis' ``DirectoryBasedExampleDatabase.save`` swallows
+``OSError`` (a read-only directory, a full disk, a file where a key directory should be), so
+every save to the local directory is read back (``_Directory``); one that did not keep its
+example is recorded in ``ExampleStore.unsaved`` naming the path, and the run's verdict says the
+find was not kept (FAIL, reports.py). ``--db ''`` and a directory that cannot be written
+(``/proc/...``) are usage errors before any work.
 
 Covering examples (docs/contract.md, "covering examples"): a seeded run (a campaign round,
 ``--seed``) keeps, per engine case and rollback path, the smallest example that reached the
@@ -30,6 +38,8 @@ import hashlib
 import json
 import os
 import re
+import stat
+import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -70,6 +80,7 @@ class ExampleStore:
     local: Path | None  # the directory every find is saved in first
     shared: str | None = None  # the redis:// URL, when there is one
     warnings: list[str] = attrs.Factory(list)
+    unsaved: list[str] = attrs.Factory(list)  # saves the local directory did not keep: the path, and why
     lost: str | None = None  # the shared database stopped answering: why
     replay_covering: bool = True  # --db-replay all (False: failures only)
     replayed: Counter[str] = attrs.Factory(Counter)  # check id -> saved examples that failed again
@@ -85,6 +96,10 @@ class ExampleStore:
         if message not in self.warnings:
             self.warnings.append(message)
 
+    def not_kept(self, message: str) -> None:
+        if message not in self.unsaved:
+            self.unsaved.append(message)
+
     def describe(self) -> dict[str, Any]:
         return {
             "spec": self.spec,
@@ -96,6 +111,7 @@ class ExampleStore:
             "covering_saved": dict(self.covering_saved),
             "covering_paths": {case: list(paths) for case, paths in self.covered.items()},
             "warnings": list(self.warnings),
+            "unsaved": list(self.unsaved),
             "lost": self.lost,
         }
 
@@ -140,6 +156,8 @@ def open_database(
     ``replay``: ``--db-replay`` (``all``, or ``failures``: no covering examples replayed)."""
     if replay not in ("all", "failures"):
         raise UsageError(f"{option}-replay {replay!r}: one of 'all', 'failures'")
+    if spec is not None and not spec.strip():
+        raise UsageError(f"{option} {spec!r}: empty; give a directory, redis://HOST:PORT/N, or 'none'")
     if spec is not None and spec.strip().lower() == "none":
         return None
     store = _open(spec, default_dir=default_dir, option=option)
@@ -154,7 +172,9 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
             raise UsageError(f"{option} {str(path)!r}: exists and is not a directory")
         if spec is not None and not path.parent.is_dir():
             raise UsageError(f"{option} {spec!r}: the directory {str(path.parent)!r} does not exist")
-        return ExampleStore(spec=str(path), database=DirectoryBasedExampleDatabase(str(path)), local=path)
+        if spec is not None:
+            _check_writable(path, option=option)
+        return _directory_store(str(path), path)
     match = _REDIS.match(spec)
     if match is None:
         raise UsageError(f"{option} {spec!r}: a shared database is redis://HOST:PORT/N (e.g. redis://127.0.0.1:6379/0)")
@@ -174,10 +194,85 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
         client.ping()
     except Exception as exc:
         raise UsageError(f"{option} {spec!r}: the Redis server does not answer: {exc}") from None
-    store = ExampleStore(spec=spec, database=DirectoryBasedExampleDatabase(str(default_dir)), local=default_dir)
+    store = _directory_store(spec, default_dir)
     store.shared = spec
     store.database = MultiplexedDatabase(store.database, _Guarded(RedisExampleDatabase(client), store, spec))
     return store
+
+
+def _check_writable(path: Path, *, option: str) -> None:
+    """The directory ``--db`` names can hold an example: created, and a probe file written and removed."""
+    try:
+        path.mkdir(exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".specproof-probe-")
+        try:
+            os.write(fd, b"specproof")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(f"{option} {str(path)!r}: cannot be written ({exc.strerror or exc})") from None
+
+
+def _directory_store(spec: str, path: Path) -> ExampleStore:
+    directory = _Directory(path)
+    store = ExampleStore(spec=spec, database=directory, local=path)
+    directory.store = store
+    return store
+
+
+class _Directory(DirectoryBasedExampleDatabase):
+    """Hypothesis' directory database, with every save read back and no entry but a regular file read.
+
+    ``DirectoryBasedExampleDatabase.save`` swallows ``OSError``; here a save whose file does not
+    hold the example afterwards is recorded on the store (``ExampleStore.unsaved``, naming the
+    path and the error) and a partial file is removed. ``fetch`` looks at each entry with
+    ``lstat`` before opening it: a FIFO, a device or a symlink is skipped with a warning.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.store: ExampleStore | None = None
+
+    def save(self, key: bytes, value: bytes) -> None:
+        path = self._value_path(key, value)
+        why = ""
+        for _attempt in range(2):  # (a partial file left by an earlier run is removed, then written again)
+            super().save(key, value)  # (saves the key under its meta-key first, through this method)
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode) and path.read_bytes() == value:
+                    return
+                why = "the file does not hold the example"
+            except OSError as exc:
+                why = f"{type(exc).__name__}: {exc.strerror or exc}"
+            try:  # a partial (e.g. empty, disk full) file would be read as a bad entry later
+                if path.is_file() and not path.is_symlink():
+                    path.unlink()
+                else:
+                    break
+            except OSError:
+                break
+        if self.store is not None:
+            self.store.not_kept(f"the example database did not keep an example: {path}: {why}")
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        directory = self._key_path(key)
+        try:
+            names = sorted(os.listdir(directory)) if directory.is_dir() else []
+        except OSError:
+            return []
+        values = []
+        for name in names:
+            entry = directory / name
+            try:
+                if not stat.S_ISREG(os.lstat(entry).st_mode):
+                    if self.store is not None:
+                        self.store.warn(f"skipped an example database entry that is not a regular file: {entry}")
+                    continue
+                values.append(entry.read_bytes())
+            except OSError:
+                continue  # (deleted in the meantime)
+        return values
 
 
 class _Guarded(ExampleDatabase):

@@ -13,6 +13,10 @@ The verdict (docs/contract.md, "verdicts"):
   not a pass;
 - ``interrupted``: Ctrl-C; the report holds what finished.
 
+A save the example database did not keep (``database.unsaved``: a read-only directory, a full
+disk) makes a ``pass`` or ``inconclusive`` verdict ``fail``, its reason naming the paths: the find
+was not kept.
+
 A check named by ``--expect-fail`` that fails is ``xfail``: counted apart, it does not fail
 the verdict, and it is no pass: a subject needs a check that passed. An engine check that failed because
 the certified drafter failed its own check is a ``consequence`` (``_consequences``): told once,
@@ -86,6 +90,16 @@ def _spec_version(spec: str | None) -> str | None:
 
 
 def _verdict(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, str]:
+    verdict, why = _verdict_of_results(cert, results)
+    unsaved = list(getattr(cert.plan.database, "unsaved", None) or ())
+    if unsaved:  # a find the example database did not keep: never a pass (docs/fuzzing.md)
+        lost = f"the example database did not keep {len(unsaved)} example(s) (not kept: {'; '.join(unsaved[:3])})"
+        verdict = "interrupted" if verdict == "interrupted" else "fail"
+        why = f"{why}; {lost}" if why else lost
+    return verdict, why
+
+
+def _verdict_of_results(cert: Certification, results: list[dict[str, Any]]) -> tuple[str, str]:
     if cert.interrupted:
         return "interrupted", "interrupted (Ctrl-C): the report holds the checks that finished"
     if any(r["status"] in ("fail", "error") for r in results):
