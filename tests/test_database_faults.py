@@ -216,3 +216,22 @@ def test_the_plugins_empty_db_is_a_usage_error(tmp_path: Path) -> None:
     assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
     assert "--specproof-db '': empty" in out.stderr
     assert not (tmp_path / "r.json").exists() and "passed" not in out.stdout
+
+
+def test_a_campaign_whose_workers_did_not_keep_a_find_fails_naming_the_path(tmp_path: Path) -> None:
+    from specproof.conformance._campaign import CampaignOptions, CampaignState, WorkerState
+
+    def state(unsaved: list[str]) -> CampaignState:
+        s = CampaignState(CampaignOptions(plan={}, db=str(tmp_path / "db"), hypothesis_dir=str(tmp_path / "h")))
+        s.workers = [WorkerState(0), WorkerState(1)]
+        s.checks = {"x": {"id": "x", "status": "pass", "examples": 1, "exercised": 1}}
+        base = {"replayed": {}, "warnings": [], "lost": None}
+        s.databases = {0: {**base, "unsaved": unsaved}, 1: {**base, "unsaved": []}}
+        return s
+
+    kept = state([]).report()  # the control: every save kept, every check passed
+    assert kept["verdict"] == "pass" and kept["database"]["unsaved"] == []
+    path = str(tmp_path / "db" / "abc" / "def")
+    lost = state([f"the example database did not keep an example: {path}: ENOSPC"]).report()
+    assert lost["verdict"] == "fail" and path in lost["verdict_reason"]
+    assert lost["database"]["unsaved"] == [f"the example database did not keep an example: {path}: ENOSPC"]
