@@ -225,7 +225,7 @@ class CampaignState:
             )
         unsaved = (self.database() or {}).get("unsaved") or []
         if unsaved:  # a find the example database did not keep: never a pass
-            not_kept = f"the example database did not keep {len(unsaved)} example(s) (not kept: {'; '.join(unsaved[:3])})"
+            not_kept = f"the example database did not keep {len(unsaved)} example(s) ({'; '.join(unsaved[:3])})"
             verdict, why = "fail", f"{why}; {not_kept}" if why else not_kept
         base.update(
             verdict=verdict,

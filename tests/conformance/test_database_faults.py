@@ -33,7 +33,7 @@ from specproof.contract import UsageError
 MEMBER = "specproof.conformance.zoo:length_cap_hides_eos_in_block"
 CONTROL = "specproof.conformance.zoo:zoo_engine"
 ONLY = ("engine.stop",)
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(next(p for p in Path(__file__).resolve().parents if (p / "src" / "specproof").is_dir()) / "src")
 VALUE = bytes([0, 1, 2, 3])  # what is saved: the store does not decode on save
 
 
