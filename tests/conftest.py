@@ -35,6 +35,13 @@ if "SPECPROOF_HYPOTHESIS_DIR" not in os.environ:
     os.environ["SPECPROOF_HYPOTHESIS_DIR"] = os.path.join(tempfile.mkdtemp(prefix="specproof-tests-"), "hypothesis")
 
 
+@pytest.fixture(autouse=True)
+def _own_example_database(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Each test gets an example database of its own: what one test's certify saved (failures,
+    covering examples) is never replayed by another's, whichever xdist worker runs them."""
+    monkeypatch.setenv("SPECPROOF_HYPOTHESIS_DIR", str(tmp_path_factory.mktemp("hypothesis")))
+
+
 class RedisServer:
     def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
         self.url, self.process = url, process

@@ -16,6 +16,9 @@ import json
 
 import pytest
 
+from _bench_records import cell as _cell
+from _bench_records import result as _result
+from _bench_records import tiny_config as _tiny_config
 from specproof.bench import (
     BASELINE_SCHEMA,
     MEAN_RATIO_TOLERANCE,
@@ -35,33 +38,6 @@ from specproof.cli import main
 from specproof.engine import InvalidSettingError, NgramDrafter
 
 # --------------------------------------------------------------------------- synthetic records
-
-
-def _cell(workload: str, rollback: str, **over: float) -> dict:
-    cell = {
-        "key": f"{workload}/reference/{rollback}/k4",
-        "workload": workload,
-        "target": "reference",
-        "rollback": rollback,
-        "k": 4,
-        "tokens_per_round": 2.5,
-        "projected_speedup": 2.5 if rollback == "checkpoint" else 1.9,
-        "forwards_per_token": 0.4 if rollback == "checkpoint" else 0.52,
-        "speedup": 1.8,
-        "efficiency": 0.72,
-    }
-    cell.update(over)
-    return cell
-
-
-def _result(cells: list[dict] | None = None, *, scaling: float = 1.0, mode: str = "quick") -> dict:
-    return {
-        "version": "0.1.0",
-        "platform": {"python": "3.11", "cpus": "2"},
-        "config": {"mode": mode, "target": "reference"},
-        "cells": cells if cells is not None else [_cell("code-edit", "checkpoint"), _cell("code-edit", "replay")],
-        "drafter": {"scaling": scaling},
-    }
 
 
 def test_unchanged_result_passes_and_every_figure_is_checked():
@@ -235,25 +211,6 @@ class _FakeConfig:
 
 
 # --------------------------------------------------------------------------- real runs, planted regressions
-
-
-def _tiny_config(*, chunks: int = 12) -> BenchConfig:
-    # the four workloads at --quick's chunk size (the pooled CPU figure's noise was measured on them),
-    # one rollback: the timed figures only (no drafter comparison, real contexts or peers)
-    return BenchConfig(
-        mode="quick",
-        companions=(),
-        rollbacks=("checkpoint",),
-        prompt_chars=400,
-        chunk_tokens=16,
-        chunks=chunks,
-        verify_reps=5,
-        drafter_contexts=(1024, 8192),
-        drafter_reps=100,
-        drafters=(),
-        real_files=0,
-        peers=False,
-    )
 
 
 @pytest.fixture(scope="module")

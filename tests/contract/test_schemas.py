@@ -199,7 +199,7 @@ def test_a_trace_and_a_golden_file_match_their_schemas(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def bench_result() -> dict[str, Any]:
-    from test_bench_gate import _tiny_config
+    from _bench_records import tiny_config as _tiny_config
 
     return json.loads(json.dumps(run_bench(_tiny_config()).to_json()))
 
@@ -270,7 +270,7 @@ def _session() -> dict[str, Any]:
 
 
 def _baseline() -> dict[str, Any]:
-    from test_bench_gate import _result
+    from _bench_records import result as _result
 
     return make_baseline(_result())
 
