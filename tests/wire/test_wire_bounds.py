@@ -270,8 +270,10 @@ def test_max_context_option_is_validated_before_anything_starts(value: object, w
 
 
 def test_an_honest_engine_without_suite_drafts_is_judged_on_its_own_drafts(tmp_path: Path) -> None:
-    """No check fails it; it never drafts, so the rollback paths it never took make it INCONCLUSIVE (exit 3)."""
+    """No check fails it; it never drafts, so it is INCONCLUSIVE (exit 3): no speculative round was
+    observed, and the verdict names the rollback paths it never took."""
     done = _certify(["engine", "--engine", exec_spec(HOSTILE, "ok"), "--profile", "quick"])
     assert done.returncode == 3, done.output[-3000:]
-    assert "INCONCLUSIVE" in done.output and "never took these rollback paths" in done.output
+    assert "INCONCLUSIVE" in done.output and "no speculative round was observed" in done.output
+    assert "paths never taken: all_accepted, partial, rejected_at_0" in done.output
     assert "does not take drafts from the suite" not in done.output

@@ -371,12 +371,7 @@ def run_campaign(
                 checked = now
                 _account_dead(procs, state)
             if not stop.is_set():
-                if deadline is not None and now >= deadline:
-                    state.stopped = state.stopped or f"--for {options.duration:g} s elapsed"
-                if options.max_failures is not None and state.failed() >= options.max_failures:
-                    state.stopped = state.stopped or f"{state.failed()} failing check(s) found (--max-failures)"
-                if state.lost:
-                    state.stopped = state.stopped or "the shared database went away"
+                state.stopped = state.stopped or _stop_reason(state, deadline, now)
                 if state.stopped:
                     stop.set()
                     stop_at = now
@@ -400,35 +395,52 @@ def run_campaign(
         stop.set()
         if previous is not None:  # a second SIGTERM while the workers stop is not a traceback
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_at = stop_at if stop_at is not None else time.perf_counter()
-        for p in procs:
-            p.join(timeout=max(0.5, grace / 4))
-        terminated = [p for p in procs if p.is_alive()]
-        for p in terminated:
-            p.terminate()
-        for p in terminated:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        _drain(out, state)
-        for i, p in enumerate(procs):
-            w = state.workers[i]
-            w.exitcode = p.exitcode
-            if not w.done and not w.lost:
-                w.lost = (
-                    f"was still in a check {time.perf_counter() - stop_at:.0f} s after the stop and was terminated "
-                    f"({describe_exit(p.exitcode)}) after {w.rounds} round(s)"
-                    if p in terminated
-                    else f"{describe_exit(p.exitcode)} after {w.rounds} round(s)"
-                )
-            if w.lost:
-                state.stopped = state.stopped or f"worker {i} {w.lost}"
+        _stop_workers(procs, state, out, stop_at if stop_at is not None else time.perf_counter(), grace)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if not state.stopped:
         state.stopped = "every worker finished"
     return state
+
+
+def _stop_reason(state: CampaignState, deadline: float | None, now: float) -> str:
+    """Why the campaign stops now ("" while it goes on): time, failures, or a lost database."""
+    options = state.options
+    if deadline is not None and now >= deadline:
+        return f"--for {options.duration:g} s elapsed"
+    if options.max_failures is not None and state.failed() >= options.max_failures:
+        return f"{state.failed()} failing check(s) found (--max-failures)"
+    if state.lost:
+        return "the shared database went away"
+    return ""
+
+
+def _stop_workers(procs: list[Any], state: CampaignState, out: Any, stop_at: float, grace: float) -> None:
+    """Join the workers (terminating, then killing, those still in a check), take what they sent
+    last, and account for each: finished, or lost with its exit status."""
+    for p in procs:
+        p.join(timeout=max(0.5, grace / 4))
+    terminated = [p for p in procs if p.is_alive()]
+    for p in terminated:
+        p.terminate()
+    for p in terminated:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    _drain(out, state)
+    for i, p in enumerate(procs):
+        w = state.workers[i]
+        w.exitcode = p.exitcode
+        if not w.done and not w.lost:
+            w.lost = (
+                f"was still in a check {time.perf_counter() - stop_at:.0f} s after the stop and was terminated "
+                f"({describe_exit(p.exitcode)}) after {w.rounds} round(s)"
+                if p in terminated
+                else f"{describe_exit(p.exitcode)} after {w.rounds} round(s)"
+            )
+        if w.lost:
+            state.stopped = state.stopped or f"worker {i} {w.lost}"
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
