@@ -3,6 +3,8 @@
 ``generate`` calls ``model.generate(input_ids, do_sample=False, prompt_lookup_num_tokens=k,
 max_new_tokens=n)`` and returns the new tokens with ``steps=None``: transformers does not report
 its rounds, so only the end-to-end invariants (``engine.lossless``, ``engine.stop``) apply. The
+``stats`` count what a forward hook sees (tokens fed per forward: drafted = q - 1), so the
+certificate can say that speculation happened. The
 engine exposes ``vocab_size`` and ``target`` (an ``HFTarget`` over the *same* model object), so
 ``specproof certify engine --engine specproof.engine.adapters.hf_prompt_lookup:make`` can compare
 it with plain greedy decoding of that model.
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specproof.contract import Generation, StopReason
+from specproof.contract import Generation, Stats, StopReason
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 from specproof.contract.validation import int_at_least
 from specproof.engine.conventions import check_prompt
@@ -83,8 +85,13 @@ class HFPromptLookupEngine:
         }
         if self.max_matching_ngram_size is not None:
             kwargs["max_matching_ngram_size"] = self.max_matching_ngram_size
-        with torch.no_grad():
-            out = self.model.generate(ids, **kwargs)
+        lengths: list[int] = []  # tokens fed per model forward: how speculation is observed from outside
+        hook = self.model.register_forward_pre_hook(_count_fed(lengths), with_kwargs=True)
+        try:
+            with torch.no_grad():
+                out = self.model.generate(ids, **kwargs)
+        finally:
+            hook.remove()
         tokens = [int(t) for t in out[0, len(ctx) :].tolist()]
         stop: StopReason = "max_new_tokens"
         if eos_token_id is not None and eos_token_id in tokens:
@@ -92,7 +99,32 @@ class HFPromptLookupEngine:
             stop = "eos"
         elif n_eff < n and len(tokens) == n_eff:
             stop = "context_full"
-        return Generation(tokens=tokens, stop_reason=stop)
+        return Generation(tokens=tokens, stop_reason=stop, stats=_observed_stats(lengths, len(tokens)))
+
+
+def _count_fed(lengths: list[int]) -> Any:
+    """A forward pre-hook that records how many tokens each model forward is fed."""
+
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            lengths.append(int(ids.shape[-1]))
+
+    return hook
+
+
+def _observed_stats(lengths: list[int], emitted: int) -> Stats:
+    """What the forwards transformers made show: the first is the prefill, each later one verifies
+    the pending token plus the candidates prompt lookup drafted (``q - 1``). transformers reports no
+    rounds, so these are counts seen from outside: rounds and drafted tokens, not acceptances."""
+    rounds = lengths[1:]
+    return Stats(
+        rounds=len(rounds),
+        emitted=emitted,
+        prefill_forwards=1 if lengths else 0,
+        verify_forwards=len(rounds),
+        drafted=sum(q - 1 for q in rounds),
+    )
 
 
 def make(spec: str = "lfm2-tiny", *, prompt_lookup_num_tokens: int = 4) -> HFPromptLookupEngine:
