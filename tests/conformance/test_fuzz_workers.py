@@ -105,8 +105,14 @@ def test_a_killed_worker_is_reported_and_the_campaign_is_never_pass(tmp_path: Pa
     assert validate("report-2", data) == []
     assert data["campaign"]["workers_lost"], data["campaign"]
     lost = data["campaign"]["workers_lost"]
-    assert len(lost) == killed and all(w["exitcode"] == -signal.SIGKILL for w in lost), lost
-    assert all("killed by SIGKILL" in w["why"] for w in lost), lost
+    sigkilled = [w for w in lost if w["exitcode"] == -signal.SIGKILL and "killed by SIGKILL" in w["why"]]
+    assert len(sigkilled) == killed, lost
+    # A worker SIGKILLed while it held the result queue's write lock leaves the lock held: the
+    # surviving worker then blocks on its next report and is terminated after the grace period.
+    # It is reported as such (never dropped in silence); seen once in a loaded CI run. One queue
+    # per worker would remove it (docs/fuzzing.md, known limits).
+    others = [w for w in lost if w not in sigkilled]
+    assert all("terminated" in w["why"] for w in others), lost
     assert "did not finish" in data["verdict_reason"] and "SIGKILL" in data["verdict_reason"]
     stopped = data["campaign"]["stopped"]  # the death stops the campaign, not its --for
     assert stopped.startswith("worker ") and "killed by SIGKILL" in stopped, stopped
