@@ -8,7 +8,8 @@ It imports nothing from specproof above it (a test fails on any import cycle):
 - ``Violation`` / ``ViolationError`` — one breach of one invariant, as every check reports it;
 - ``compare`` — the one array comparison (exact or within ``atol``; NaN and signed-zero policy);
 - ``lossless`` — the tie-aware ``engine.lossless`` verdict;
-- ``validation`` — the one check of an integer option's lower bound and of a tolerance.
+- ``validation`` — the one check of an integer option's lower bound and of a tolerance;
+- ``sampling`` — ``SamplingParams`` and the target's processed distribution ``p`` (docs/contract.md, "Sampling").
 """
 
 from specproof.contract._protocols import (
@@ -17,6 +18,7 @@ from specproof.contract._protocols import (
     Engine,
     FeatureDrafter,
     FeatureTarget,
+    SamplingDrafter,
     Target,
     WhiteBoxTarget,
 )
@@ -24,6 +26,7 @@ from specproof.contract._records import STOP_REASONS, Generation, Stats, Step, S
 from specproof.contract._violations import INVARIANT_ID, Violation, ViolationError
 from specproof.contract.compare import arrays_differ, live_state_differs, states_differ
 from specproof.contract.errors import SpecproofError, UsageError
+from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
 from specproof.contract.validation import int_at_least, validate_tolerance
 
 __all__ = [
@@ -35,6 +38,9 @@ __all__ = [
     "FeatureDrafter",
     "FeatureTarget",
     "Generation",
+    "SampledDraft",
+    "SamplingDrafter",
+    "SamplingParams",
     "SpecproofError",
     "Stats",
     "Step",
@@ -47,6 +53,7 @@ __all__ = [
     "arrays_differ",
     "int_at_least",
     "live_state_differs",
+    "processed_distribution",
     "states_differ",
     "validate_tolerance",
 ]

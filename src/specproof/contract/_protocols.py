@@ -15,8 +15,18 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.contract._records import Generation
+    from specproof.contract.sampling import SampledDraft, SamplingParams
 
-__all__ = ["CheckpointingTarget", "Drafter", "Engine", "FeatureDrafter", "FeatureTarget", "Target", "WhiteBoxTarget"]
+__all__ = [
+    "CheckpointingTarget",
+    "Drafter",
+    "Engine",
+    "FeatureDrafter",
+    "FeatureTarget",
+    "SamplingDrafter",
+    "Target",
+    "WhiteBoxTarget",
+]
 
 
 @runtime_checkable
@@ -101,8 +111,27 @@ class FeatureDrafter(Drafter, Protocol):
 
 
 @runtime_checkable
+class SamplingDrafter(Drafter, Protocol):
+    """A drafter that samples its proposal and says from which distribution (docs/contract.md, "Sampling").
+
+    ``propose_sampled(context, k, *, sampling, rng)`` draws up to ``k`` tokens with the request's
+    ``numpy.random.Generator`` and returns them with ``q``, one proposal-distribution row per token
+    (``q[i]`` is what ``tokens[i]`` was drawn from, given ``context + tokens[:i]``). A feature drafter
+    also takes ``features=``. ``propose`` stays its greedy (deterministic) proposal.
+    """
+
+    def propose_sampled(
+        self, context: Sequence[int], k: int, *, sampling: SamplingParams, rng: np.random.Generator
+    ) -> SampledDraft: ...
+
+
+@runtime_checkable
 class Engine(Protocol):
-    """Anything that generates tokens for a prompt."""
+    """Anything that generates tokens for a prompt.
+
+    An engine that samples declares the capability ``sampling`` and takes ``sampling=``
+    (``SamplingParams``; None: greedy); docs/contract.md, "Sampling".
+    """
 
     def generate(
         self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None

@@ -10,12 +10,15 @@ import numpy as np
 
 from specproof.contract import Drafter, Generation, Stats, Step, StopReason, Target
 from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
+from specproof.contract.sampling import SAMPLING_SCHEMES, SamplingParams
 from specproof.contract.validation import int_at_least
 from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
+from specproof.engine._sampling import match_accept_tokens, rejection_accept_tokens, target_distribution
 from specproof.engine.conventions import (
     check_draft,
     check_logits,
     check_prompt,
+    check_proposal_rows,
     component_name,
 )
 
@@ -27,9 +30,11 @@ __all__ = [
     "Verdict",
     "greedy_accept",
     "longest_accepted_prefix",
+    "sampled_accept",
 ]
 
 Rollback = Literal["checkpoint", "replay"]
+Scheme = Literal["rejection", "match"]
 ROLLBACK_STRATEGIES: tuple[str, ...] = ("checkpoint", "replay")
 
 
@@ -66,6 +71,39 @@ def greedy_accept(draft: Sequence[int], logits: np.ndarray, *, remaining: int, e
     argmax = [int(i) for i in np.argmax(logits, axis=1)]  # first maximum: lowest index wins a tie
     j = longest_accepted_prefix(draft, argmax)
     accepted = [*draft[:j], argmax[j]]
+    emitted = accepted[:remaining]
+    if eos is not None and eos in emitted:
+        emitted = emitted[: emitted.index(eos) + 1]
+    return Verdict(argmax=argmax, accepted_prefix=j, accepted=accepted, emitted=emitted)
+
+
+@attrs.frozen
+class _Sampler:
+    """One sampled request: its parameters, its own random generator and the acceptance scheme."""
+
+    params: SamplingParams
+    rng: np.random.Generator
+    scheme: Scheme
+
+
+def sampled_accept(
+    draft: Sequence[int],
+    q: np.ndarray,
+    logits: np.ndarray,
+    sampler: _Sampler,
+    *,
+    remaining: int,
+    eos: int | None,
+) -> Verdict:
+    """The lossless sampled rules (docs/contract.md, "Sampling"): rejection sampling against the draft's
+    ``q`` rows, or sample-and-match; ``argmax`` still records the target's greedy tokens."""
+    argmax = [int(i) for i in np.argmax(logits, axis=1)]
+    p = np.stack([target_distribution(row, sampler.params) for row in logits])
+    if sampler.scheme == "match":
+        j, token = match_accept_tokens(draft, p, sampler.rng)
+    else:
+        j, token = rejection_accept_tokens(draft, q, p, sampler.rng)
+    accepted = [*draft[:j], token]
     emitted = accepted[:remaining]
     if eos is not None and eos in emitted:
         emitted = emitted[: emitted.index(eos) + 1]
@@ -140,7 +178,13 @@ class _StatsCounter:
 
 
 class SpecDecoder:
-    """Lossless greedy speculative decoding over any ``Target`` and ``Drafter``.
+    """Lossless speculative decoding over any ``Target`` and ``Drafter``, greedy or sampled.
+
+    ``generate(..., sampling=SamplingParams(...))`` samples (docs/contract.md, "Sampling") with
+    ``scheme="rejection"`` (accept a draft token with probability ``min(1, p/q)``, else draw from
+    the residual; a drafter without ``propose_sampled`` has a one-hot ``q``) or ``"match"`` (the
+    target samples every position; a draft token is kept when equal). Each request has its own
+    generator, seeded by ``sampling.seed``.
 
     ``rollback="checkpoint"`` restores the state checkpoint the verify forward
     returned for the last kept position (no extra forward); ``"replay"`` restores a
@@ -148,8 +192,19 @@ class SpecDecoder:
     only in rounds that reject a draft token).
     """
 
-    def __init__(self, target: Target, drafter: Drafter, *, k: int = 4, rollback: Rollback = "checkpoint") -> None:
+    def __init__(
+        self,
+        target: Target,
+        drafter: Drafter,
+        *,
+        k: int = 4,
+        rollback: Rollback = "checkpoint",
+        scheme: Scheme = "rejection",
+    ) -> None:
         self.k = int_at_least(k, name="k", minimum=0, where="SpecDecoder")
+        if scheme not in SAMPLING_SCHEMES:
+            raise InvalidSettingError(f"SpecDecoder scheme={scheme!r} is not one of {SAMPLING_SCHEMES}")
+        self.scheme: Scheme = scheme
         if rollback not in ROLLBACK_STRATEGIES:
             raise InvalidSettingError(f"SpecDecoder rollback={rollback!r} is not one of {ROLLBACK_STRATEGIES}")
         if rollback == "checkpoint" and not callable(getattr(target, "forward_with_checkpoints", None)):
@@ -164,19 +219,29 @@ class SpecDecoder:
         self.feature_layers = drafter_feature_layers(drafter, target)
         self.rollback: Rollback = rollback
         self.name = f"specproof.SpecDecoder(k={self.k}, rollback={rollback})"
+        # the engine contract's declared capabilities (docs/contract.md, "Sampling"): it samples, and
+        # one seed gives one output
+        self.capabilities = ("sampling", "seeded")
 
     def __repr__(self) -> str:
         return (
             f"SpecDecoder(target={component_name(self.target)}, drafter={component_name(self.drafter)}, "
-            f"k={self.k}, rollback={self.rollback!r})"
+            f"k={self.k}, rollback={self.rollback!r}, scheme={self.scheme!r})"
         )
 
     def start(self, prompt: Sequence[int]) -> DecodeSession:
         """Reset the target and drafter and prefill ``prompt[:-1]``; returns a session to decode from."""
         return DecodeSession(self, prompt)
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
-        return self.start(prompt).generate(max_new_tokens, eos_token_id=eos_token_id)
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        return self.start(prompt).generate(max_new_tokens, eos_token_id=eos_token_id, sampling=sampling)
 
 
 class DecodeSession:
@@ -189,6 +254,7 @@ class DecodeSession:
     # the accepted positions' features when the drafter reads them; None otherwise (and in subclasses
     # that position the target themselves and skip __init__)
     _features: FeatureStore | None = None
+    _sampler: _Sampler | None = None  # the current call's sampler; None: greedy
 
     def __init__(self, decoder: SpecDecoder, prompt: Sequence[int]) -> None:
         self.decoder = decoder
@@ -247,14 +313,27 @@ class DecodeSession:
         self._feed(to_feed, what="extend")
 
     def generate(
-        self, max_new_tokens: int, *, eos_token_id: int | None = None, max_rounds: int | None = None
+        self,
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        max_rounds: int | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Generation:
         """Decode up to ``max_new_tokens`` more tokens; returns this call's tokens, steps and stats.
 
         ``max_rounds`` stops after that many rounds (``max_rounds=1`` runs exactly one
         round, as fuzzers that drive rounds one at a time need); the stop reason is
-        then ``max_new_tokens``.
+        then ``max_new_tokens``. ``sampling``: sample (a fresh generator seeded by its ``seed``
+        for this call); None: greedy.
         """
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
+        self._sampler = (
+            None
+            if sampling is None
+            else _Sampler(params=sampling, rng=np.random.default_rng(sampling.seed), scheme=self.decoder.scheme)
+        )
         decoder = self.decoder
         target = decoder.target
         max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
@@ -302,11 +381,14 @@ class DecodeSession:
         base = target.processed
         before = target.snapshot()
         try:
-            draft = self._propose(k_eff, base, round_index)
+            draft, q = self._propose(k_eff, base, round_index)
             fed = [self._ctx[-1], *draft]
             logits, checkpoints, feats = self._verify(fed, round_index)
             counter.verify += 1
-            verdict = greedy_accept(draft, logits, remaining=remaining, eos=eos)
+            if self._sampler is None:
+                verdict = greedy_accept(draft, logits, remaining=remaining, eos=eos)
+            else:
+                verdict = sampled_accept(draft, q, logits, self._sampler, remaining=remaining, eos=eos)
             feats = self._roll_back(fed, verdict.keep, checkpoints, before, feats, round_index, counter)
             if feats is not None and self._features is not None:
                 self._features.append(feats, verdict.keep)  # the kept positions only, never a rejected one
@@ -321,24 +403,37 @@ class DecodeSession:
             raise self._abort(exc, base, before, round_index) from exc
         return self._record(base, draft, verdict, counter), verdict.emitted
 
-    def _propose(self, k_eff: int, base: int, round_index: int) -> list[int]:
-        """The drafter's checked proposal of at most ``k_eff`` tokens (none when ``k_eff`` is 0)."""
+    def _propose(self, k_eff: int, base: int, round_index: int) -> tuple[list[int], np.ndarray]:
+        """The drafter's checked proposal of at most ``k_eff`` tokens (none when ``k_eff`` is 0) and its
+        ``q`` rows (one-hot for a deterministic drafter or a greedy call)."""
+        vocab = self.decoder.target.vocab_size
         if k_eff <= 0:
-            return []
+            return [], np.zeros((0, vocab))
         decoder = self.decoder
         store = self._features
+        kwargs: dict[str, object] = {}
         if store is not None:
             if len(store) != base:
                 raise SpecproofError(
                     f"the engine holds {len(store)} feature rows for {base} processed positions "
                     f"in round {round_index} (engine.features)"
                 )
-            raw = decoder.drafter.propose(self._view, k_eff, features=store.view())  # type: ignore[call-arg]
+            kwargs["features"] = store.view()
+        sampler = self._sampler
+        sampled = getattr(decoder.drafter, "propose_sampled", None)
+        q: np.ndarray | None = None
+        if sampler is not None and callable(sampled):
+            proposal = sampled(self._view, k_eff, sampling=sampler.params, rng=sampler.rng, **kwargs)
+            raw, q = proposal.tokens, proposal.q
         else:
-            raw = decoder.drafter.propose(self._view, k_eff)
-        return check_draft(
-            raw, k=k_eff, vocab_size=decoder.target.vocab_size, drafter=self._drafter_name, round_index=round_index
-        )
+            raw = decoder.drafter.propose(self._view, k_eff, **kwargs)
+        draft = check_draft(raw, k=k_eff, vocab_size=vocab, drafter=self._drafter_name, round_index=round_index)
+        if q is None:
+            q = np.zeros((len(draft), vocab))
+            q[np.arange(len(draft)), draft] = 1.0
+        else:
+            q = check_proposal_rows(q, draft, vocab_size=vocab, drafter=self._drafter_name, round_index=round_index)
+        return draft, q
 
     def _verify(
         self, fed: list[int], round_index: int

@@ -61,8 +61,7 @@ def forward_features(
     for layer in layers:
         if layer not in feats:
             raise SpecproofError(
-                f"target {component_name(target)} returned no feature for layer {layer} in {what} "
-                f"(target.features)"
+                f"target {component_name(target)} returned no feature for layer {layer} in {what} (target.features)"
             )
         arr = np.asarray(feats[layer], dtype=np.float32)
         if arr.ndim != 2 or arr.shape[0] != len(tokens):
@@ -117,4 +116,3 @@ class FeatureStore:
             v.flags.writeable = False
             out[layer] = v
         return out
-

@@ -20,6 +20,7 @@ __all__ = [
     "check_draft",
     "draft_sequence_problem",
     "check_logits",
+    "check_proposal_rows",
     "check_prompt",
 ]
 
@@ -83,6 +84,33 @@ def check_draft(draft: object, *, k: int, vocab_size: int, drafter: str, round_i
                 f"{where} proposed draft[{i}]={tok!r}, not a token id in [0, {vocab_size}) (drafter.token-range)"
             )
     return [int(t) for t in tokens]
+
+
+def check_proposal_rows(q: object, draft: list[int], *, vocab_size: int, drafter: str, round_index: int) -> np.ndarray:
+    """A sampling drafter's ``q`` as a float64 array: one distribution row per draft token, each with
+    mass on its token; else a DrafterContractError naming the breach (drafter.proposal-distribution)."""
+    where = f"drafter {drafter} in round {round_index}"
+    arr = np.asarray(q, dtype=np.float64)
+    if arr.shape != (len(draft), vocab_size):
+        raise DrafterContractError(
+            f"{where} returned q of shape {arr.shape} for {len(draft)} draft tokens, expected "
+            f"({len(draft)}, {vocab_size}) (drafter.proposal-distribution)"
+        )
+    if len(draft) == 0:
+        return arr
+    if not np.isfinite(arr).all() or (arr < 0).any() or not np.allclose(arr.sum(axis=1), 1.0, atol=1e-6):
+        raise DrafterContractError(
+            f"{where} returned q rows that are not distributions (finite, >= 0, summing to 1; sums "
+            f"{np.round(arr.sum(axis=1), 6).tolist()}) (drafter.proposal-distribution)"
+        )
+    zero = [i for i, t in enumerate(draft) if arr[i, t] <= 0.0]
+    if zero:
+        i = zero[0]
+        raise DrafterContractError(
+            f"{where} proposed draft[{i}]={draft[i]} with q[{i}][{draft[i]}] = 0: a token its declared "
+            "distribution cannot produce (drafter.proposal-distribution)"
+        )
+    return arr
 
 
 def check_logits(logits: object, *, rows: int, vocab_size: int, target: str, round_index: int | None) -> np.ndarray:

@@ -261,9 +261,7 @@ class HeadDrafter:
 
     # ------------------------------------------------------------------ drafting
 
-    def propose(
-        self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None
-    ) -> list[int]:
+    def propose(self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None) -> list[int]:
         m = len(context)
         if k <= 0 or m < 2 or m - 1 > self.max_context:
             return []  # no feature yet (a one-token context), or past the head's capacity
