@@ -168,7 +168,8 @@ def test_hf_features_are_the_reference_features_and_feed_the_heads() -> None:
     prompt = toks
     expected = list(greedy_decode(load_target("trained:max_context=512"), prompt, 24).tokens)
     for rollback in ("checkpoint", "replay"):
-        gen = SpecDecoder(load_target("hf:lfm2-trained,max_context=512"), load_drafter("eagle:trained"), k=4,
-                          rollback=rollback).generate(prompt, 24)
+        gen = SpecDecoder(
+            load_target("hf:lfm2-trained,max_context=512"), load_drafter("eagle:trained"), k=4, rollback=rollback
+        ).generate(prompt, 24)
         assert list(gen.tokens) == expected
         assert gen.stats is not None and gen.stats.accepted > 0

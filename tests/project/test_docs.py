@@ -170,6 +170,8 @@ def test_the_link_checker_rejects_a_broken_link_and_accepts_a_good_one(tmp_path:
     assert links(page) == ["#engines-in-any-language-specproof-engine1", "#again-1", "missing.md#x"]
     assert not _resolve(page, "missing.md#x")[0].exists()
     assert "again-2" not in anchors(page)
+
+
 def test_the_profile_capacities_in_the_docs_are_the_profiles() -> None:
     """Every "quick N, ci N, release N" capacity list in the README and docs/ says what the
     profiles hold (``conformance._profiles.PROFILES``); so does the --max-context help text."""
@@ -184,6 +186,8 @@ def test_the_profile_capacities_in_the_docs_are_the_profiles() -> None:
     assert all(got == want for _, got in found), f"the profiles' capacities are {want}; the docs say {found}"
     help_text = get("max_context").help
     assert tuple(int(n) for n in pattern.search(help_text).groups()) == want, help_text  # type: ignore[union-attr]
+
+
 CONTRACT = pathlib.Path(__file__).resolve().parents[2] / "docs" / "contract.md"
 
 

@@ -707,9 +707,7 @@ def test_a_digest_key_gives_the_same_seeds_in_another_client(monkeypatch: pytest
 
 
 @pytest.mark.parametrize("raw", ["xyz", "0011", KEY + "00"])
-def test_a_malformed_digest_key_is_refused_before_any_engine_starts(
-    monkeypatch: pytest.MonkeyPatch, raw: str
-) -> None:
+def test_a_malformed_digest_key_is_refused_before_any_engine_starts(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv("SPECPROOF_WIRE_DIGEST_KEY", raw)
     with pytest.raises(EngineProtocolError, match=r"\$SPECPROOF_WIRE_DIGEST_KEY=.*32 hex digits"):
         engine_from_spec("exec:/nonexistent/engine")

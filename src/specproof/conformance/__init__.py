@@ -91,6 +91,7 @@ def certify(
     db: str | None = None,
     db_replay: str = "all",
     expected_failures: dict[str, str] | None = None,
+    sampling: str | None = None,
 ) -> Report:
     """Certify plug-ins given as specs (as ``specproof certify`` does); returns the ``Report``.
 
@@ -98,7 +99,8 @@ def certify(
     ``db`` is an example database (a directory, or ``redis://HOST:PORT/N`` beside the default
     directory) that failures are saved in and replayed from first; here the default is none
     (the CLI's default is a directory under the cache); ``db_replay="failures"`` replays saved
-    failures only, not the covering examples campaigns saved (``--db-replay``).
+    failures only, not the covering examples campaigns saved (``--db-replay``). ``sampling``
+    (``"temperature=0.8,top_p=0.95"``) runs the sampling checks too (``--sampling``).
     """
 
     values = {
@@ -111,6 +113,7 @@ def certify(
         "tie_tolerance": tie_tolerance,
         "atol": atol,
         "only": only,
+        "sampling": sampling,
     }
     database = open_database(db, default_dir=default_examples_dir(), replay=db_replay) if db is not None else None
     plan = Plan.create(**plan_arguments(values), database=database, expected_failures=expected_failures)

@@ -118,6 +118,14 @@ OPTIONS: tuple[Option, ...] = (
         help="quick | ci | release (default quick)",
     ),
     Option(
+        dest="sampling",
+        cli="--sampling",
+        plugin="--specproof-sampling",
+        metavar="PARAMS",
+        help="also {verb} sampled decoding at these parameters: temperature=T[,top_k=K,top_p=P,min_p=M] "
+        "(the sampling checks run only with it; docs/contract.md, Sampling)",
+    ),
+    Option(
         dest="seed", cli="--seed", plugin="--specproof-seed", type=int, help="Hypothesis seed (default: derandomized)"
     ),
     Option(

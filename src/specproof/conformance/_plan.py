@@ -18,6 +18,8 @@ from specproof.conformance._options import OPTIONS, plan_arguments
 from specproof.conformance._profiles import Profile, get_profile
 from specproof.conformance._subjects import Suite
 from specproof.contract import UsageError, validate_tolerance
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.sampling import SamplingParams, parse_sampling
 
 __all__ = ["Plan"]
 
@@ -39,6 +41,7 @@ class Plan:
     # the example database (an ExampleStore, _database.py): failures are saved and replayed first
     database: Any = attrs.field(default=None, eq=False)
     expected_failures: dict[str, str] = attrs.field(factory=dict)  # invariant id -> reason (--expect-fail)
+    sampling: SamplingParams | None = None  # --sampling: the sampling checks run at these parameters
 
     @classmethod
     def create(
@@ -58,6 +61,7 @@ class Plan:
         max_context: int | None = None,
         database: Any = None,
         expected_failures: Mapping[str, str] | None = None,
+        sampling: str | SamplingParams | None = None,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -69,6 +73,7 @@ class Plan:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         _check_integers(max_context=max_context, seed=seed)
+        params = _sampling(sampling)
         subject = subject or _inferred_subject(drafter=drafter, target=target, engine=engine)
         if replay_session is not None:
             from specproof.strategies import SessionHistory
@@ -100,6 +105,7 @@ class Plan:
             max_context=max_context,
             database=database,
             expected_failures=expected,
+            sampling=params,
         )
         _check_declarations(plan)
         return plan
@@ -144,6 +150,20 @@ class Plan:
                     close()
                 except Exception:  # pragma: no cover - closing is best effort
                     pass
+
+
+def _sampling(value: str | SamplingParams | None) -> SamplingParams | None:
+    """``--sampling`` as parameters; the checks choose the seeds (each generation its own), so none is given."""
+    if value is None or isinstance(value, SamplingParams):
+        params = value
+    else:
+        try:
+            params = parse_sampling(value)
+        except InvalidSettingError as exc:
+            raise UsageError(f"--sampling: {exc}") from None
+    if params is not None and params.seed is not None:
+        raise UsageError("--sampling takes no seed: the sampling checks seed each generation themselves (0, 1, ...)")
+    return params
 
 
 def _check_integers(**values: int | None) -> None:

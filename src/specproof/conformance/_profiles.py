@@ -29,6 +29,10 @@ class Profile:
     # the longest context an example builds (a prompt ending near max_context): an engine that
     # declares a larger max_context is tested at this capacity, and the certificate says so
     max_capacity: int
+    # the sampling checks (--sampling): the total-variation deviation each configuration's primary event
+    # test must be able to detect (power 0.99), and the most seeded generations it may draw for it
+    sampling_tv: float
+    sampling_generations: int
 
     def hypothesis_settings(
         self, *, seed: int | None, max_examples: int | None = None, database: ExampleDatabase | None = None
@@ -58,6 +62,8 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile(
             name="quick",
+            sampling_tv=0.2,
+            sampling_generations=120,
             max_examples=12,
             capacity_examples=1,
             stateful_examples=4,
@@ -68,6 +74,8 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             name="ci",
+            sampling_tv=0.05,
+            sampling_generations=1500,
             max_examples=40,
             capacity_examples=2,
             stateful_examples=8,
@@ -78,6 +86,8 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             name="release",
+            sampling_tv=0.02,
+            sampling_generations=12000,
             max_examples=300,
             capacity_examples=6,
             stateful_examples=60,

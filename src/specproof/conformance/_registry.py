@@ -44,10 +44,12 @@ import attrs
 from hypothesis import strategies as st
 
 from specproof.conformance._records import Capabilities, RunRecord
+from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
 from specproof.conformance.checks import features as feature_checks
 from specproof.conformance.checks import generation as generation_checks
+from specproof.conformance.checks import sampling as sampling_checks
 from specproof.conformance.checks import target as target_checks
 from specproof.conformance.checks.generation import round_of_index
 from specproof.contract import Generation, Step, UsageError, Violation
@@ -325,9 +327,7 @@ def _on_record(
     return check
 
 
-def _counted(
-    vs: list[Violation], n: int, held: Callable[[], str], *, unreached: str = "nothing reached it"
-) -> Outcome:
+def _counted(vs: list[Violation], n: int, held: Callable[[], str], *, unreached: str = "nothing reached it") -> Outcome:
     """The outcome of a check that reached ``n`` things (rounds, comparisons) and found ``vs``.
 
     A violation is never reported as nothing exercised (``max(n, 1)``); the note says why
@@ -439,6 +439,56 @@ _ENGINE_DRAWS = (
     "among the greedy continuation (often among its last k+1 tokens), and the suite's scripted drafter "
     "(round plans reaching every path) or the subject's own"
 )
+
+
+# ---------------------------------------------------------------- sampling invariants
+
+_SAMPLING_DRAWS = (
+    "with --sampling: seeded generations (seeds 0, 1, ...) on four fixed prompts, the suite's deterministic "
+    "drafts read off the oracle (or the engine's own), until the event tests reach the profile's sensitivity; "
+    "a few seeds again; two prompts at temperature 0 and at top_k 1"
+)
+_SAMPLING_DRAFTER_DRAWS = (
+    "with --sampling: propose_sampled on fixed contexts with seeded generators, until the event tests reach "
+    "the profile's sensitivity"
+)
+
+
+def _sampling_check(
+    judge: Callable[[Invariant, Any], tuple[list[Violation], int, list[str]]], *, shortfall: bool = False
+) -> Check:
+    """An engine sampling invariant's check: ``judge(inv, judged)`` over the case's sampled search
+    (``drivers._sampling``); with ``shortfall``, a run that could not reach the profile's sensitivity
+    is a skip that says so, never a pass."""
+
+    def check(inv: Invariant, driver: Any, judged: Any) -> Outcome:
+        violations, exercised, notes = judge(inv, judged)
+        if shortfall and not violations:
+            why = sampling_checks.sensitivity_shortfall(judged.search, tv_target=judged.plan.profile.sampling_tv)
+            if why is not None:
+                return Outcome([], exercised=0, note="\n".join([why, *notes]))
+        return Outcome(violations, exercised=exercised, note="\n".join(notes))
+
+    return check
+
+
+def _drafter_sampling_check(inv: Invariant, driver: Any, subject: Any) -> Outcome:
+    plan = driver.plan
+    vocab = plan.suite.target.vocab_size if plan.suite.target is not None else 256
+    violations, exercised, notes = sampling_checks.check_proposal_distribution(
+        inv,
+        subject.make,
+        params=plan.sampling,
+        vocab_size=vocab,
+        seed=plan.seed or 0,
+        longest=plan.profile.max_prompt,
+        # proposals cost no target forward: the drafter is held to a quarter of the engine's deviation
+        tv_target=plan.profile.sampling_tv / 4,
+        budget=plan.profile.sampling_generations * 40,
+        alpha=FALSE_FAIL_BOUND,
+    )
+    return Outcome(violations, exercised=exercised, note="\n".join(notes))
+
 
 REGISTRY: tuple[Invariant, ...] = (
     Invariant(
@@ -767,6 +817,81 @@ REGISTRY: tuple[Invariant, ...] = (
             "raises_every_call",
             "length_cap_hides_eos_in_block",
         ),
+    ),
+    # ---------------------------------------------------------------- sampling (driver "sampling", --sampling)
+    Invariant(
+        id="drafter.proposal-distribution",
+        subject="drafter",
+        summary="a sampling drafter's tokens are distributed as the q rows it declares",
+        draws=_SAMPLING_DRAFTER_DRAWS,
+        driver="sampling",
+        check=_drafter_sampling_check,
+        zoo=("q_from_raw_logits",),
+    ),
+    Invariant(
+        id="engine.sampled-distribution",
+        subject="engine",
+        summary="sampled output has plain sampling's distribution (event tests, false-fail bound 1e-6)",
+        draws=_SAMPLING_DRAWS,
+        driver="sampling",
+        check=_sampling_check(
+            lambda inv, j: sampling_checks.check_sampled_distribution(
+                inv, j.search, tv_target=j.plan.profile.sampling_tv
+            ),
+            shortfall=True,
+        ),
+        zoo=("argmax_verification", "q_of_next_position"),
+        also=("residual_from_p",),
+    ),
+    Invariant(
+        id="engine.sampled-support",
+        subject="engine",
+        summary="no emitted token has p = 0; a replacement differs from the draft token it replaced",
+        draws=_SAMPLING_DRAWS,
+        driver="sampling",
+        check=_sampling_check(
+            lambda inv, j: sampling_checks.check_sampled_support(inv, j.search, tolerance=j.case.atol)
+        ),
+        zoo=("residual_from_p", "unfiltered_sampling", "unnormalized_residual", "bonus_from_wrong_row"),
+    ),
+    Invariant(
+        id="engine.sampled-rounds",
+        subject="engine",
+        summary="round bounds, KV length, stop rule and costs hold on sampled generations",
+        needs=("steps",),
+        draws=_SAMPLING_DRAWS,
+        driver="sampling",
+        check=_sampling_check(
+            lambda inv, j: sampling_checks.check_sampled_rounds(
+                inv, j.search, k=j.case.k or (4 if j.case.kind == "builtin" else None), rollback=j.case.rollback
+            )
+        ),
+        zoo=("sampled_counts_replacement",),
+    ),
+    Invariant(
+        id="engine.seeds",
+        subject="engine",
+        summary="one seed gives one output (`seeded`); different seeds give independent outputs",
+        draws=_SAMPLING_DRAWS,
+        driver="sampling",
+        check=_sampling_check(lambda inv, j: sampling_checks.check_seeds(inv, j.search)),
+        zoo=("shared_rng_stream", "broadcast_seed"),
+        also=("argmax_verification",),
+    ),
+    Invariant(
+        id="engine.greedy-limit",
+        subject="engine",
+        summary="`temperature = 0` and `top_k = 1` equal plain greedy exactly",
+        needs=("oracle",),
+        draws=_SAMPLING_DRAWS,
+        driver="sampling",
+        check=_sampling_check(
+            lambda inv, j: sampling_checks.check_greedy_limit(
+                inv, j.search, j.greedy, tie_tolerance=j.case.tie_tolerance
+            )
+        ),
+        zoo=("greedy_limit_samples",),
+        also=("bonus_from_wrong_row", "unfiltered_sampling"),
     ),
 )
 

@@ -32,6 +32,8 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
         if specs.get(key):
             parts += [f"--{key}", shlex.quote(str(specs[key]))]
     parts += ["--profile", plan.profile.name, "--only", result.invariant]
+    if plan.sampling is not None:
+        parts += ["--sampling", plan.sampling.describe()]
     parts += [shlex.quote(a) for a in driver_args]
     if plan.seed is not None:
         parts += ["--seed", str(plan.seed)]

@@ -219,9 +219,8 @@ class SpecDecoder:
         self.feature_layers = drafter_feature_layers(drafter, target)
         self.rollback: Rollback = rollback
         self.name = f"specproof.SpecDecoder(k={self.k}, rollback={rollback})"
-        # the engine contract's declared capabilities (docs/contract.md, "Sampling"): it samples, and
-        # one seed gives one output
-        self.capabilities = ("sampling", "seeded")
+        # docs/contract.md, "Sampling": generate takes sampling=, and one seed gives one output
+        self.seeded = True
 
     def __repr__(self) -> str:
         return (

@@ -12,6 +12,7 @@ from specproof.conformance.drivers._engine_cases import EngineCaseDriver
 from specproof.conformance.drivers._examples import ExamplesDriver
 from specproof.conformance.drivers._protocol import CheckItem, Driver, DriverContext
 from specproof.conformance.drivers._rollback_machine import RollbackMachineDriver
+from specproof.conformance.drivers._sampling import SamplingDriver
 from specproof.conformance.drivers._session_machine import SessionMachineDriver
 
 __all__ = ["DRIVERS", "CheckItem", "Driver", "DriverContext", "driver_class", "register_driver"]
@@ -21,6 +22,7 @@ DRIVERS: dict[str, type[Driver]] = {
     EngineCaseDriver.name: EngineCaseDriver,
     RollbackMachineDriver.name: RollbackMachineDriver,
     SessionMachineDriver.name: SessionMachineDriver,
+    SamplingDriver.name: SamplingDriver,
 }
 """Driver name (an invariant's ``driver=``) -> the class that runs its checks."""
 

@@ -87,6 +87,21 @@ from specproof.conformance.zoo._model_drafters import (
 from specproof.conformance.zoo._model_drafters import (
     model_drafter_reprefill as model_drafter_reprefill,
 )
+from specproof.conformance.zoo._sampling_engines import (
+    ArgmaxVerification,
+    BonusFromWrongRow,
+    BroadcastSeed,
+    DraftSampler,
+    GreedyLimitSamples,
+    QFromRawLogits,
+    QOfNextPosition,
+    ResidualFromP,
+    SampledCountsReplacement,
+    SamplingZooEngine,
+    SharedRngStream,
+    UnfilteredSampling,
+    UnnormalizedResidual,
+)
 from specproof.conformance.zoo._session_engines import (
     NeverReusesPrefix,
     OverclaimsPrefixReuse,
@@ -149,7 +164,9 @@ class ZooMember:
     # "quick": derandomized ``certify --profile quick`` rejects it; "search": it takes a randomized
     # search to find (a ``--seed``, a ``specproof fuzz`` campaign), after which the example database
     # replays it in every later run
-    found_by: Literal["quick", "search"] = "quick"
+    # the profile whose derandomized run rejects it ("ci": a deviation below quick's sensitivity), or
+    # "search" (a randomized search: a --seed or a fuzz campaign)
+    found_by: Literal["quick", "ci", "search"] = "quick"
 
     def __iter__(self) -> Iterator[str]:
         return iter((self.kind, self.invariant, self.description, self.spec))
@@ -245,6 +262,26 @@ def feature_engine_replay() -> FeatureZooEngine:
     return FeatureZooEngine(rollback="replay")
 
 
+def sampling_engine() -> SamplingZooEngine:
+    """Correct: samples by rejection sampling (checkpoint rollback), the sampling members' control."""
+    return SamplingZooEngine()
+
+
+def sampling_engine_match_replay() -> SamplingZooEngine:
+    """Correct, differently: sample-and-match with replay rollback."""
+    return SamplingZooEngine(scheme="match", rollback="replay")
+
+
+def sampling_engine_own_q() -> SamplingZooEngine:
+    """Correct, differently: drafts with its own sampling drafter and tests acceptance against its declared q."""
+    return SamplingZooEngine(own_sampler=True)
+
+
+def sampling_drafter() -> DraftSampler:
+    """Correct: a sampling drafter whose declared q is the distribution it draws from."""
+    return DraftSampler()
+
+
 # ---------------------------------------------------------------------------- the members
 
 # name -> (kind, implementation[, factory]): the zoo's one list of member names. Each name is also the
@@ -308,12 +345,25 @@ _MEMBERS: dict[str, MemberEntry] = {
     "features_shifted": ("engine", FeaturesShifted),
     "features_wrong_layer": ("engine", FeaturesWrongLayer),
     "features_stale_across_requests": ("engine", FeaturesStaleAcrossRequests),
+    "argmax_verification": ("engine", ArgmaxVerification),
+    "residual_from_p": ("engine", ResidualFromP),
+    "unnormalized_residual": ("engine", UnnormalizedResidual),
+    "bonus_from_wrong_row": ("engine", BonusFromWrongRow),
+    "unfiltered_sampling": ("engine", UnfilteredSampling),
+    "shared_rng_stream": ("engine", SharedRngStream),
+    "broadcast_seed": ("engine", BroadcastSeed),
+    "q_of_next_position": ("engine", QOfNextPosition),
+    "greedy_limit_samples": ("engine", GreedyLimitSamples),
+    "sampled_counts_replacement": ("engine", SampledCountsReplacement),
+    "q_from_raw_logits": ("drafter", QFromRawLogits),
 }
 
 
 # members that take a randomized search to find (a ``--seed``, a ``specproof fuzz`` campaign): the
 # derandomized quick profile is not promised to reject them; the example database replays them after
 _FOUND_BY_SEARCH: frozenset[str] = frozenset()  # members only a randomized search finds
+# members whose deviation is below the quick profile's sensitivity (a TV of 0.2): ci rejects them
+_FOUND_AT_CI: frozenset[str] = frozenset({"q_of_next_position"})
 
 
 class ZooRegistryError(ValueError):
@@ -353,7 +403,7 @@ def build_zoo(members: Mapping[str, MemberEntry], invariants: Iterable[Invariant
             spec=f"{_MODULE}:{name}",
             implementation=implementation,
             also=tuple(inv.id for inv in invariants if name in inv.also and inv.id != invariant),
-            found_by="search" if name in _FOUND_BY_SEARCH else "quick",
+            found_by="search" if name in _FOUND_BY_SEARCH else "ci" if name in _FOUND_AT_CI else "quick",
         )
     return zoo
 
@@ -375,6 +425,9 @@ CORRECT: dict[str, str] = {
         "feature_engine",
         "feature_engine_replay",
         "own_drafts_engine",
+        "sampling_engine",
+        "sampling_engine_match_replay",
+        "sampling_engine_own_q",
     )
 }
 """Correct engines that differ from the control in what they expose or how they draft: certification accepts them."""
@@ -390,6 +443,7 @@ CORRECT_DRAFTERS: dict[str, str] = {
         "feature_head_recomputes",
         "declared_prompt_only_lookup",
         "suffix_drafter",
+        "sampling_drafter",
     )
 }
 """Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""

@@ -1,0 +1,391 @@
+"""The sampling checks (docs/contract.md, "Sampling"): verdicts over an engine case's sampled search.
+
+Each returns ``(violations, exercised, notes)``: what broke, how much reached the check (tokens
+scored, rounds checked, seeds compared; zero makes the check a skip) and what the run could see
+(its sensitivity, for the statistical ones). The false-fail bound of the statistical checks is
+``_sequential``'s (Freedman's inequality, at the sample sizes used).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+import numpy as np
+
+from specproof.conformance.checks import generation as generation_checks
+from specproof.contract import Violation
+from specproof.contract.lossless import compare_lossless
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._registry import Invariant
+    from specproof.conformance._sampled_runs import SampledRun, SampledSearch
+    from specproof.conformance._sequential import EventTest
+
+__all__ = [
+    "check_greedy_limit",
+    "check_sampled_distribution",
+    "check_sampled_rounds",
+    "check_sampled_support",
+    "check_seeds",
+]
+
+Checked = tuple[list[Violation], int, list[str]]
+
+
+def _example(run: SampledRun, **extra: object) -> dict[str, object]:
+    gen = run.generation
+    return {
+        "configuration": run.config,
+        "prompt": list(run.prompt),
+        "seed": run.seed,
+        "max_new_tokens": run.max_new_tokens,
+        **({"tokens": list(gen.tokens)} if gen is not None else {}),
+        **extra,
+    }
+
+
+def _errors(inv: Invariant, search: SampledSearch) -> list[Violation]:
+    """A sampled generation that raised fails every sampling check, naming the cause."""
+    return [
+        inv.violation(
+            f"{run.config}: the generation with seed {run.seed} did not complete: {run.error}", example=_example(run)
+        )
+        for config in search.configs
+        for run in config.runs[:1] + [r for r in config.runs if r.error is not None][:1]
+        if run.error is not None
+    ][:1]
+
+
+def check_sampled_distribution(inv: Invariant, search: SampledSearch, *, tv_target: float) -> Checked:
+    """``engine.sampled-distribution``: every event test of every configuration stays within its
+    Freedman bound; the notes give each configuration's sensitivity (the smallest TV it detects)."""
+    out = _errors(inv, search)
+    notes: list[str] = []
+    exercised = 0
+    for config in search.configs:
+        tokens = sum(len(r.generation.tokens) for r in config.runs if r.generation is not None)
+        exercised += tokens
+        primary = config.primary
+        notes.append(
+            f"{config.name}: {len(config.runs)} seeded generations, {tokens} tokens scored; "
+            f"{primary.name.split(': ')[-1]} event on {primary.n} tokens detects a TV deviation of "
+            f"{primary.min_detectable:.3f} (target {tv_target:g}) with power 0.99; false-fail bound "
+            f"{sum(t.alpha for t in config.tests.values()) * len(search.configs):.0e} for the check"
+        )
+        for test in config.tests.values():
+            if not test.rejected:
+                continue
+            last = config.runs[-1]
+            out.append(
+                inv.violation(
+                    f"{config.name}: the event '{test.summary}' happened {test.hits} times in {test.n} "
+                    f"scored tokens, where lossless sampling from p gives {test.expected:.1f} "
+                    f"(|S| = {abs(test.total):.1f} >= Freedman threshold {test.threshold:.1f}; a lossless "
+                    f"engine fails this with probability <= {test.alpha:.1e}); seeds 0..{last.seed}",
+                    expected=round(test.expected, 2),
+                    actual=test.hits,
+                    example=_example(last, event=test.name, seeds=[0, last.seed]),
+                )
+            )
+    return out, exercised, notes
+
+
+def sensitivity_shortfall(search: SampledSearch, *, tv_target: float) -> str | None:
+    """Why the run could not reach the profile's sensitivity (None when every configuration did)."""
+    for config in search.configs:
+        if config.primary.min_detectable > tv_target and not any(t.rejected for t in config.tests.values()):
+            return (
+                f"{config.name}: after {len(config.runs)} generations (the profile's budget) the "
+                f"{config.primary.name.split(': ')[-1]} event detects only a TV deviation of "
+                f"{config.primary.min_detectable:.3f}, not the profile's {tv_target:g}"
+            )
+    return None
+
+
+def _support_tolerance(logits_row: np.ndarray, token: int, p_row: np.ndarray, tolerance: float) -> bool:
+    """A zero-probability token is excused when its logit is within ``tolerance`` of the weakest kept one
+    (an engine whose logits differ by rounding may cut top-k/top-p one token further)."""
+    if tolerance <= 0.0:
+        return False
+    kept = logits_row[p_row > 0.0]
+    return bool(kept.size) and float(logits_row[token]) >= float(kept.min()) - 2.0 * tolerance
+
+
+def check_sampled_support(inv: Invariant, search: SampledSearch, *, tolerance: float) -> Checked:
+    """``engine.sampled-support``: every emitted token has probability > 0 under p (top-k, top-p and
+    min-p cut nothing an engine may emit), and a round's replacement token differs from the draft
+    token it replaced."""
+    out = _errors(inv, search)
+    exercised = 0
+    for config in search.configs:
+        for run in config.runs:
+            gen = run.generation
+            if gen is None or run.p is None or run.logits is None:
+                continue
+            for i, token in enumerate(gen.tokens):
+                exercised += 1
+                if run.p[i, token] <= 0.0 and not _support_tolerance(run.logits[i], token, run.p[i], tolerance):
+                    out.append(
+                        inv.violation(
+                            f"{config.name}: token {i} = {token} has probability 0 under p "
+                            f"({search.params.describe()}): plain sampling never emits it",
+                            round=generation_checks.round_of_index(gen.steps or (), i) if gen.steps else None,
+                            expected="a token with p > 0",
+                            actual=token,
+                            example=_example(run, index=i),
+                        )
+                    )
+                    break
+            for r, step in enumerate(gen.steps or ()):
+                j = len(step.accepted) - 1
+                if j < len(step.draft) and step.accepted[j] == step.draft[j]:
+                    out.append(
+                        inv.violation(
+                            f"{config.name}: round {r} replaced the rejected draft token draft[{j}]={step.draft[j]} "
+                            f"by the same token: a replacement is drawn from max(0, p - q), which excludes it",
+                            round=r,
+                            expected=f"a token other than {step.draft[j]}",
+                            actual=step.accepted[j],
+                            example=_example(run, draft=list(step.draft), accepted=list(step.accepted)),
+                        )
+                    )
+                    break
+    return out[:3], exercised, []
+
+
+def check_sampled_rounds(inv: Invariant, search: SampledSearch, *, k: int | None, rollback: str | None) -> Checked:
+    """``engine.sampled-rounds``: the greedy contract's round bounds, KV length, stop rule and costs hold
+    on every sampled generation that reports its rounds."""
+    out = _errors(inv, search)
+    exercised = 0
+    for config in search.configs:
+        for run in config.runs:
+            gen = run.generation
+            if gen is None or gen.steps is None:
+                continue
+            exercised += len(gen.steps)
+            found: list[Violation] = []
+            if k is not None:
+                found += generation_checks.check_accept_bounds(inv, gen.steps, k=k)
+            found += generation_checks.check_kv_length(inv, gen.steps, prompt_length=len(run.prompt), tokens=gen.tokens)
+            found += generation_checks.check_stop(
+                inv,
+                gen.tokens,
+                gen.stop_reason,
+                max_new_tokens=run.max_new_tokens,
+                eos_token_id=None,
+                prompt_length=len(run.prompt),
+            )
+            if gen.stats is not None:
+                found += generation_checks.check_cost(inv, gen, rollback=rollback, prompt_length=len(run.prompt))
+            if found:
+                out.append(attrs.evolve(found[0], example={**_example(run), **found[0].example}))
+                break
+    return out[:3], exercised, []
+
+
+def seed_collisions(chain: Sequence[SampledRun], *, alpha: float = 1e-6) -> EventTest:
+    """The seed-independence test over generations on one prompt with seeds s, s+1, ...: each run is
+    compared with the one before on its first ``m`` tokens, ``m`` the shortest prefix whose probability
+    under p (read off the earlier run's scores) is at most 0.05 (all its tokens when none is). With
+    independent seeds the later run repeats that prefix with exactly that probability."""
+    from specproof.conformance._sequential import EventTest as _EventTest
+
+    test = _EventTest(name="collisions", summary="a generation repeats the previous seed's first tokens", alpha=alpha)
+    for before, after in itertools.pairwise(chain):
+        if before.generation is None or after.generation is None or before.p is None or not before.generation.tokens:
+            continue
+        tokens = list(before.generation.tokens)
+        chance, m = 1.0, 0
+        for i, token in enumerate(tokens):
+            chance *= float(before.p[i, token])
+            m = i + 1
+            if chance <= 0.05:
+                break
+        test.add(list(after.generation.tokens[:m]) == tokens[:m], chance)
+    return test
+
+
+def check_seeds(inv: Invariant, search: SampledSearch) -> Checked:
+    """``engine.seeds``: a seed repeated (after other requests) gives the same output, where the engine
+    declares ``seeded``; generations with different seeds on the same prompt are not correlated (a run
+    repeats the previous seed's opening no more often than independent draws would: ``seed_collisions``)."""
+    out = _errors(inv, search)
+    exercised = 0
+    notes: list[str] = []
+    for config in search.configs:
+        for first, again in config.repeats:
+            exercised += 1
+            a = first.generation.tokens if first.generation is not None else None
+            b = again.generation.tokens if again.generation is not None else None
+            if a != b:
+                out.append(
+                    inv.violation(
+                        f"{config.name}: seed {first.seed} gave different outputs when asked again after "
+                        f"{len(config.runs)} other requests (the engine declares `seeded`): a shared or "
+                        "continuing random stream",
+                        expected=list(a or ()),
+                        actual=list(b or ()) if b is not None else again.error,
+                        example=_example(first),
+                    )
+                )
+                break
+        test = seed_collisions(config.chain)
+        exercised += test.n
+        if test.n:
+            notes.append(
+                f"{config.name}: {test.hits} of {test.n} generations repeated the previous seed's opening "
+                f"({test.expected:.1f} expected of independent seeds; threshold {test.threshold:.1f} over "
+                f"{test.expected:.1f}, false-fail probability <= {test.alpha:.0e})"
+            )
+        if test.rejected and test.total > 0:
+            out.append(
+                inv.violation(
+                    f"{config.name}: a generation repeated the previous seed's opening tokens {test.hits} "
+                    f"times in {test.n} pairs, where independent draws do {test.expected:.1f} times "
+                    f"(Freedman bound, false-fail probability <= {test.alpha:.0e}): the seeds do not "
+                    "give independent streams (a broadcast or shared seed)",
+                    expected=round(test.expected, 2),
+                    actual=test.hits,
+                    example={"configuration": config.name},
+                )
+            )
+    if not search.seeded:
+        notes.append("the engine does not declare `seeded`: same-seed reproducibility was not required")
+    return out, exercised, notes
+
+
+def check_greedy_limit(
+    inv: Invariant,
+    search: SampledSearch,
+    greedy: Callable[[Sequence[int], int], tuple[list[int], list[float] | None]],
+    *,
+    tie_tolerance: float,
+) -> Checked:
+    """``engine.greedy-limit``: at ``temperature=0`` and at ``top_k=1`` the output equals plain greedy
+    exactly (ties within the tie tolerance excused)."""
+    out: list[Violation] = []
+    exercised = 0
+    for label, run in search.greedy_runs:
+        if run.generation is None:
+            out.append(inv.violation(f"{label}: the generation did not complete: {run.error}", example=_example(run)))
+            continue
+        expected, margins = greedy(list(run.prompt), run.max_new_tokens)
+        exercised += 1
+        verdict = compare_lossless(
+            run.generation.tokens,
+            expected,
+            expected_margins=margins,
+            tie_tolerance=tie_tolerance,
+            actual_stop_reason=run.generation.stop_reason,
+        )
+        breach = verdict.breach()
+        if breach is not None:
+            breach["explanation"] = f"{label}: {breach['explanation']} (p is one-hot on the argmax: plain greedy)"
+            breach["example"] = _example(run, sampling=label)
+            out.append(inv.violation(**breach))  # type: ignore[arg-type]
+    return out[:2], exercised, []
+
+
+def _proposal_row_problem(q: np.ndarray, tokens: Sequence[int], vocab_size: int) -> str | None:
+    """What is wrong with a declared ``q`` (None: one distribution row per token, each with mass on it)."""
+    if q.shape != (len(tokens), vocab_size):
+        return f"q has shape {q.shape} for {len(tokens)} tokens, expected ({len(tokens)}, {vocab_size})"
+    if not np.isfinite(q).all() or (q < 0).any():
+        return "q holds a negative or non-finite entry"
+    sums = q.sum(axis=1)
+    if len(tokens) and not np.all(np.abs(sums - 1.0) <= 1e-6):
+        return f"q rows sum to {np.round(sums, 6).tolist()}, not 1"
+    for i, token in enumerate(tokens):
+        if q[i, token] <= 0.0:
+            return f"token {i} = {token} has q = 0 in the row it was declared to be drawn from"
+    return None
+
+
+def check_proposal_distribution(
+    inv: Invariant,
+    make_drafter: Callable[[], object],
+    *,
+    params: object,
+    vocab_size: int,
+    seed: int,
+    longest: int,
+    tv_target: float,
+    budget: int,
+    alpha: float,
+) -> Checked:
+    """``drafter.proposal-distribution``: ``propose_sampled``'s tokens are drawn from the ``q`` it declares.
+
+    Calls on fixed contexts, each with a generator of its own seed; every proposed token is scored on
+    three events of its declared row (``top``: it is the row's top token; ``head``: it is among the top
+    tokens holding half the row's mass; ``tail``: among the bottom ones holding a tenth), each a
+    Freedman test at ``alpha / 3``, until ``top`` and ``tail`` detect ``tv_target`` or ``budget``
+    calls are spent. Wrong rows (not distributions, or
+    no mass on the token drawn) fail at once."""
+    from specproof.conformance._sampled_runs import sample_prompts
+    from specproof.conformance._sequential import EventTest
+
+    drafter = make_drafter()
+    propose = getattr(drafter, "propose_sampled", None)
+    if not callable(propose):
+        return [], 0, ["a deterministic drafter (no propose_sampled): its q is one-hot, nothing to test"]
+    tests = {
+        "top": EventTest(name="top", summary="the proposed token is its row's top token", alpha=alpha / 3),
+        "head": EventTest(name="head", summary="the proposed token is in its row's top half of mass", alpha=alpha / 3),
+        "tail": EventTest(
+            name="tail", summary="the proposed token is in its row's bottom tenth of mass", alpha=alpha / 3
+        ),
+    }
+    contexts = sample_prompts(vocab_size, longest=max(1, longest), seed=seed)
+    for call in range(budget):
+        context = contexts[call % len(contexts)]
+        example = {"context": context, "k": 4, "rng_seed": [seed, call], "sampling": params.to_json()}  # type: ignore[attr-defined]
+        try:
+            proposal = propose(list(context), 4, sampling=params, rng=np.random.default_rng([seed, call]))
+            tokens = [int(t) for t in proposal.tokens]
+            q = np.asarray(proposal.q, dtype=np.float64)
+        except Exception as exc:
+            why = f"propose_sampled raised {type(exc).__name__}: {exc}"
+            return [inv.violation(why, example=example)], call + 1, []
+        problem = _proposal_row_problem(q, tokens, vocab_size)
+        if problem is not None:
+            return [inv.violation(f"call {call}: {problem}", actual=tokens, example=example)], call + 1, []
+        for i, token in enumerate(tokens):
+            row = q[i]
+            top = int(np.argmax(row))
+            tests["top"].add(token == top, row[top])
+            order = np.lexsort((np.arange(row.shape[0]), -row))
+            before = np.concatenate(([0.0], np.cumsum(row[order])[:-1]))
+            head = order[before < 0.5]
+            tests["head"].add(token in set(head.tolist()), float(row[head].sum()))
+            tail = order[before >= 0.9]
+            tests["tail"].add(token in set(tail.tolist()), float(row[tail].sum()))
+        rejected = [t for t in tests.values() if t.rejected]
+        if rejected:
+            t = rejected[0]
+            return (
+                [
+                    inv.violation(
+                        f"the event '{t.summary}' happened {t.hits} times in {t.n} proposed tokens, where tokens "
+                        f"drawn from the declared q give {t.expected:.1f} (|S| = {abs(t.total):.1f} >= Freedman "
+                        f"threshold {t.threshold:.1f}; false-fail probability <= {t.alpha:.1e}): the drafter "
+                        "samples from another distribution than the q it declares",
+                        expected=round(t.expected, 2),
+                        actual=t.hits,
+                        example=example,
+                    )
+                ],
+                call + 1,
+                [],
+            )
+        if call >= 8 and max(tests["top"].min_detectable, tests["tail"].min_detectable) <= tv_target:
+            break
+    notes = [t.describe() for t in tests.values()]
+    reached = max(tests["top"].min_detectable, tests["tail"].min_detectable)
+    if reached > tv_target:
+        notes.insert(0, f"the top and tail events detect only a TV deviation of {reached:.3f}, not {tv_target:g}")
+        return [], 0, notes
+    return [], tests["top"].n, notes
