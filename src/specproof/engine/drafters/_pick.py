@@ -43,8 +43,8 @@ def sampling_pick(sampling: SamplingParams, rng: np.random.Generator) -> Callabl
 
 def sampled_draft(picked: Sequence[tuple[int, np.ndarray | None]], vocab_size: int) -> SampledDraft:
     """The ``SampledDraft`` of tokens picked by ``sampling_pick``: the tokens and their ``q`` rows."""
-    rows = [q for _, q in picked]
-    if any(q is None for q in rows):
+    rows = [q for _, q in picked if q is not None]
+    if len(rows) != len(picked):
         raise AssertionError("sampled_draft: a token was picked without its q row")
     q = np.stack(rows) if rows else np.zeros((0, vocab_size))
     return SampledDraft(tuple(token for token, _ in picked), q)

@@ -204,4 +204,3 @@ class ModelDrafter:
             self._forward([draft[-1][0]], remember=True)
             draft.append(pick(self._row))
         return draft
-
