@@ -256,7 +256,10 @@ def test_bench_figures_in_the_docs_are_generated_from_the_committed_run() -> Non
     block = text[text.index(BEGIN) : text.index(END) + len(END)]
     assert block == figures_block(run, source=BENCH_RUN), "run `python benchmarks/update_bench_doc.py`"
     assert BENCH_RUN in block and run["platform"]["recorded_utc"] in block
-    rows = [line.split("|")[1:-1] for line in block.splitlines() if line.startswith("| ") and "workload" not in line]
+    lines = block.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| workload"))
+    table = lines[header + 2 : lines.index("", header)]  # the cells table (a sampled-figures table may follow)
+    rows = [line.split("|")[1:-1] for line in table]
     assert len(rows) == len(run["cells"]) > 0
     for cells in rows:
         tpr, speedup, efficiency = float(cells[3]), float(cells[7].rstrip("x ")), float(cells[8])

@@ -1,4 +1,9 @@
-"""``specproof generate``: speculative decoding on a target, with a summary and an optional greedy comparison."""
+"""``specproof generate``: speculative decoding on a target, with a summary and an optional greedy comparison.
+
+``--sampling temperature=0.8,top_p=0.95[,top_k=K,min_p=M,seed=S]`` samples (docs/contract.md, "Sampling")
+with ``--scheme rejection`` (default) or ``match``; without ``seed=`` one is drawn and reported, so the
+run can be reproduced. Bad sampling text is a usage error (exit 2) before anything is loaded.
+"""
 
 from __future__ import annotations
 
@@ -61,6 +66,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=None,
         help="rollback strategy (default: checkpoint where the target has forward_with_checkpoints, else replay)",
     )
+    p.add_argument(
+        "--sampling",
+        default=None,
+        metavar="PARAMS",
+        help="sample instead of greedy decoding: temperature=T[,top_k=K,top_p=P,min_p=M,seed=S] (e.g. "
+        "temperature=0.8,top_p=0.95; temperature=0 is greedy); without seed= one is drawn and reported",
+    )
+    p.add_argument(
+        "--scheme",
+        choices=("rejection", "match"),
+        default=None,
+        help="with --sampling: the lossless acceptance rule, rejection sampling against the drafter's q (default) "
+        "or sample-and-match",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--eos", type=int, default=None, metavar="ID", help="stop at this token id")
     p.add_argument("--seed", type=int, default=None, help="seed of the reference target's weights")
@@ -82,29 +101,65 @@ def run(args: argparse.Namespace) -> int:
     from specproof.engine import SpecDecoder
     from specproof.plugins import load_drafter
 
+    sampling = _sampling(args)  # usage errors first: nothing is loaded yet
     text = _prompt_text(args)
     if args.engine is not None:
         args.target = args.target or DEFAULT_TARGET
-        return _run_engine(args, text)
+        return _run_engine(args, text, sampling)
     drafter = load_drafter(args.drafter)
     args.target = _target_spec(args, drafter)
     target = make_target(args.target, seed=args.seed)
     prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(target, text)
     if args.rollback is None:
         args.rollback = "checkpoint" if callable(getattr(target, "forward_with_checkpoints", None)) else "replay"
-    decoder = SpecDecoder(target, drafter, k=args.k, rollback=args.rollback)
+    decoder = SpecDecoder(target, drafter, k=args.k, rollback=args.rollback, scheme=args.scheme)
     t0 = time.perf_counter()
-    gen = decoder.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
+    gen = decoder.generate(prompt, args.max_new_tokens, eos_token_id=args.eos, sampling=sampling)
     spec_seconds = time.perf_counter() - t0
     if args.trace:
         _write_trace(args, gen, prompt, target, decoder.name)
-    summary = _summary(args, gen, prompt, target, drafter, spec_seconds)
+    summary = _summary(args, gen, prompt, target, drafter, spec_seconds, sampling)
     equal = _compare_greedy(args, summary, target, prompt, gen.tokens) if args.compare_greedy else True
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         _print_summary(args, summary, gen, target, decoder.name)
     return 0 if equal else 1
+
+
+def _sampling(args: argparse.Namespace) -> Any:
+    """``--sampling`` parsed (``SamplingParams``; a drawn seed when it names none), or None for greedy;
+    ``args.scheme`` set. The options that do not fit a sampled generation are usage errors here."""
+    from specproof.contract import UsageError
+    from specproof.contract.sampling import parse_sampling
+
+    args.scheme_given = args.scheme is not None
+    if args.sampling is None:
+        if args.scheme is not None:
+            raise UsageError(
+                f"--scheme {args.scheme} is the acceptance rule of a sampled generation: give --sampling too"
+            )
+        args.scheme = "rejection"
+        return None
+    sampling = parse_sampling(args.sampling)
+    args.scheme = args.scheme or "rejection"
+    if sampling.greedy:
+        return sampling  # temperature=0 or top_k=1: greedy exactly, so a greedy trace and comparison hold
+    if args.compare_greedy:
+        raise UsageError(
+            f"--compare-greedy compares with greedy decoding, which --sampling {args.sampling} (temperature > 0) "
+            "does not promise to equal: drop one (temperature=0 is greedy)"
+        )
+    if args.trace:
+        raise UsageError(
+            f"--trace records a greedy generation for check-trace, which judges it against the greedy rule; "
+            f"drop --trace or --sampling {args.sampling}"
+        )
+    if sampling.seed is None:  # the run can be reproduced: the seed is in the summary
+        import secrets
+
+        sampling = sampling.with_seed(secrets.randbits(62))
+    return sampling
 
 
 def _prompt_text(args: argparse.Namespace) -> str:
@@ -174,7 +229,13 @@ def _write_trace(args: argparse.Namespace, gen: Any, prompt: list[int], target: 
 
 
 def _summary(
-    args: argparse.Namespace, gen: Any, prompt: list[int], target: Any, drafter: object, seconds: float
+    args: argparse.Namespace,
+    gen: Any,
+    prompt: list[int],
+    target: Any,
+    drafter: object,
+    seconds: float,
+    sampling: Any,
 ) -> dict[str, object]:
     stats = gen.stats
     assert stats is not None
@@ -184,6 +245,7 @@ def _summary(
         "drafter": getattr(drafter, "name", type(drafter).__name__),
         "k": args.k,
         "rollback": args.rollback,
+        **_sampling_fields(args, sampling, drafter),
         "prompt_tokens": len(prompt),
         "tokens": list(gen.tokens),
         "text": decode_tokens(target, gen.tokens),
@@ -199,6 +261,33 @@ def _summary(
         "acceptance_by_position": [round(a, 3) for a in stats.acceptance_by_position],
         "spec_seconds": seconds,
     }
+
+
+def _sampling_fields(args: argparse.Namespace, sampling: Any, drafter: object) -> dict[str, object]:
+    """The summary's ``sampling`` (the parameters, seed included; null: greedy) and, sampled, ``scheme``
+    and ``drafter_q``: ``declared`` (the drafter samples and returns its q rows: ``propose_sampled``) or
+    ``one-hot`` (a deterministic drafter)."""
+    if sampling is None:
+        return {"sampling": None}
+    declared = callable(getattr(drafter, "propose_sampled", None))
+    return {"sampling": sampling.to_json(), "scheme": args.scheme, "drafter_q": "declared" if declared else "one-hot"}
+
+
+def _sampling_label(summary: dict[str, Any]) -> str:
+    """``greedy``, or the parameters as ``--sampling`` takes them (seed included), the scheme and the q."""
+    from specproof.contract.sampling import SamplingParams
+
+    if summary.get("sampling") is None:
+        return "greedy"
+    params = SamplingParams.from_json(summary["sampling"])
+    text = params.describe() + (" (greedy exactly)" if params.greedy else "")
+    if "scheme" in summary:
+        text += f"; scheme {summary['scheme']}"
+    if "drafter_q" in summary:
+        text += "; drafter q " + (
+            "declared (it samples)" if summary["drafter_q"] == "declared" else "one-hot (deterministic drafter)"
+        )
+    return text
 
 
 def _compare_greedy(
@@ -229,6 +318,7 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any], gen: Any, 
     table = Table(title=f"specproof generate — {engine} on {args.target}", show_header=False)
     name = str(summary["drafter"])
     table.add_row("drafter", (name if args.drafter in name else f"{name} (--drafter {args.drafter})") + f", k={args.k}")
+    table.add_row("sampling", _sampling_label(summary))
     table.add_row("emitted tokens", f"{len(gen.tokens)} (stop: {gen.stop_reason})")
     table.add_row("rounds", str(stats.rounds))
     table.add_row("tokens per round", f"{stats.mean_tokens_per_round:.2f}")
@@ -273,24 +363,38 @@ def _workload_prompt(name: str) -> str:
     return build_workloads([name])[0].text
 
 
-def _run_engine(args: argparse.Namespace, text: str) -> int:
-    """``generate --engine SPEC``: one generation of an engine plug-in, its rounds printed as they were recorded."""
+def _run_engine(args: argparse.Namespace, text: str, sampling: Any) -> int:
+    """``generate --engine SPEC``: one generation of an engine plug-in, its rounds printed as they were recorded.
+    With ``--sampling`` the engine must declare the ``sampling`` capability; ``--scheme`` is its own business."""
+    from specproof.contract import UsageError
+    from specproof.engine.plugin_modules import declared_capabilities
     from specproof.plugins import resolve_plugin
 
+    if sampling is not None and args.scheme_given:
+        raise UsageError("--scheme chooses SpecDecoder's rule; an --engine samples by its own: drop --scheme")
     engine: Any = resolve_plugin(args.engine, kind="engine")
     if getattr(engine, "send_state", False):
         engine.send_state = False  # a wire engine's state dumps are for certify; generate reads none
+    extra: dict[str, Any] = {}
+    if sampling is not None:
+        if "sampling" not in (declared_capabilities(engine) or frozenset()):
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
+            raise UsageError(f"--engine {args.engine} does not declare the 'sampling' capability: drop --sampling")
+        extra["sampling"] = sampling
     try:
         oracle = getattr(engine, "oracle", None) or getattr(engine, "target", None)
         encoder = oracle if oracle is not None else make_target(args.target, seed=args.seed)
         prompt = parse_ids(args.ids) if args.ids is not None else encode_prompt(encoder, text)
         t0 = time.perf_counter()
-        gen = engine.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
+        gen = engine.generate(prompt, args.max_new_tokens, eos_token_id=args.eos, **extra)
         seconds = time.perf_counter() - t0
         steps = list(gen.steps or ())
         summary: dict[str, object] = {
             "format": generate_format.ID,
             "engine": args.engine,
+            "sampling": None if sampling is None else sampling.to_json(),
             "prompt_tokens": len(prompt),
             "tokens": list(gen.tokens),
             "text": decode_tokens(encoder, gen.tokens),
@@ -351,6 +455,8 @@ def _print_engine_rounds(
 
     console = Console()
     console.print(summary["text"], markup=False, highlight=False, soft_wrap=True)
+    if summary.get("sampling") is not None:
+        console.print(f"sampling: {_sampling_label(summary)}", markup=False)
     table = Table(title=f"specproof generate --engine {args.engine}")
     for col in ("round", "base", "draft", "argmax", "accepted", "processed"):
         table.add_column(col, justify="right" if col in ("round", "base", "processed") else "left")

@@ -45,8 +45,10 @@ from specproof.bench._measure import (
     real_context_lines,
     resolve_drafters,
     run_bench,
+    sampled_context_lines,
 )
 from specproof.bench._plot import plot_result
+from specproof.bench._sampled import SAMPLED_SEED, SAMPLED_TEMPERATURES, SampledContextCell
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
 
 __all__ = [
@@ -56,6 +58,10 @@ __all__ = [
     "DEGENERATE_SHARE",
     "OPTIONAL_DRAFTERS",
     "RealContextCell",
+    "SAMPLED_SEED",
+    "SAMPLED_TEMPERATURES",
+    "SampledContextCell",
+    "sampled_context_lines",
     "distinct_ngram_share",
     "final_period",
     "resolve_drafters",

@@ -6,7 +6,9 @@ way the bench derives it: efficiency is speedup / tokens per round of the same c
 verify-cost ratio is left out: it is a separate timing whose noise under load made it contradict
 the efficiency beside it. ``replace_block`` puts the block between the markers;
 ``benchmarks/update_bench_doc.py`` runs both, and tests/project/test_docs.py checks that the page holds
-exactly what the committed run renders.
+exactly what the committed run renders. A run with sampled real-context figures
+(``real_contexts.sampled``) gets a second table: each drafter's tokens per round on the real contexts,
+greedy beside each temperature; a run without them renders as before.
 """
 
 from __future__ import annotations
@@ -50,10 +52,46 @@ def figures_block(result: Mapping[str, Any], *, source: str) -> str:
         "",
         "tok/round, fwd/token and projected are counts (the same on every machine); cpu speedup is timed in the "
         "decoding thread's CPU time; the wall speedup moves with the machine's load.",
+        *_sampled_lines(result),
         "",
         END,
     ]
     return "\n".join(lines)
+
+
+def _sampled_lines(result: Mapping[str, Any]) -> list[str]:
+    """The real-context table, greedy beside sampled, when the run measured sampled figures; else nothing."""
+    real = result.get("real_contexts") or {}
+    sampled = real.get("sampled") or {}
+    cells = sampled.get("cells") or []
+    if not cells:
+        return []
+    temps = [float(t) for t in sampled["temperatures"]]
+    greedy = {c["drafter"]: c for c in real.get("cells") or []}
+    by = {(c["drafter"], float(c["temperature"])): c for c in cells}
+    first = cells[0]
+    lines = [
+        "",
+        f"Real contexts ({real.get('positions', first['positions'])} positions of {len(real.get('texts') or [])} "
+        f"held-out files, k = {first['k']}): tokens per round, and the share of first draft tokens kept, greedy "
+        f"(teacher-forced) beside sampling at temperature T ({sampled['scheme']} sampling, temperature only, "
+        f"{sampled['seeds']} fixed seeds per position; seed {sampled.get('seed')}).",
+        "",
+        "| drafter | q | greedy | " + " | ".join(f"T = {t:g}" for t in temps) + " |",
+        "|---|---|" + "---:|" * (1 + len(temps)),
+    ]
+    for name in dict.fromkeys(c["drafter"] for c in cells):
+        row = [name, next(c["q"] for c in cells if c["drafter"] == name), _figure(greedy.get(name))]
+        row += [_figure(by.get((name, t))) for t in temps]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _figure(cell: Mapping[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    acc = cell.get("acceptance_by_position") or [0.0]
+    return f"{float(cell['tokens_per_round']):.2f} ({float(acc[0]):.2f})"
 
 
 def replace_block(text: str, block: str) -> str:

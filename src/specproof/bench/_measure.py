@@ -46,6 +46,9 @@ and left out of the headline figures (the gate's means over workloads).
 
 **Real contexts** (``real_contexts``): every drafter judged teacher-forced on held-out text
 (``_real``): the figure drafters are compared on. The drafter cells above are free-running.
+Beside the greedy figure, ``real_contexts.sampled``: the same positions at each of
+``real_temperatures`` (0.7 and 1.0), each drafter proposing by sampling and the target accepting
+by rejection sampling, ``real_seeds`` fixed seeds per position (``_sampled``); reported, not gated.
 
 Beside the cells: the drafter's cost per proposal at 1K/8K/64K tokens of context
 (incremental, as the engine uses it), ``specproof certify --profile ci`` wall time,
@@ -71,6 +74,7 @@ import numpy as np
 from specproof._version import __version__
 from specproof.bench._degeneracy import distinct_ngram_share, final_period, is_degenerate
 from specproof.bench._real import RealContextCell, measure_real_contexts, real_context_texts
+from specproof.bench._sampled import SAMPLED_SEED, SAMPLED_TEMPERATURES, measure_sampled_contexts
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
 from specproof.contract import Drafter, Target
 from specproof.contract.errors import InvalidSettingError, SpecproofError
@@ -97,6 +101,7 @@ __all__ = [
     "degeneracy_label",
     "drafter_table_lines",
     "real_context_lines",
+    "sampled_context_lines",
     "peer_lines",
     "GreedyCount",
     "count_greedy",
@@ -153,6 +158,8 @@ class BenchConfig:
     real_tokens: int = 1024  # tokens of each file drafted from
     real_stride: int = 32  # a position every this many tokens ...
     real_min_prefix: int = 128  # ... from this one
+    real_temperatures: tuple[float, ...] = SAMPLED_TEMPERATURES  # sampled real contexts (empty: not measured)
+    real_seeds: int = 2  # seeded rejection-sampling rounds per position, drafter and temperature
 
     def __attrs_post_init__(self) -> None:
         _check_ints("ks", self.ks, 1)
@@ -160,8 +167,13 @@ class BenchConfig:
         for name in ("chunk_tokens", "chunks", "verify_reps", "drafter_reps", "peer_tokens", "peer_repeats"):
             _check_ints(name, [getattr(self, name)], 1)
         _check_ints("real_files", [self.real_files], 0)
-        for name in ("real_tokens", "real_stride", "real_min_prefix"):
+        for name in ("real_tokens", "real_stride", "real_min_prefix", "real_seeds"):
             _check_ints(name, [getattr(self, name)], 1)
+        for t in self.real_temperatures:
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 100:
+                raise InvalidSettingError(
+                    f"BenchConfig.real_temperatures={list(self.real_temperatures)!r}: each must be a number in (0, 100]"
+                )
         if self.real_min_prefix >= self.real_tokens:
             raise InvalidSettingError(
                 f"BenchConfig.real_min_prefix={self.real_min_prefix} must be below real_tokens={self.real_tokens}"
@@ -197,6 +209,7 @@ class BenchConfig:
             real_files=8,
             real_tokens=2048,
             real_stride=24,
+            real_seeds=4,
         )
 
     @property
@@ -923,7 +936,39 @@ def real_context_lines(result: Mapping[str, Any]) -> list[str]:
         acc = " ".join(f"{a:.2f}" for a in c["acceptance_by_position"])
         per_text = " ".join(f"{t:.2f}" for t in c.get("tokens_per_round_by_text", []))
         lines.append(f"  {c['drafter']:<24} {c['tokens_per_round']:5.2f} | {acc} | {per_text}")
+    return lines + sampled_context_lines(result)
+
+
+def sampled_context_lines(result: Mapping[str, Any]) -> list[str]:
+    """The sampled real-context figures beside greedy's, as plain text lines (none when not measured)."""
+    real = result.get("real_contexts") or {}
+    sampled = real.get("sampled") or {}
+    cells = sampled.get("cells") or []
+    if not cells:
+        return []
+    greedy = {c["drafter"]: c for c in real.get("cells") or []}
+    temps = [float(t) for t in sampled.get("temperatures", [])]
+    by = {(c["drafter"], float(c["temperature"])): c for c in cells}
+    lines = [
+        f"drafters on {cells[0]['target']}, real contexts sampled ({sampled.get('scheme')} sampling, "
+        f"k={cells[0]['k']}, {sampled.get('seeds')} seeds x {cells[0]['positions']} positions per temperature): "
+        "tok/round (accepted at position 1) at greedy | " + " | ".join(f"T={t:g}" for t in temps) + " | drafter q"
+    ]
+    for name in dict.fromkeys(c["drafter"] for c in cells):
+        parts = []
+        g = greedy.get(name)
+        parts.append(f"{g['tokens_per_round']:5.2f} ({_first(g):.2f})" if g else "    -       ")
+        for t in temps:
+            c = by.get((name, t))
+            parts.append(f"{c['tokens_per_round']:5.2f} ({_first(c):.2f})" if c else "    -       ")
+        q = next(c["q"] for c in cells if c["drafter"] == name)
+        lines.append(f"  {name:<24} " + " | ".join(parts) + f" | {q}")
     return lines
+
+
+def _first(cell: Mapping[str, Any]) -> float:
+    acc = cell.get("acceptance_by_position") or [0.0]
+    return float(acc[0])
 
 
 def peer_lines(result: Mapping[str, Any]) -> list[str]:
@@ -1226,6 +1271,8 @@ def plan_size(config: BenchConfig) -> int:
     cells = len(config.targets) * len(config.workloads) * len(config.rollbacks) * len(config.ks)
     drafters = len(config.workloads) * len(config.drafters)
     real = (1 + len(config.drafters)) if config.real_files and config.drafters else 0
+    if real and config.real_temperatures:
+        real += config.real_files  # the sampled figures: one step per text
     return cells + drafters + real + 1 + int(config.certify) + (3 if config.peers else 0)
 
 
@@ -1323,7 +1370,7 @@ def _real_figures(
     k = 4 if 4 in config.ks else config.ks[0]
     makers = [(d, spec_factory(d)) for d in drafter_specs]
     real_cells = measure_real_contexts(spec, target, makers, texts, k=k, tick=tick)
-    return {
+    out: dict[str, Any] = {
         "status": "ok",
         "method": "teacher-forced: the target's greedy k+1 tokens from a real prefix vs each drafter's "
         "k-token proposal from it",
@@ -1331,3 +1378,19 @@ def _real_figures(
         "positions": sum(len(t.positions) for t in texts),
         "cells": [c.to_json() for c in real_cells],
     }
+    if config.real_temperatures:
+        sampled = measure_sampled_contexts(
+            spec, target, makers, texts, k=k, temperatures=config.real_temperatures, seeds=config.real_seeds, tick=tick
+        )
+        out["sampled"] = {
+            "status": "ok",
+            "method": "at each real-context position, each drafter samples k tokens at temperature T (q one-hot for a "
+            "deterministic drafter); the target verifies them in one forward and keeps them by rejection sampling, "
+            "as SpecDecoder(scheme='rejection') does",
+            "scheme": "rejection",
+            "temperatures": [float(t) for t in config.real_temperatures],
+            "seeds": config.real_seeds,
+            "seed": SAMPLED_SEED,
+            "cells": [c.to_json() for c in sampled],
+        }
+    return out

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from specproof.contract.sampling import SampledDraft, SamplingParams
 from specproof.engine.drafters.model import ModelDrafter
 from specproof.engine.drafters.ngram import NgramDrafter
 
@@ -24,7 +27,13 @@ class CombinedDrafter:
     of one or two tokens is found almost everywhere and says little, so only a match of at
     least three tokens overrides the model. Both parts are pure functions of the context
     (``ModelDrafter`` keeps its model in step by itself, even across calls it was not asked
-    to draft), so the combination is too. ``reset()`` resets both. ``lookup_drafts``,
+    to draft), so the combination is too. ``reset()`` resets both.
+
+    Sampling (``propose_sampled``): the lookup's tokens stay deterministic (their ``q`` rows are
+    one-hot: given the context, the lookup proposes them with certainty) and the draft model's
+    tokens are sampled (``ModelDrafter.propose_sampled``, their ``q`` its processed rows), along
+    the same three paths; ``q[i]`` is still what ``tokens[i]`` was drawn from given the context and
+    ``tokens[:i]``, so rejection sampling against it is lossless. ``lookup_drafts``,
     ``completed_drafts`` and ``model_drafts`` count which path proposed.
     """
 
@@ -59,3 +68,21 @@ class CombinedDrafter:
             return self.model.propose(context, k)
         self.completed_drafts += 1
         return draft + self.model.propose([*context, *draft], k - len(draft))
+
+    def propose_sampled(
+        self, context: Sequence[int], k: int, *, sampling: SamplingParams, rng: np.random.Generator
+    ) -> SampledDraft:
+        if k <= 0:
+            return SampledDraft((), np.zeros((0, self.vocab_size)))
+        draft = [int(t) for t in self.lookup.propose(context, k)][:k]
+        if not draft:
+            self.model_drafts += 1
+            return self.model.propose_sampled(context, k, sampling=sampling, rng=rng)
+        looked = np.zeros((len(draft), self.vocab_size))
+        looked[np.arange(len(draft)), draft] = 1.0
+        if len(draft) >= k:
+            self.lookup_drafts += 1
+            return SampledDraft(tuple(draft), looked)
+        self.completed_drafts += 1
+        rest = self.model.propose_sampled([*context, *draft], k - len(draft), sampling=sampling, rng=rng)
+        return SampledDraft((*draft, *rest.tokens), np.concatenate([looked, rest.q]))

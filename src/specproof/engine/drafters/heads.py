@@ -17,6 +17,12 @@ and puts them back after (as a replay engine does with its target; correct too, 
 Every kernel treats each row on its own (the reference target's kernels), so a head fed
 one position at a time computes bit for bit what it computes fed in one batch: a drafter
 called along a decoding proposes exactly what a fresh one does.
+
+Sampling (``propose_sampled``, docs/contract.md "Sampling"): each draft token, the first and
+every chained one, is drawn with the request's generator from the processed distribution of
+the head's logits row at the request's parameters, and that row is the token's ``q``. The chain
+feeds the sampled token back as it feeds the argmax when greedy, and the head's rollback only
+compares tokens, so a fresh drafter with a generator in the same state proposes the same.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import numpy as np
 
 from specproof.contract import Target
 from specproof.contract.errors import DrafterContractError, InvalidSettingError
+from specproof.contract.sampling import SampledDraft, SamplingParams
+from specproof.engine.drafters._pick import Pick, argmax_pick, sampled_draft, sampling_pick
 from specproof.engine.targets.reference import _linear, _rms_norm, _silu
 
 __all__ = ["FeatureHead", "HeadDrafter"]
@@ -172,6 +180,8 @@ class HeadDrafter:
     so the conformance suite can compute features independently of this drafter.
     ``rollback``: ``"truncate"`` (the head's KV is append-only: positions after the accepted
     prefix are overwritten) or ``"replay"`` (the chain's slots are snapshotted and restored).
+    ``propose_sampled(context, k, sampling=, rng=, features=)`` draws each token from the head's
+    processed distribution and returns the rows as ``q`` (a ``SamplingDrafter``).
     Counters: ``proposals``, ``head_positions`` (real positions computed), ``chain_steps``.
     """
 
@@ -262,6 +272,25 @@ class HeadDrafter:
     # ------------------------------------------------------------------ drafting
 
     def propose(self, context: Sequence[int], k: int, *, features: Mapping[int, np.ndarray] | None = None) -> list[int]:
+        """Up to ``k`` tokens: the argmax of the head's logits at the last real position, then along the chain."""
+        return [token for token, _ in self._draft(context, k, features, argmax_pick)]
+
+    def propose_sampled(
+        self,
+        context: Sequence[int],
+        k: int,
+        *,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        features: Mapping[int, np.ndarray] | None = None,
+    ) -> SampledDraft:
+        """Up to ``k`` tokens each drawn with ``rng`` from the head's processed distribution at ``sampling``
+        (the first from the last real position, the next along the chain); ``q[i]`` is ``tokens[i]``'s row."""
+        return sampled_draft(self._draft(context, k, features, sampling_pick(sampling, rng)), self.vocab_size)
+
+    def _draft(
+        self, context: Sequence[int], k: int, features: Mapping[int, np.ndarray] | None, pick: Pick
+    ) -> list[tuple[int, np.ndarray | None]]:
         m = len(context)
         if k <= 0 or m < 2 or m - 1 > self.max_context:
             return []  # no feature yet (a one-token context), or past the head's capacity
@@ -283,14 +312,14 @@ class HeadDrafter:
         self._n = m - 1
         self._toks = [int(t) for t in context[:m]]
         last = self._out[m - 2]
-        draft = [int(np.argmax(head.logits(last)[0]))]
+        draft = [pick(head.logits(last)[0])]
         pos = m - 1
         saved = None
         if self.rollback == "replay" and k > 1:  # snapshot the chain's cache slots, put them back after
             saved = (self._cache[0][:, pos : pos + k - 1].copy(), self._cache[1][:, pos : pos + k - 1].copy())
         while len(draft) < k:  # the chain: positions past the accepted prefix, overwritten next call
-            last = head.step(self._cache, pos, [draft[-1]], last[None, :])[0]
-            draft.append(int(np.argmax(head.logits(last)[0])))
+            last = head.step(self._cache, pos, [draft[-1][0]], last[None, :])[0]
+            draft.append(pick(head.logits(last)[0]))
             pos += 1
             self.chain_steps += 1
         if saved is not None:

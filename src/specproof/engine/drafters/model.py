@@ -1,4 +1,4 @@
-"""Draft-model drafting: greedy decoding of a small ``Target`` that is kept in step with the context.
+"""Draft-model drafting: greedy decoding (or sampling) of a small ``Target`` kept in step with the context.
 
 A draft model is itself a hybrid with a KV cache and recurrent state. After a proposal it
 has run ahead over its own draft; before the next one it must roll back to the part of
@@ -6,7 +6,8 @@ that draft the engine accepted and take in the tokens it has not seen (the bonus
 user turn). Getting that wrong never breaks losslessness (the target verifies every
 token), it silently costs acceptance, so only ``drafter.deterministic`` catches it: a
 correct ``ModelDrafter`` proposes, at every call, exactly what a fresh one asked once on
-the same context proposes.
+the same context proposes (and, sampling, with the same random generator state, the same
+tokens and ``q`` rows).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 
 from specproof.contract import Target
 from specproof.contract.errors import InvalidSettingError
+from specproof.contract.sampling import SampledDraft, SamplingParams
+from specproof.engine.drafters._pick import Pick, argmax_pick, sampled_draft, sampling_pick
 
 __all__ = ["DraftRollback", "ModelDrafter"]
 
@@ -49,6 +52,15 @@ class ModelDrafter:
     3. feeds ``context[r:]`` in **one** forward (the catch-up: the accepted part of its
        draft under replay, the bonus token, a user turn), or none when ``r == len(context)``;
     4. drafts greedily: the argmax of the last row, then ``k - 1`` one-token forwards.
+
+    ``propose_sampled(context, k, sampling=..., rng=...)`` (a ``SamplingDrafter``) does the same
+    with step 4 sampling: each token is drawn (``draw``, one uniform of ``rng``) from the draft
+    model's processed distribution at the request's parameters (``target_distribution`` of its
+    logits row: temperature, top-k, top-p, min-p), and that row is returned as the token's ``q``.
+    The catch-up never looks at how the draft it fed was chosen (it compares tokens), so the
+    rollback is the same: a fresh drafter given the same context and a generator in the same state
+    proposes the same tokens with the same ``q`` rows (the draft model's rows are the same bit for
+    bit whichever way it was fed, as the greedy property already needs).
 
     Rollback: ``"checkpoint"`` remembers the model's state at every position it fed since
     the last catch-up (``forward_with_checkpoints``), so it restores exactly ``c`` and the
@@ -166,6 +178,19 @@ class ModelDrafter:
     # ------------------------------------------------------------------ drafting
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens by greedy decoding of the draft model after ``context``."""
+        return [token for token, _ in self._draft(context, k, argmax_pick)]
+
+    def propose_sampled(
+        self, context: Sequence[int], k: int, *, sampling: SamplingParams, rng: np.random.Generator
+    ) -> SampledDraft:
+        """Up to ``k`` tokens each drawn with ``rng`` from the draft model's processed distribution at
+        ``sampling``; ``q[i]`` is the row ``tokens[i]`` was drawn from."""
+        return sampled_draft(self._draft(context, k, sampling_pick(sampling, rng)), self.vocab_size)
+
+    def _draft(self, context: Sequence[int], k: int, pick: Pick) -> list[tuple[int, np.ndarray | None]]:
+        """Catch up on ``context``, then ``pick`` a token from each logits row: the first from the row after
+        the context, each next one after a one-token forward of the last."""
         n = len(context)
         if k <= 0 or n == 0 or n > self.max_context:
             return []
@@ -173,9 +198,9 @@ class ModelDrafter:
         self.proposals += 1
         self._catch_up(context)
         assert self._row is not None
-        draft = [int(np.argmax(self._row))]
+        draft = [pick(self._row)]
         while len(draft) < k:
             self.draft_forwards += 1
-            self._forward([draft[-1]], remember=True)
-            draft.append(int(np.argmax(self._row)))
+            self._forward([draft[-1][0]], remember=True)
+            draft.append(pick(self._row))
         return draft

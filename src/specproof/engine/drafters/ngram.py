@@ -29,6 +29,10 @@ class NgramDrafter:
     with only the tokens added since the last call, so a proposal costs the same
     at 64K tokens of context as at 1K. A context that does not extend the last one
     seen (a new conversation without ``reset()``) is detected and the index rebuilt.
+
+    Deterministic under sampling too: it has no ``propose_sampled``, so a sampled generation
+    (docs/contract.md, "Sampling") uses its ``propose`` with a one-hot ``q`` (each token proposed
+    with certainty given the context); rejection sampling then keeps a token with probability ``p``.
     """
 
     def __init__(self, min_n: int = 1, max_n: int = 3, prefer: Prefer = "recent", *, extend: bool = True) -> None:

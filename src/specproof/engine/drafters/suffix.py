@@ -31,6 +31,9 @@ class SuffixDrafter:
     The history is an index from each n-gram (``min_n <= n <= max_n``) to its latest end in
     each document (earlier requests, then the current one). Counters: ``proposals``,
     ``history_drafts`` (drafted from an earlier request), ``current_drafts``, ``requests``.
+
+    Deterministic under sampling too: no ``propose_sampled``, so a sampled generation uses
+    ``propose`` with a one-hot ``q`` (docs/contract.md, "Sampling").
     """
 
     history_dependent = True
