@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specproof.contract.errors import InvalidSettingError
+from specproof.contract.sampling import SAMPLING_SCHEMES, SamplingParams
 from specproof.engine import Generation, Target
 from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
@@ -124,6 +126,7 @@ class WireEngine:
             feature_layers=self.feature_layers,
             d_model=self.d_model,
             max_context=self.max_context,
+            vocab_size=self.vocab_size,
         )
         self._offer_capabilities()
         self._channel.on_restart = self._forget_state
@@ -148,6 +151,14 @@ class WireEngine:
         self.feature_layers: tuple[int, ...] | None = (
             tuple(int(x) for x in hello["feature_layers"]) if features else None
         )
+        #: capability ``sampling``: the acceptance rules a request may name (``scheme``), the engine's default
+        #: first; names this client does not know are left out (docs/protocol.md, Sampling)
+        self.sampling_schemes: tuple[str, ...] = (
+            tuple(s for s in hello.get("sampling_schemes", ()) if s in SAMPLING_SCHEMES)
+            if "sampling" in self.capabilities
+            else ()
+        )
+        self._scheme: str | None = None
         self.name = f"{self.engine_name} {self.engine_version} via {self.spec}".replace("  ", " ")
         self._channel.label = f"{self.engine_name} ({self.spec})"
 
@@ -260,6 +271,31 @@ class WireEngine:
         at load 7 missed the engine's first line)."""
         return self._channel.stderr_tail
 
+    @property
+    def samples(self) -> bool:
+        """Whether the engine takes ``sampling=`` (capability ``sampling``)."""
+        return "sampling" in self.capabilities
+
+    @property
+    def scheme(self) -> str | None:
+        """The acceptance rule sampled requests use: the one set here, else the engine's declared default
+        (the first of ``sampling_schemes``); None when the engine declares none (its own, unnamed)."""
+        if self._scheme is not None:
+            return self._scheme
+        return self.sampling_schemes[0] if self.sampling_schemes else None
+
+    @scheme.setter
+    def scheme(self, value: str | None) -> None:
+        """Ask sampled requests for ``value`` (None: the engine's default); it must be one the handshake
+        lists in ``sampling_schemes``."""
+        if value is not None and value not in self.sampling_schemes:
+            offered = ", ".join(self.sampling_schemes) or "none"
+            raise InvalidSettingError(
+                f"engine {self.label}: scheme={value!r} is not one its handshake offers (sampling_schemes: "
+                f"{offered}; docs/protocol.md, Sampling)"
+            )
+        self._scheme = value
+
     def describe(self) -> str:
         return self.name
 
@@ -283,8 +319,18 @@ class WireEngine:
 
     # ----------------------------------------------------------------- requests
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
-        """One speculative generation; drafts from ``self.drafter`` when it is set."""
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        """One speculative generation; drafts from ``self.drafter`` when it is set. ``sampling``: sample
+        (capability ``sampling``; an ``InvalidSettingError`` before anything is sent without it), with the
+        acceptance rule ``self.scheme`` when set; None: greedy."""
+        self._check_sampling(sampling)
         tokens = [int(t) for t in prompt]
         digest = (
             (self._digest_seed(tokens, max_new_tokens, eos_token_id), DIGEST_PROJECTIONS) if self.state_digest else None
@@ -298,10 +344,24 @@ class WireEngine:
             eos_token_id=eos_token_id,
             drafter=getattr(self, "drafter", None),
             state=_requests.StateAsk(send=self.send_state, delta=self.state_delta, digest=digest),
+            sampling=sampling,
+            scheme=self._scheme,
         )
         self.last_elapsed_us, self.last_prefill_us = timing.elapsed_us, timing.prefill_us
         self.last_wall_us = timing.wall_us
         return generation
+
+    def _check_sampling(self, sampling: object) -> None:
+        if sampling is None:
+            return
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
+        if not self.samples:
+            raise InvalidSettingError(
+                f"engine {self.label} does not declare the capability 'sampling' (its capabilities: "
+                f"{', '.join(sorted(self.capabilities))}), so it cannot be asked to sample; nothing was sent "
+                "(docs/protocol.md, Sampling)"
+            )
 
     def _greedy(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> list[int]:
         """Plain greedy decoding by the engine (capability ``greedy``)."""
