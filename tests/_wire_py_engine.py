@@ -239,7 +239,7 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
     layers = req.get("feature_layers") if suite and "features" in caps else None
     drafts = Drafts(rid, suite, layers)  # type: ignore[arg-type]
     send_state = bool(req.get("state")) and "state" in caps
-    digest = req.get("state_digest") if "state_digest" in caps else None
+    digest: dict[str, int] | None = req.get("state_digest") if "state_digest" in caps else None  # type: ignore[assignment]
     held = Reported()
     sampling = SamplingParams.from_json(req["sampling"]) if req.get("sampling") is not None else None  # type: ignore[arg-type]
     scheme = str(req.get("scheme") or "rejection")
@@ -258,9 +258,9 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
         drafts.round = rounds
         gen = session.generate(
             n - len(out),
-            eos_token_id=eos,
+            eos_token_id=eos,  # type: ignore[arg-type]
             max_rounds=1,
-            sampling=round_sampling(sampling, rounds),  # type: ignore[arg-type]
+            sampling=round_sampling(sampling, rounds),
         )
         if not gen.steps:
             stop = gen.stop_reason

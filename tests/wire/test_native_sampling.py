@@ -25,7 +25,7 @@ from specproof.contract.sampling import SampledDraft, SamplingParams, processed_
 from specproof.engine import greedy_decode
 from specproof.plugins import load_target
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter
-from specproof.wire import ExecEngine, drafter_generator
+from specproof.wire import ExecEngine, WireEngine, drafter_generator
 from specproof.wire.native import NativeBuildError, NativeToolchainError, build_native, export_weights, native_binary
 
 pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
@@ -53,7 +53,7 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def start(native: tuple[Path, Path]) -> Callable[..., ExecEngine]:
+def start(native: tuple[Path, Path]) -> Callable[..., WireEngine]:
     binary, weights = native
 
     def make(*args: str, state: bool = True) -> ExecEngine:
@@ -65,7 +65,7 @@ def start(native: tuple[Path, Path]) -> Callable[..., ExecEngine]:
 
 
 @pytest.fixture(scope="module", params=["checkpoint", "replay"])
-def engine(request: pytest.FixtureRequest, start: Callable[..., ExecEngine]) -> Iterator[ExecEngine]:
+def engine(request: pytest.FixtureRequest, start: Callable[..., WireEngine]) -> Iterator[WireEngine]:
     with start("--rollback", request.param) as e:
         yield e
 
@@ -112,7 +112,7 @@ class MixDrafter(FixedDrafter):
         return SampledDraft(tokens, np.tile(self.row, (len(tokens), 1)))
 
 
-def first_tokens(engine: ExecEngine, params: SamplingParams, runs: int = RUNS) -> tuple[Counter[int], int, int]:
+def first_tokens(engine: WireEngine, params: SamplingParams, runs: int = RUNS) -> tuple[Counter[int], int, int]:
     """The first emitted token of ``runs`` seeded two-token generations (seeds 0..runs-1): each verifies
     at most one draft token (k_eff 1) from the engine's or the suite's drafter. Also: how many rounds
     replaced a rejected draft token with that same token (never, in a lossless rejection sampler with
@@ -122,6 +122,7 @@ def first_tokens(engine: ExecEngine, params: SamplingParams, runs: int = RUNS) -
     for seed in range(runs):
         generation = engine.generate(PROMPT, 2, sampling=params.with_seed(seed))
         counts[generation.tokens[0]] += 1
+        assert generation.steps, "a generation without round records"
         step = generation.steps[0]
         drafted += bool(step.draft)
         j = len(step.accepted) - 1
@@ -133,7 +134,7 @@ def first_tokens(engine: ExecEngine, params: SamplingParams, runs: int = RUNS) -
 # --------------------------------------------------------------------------- handshake, seeds, greedy
 
 
-def test_the_handshake_declares_sampling_and_the_default_scheme_first(start: Callable[..., ExecEngine]) -> None:
+def test_the_handshake_declares_sampling_and_the_default_scheme_first(start: Callable[..., WireEngine]) -> None:
     with start() as e:
         assert {"sampling", "seeded"} <= e.capabilities and e.sampling_schemes == ("rejection", "match")
     with start("--scheme", "match") as e:
@@ -142,7 +143,7 @@ def test_the_handshake_declares_sampling_and_the_default_scheme_first(start: Cal
 
 @pytest.mark.parametrize("scheme", ["rejection", "match"])
 def test_one_seed_one_output_and_different_seeds_differ(
-    engine: ExecEngine, start: Callable[..., ExecEngine], scheme: str
+    engine: WireEngine, start: Callable[..., WireEngine], scheme: str
 ) -> None:
     engine.scheme = scheme
     params = SamplingParams(temperature=1.0, top_k=50, seed=0)
@@ -165,7 +166,7 @@ def test_one_seed_one_output_and_different_seeds_differ(
 
 
 @pytest.mark.parametrize("scheme", ["rejection", "match"])
-def test_temperature_zero_and_top_k_one_equal_greedy(engine: ExecEngine, scheme: str) -> None:
+def test_temperature_zero_and_top_k_one_equal_greedy(engine: WireEngine, scheme: str) -> None:
     engine.scheme = scheme
     prompts = [PROMPT, list(b"def main():\n    "), list(b"for i in range(")]
     plan = RoundPlan((PlannedRound(1, 0), PlannedRound(3, 2), PlannedRound(4, 4), PlannedRound(2, 0)))
@@ -191,14 +192,14 @@ def test_temperature_zero_and_top_k_one_equal_greedy(engine: ExecEngine, scheme:
 
 
 @pytest.fixture(scope="module")
-def fast(start: Callable[..., ExecEngine]) -> Iterator[ExecEngine]:
+def fast(start: Callable[..., WireEngine]) -> Iterator[WireEngine]:
     with start(state=False) as e:  # no state messages: 400 generations in a second or two
         yield e
 
 
 @pytest.mark.parametrize("drafts", ["engine (no draft)", "one-hot suite draft", "suite q rows"])
 @pytest.mark.parametrize("scheme", ["rejection", "match"])
-def test_the_first_token_is_distributed_as_the_contracts_p(fast: ExecEngine, scheme: str, drafts: str) -> None:
+def test_the_first_token_is_distributed_as_the_contracts_p(fast: WireEngine, scheme: str, drafts: str) -> None:
     p = contract_p(PROMPT, PARAMS)
     x = int(np.argmax(p * (1 - p)))
     assert 0.3 < p[x] < 0.7, "the prompt no longer has a draft token of middling probability"
@@ -223,7 +224,7 @@ def test_the_first_token_is_distributed_as_the_contracts_p(fast: ExecEngine, sch
         assert counts[x] < RUNS  # rejections happened (the residual path ran)
 
 
-def test_the_planted_wrong_residual_is_caught(start: Callable[..., ExecEngine]) -> None:
+def test_the_planted_wrong_residual_is_caught(start: Callable[..., WireEngine]) -> None:
     p = contract_p(PROMPT, PARAMS)
     x = int(np.argmax(p * (1 - p)))
     with start("--bug", "wrong-residual", state=False) as planted:
@@ -237,7 +238,7 @@ def test_the_planted_wrong_residual_is_caught(start: Callable[..., ExecEngine]) 
     assert gap > bound and token == x, (gap, token, bound, counts[x], RUNS * p[x])
 
 
-def test_the_suite_drafters_draws_come_from_the_request_seed(fast: ExecEngine) -> None:
+def test_the_suite_drafters_draws_come_from_the_request_seed(fast: WireEngine) -> None:
     row = np.zeros(fast.vocab_size)
     row[[32, 101, 116]] = [0.5, 0.25, 0.25]
     fast.drafter = MixDrafter(row)
@@ -246,11 +247,12 @@ def test_the_suite_drafters_draws_come_from_the_request_seed(fast: ExecEngine) -
     finally:
         fast.drafter = None
     rng = drafter_generator(PARAMS.with_seed(9))
+    assert generation.steps
     for step in generation.steps:
         assert list(step.draft) == [int(rng.choice(len(row), p=row)) for _ in step.draft]
 
 
-def test_bad_sampling_requests_are_refused_and_the_engine_stays_usable(fast: ExecEngine) -> None:
+def test_bad_sampling_requests_are_refused_and_the_engine_stays_usable(fast: WireEngine) -> None:
     from specproof.wire import EngineRequestError
 
     for bad, problem in (

@@ -21,7 +21,7 @@ from specproof.contract.errors import DrafterContractError, InvalidSettingError
 from specproof.contract.sampling import SampledDraft, SamplingParams
 from specproof.engine import NgramDrafter
 from specproof.wire import (
-    ExecEngine,
+    WireEngine,
     decode_q_rows,
     drafter_generator,
     encode_q_rows,
@@ -173,7 +173,7 @@ def test_the_drafter_generator_is_seeded_by_the_request_seed_apart_from_the_engi
 class _Spy:
     """Every message the client sends over ``engine``'s channel."""
 
-    def __init__(self, engine: ExecEngine) -> None:
+    def __init__(self, engine: WireEngine) -> None:
         self.sent: list[dict[str, Any]] = []
         inner = engine._channel.send
 
@@ -204,13 +204,13 @@ class MixDrafter:
 
 
 @pytest.fixture(scope="module")
-def sampler() -> Iterator[ExecEngine]:
+def sampler() -> Iterator[WireEngine]:
     with start(PY_ENGINE, "sampling", timeout=30.0) as engine:
         yield engine
 
 
 @pytest.fixture
-def engine(sampler: ExecEngine) -> Iterator[ExecEngine]:
+def engine(sampler: WireEngine) -> Iterator[WireEngine]:
     sampler.drafter = None
     sampler.scheme = None
     sampler.reset()
@@ -233,7 +233,7 @@ def test_an_engine_without_the_capability_is_never_asked_to_sample() -> None:
 
 
 @pytest.mark.slow
-def test_the_handshake_declares_sampling_seeded_and_the_schemes(engine: ExecEngine) -> None:
+def test_the_handshake_declares_sampling_seeded_and_the_schemes(engine: WireEngine) -> None:
     assert {"sampling", "seeded"} <= engine.capabilities
     assert engine.sampling_schemes == ("rejection", "match") and engine.scheme == "rejection"
     with pytest.raises(InvalidSettingError, match=r"sampling=.*SamplingParams"):
@@ -243,7 +243,7 @@ def test_the_handshake_declares_sampling_seeded_and_the_schemes(engine: ExecEngi
 
 
 @pytest.mark.slow
-def test_the_request_carries_the_parameters_and_the_scheme_asked_for(engine: ExecEngine) -> None:
+def test_the_request_carries_the_parameters_and_the_scheme_asked_for(engine: WireEngine) -> None:
     spy = _Spy(engine)
     params = SamplingParams(temperature=0.8, top_k=30, top_p=0.9, min_p=0.01, seed=11)
     engine.generate(PROMPT, 4, sampling=params)
@@ -257,7 +257,7 @@ def test_the_request_carries_the_parameters_and_the_scheme_asked_for(engine: Exe
 
 
 @pytest.mark.slow
-def test_a_sampling_drafters_q_rows_go_with_its_draft_drawn_from_the_request_seed(engine: ExecEngine) -> None:
+def test_a_sampling_drafters_q_rows_go_with_its_draft_drawn_from_the_request_seed(engine: WireEngine) -> None:
     vocab = engine.vocab_size
     row = np.zeros(vocab)
     row[[2, 3, 4, 31]] = [0.4, 0.3, 0.2, 0.1]
@@ -282,7 +282,7 @@ def test_a_sampling_drafters_q_rows_go_with_its_draft_drawn_from_the_request_see
 
 
 @pytest.mark.slow
-def test_a_drafter_whose_q_is_not_a_distribution_is_refused_and_the_engine_stays_usable(engine: ExecEngine) -> None:
+def test_a_drafter_whose_q_is_not_a_distribution_is_refused_and_the_engine_stays_usable(engine: WireEngine) -> None:
     row = np.zeros(engine.vocab_size)
     row[[2, 3]] = [0.7, 0.7]
     bad = MixDrafter(row / row.sum())
@@ -300,7 +300,7 @@ def test_a_drafter_whose_q_is_not_a_distribution_is_refused_and_the_engine_stays
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["rejection", "match"])
 @pytest.mark.parametrize("drafts", ["engine", "suite"])
-def test_one_seed_one_output_and_different_seeds_differ(engine: ExecEngine, scheme: str, drafts: str) -> None:
+def test_one_seed_one_output_and_different_seeds_differ(engine: WireEngine, scheme: str, drafts: str) -> None:
     engine.scheme = scheme
     if drafts == "suite":
         engine.drafter = NgramDrafter()
@@ -315,7 +315,7 @@ def test_one_seed_one_output_and_different_seeds_differ(engine: ExecEngine, sche
 
 @pytest.mark.slow
 @pytest.mark.parametrize("greedy_params", [SamplingParams(temperature=0.0, seed=3), SamplingParams(top_k=1, seed=4)])
-def test_temperature_zero_or_top_k_one_equals_greedy(engine: ExecEngine, greedy_params: SamplingParams) -> None:
+def test_temperature_zero_or_top_k_one_equals_greedy(engine: WireEngine, greedy_params: SamplingParams) -> None:
     plain = engine.generate(PROMPT, 12)
     assert engine.generate(PROMPT, 12, sampling=greedy_params).tokens == plain.tokens
     assert list(plain.tokens) == engine.greedy(PROMPT, 12)
