@@ -39,6 +39,11 @@ MODE says how it treats what the suite sends (each a scenario of issue 20):
   fresh generator per call: round ``r`` is given the seed drawn from ``default_rng([seed, r])``, so the
   rounds' random streams are independent and one request seed still fixes the whole output.
 
+- ``sampling-argmax``: as ``sampling``, but verifies by argmax whatever the request asks (greedy at
+  ``temperature > 0``: the shape of SGLang's silent argmax verification);
+- ``sampling-fixed-seed``: as ``sampling``, but seeds every request's generator with 0, whatever its
+  seed (one broadcast stream: generations with different seeds are identical).
+
 Every mode samples when a request asks (the test engine's ``SpecDecoder`` can); only ``sampling``
 declares it, so a client never asks the others.
 """
@@ -74,6 +79,8 @@ MODES = (
     "sessions-overclaim",
     "sessions-zero",
     "sampling",
+    "sampling-argmax",
+    "sampling-fixed-seed",
 )
 ATOL = 1e-5
 K = 4
@@ -242,6 +249,10 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
     digest: dict[str, int] | None = req.get("state_digest") if "state_digest" in caps else None  # type: ignore[assignment]
     held = Reported()
     sampling = SamplingParams.from_json(req["sampling"]) if req.get("sampling") is not None else None  # type: ignore[arg-type]
+    if MODE == "sampling-argmax":
+        sampling = None
+    elif MODE == "sampling-fixed-seed" and sampling is not None:
+        sampling = sampling.with_seed(0)
     scheme = str(req.get("scheme") or "rejection")
     decoder = SpecDecoder(target, drafts, k=K, rollback="checkpoint", scheme=scheme)  # type: ignore[arg-type]
     session = decoder.start(req["prompt"])  # type: ignore[arg-type]
@@ -352,7 +363,7 @@ def main() -> None:
     if MODE.startswith("sessions-"):
         caps.append("sessions")
     features: dict[str, object] = {}
-    if MODE == "sampling":
+    if MODE.startswith("sampling"):
         caps += ["sampling", "seeded"]
         features["sampling_schemes"] = ["rejection", "match"]
     if MODE.startswith("features"):

@@ -161,6 +161,8 @@ def test_one_seed_one_output_and_different_seeds_differ(
         engine.drafter = None
         engine.scheme = None
     assert len(set(outputs.values())) >= 5, outputs
+    top = params.with_seed(2**63 - 1)  # the largest seed travels as a 64-bit integer
+    assert engine.generate(PROMPT, 24, sampling=top).tokens == engine.generate(PROMPT, 24, sampling=top).tokens
     with start("--rollback", engine.rollback, "--scheme", scheme) as fresh:  # a new process: the same output
         assert fresh.generate(PROMPT, 24, sampling=params.with_seed(3)).tokens == outputs[3]
 

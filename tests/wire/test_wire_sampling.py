@@ -319,3 +319,15 @@ def test_temperature_zero_or_top_k_one_equals_greedy(engine: WireEngine, greedy_
     plain = engine.generate(PROMPT, 12)
     assert engine.generate(PROMPT, 12, sampling=greedy_params).tokens == plain.tokens
     assert list(plain.tokens) == engine.greedy(PROMPT, 12)
+
+
+@pytest.mark.slow
+def test_the_planted_sampling_modes_show_their_fault() -> None:
+    """The test engine's planted modes, for the sampling checks' meta-tests: each shows its fault here."""
+    params = SamplingParams(temperature=1.0, seed=0)
+    with start(PY_ENGINE, "sampling-argmax", timeout=30.0) as argmax:
+        greedy = argmax.generate(PROMPT, 12).tokens
+        assert all(argmax.generate(PROMPT, 12, sampling=params.with_seed(s)).tokens == greedy for s in range(4))
+    with start(PY_ENGINE, "sampling-fixed-seed", timeout=30.0) as fixed:
+        outputs = {fixed.generate(PROMPT, 12, sampling=params.with_seed(s)).tokens for s in range(4)}
+        assert len(outputs) == 1
