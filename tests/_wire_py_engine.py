@@ -32,6 +32,20 @@ MODE says how it treats what the suite sends (each a scenario of issue 20):
   whole prompt but the pending token, which it never cached (more than it can hold);
 - ``sessions-zero``: as ``sessions-v0``, but reports ``prefix_reused`` 0 on every request, a user
   turn continuing its last context included (a declared cache that is never used).
+- ``sampling``: as ``ok``, and advertises ``sampling`` and ``seeded`` with ``sampling_schemes``
+  ``["rejection", "match"]``: a ``generate`` with ``sampling`` samples with ``SpecDecoder`` (the scheme
+  the request names), the suite's drafts verified against their ``q`` rows (one-hot when the draft
+  message carries none). Each round is one ``SpecDecoder.generate(max_rounds=1)`` call, which seeds a
+  fresh generator per call: round ``r`` is given the seed drawn from ``default_rng([seed, r])``, so the
+  rounds' random streams are independent and one request seed still fixes the whole output.
+
+- ``sampling-argmax``: as ``sampling``, but verifies by argmax whatever the request asks (greedy at
+  ``temperature > 0``: the shape of SGLang's silent argmax verification);
+- ``sampling-fixed-seed``: as ``sampling``, but seeds every request's generator with 0, whatever its
+  seed (one broadcast stream: generations with different seeds are identical).
+
+Every mode samples when a request asks (the test engine's ``SpecDecoder`` can); only ``sampling``
+declares it, so a client never asks the others.
 """
 
 from __future__ import annotations
@@ -44,8 +58,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from specproof.conformance.zoo import small_reference
+from specproof.contract.sampling import SampledDraft, SamplingParams
 from specproof.engine import NgramDrafter, SpecDecoder, greedy_decode
-from specproof.wire import encode_digest
+from specproof.wire import decode_q_rows, encode_digest
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "ok"
 MODES = (
@@ -63,6 +78,9 @@ MODES = (
     "sessions-v0",
     "sessions-overclaim",
     "sessions-zero",
+    "sampling",
+    "sampling-argmax",
+    "sampling-fixed-seed",
 )
 ATOL = 1e-5
 K = 4
@@ -181,8 +199,26 @@ class Drafts:
         return {"from": start + (MODE == "features-bad-from"), "rows": n - start, "data": data}
 
     def propose(self, context: Sequence[int], k: int, features: dict[int, np.ndarray] | None = None) -> list[int]:
+        return self._ask(context, k, features)[0]
+
+    def propose_sampled(
+        self,
+        context: Sequence[int],
+        k: int,
+        *,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        features: dict[int, np.ndarray] | None = None,
+    ) -> SampledDraft:
+        """A sampled request's draft: the suite's with its ``q`` rows (one-hot when it sent none), or the
+        engine's own n-gram draft (deterministic: one-hot)."""
+        tokens, rows = self._ask(context, k, features)
+        return SampledDraft(tokens, decode_q_rows(rows, tokens, VOCAB[0]))
+
+    def _ask(self, context: Sequence[int], k: int, features: dict[int, np.ndarray] | None) -> tuple[list[int], object]:
+        """The round's draft and the ``q`` rows the suite sent with it (None: none)."""
         if not self.suite or MODE == "ignores-drafts":
-            return [int(t) for t in self.own.propose(context, k)]
+            return [int(t) for t in self.own.propose(context, k)], None
         message: dict[str, object] = {
             "type": "propose",
             "id": self.rid,
@@ -199,8 +235,8 @@ class Drafts:
         if answer["type"] != "draft":
             raise Abort(str(answer.get("type")))
         if MODE == "swaps-drafts":
-            return [int(t) for t in self.own.propose(context, k)]
-        return list(answer["tokens"])  # type: ignore[call-overload]
+            return [int(t) for t in self.own.propose(context, k)], None
+        return list(answer["tokens"]), answer.get("q")  # type: ignore[call-overload]
 
 
 def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
@@ -210,9 +246,16 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
     layers = req.get("feature_layers") if suite and "features" in caps else None
     drafts = Drafts(rid, suite, layers)  # type: ignore[arg-type]
     send_state = bool(req.get("state")) and "state" in caps
-    digest = req.get("state_digest") if "state_digest" in caps else None
+    digest: dict[str, int] | None = req.get("state_digest") if "state_digest" in caps else None  # type: ignore[assignment]
     held = Reported()
-    session = SpecDecoder(target, drafts, k=K, rollback="checkpoint").start(req["prompt"])  # type: ignore[arg-type]
+    sampling = SamplingParams.from_json(req["sampling"]) if req.get("sampling") is not None else None  # type: ignore[arg-type]
+    if MODE == "sampling-argmax":
+        sampling = None
+    elif MODE == "sampling-fixed-seed" and sampling is not None:
+        sampling = sampling.with_seed(0)
+    scheme = str(req.get("scheme") or "rejection")
+    decoder = SpecDecoder(target, drafts, k=K, rollback="checkpoint", scheme=scheme)  # type: ignore[arg-type]
+    session = decoder.start(req["prompt"])  # type: ignore[arg-type]
     out: list[int] = []
     stop = "max_new_tokens"
     rounds = 0
@@ -224,7 +267,12 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
         if send_state:
             send(state_message(rid, target, digest, held))
         drafts.round = rounds
-        gen = session.generate(n - len(out), eos_token_id=eos, max_rounds=1)  # type: ignore[arg-type]
+        gen = session.generate(
+            n - len(out),
+            eos_token_id=eos,  # type: ignore[arg-type]
+            max_rounds=1,
+            sampling=round_sampling(sampling, rounds),
+        )
         if not gen.steps:
             stop = gen.stop_reason
             break
@@ -256,6 +304,19 @@ def generate(req: dict[str, object], target: object, caps: list[str]) -> None:
         reused = len(prompt) - 1 if MODE == "sessions-overclaim" else 0
         final["stats"] = {**counts.wire(len(out)), "prefix_reused": reused}
     send(final)
+
+
+def round_sampling(sampling: SamplingParams | None, round_index: int) -> SamplingParams | None:
+    """The parameters of one round's ``SpecDecoder`` call: the request's, with round ``round_index``'s own
+    seed drawn from ``default_rng([seed, round_index])`` (no seed: fresh entropy every round)."""
+    if sampling is None or sampling.seed is None:
+        return sampling
+    derived = int(np.random.default_rng([sampling.seed, round_index]).integers(2**63))
+    return sampling.with_seed(derived)
+
+
+#: the vocabulary size (set by main: decode_q_rows needs it)
+VOCAB = [0]
 
 
 class Counts:
@@ -291,6 +352,7 @@ def main() -> None:
         print(f"unknown mode {MODE!r}; one of {MODES}", file=sys.stderr)
         sys.exit(2)
     target = small_reference()
+    VOCAB[0] = int(target.vocab_size)
     caps = ["greedy", "suite_drafts", "state"]
     if MODE == "no-suite-drafts":
         caps.remove("suite_drafts")
@@ -301,6 +363,9 @@ def main() -> None:
     if MODE.startswith("sessions-"):
         caps.append("sessions")
     features: dict[str, object] = {}
+    if MODE.startswith("sampling"):
+        caps += ["sampling", "seeded"]
+        features["sampling_schemes"] = ["rejection", "match"]
     if MODE.startswith("features"):
         caps.append("features")
         features = {"d_model": int(target.d_model), "feature_layers": list(target.feature_layers)}

@@ -2,6 +2,7 @@
 // Enough for the safetensors header and specproof-engine/1 messages.
 #pragma once
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -161,9 +162,13 @@ class JsonParser {
         Json v;
         v.kind = Json::Number;
         v.number = std::strtod(text.c_str(), nullptr);
-        if (integral && text.size() < 19) {
-            v.integral = true;
-            v.integer = std::strtoll(text.c_str(), nullptr, 10);
+        if (integral && text.size() <= 20) {  // up to 2^63 - 1 (a sampling seed); past it, not an integer
+            errno = 0;
+            const long long n = std::strtoll(text.c_str(), nullptr, 10);
+            if (errno != ERANGE) {
+                v.integral = true;
+                v.integer = n;
+            }
         }
         return v;
     }

@@ -2,7 +2,7 @@
 // the specproof `trained` fixture, speaking specproof-engine/1 (JSON Lines) on stdio or TCP.
 //
 //   specproof-engine --weights trained.safetensors [--k 4] [--rollback checkpoint|replay]
-//                    [--bug NAME] [--listen PORT] [--max-context N]
+//                    [--scheme rejection|match] [--bug NAME] [--listen PORT] [--max-context N]
 //   specproof-engine --weights W --logits IN.json OUT.f32      (test hook: raw logits of a forward)
 //   specproof-engine --weights W --bench PROMPT_FILE [--tokens N] (in-process speed figures, JSON)
 //
@@ -31,13 +31,14 @@
 
 #include "json.hpp"
 #include "model.hpp"
+#include "sampling.hpp"
 
 namespace sp {
 
 static const char* kVersion = "0.1.0";
 static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
                               "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos",
-                              "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse"};
+                              "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse", "wrong-residual"};
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t0) {
@@ -137,6 +138,7 @@ struct Options {
     std::string weights;
     int k = 4;
     std::string rollback = "checkpoint";
+    std::string scheme = "rejection";  // the sampled requests' default acceptance rule (a request may name one)
     std::set<std::string> bugs;
     int listen_port = -1;
     int max_context = 0;
@@ -170,7 +172,9 @@ class Engine {
         o << "{\"type\":\"hello\",\"protocol\":\"specproof-engine/1\",\"engine\":{\"name\":\"specproof-native\",\"version\":\""
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
-          << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\"]";
+          << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\","
+             "\"sampling\",\"seeded\"],\"sampling_schemes\":[\""
+          << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]";
         if (!m_.model_spec.empty()) {
             // the oracle must have the same capacity: trained -> trained:max_context=N
             std::string spec = m_.model_spec;
@@ -203,6 +207,9 @@ class Engine {
         int eos = -1;
         if (const Json* e = req.get("eos_token_id"); e && e->kind == Json::Number) eos = static_cast<int>(e->integer);
         bool suite = false, state = false;
+        bool sampling = false;
+        SamplingParams smp;
+        std::string scheme = opt_.scheme;
         delta_ = false;
         digest_n_ = 0;
         sent_rows_ = -1;  // the first state message of a request is whole
@@ -219,7 +226,18 @@ class Engine {
                 digest_seed_ = static_cast<uint64_t>(seed->integer);
                 digest_n_ = static_cast<int>(n->integer);
             }
+            if (const Json* s = req.get("sampling"); s && s->kind != Json::Null) {
+                smp = parse_sampling(*s);
+                sampling = true;
+            }
+            if (const Json* s = req.get("scheme"); s && s->kind != Json::Null) {
+                if (s->kind != Json::String || (s->str != "rejection" && s->str != "match"))
+                    throw RequestError("scheme must be \"rejection\" or \"match\"");
+                scheme = s->str;
+            }
         }
+        if (!sampling) smp.has_seed = true;  // a greedy request draws nothing: no entropy is read for it
+        Rng rng(smp);
         if (prompt.empty()) throw RequestError("the prompt is empty: a generation needs at least one token (the pending one)");
         for (size_t i = 0; i < prompt.size(); ++i)
             if (prompt[i] < 0 || prompt[i] >= m_.cfg.vocab_size)
@@ -251,7 +269,9 @@ class Engine {
             const int k_eff = std::max(0, std::min({k, remaining - 1, room - 1}));
             if (state) send_state(ch, id);
             std::vector<int> draft;
-            if (k_eff > 0) draft = suite ? ask_draft(ch, id, round, static_cast<int>(ctx.size()), k_eff) : ngram(ctx, k_eff);
+            std::vector<std::vector<double>> qrows;  // the suite's q rows (empty: one-hot)
+            if (k_eff > 0)
+                draft = suite ? ask_draft(ch, id, round, static_cast<int>(ctx.size()), k_eff, &qrows) : ngram(ctx, k_eff);
             std::vector<int> fed = {ctx.back()};
             fed.insert(fed.end(), draft.begin(), draft.end());
             const int q = static_cast<int>(fed.size());
@@ -267,11 +287,24 @@ class Engine {
                 argmax[r] = static_cast<int>(std::max_element(row, row + m_.cfg.vocab_size) - row);  // first max
             }
             int j = 0;
-            while (j < static_cast<int>(draft.size()) && draft[j] == argmax[j]) ++j;
-            int bonus_row = j;
-            if (bug("bonus-from-wrong-row") && j + 1 < q) bonus_row = j + 1;
-            std::vector<int> accepted(draft.begin(), draft.begin() + j);
-            accepted.push_back(argmax[bonus_row]);
+            std::vector<int> accepted;
+            if (sampling) {
+                // p for every verify row, then the request's acceptance rule with its own generator
+                std::vector<std::vector<double>> p(static_cast<size_t>(q));
+                for (int r = 0; r < q; ++r)
+                    p[r] = processed_distribution(&logits[static_cast<size_t>(r) * m_.cfg.vocab_size], m_.cfg.vocab_size, smp);
+                const std::pair<int, int> verdict = scheme == "match" ? match_accept(draft, p, rng)
+                                                                      : rejection_accept(draft, qrows, p, rng, bug("wrong-residual"));
+                j = verdict.first;
+                accepted.assign(draft.begin(), draft.begin() + j);
+                accepted.push_back(verdict.second);
+            } else {
+                while (j < static_cast<int>(draft.size()) && draft[j] == argmax[j]) ++j;
+                int bonus_row = j;
+                if (bug("bonus-from-wrong-row") && j + 1 < q) bonus_row = j + 1;
+                accepted.assign(draft.begin(), draft.begin() + j);
+                accepted.push_back(argmax[bonus_row]);
+            }
             std::vector<int> emitted(accepted.begin(), accepted.begin() + std::min(remaining, static_cast<int>(accepted.size())));
             if (eos >= 0 && !bug("tokens-after-eos")) {
                 auto it = std::find(emitted.begin(), emitted.end(), eos);
@@ -352,6 +385,75 @@ class Engine {
     std::vector<int> fed_;                      // the tokens whose KV / conv state the model holds
     std::map<int, std::vector<float>> snaps_;   // processed -> conv_state kept for prefix reuse
     double io_us_ = 0;                          // time spent waiting for the client inside a request
+
+    // A generate's `sampling` object (docs/protocol.md, Sampling): temperature required, the rest optional.
+    static SamplingParams parse_sampling(const Json& s) {
+        if (s.kind != Json::Object) throw RequestError("sampling must be an object");
+        SamplingParams out;
+        const Json* t = s.get("temperature");
+        if (!t || t->kind != Json::Number || !(t->number >= 0.0 && t->number <= 1e6))
+            throw RequestError("sampling.temperature must be a number in [0, 1e6]");
+        out.temperature = t->number;
+        if (const Json* v = s.get("top_k")) {
+            if (!v->is_int() || v->integer < 0) throw RequestError("sampling.top_k must be an integer >= 0");
+            out.top_k = v->integer;
+        }
+        if (const Json* v = s.get("top_p")) {
+            if (v->kind != Json::Number || !(v->number > 0.0 && v->number <= 1.0))
+                throw RequestError("sampling.top_p must be a number in (0, 1]");
+            out.top_p = v->number;
+        }
+        if (const Json* v = s.get("min_p")) {
+            if (v->kind != Json::Number || !(v->number >= 0.0 && v->number < 1.0))
+                throw RequestError("sampling.min_p must be a number in [0, 1)");
+            out.min_p = v->number;
+        }
+        if (const Json* v = s.get("seed"); v && v->kind != Json::Null) {
+            if (!v->is_int() || v->integer < 0) throw RequestError("sampling.seed must be an integer in [0, 2^63) or null");
+            out.has_seed = true;
+            out.seed = static_cast<uint64_t>(v->integer);
+        }
+        for (const auto& kv : s.fields)
+            if (kv.first != "temperature" && kv.first != "top_k" && kv.first != "top_p" && kv.first != "min_p" &&
+                kv.first != "seed")
+                throw RequestError("sampling has an unknown field '" + kv.first + "'");
+        return out;
+    }
+
+    // A draft message's `q` rows, dense (docs/protocol.md, Sampling): one row per draft token of
+    // [token, probability] pairs, each probability in (0, 1], no token twice, summing to 1 within 1e-6,
+    // the draft token given mass. Absent or null: `out` stays empty (one-hot rows).
+    void parse_q(const Json* qv, const std::vector<int>& draft, std::vector<std::vector<double>>* out) const {
+        out->clear();
+        if (!qv || qv->kind == Json::Null) return;
+        const int vocab = m_.cfg.vocab_size;
+        if (qv->kind != Json::Array || qv->items.size() != draft.size())
+            throw RequestError("draft q must hold one row per draft token");
+        out->assign(draft.size(), std::vector<double>(static_cast<size_t>(vocab), 0.0));
+        for (size_t i = 0; i < draft.size(); ++i) {
+            const Json& row = qv->items[i];
+            const std::string where = "draft q[" + std::to_string(i) + "]";
+            if (row.kind != Json::Array || row.items.empty() || row.items.size() > static_cast<size_t>(vocab))
+                throw RequestError(where + " must be 1..vocab_size [token, probability] pairs");
+            double sum = 0.0;
+            for (const Json& pair : row.items) {
+                if (pair.kind != Json::Array || pair.items.size() != 2 || !pair.items[0].is_int() ||
+                    pair.items[1].kind != Json::Number)
+                    throw RequestError(where + " must hold [token, probability] pairs");
+                const long long tok = pair.items[0].integer;
+                const double prob = pair.items[1].number;
+                if (tok < 0 || tok >= vocab) throw RequestError(where + " names a token outside the vocabulary");
+                if (!(prob > 0.0 && prob <= 1.0)) throw RequestError(where + " has a probability outside (0, 1]");
+                double& slot = (*out)[i][static_cast<size_t>(tok)];
+                if (slot != 0.0) throw RequestError(where + " names token " + std::to_string(tok) + " twice");
+                slot = prob;
+                sum += prob;
+            }
+            if (std::fabs(sum - 1.0) > 1e-6) throw RequestError(where + " does not sum to 1");
+            if ((*out)[i][static_cast<size_t>(draft[i])] <= 0.0)
+                throw RequestError(where + " gives the draft token no mass");
+        }
+    }
 
     static std::vector<int> int_list(const Json* v, const char* what) {
         std::vector<int> out;
@@ -567,7 +669,8 @@ class Engine {
         return (c ^ 0xFFFFFFFFUL) & 0xFFFFFFFFUL;
     }
 
-    std::vector<int> ask_draft(Channel& ch, long long id, int round, int ctx_len, int k) {
+    std::vector<int> ask_draft(Channel& ch, long long id, int round, int ctx_len, int k,
+                               std::vector<std::vector<double>>* qrows) {
         std::ostringstream o;
         o << "{\"type\":\"propose\",\"id\":" << id << ",\"round\":" << round << ",\"context_length\":" << ctx_len
           << ",\"k\":" << k << "}";
@@ -589,6 +692,7 @@ class Engine {
             throw RequestError("the draft has " + std::to_string(draft.size()) + " tokens, more than k=" + std::to_string(k));
         for (int t : draft)
             if (t < 0 || t >= m_.cfg.vocab_size) throw RequestError("a draft token is outside the vocabulary");
+        parse_q(msg.get("q"), draft, qrows);
         return draft;
     }
 };
@@ -810,7 +914,7 @@ static int bench_mode(Model& m, const Options& opt, const std::string& prompt_pa
 
 static void usage() {
     std::cerr << "usage: specproof-engine --weights FILE.safetensors [--k N] [--rollback checkpoint|replay]\n"
-                 "                        [--bug NAME]... [--listen PORT] [--max-context N]\n"
+                 "                        [--scheme rejection|match] [--bug NAME]... [--listen PORT] [--max-context N]\n"
                  "       specproof-engine --weights FILE --logits IN.json OUT.f32\n"
                  "       specproof-engine --weights FILE --bench PROMPT_FILE [--tokens N] [--k N]\n"
                  "bugs:";
@@ -836,6 +940,7 @@ int main(int argc, char** argv) {
             if (a == "--weights") opt.weights = next("a file");
             else if (a == "--k") opt.k = std::stoi(next("an integer"));
             else if (a == "--rollback") opt.rollback = next("checkpoint or replay");
+            else if (a == "--scheme") opt.scheme = next("rejection or match");
             else if (a == "--bug") opt.bugs.insert(next("a bug name"));
             else if (a == "--listen") opt.listen_port = std::stoi(next("a port"));
             else if (a == "--max-context") opt.max_context = std::stoi(next("an integer"));
@@ -865,6 +970,10 @@ int main(int argc, char** argv) {
         std::cerr << "specproof-engine: --k must be >= 0 and --rollback checkpoint or replay\n";
         return 2;
     }
+    if (opt.scheme != "rejection" && opt.scheme != "match") {
+        std::cerr << "specproof-engine: --scheme must be rejection or match\n";
+        return 2;
+    }
     for (const auto& b : opt.bugs) {
         bool known = false;
         for (const char* k : sp::kBugs) known |= b == k;
@@ -877,7 +986,8 @@ int main(int argc, char** argv) {
     try {
         sp::Model model(opt.weights);
         std::cerr << "specproof-engine " << sp::kVersion << ": " << model.cfg.layers.size() << " blocks, d_model "
-                  << model.cfg.d_model << ", vocab " << model.cfg.vocab_size << ", k=" << opt.k << ", rollback=" << opt.rollback;
+                  << model.cfg.d_model << ", vocab " << model.cfg.vocab_size << ", k=" << opt.k << ", rollback=" << opt.rollback
+                  << ", scheme=" << opt.scheme;
         for (const auto& b : opt.bugs) std::cerr << ", bug " << b;
         std::cerr << std::endl;
         if (!logits_in.empty()) return sp::logits_mode(model, logits_in, logits_out);

@@ -165,7 +165,17 @@ def test_greedy_and_speculative_equal_numpy_greedy_on_the_bench_prompts(engine: 
 def test_handshake(engine: ExecEngine) -> None:
     assert engine.engine_name == "specproof-native"
     assert engine.vocab_size == 256 and engine.k == 4 and engine.max_context == 4096
-    assert engine.capabilities == {"greedy", "suite_drafts", "state", "sessions", "state_delta", "state_digest"}
+    assert engine.capabilities == {
+        "greedy",
+        "suite_drafts",
+        "state",
+        "sessions",
+        "state_delta",
+        "state_digest",
+        "sampling",
+        "seeded",
+    }
+    assert engine.sampling_schemes == ("rejection", "match")  # --scheme rejection, the default, first
     assert engine.state_kind() == "digests"  # the default where the engine offers them
     assert engine.model == "trained" and isinstance(engine.oracle, ReferenceHybrid)
     assert 0 < engine.atol <= 1e-3 and engine.tie_tolerance > 0

@@ -8,16 +8,21 @@
 - ``load_schema`` / ``validate_message`` / ``message_errors``: the JSON Schema of every message
   (package data); ``field_tables()`` renders their fields as the Markdown tables in docs/protocol.md;
 - ``encode_digest``: a state array as a ``state_digest`` entry (signed projections per slice), for
-  engines written in Python.
+  engines written in Python;
+- ``encode_q_rows`` / ``decode_q_rows``: a sampling drafter's proposal rows as a ``draft`` message's
+  sparse ``q`` and back (bounded; docs/protocol.md, Sampling); ``drafter_generator(sampling)``: the
+  client's generator for the suite drafter's draws in a sampled request.
 
 ``specproof.wire.native`` holds the C++ reference engine's build and the weights export
 (``specproof native build|spec|export-weights`` on the command line). See docs/protocol.md.
 """
 
 from specproof.wire._digest import encode_digest
+from specproof.wire._drafts import drafter_generator
 from specproof.wire._engine import WireEngine
 from specproof.wire._engines import ExecEngine, TcpEngine, engine_from_spec
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
+from specproof.wire._q_rows import decode_q_rows, encode_q_rows
 from specproof.wire._schemas import field_tables, load_schema, message_errors, validate_message
 
 __all__ = [
@@ -26,7 +31,10 @@ __all__ = [
     "ExecEngine",
     "TcpEngine",
     "WireEngine",
+    "decode_q_rows",
+    "drafter_generator",
     "encode_digest",
+    "encode_q_rows",
     "engine_from_spec",
     "field_tables",
     "load_schema",

@@ -21,7 +21,17 @@ __all__ = ["HELLO_IDENTITY", "Channel", "clip", "request_text"]
 
 _SHOW = 300  # characters of a message quoted in an error
 #: the handshake fields a restarted engine must repeat
-HELLO_IDENTITY = ("vocab_size", "max_context", "k", "rollback", "capabilities", "model", "d_model", "feature_layers")
+HELLO_IDENTITY = (
+    "vocab_size",
+    "max_context",
+    "k",
+    "rollback",
+    "capabilities",
+    "model",
+    "d_model",
+    "feature_layers",
+    "sampling_schemes",
+)
 #: what went over the wire (``WireEngine.traffic``; ``wire_summary()``)
 _TRAFFIC = (
     "bytes_received",

@@ -1,6 +1,7 @@
 """The drafter and feature bridge (capabilities ``suite_drafts`` and ``features``): the engine asks for
 every draft with ``propose``; the suite's drafter answers, a feature drafter with the feature rows the
-engine sent (docs/protocol.md, Features).
+engine sent (docs/protocol.md, Features), a sampling drafter in a sampled request with its tokens drawn
+by the client's own generator and their ``q`` rows (docs/protocol.md, Sampling).
 """
 
 from __future__ import annotations
@@ -12,12 +13,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from specproof.contract.sampling import SamplingParams
+from specproof.engine.conventions import check_proposal_rows, component_name
 from specproof.wire._channel import Channel
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._limits import check_feature_shape
+from specproof.wire._q_rows import encode_q_rows
 from specproof.wire._state_view import decode_float32
 
-__all__ = ["DraftBridge"]
+__all__ = ["DraftBridge", "drafter_generator"]
+
+
+def drafter_generator(sampling: SamplingParams) -> np.random.Generator:
+    """The client's generator for the suite drafter's draws in a sampled request: seeded by ``[seed, 1]``
+    (the engine's own generator, seeded by ``seed``, is not visible to the client), fresh entropy
+    without a seed (docs/protocol.md, Sampling)."""
+    return np.random.default_rng(None if sampling.seed is None else [sampling.seed, 1])
 
 
 class DraftBridge:
@@ -35,8 +46,10 @@ class DraftBridge:
         feature_layers: tuple[int, ...] | None,
         d_model: int | None,
         max_context: int,
+        vocab_size: int,
     ) -> None:
         self._channel = channel
+        self._vocab_size = vocab_size
         self._capabilities = capabilities
         self._feature_layers = feature_layers
         self._d_model = d_model
@@ -46,6 +59,9 @@ class DraftBridge:
         #: the features the engine sent in the current request: [len(layers), rows, d_model] (None: none asked)
         self._rows: npt.NDArray[np.float32] | None = None
         self._asked: tuple[int, ...] = ()
+        #: the current request's sampling parameters and the drafter's generator (None: greedy)
+        self._sampling: SamplingParams | None = None
+        self._rng: np.random.Generator | None = None
 
     def prepare(self, drafter: Any) -> tuple[int, ...]:
         """Before a request with ``drafter`` (None: the engine's own drafts): check the engine takes drafts,
@@ -63,8 +79,11 @@ class DraftBridge:
             reset()
         return layers
 
-    def begin(self, layers: tuple[int, ...]) -> None:
-        """A request went out asking for the features of ``layers`` (none: empty)."""
+    def begin(self, layers: tuple[int, ...], sampling: SamplingParams | None = None) -> None:
+        """A request went out asking for the features of ``layers`` (none: empty), sampling with ``sampling``
+        (None: greedy)."""
+        self._sampling = sampling
+        self._rng = None if sampling is None else drafter_generator(sampling)
         self._asked = layers
         self._rows = np.zeros((len(layers), 0, self._d_model or 0), np.float32) if layers else None
         self.last_drafts_sent = {}
@@ -127,17 +146,32 @@ class DraftBridge:
                 request,
             )
         features = self._take_features(msg, request)
+        kwargs: dict[str, Any] = {} if features is None else {"features": features}
         started = time.perf_counter()
+        q_rows = None
         try:
-            if features is None:
-                draft = [int(t) for t in drafter.propose(tuple(ctx), msg["k"])]
+            sampled = getattr(drafter, "propose_sampled", None)
+            if self._sampling is not None and callable(sampled):
+                proposal = sampled(tuple(ctx), msg["k"], sampling=self._sampling, rng=self._rng, **kwargs)
+                draft = [int(t) for t in proposal.tokens]
+                q = check_proposal_rows(
+                    proposal.q,
+                    draft,
+                    vocab_size=self._vocab_size,
+                    drafter=component_name(drafter),
+                    round_index=int(msg["round"]),
+                )
+                q_rows = encode_q_rows(q, draft)
             else:
-                draft = [int(t) for t in drafter.propose(tuple(ctx), msg["k"], features=features)]
+                draft = [int(t) for t in drafter.propose(tuple(ctx), msg["k"], **kwargs)]
         except BaseException:
             self._abandon(rid, request)
             raise
         spent_us = (time.perf_counter() - started) * 1e6
-        channel.send({"type": "draft", "id": rid, "round": msg["round"], "tokens": draft}, request)
+        answer: dict[str, Any] = {"type": "draft", "id": rid, "round": msg["round"], "tokens": draft}
+        if q_rows is not None:
+            answer["q"] = q_rows
+        channel.send(answer, request)
         self.last_drafts_sent[int(msg["round"])] = draft
         return spent_us
 

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Target
 from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
@@ -20,6 +21,7 @@ from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError
 from specproof.wire._limits import HANDSHAKE_LINE_BYTES, default_line_limit
+from specproof.wire._sampling_ask import check_sampling, check_scheme, offered_schemes
 from specproof.wire._state_view import WireTargetView
 from specproof.wire._transport import Transport
 
@@ -64,6 +66,34 @@ def _check_options(
     return mode, None if max_line_bytes is None else int(max_line_bytes), int(max_restarts)
 
 
+def _state_ask(capabilities: frozenset[str], state: bool, mode: str) -> tuple[bool, bool, bool]:
+    """``(send_state, state_digest, state_delta)``: send state dumps with every round (capability ``state``;
+    turn off to time the engine); ask for digests (capability ``state_digest``; the default): signed
+    projections per slice instead of values, KV rows the client has seen left out; else KV deltas
+    (capability ``state_delta``) unless ``full_state``: rows the client holds are left out and checked by
+    CRC-32 (docs/protocol.md, ``state``)."""
+    send = state and "state" in capabilities
+    digest = send and mode == "digest" and "state_digest" in capabilities
+    delta = send and not digest and mode != "full" and "state_delta" in capabilities
+    return send, digest, delta
+
+
+def _load_oracle(
+    load_target: Callable[[str], Target], model: str | None, label: str, kill: Callable[[], None]
+) -> Target | None:
+    """The handshake's ``model`` as a target (None without one); a model specproof cannot load kills the
+    engine and is an ``EngineProtocolError``."""
+    if model is None:
+        return None
+    try:
+        return load_target(model)
+    except Exception as exc:
+        kill()
+        raise EngineProtocolError(
+            f"engine {label}: its handshake names the model {model!r}, which is not a target specproof can load: {exc}"
+        ) from exc
+
+
 class WireEngine:
     """An engine behind ``specproof-engine/1`` (see the module docstring and docs/protocol.md).
 
@@ -103,11 +133,12 @@ class WireEngine:
             connect, timeout=timeout, limit=HANDSHAKE_LINE_BYTES if limit is None else limit, max_restarts=restarts
         )
         self._take_hello(self._channel.handshake())
-        self._choose_state(state, mode)
+        #: ``send_state``, ``state_digest``, ``state_delta``: how the state travels (``_state_ask``)
+        self.send_state, self.state_digest, self.state_delta = _state_ask(self.capabilities, state, mode)
         #: the engine's own time for the last generate (``final.elapsed_us``) and its prefill part
         self.last_elapsed_us: float | None = None
         self.last_prefill_us: float | None = None
-        self.oracle: Target | None = self._load_oracle()
+        self.oracle: Target | None = _load_oracle(self._load_target, self.model, self.label, self._kill)
         self._channel.set_limit(
             limit
             or default_line_limit(
@@ -124,6 +155,7 @@ class WireEngine:
             feature_layers=self.feature_layers,
             d_model=self.d_model,
             max_context=self.max_context,
+            vocab_size=self.vocab_size,
         )
         self._offer_capabilities()
         self._channel.on_restart = self._forget_state
@@ -148,32 +180,11 @@ class WireEngine:
         self.feature_layers: tuple[int, ...] | None = (
             tuple(int(x) for x in hello["feature_layers"]) if features else None
         )
+        #: capability ``sampling``: the rules a request may name (``scheme``), the default first (docs/protocol.md)
+        self.sampling_schemes: tuple[str, ...] = offered_schemes(hello, self.capabilities)
+        self._scheme: str | None = None
         self.name = f"{self.engine_name} {self.engine_version} via {self.spec}".replace("  ", " ")
         self._channel.label = f"{self.engine_name} ({self.spec})"
-
-    def _choose_state(self, state: bool, mode: str) -> None:
-        #: send state dumps with every round (capability ``state``); turn off to time the engine
-        self.send_state = state and "state" in self.capabilities
-        #: ask for digests (capability ``state_digest``; the default): signed projections per slice
-        #: instead of values, KV rows the client has seen left out (docs/protocol.md, ``state``)
-        self.state_digest = self.send_state and mode == "digest" and "state_digest" in self.capabilities
-        #: else ask for KV deltas (capability ``state_delta``) unless ``full_state``: rows the client holds
-        #: are left out and checked by CRC-32 (docs/protocol.md, ``state``)
-        self.state_delta = (
-            self.send_state and not self.state_digest and mode != "full" and "state_delta" in self.capabilities
-        )
-
-    def _load_oracle(self) -> Target | None:
-        if self.model is None:
-            return None
-        try:
-            return self._load_target(self.model)
-        except Exception as exc:
-            self._kill()
-            raise EngineProtocolError(
-                f"engine {self.label}: its handshake names the model {self.model!r}, which is not a target "
-                f"specproof can load: {exc}"
-            ) from exc
 
     def _offer_capabilities(self) -> None:
         """The attributes the suite looks for, present only with the capability that backs them."""
@@ -260,6 +271,16 @@ class WireEngine:
         at load 7 missed the engine's first line)."""
         return self._channel.stderr_tail
 
+    @property
+    def scheme(self) -> str | None:
+        """The acceptance rule sampled requests use: the one set (one of ``sampling_schemes``; None sets the
+        engine's default), else the default (the first offered); None when the engine offers none."""
+        return self._scheme or next(iter(self.sampling_schemes), None)
+
+    @scheme.setter
+    def scheme(self, value: str | None) -> None:
+        self._scheme = check_scheme(value, self.sampling_schemes, self.label)
+
     def describe(self) -> str:
         return self.name
 
@@ -283,8 +304,18 @@ class WireEngine:
 
     # ----------------------------------------------------------------- requests
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
-        """One speculative generation; drafts from ``self.drafter`` when it is set."""
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        """One speculative generation; drafts from ``self.drafter`` when it is set. ``sampling``: sample
+        (capability ``sampling``; an ``InvalidSettingError`` before anything is sent without it), with the
+        acceptance rule ``self.scheme`` when set; None: greedy."""
+        check_sampling(sampling, self.capabilities, self.label)
         tokens = [int(t) for t in prompt]
         digest = (
             (self._digest_seed(tokens, max_new_tokens, eos_token_id), DIGEST_PROJECTIONS) if self.state_digest else None
@@ -298,6 +329,8 @@ class WireEngine:
             eos_token_id=eos_token_id,
             drafter=getattr(self, "drafter", None),
             state=_requests.StateAsk(send=self.send_state, delta=self.state_delta, digest=digest),
+            sampling=sampling,
+            scheme=self._scheme,
         )
         self.last_elapsed_us, self.last_prefill_us = timing.elapsed_us, timing.prefill_us
         self.last_wall_us = timing.wall_us

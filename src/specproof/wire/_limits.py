@@ -21,6 +21,7 @@ __all__ = [
     "HANDSHAKE_LINE_BYTES",
     "MAX_DEPTH",
     "MAX_K",
+    "MAX_Q_PAIRS",
     "MAX_RANK",
     "MAX_SIZE",
     "NO_STATE_LINE_BYTES",
@@ -54,6 +55,9 @@ MAX_SIZE: Final = (1 << 31) - 1
 MAX_K: Final = 4096
 #: the most dimensions of a state array
 MAX_RANK: Final = 8
+#: the most [token, probability] pairs in one draft message's ``q`` rows (all rows together): 2^22
+#: pairs is about 100 MB of JSON, dense rows of k = 8 over a vocabulary of 512k tokens
+MAX_Q_PAIRS: Final = 1 << 22
 
 _KIND = re.compile(rb'"type"\s*:\s*"([A-Za-z_]{1,20})"')
 

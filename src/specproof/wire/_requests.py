@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Stats, Step
 from specproof.wire._channel import Channel, request_text
 from specproof.wire._drafts import DraftBridge
@@ -50,11 +51,16 @@ def generate(
     eos_token_id: int | None,
     drafter: Any,
     state: StateAsk,
+    sampling: SamplingParams | None = None,
+    scheme: str | None = None,
 ) -> tuple[Generation, Timing]:
-    """One ``generate`` request and its answer (drafts from ``drafter`` when it is not None)."""
+    """One ``generate`` request and its answer (drafts from ``drafter`` when it is not None; sampled with
+    ``sampling`` and the acceptance rule ``scheme`` when they are not None)."""
     tokens = [int(t) for t in prompt]
     rid = channel.new_id()
     request = request_text("generate", rid, tokens, max_new_tokens)
+    if sampling is not None:
+        request = f"{request[:-1]}, sampling {sampling.describe()}{f', scheme {scheme}' if scheme else ''})"
     layers = bridge.prepare(drafter)
     # the wall clock starts before the request goes out: the engine's own clock may start before
     # this process runs again (a loaded machine), and sending is the protocol's cost anyway
@@ -70,9 +76,11 @@ def generate(
         **({"state_delta": True} if state.delta else {}),
         **({"state_digest": {"seed": state.digest[0], "projections": state.digest[1]}} if state.digest else {}),
         **({"feature_layers": list(layers)} if layers else {}),
+        **({"sampling": sampling.to_json()} if sampling is not None else {}),
+        **({"scheme": scheme} if sampling is not None and scheme is not None else {}),
     }
     channel.send(message, request)
-    bridge.begin(layers)
+    bridge.begin(layers, sampling)
     if state.send:
         assert view is not None
         view.begin_request(digest=state.digest)

@@ -86,10 +86,13 @@ def _type(schema: dict[str, Any]) -> str:
     if kind == "integer":
         return "integer" + (f" >= {schema['minimum']}" if "minimum" in schema else "")
     if kind == "number":
-        return "number" + (f" >= {schema['minimum']}" if "minimum" in schema else "")
+        low = f" >= {schema['minimum']}" if "minimum" in schema else ""
+        return "number" + (f" > {schema['exclusiveMinimum']}" if "exclusiveMinimum" in schema else low)
     if kind == "string":
         text = "string" + (" (non-empty)" if schema.get("minLength") else "")
         return text + (f", {schema['contentEncoding']}" if "contentEncoding" in schema else "")
+    if kind == "array" and "prefixItems" in schema:  # a tuple: one type per position
+        return "[" + ", ".join(_type(s) for s in schema["prefixItems"]) + "]"
     if kind == "array":
         items = _type(schema.get("items", {}))
         text = f"array of {items}"
