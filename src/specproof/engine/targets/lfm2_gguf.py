@@ -160,8 +160,8 @@ def read_gguf_metadata(path: str | Path) -> Mapping[str, Any]:
     gguf = require_gguf()
     try:
         reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
-        raise InvalidSettingError(f"{path}: not a readable GGUF file ({exc})") from None
+    except Exception as exc:  # gguf raises ValueError, struct.error, IndexError ... on a damaged file
+        raise InvalidSettingError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if not field.types or field.types[0] == gguf.GGUFValueType.ARRAY:
