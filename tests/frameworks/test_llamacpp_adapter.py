@@ -26,7 +26,7 @@ from specproof.plugins import PluginError, plugin_factory
 def test_defaults_are_plain_greedy_per_call_with_a_float32_cache(tmp_path: Path) -> None:
     s = parse_llamacpp_spec(str(tmp_path / "m.gguf"))
     assert s == LlamaCppSettings(model_path=str(tmp_path / "m.gguf"))
-    assert (s.lookup, s.n_rs_seq, s.reuse, s.n_ctx, s.threads, s.kv_type) == (0, 0, False, 1024, 1, "f32")
+    assert (s.lookup, s.n_rs_seq, s.reuse, s.n_ctx, s.threads, s.kv_type) == (0, 0, False, None, 1, "f32")
     assert s.short_name() == "llamacpp-greedy"
     assert KV_TYPES["f32"] == 0  # GGML_TYPE_F32
 

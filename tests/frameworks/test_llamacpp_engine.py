@@ -164,6 +164,25 @@ def test_the_minimal_example_in_llama_cpp_alone(model: Path) -> None:
     assert drift > 0.1, drift  # the first logits after the rollback are already wrong (stale conv state)
 
 
+def test_a_draft_model_with_a_prompt_longer_than_n_batch_breaks_scores(model: Path) -> None:
+    # llama-cpp-python sizes Llama.scores by the logits_all argument (n_batch rows) but fills it for every
+    # position once a draft model is set: the adapter passes logits_all=True; a bare Llama shows the bug
+    llm = llama_cpp.Llama(
+        model_path=str(model), n_ctx=1024, n_threads=1, type_k=0, type_v=0, verbose=False,
+        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4),
+    )  # fmt: skip
+    prompt = [4] * 600
+    try:
+        _take(llm, prompt, 1)
+    except ValueError as exc:
+        assert "could not broadcast" in str(exc), exc
+    else:
+        pytest.fail(f"llama-cpp-python {VERSION} now takes a 600-token prompt with a draft model and logits_all "
+                    "unset: drop the adapter's logits_all workaround and update docs/real-engines.md")
+    engine = resolve_plugin(f"llamacpp:{model},speculative=lookup:4,n_rs_seq=4", kind="engine")
+    assert list(engine.generate(prompt, 4).tokens) == list(greedy_decode(load_trained_target(), prompt, 4).tokens)
+
+
 def test_stats_count_drafts_and_prefix_reuse(model: Path) -> None:
     engine = resolve_plugin(f"llamacpp:{model},speculative=lookup:4,n_rs_seq=4,reuse=1", kind="engine")
     prompt = list(b"abcabcabcabcabcabcabcabc")

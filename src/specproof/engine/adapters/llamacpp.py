@@ -15,7 +15,10 @@ where ``FILE`` is a GGUF file, e.g. the one ``specproof export gguf DIR`` writes
   ``Llama.generate`` reuses the longest cached prefix of the next prompt (llama-cpp-python's own
   behaviour; the engine then declares ``reuses_prefix`` and reports ``stats.prefix_reused``);
   ``0`` resets the ``Llama`` before every call;
-- ``n_ctx=N`` (default 1024): the context size; the engine's ``max_context`` is ``N - 1``;
+- ``n_ctx=N`` (default: the oracle's ``max_context + 1``, so that the engine and its oracle have the same
+  capacity, which ``engine.lossless`` assumes near a full context): the engine's ``max_context`` is
+  ``N - 1`` (a smaller ``n_ctx`` needs an oracle of that capacity, e.g. ``oracle=trained:max_context=N-1``);
+  the ``Llama`` gets ``N`` rounded up to a multiple of 256, the size llama.cpp pads its context to;
 - ``threads=N`` (default 1): ``n_threads`` and ``n_threads_batch``;
 - ``kv_type=f32`` (default) | ``f16`` (llama.cpp's default): the KV cache's ``type_k`` / ``type_v``; with
   ``f16`` the fixture's logits move by up to ~4e-3 (float32: ~1e-5), past the tie tolerance;
@@ -66,6 +69,8 @@ INSTALL_HINT = (
 )
 
 _OPTIONS = ("speculative", "n_rs_seq", "reuse", "n_ctx", "threads", "kv_type", "oracle")
+#: llama.cpp rounds the context size up to a multiple of this (llama_n_ctx)
+CONTEXT_PAD = 256
 #: ``kv_type`` -> ggml type id (``GGML_TYPE_F32`` 0, ``GGML_TYPE_F16`` 1)
 KV_TYPES = {"f32": 0, "f16": 1}
 
@@ -97,7 +102,7 @@ class LlamaCppSettings:
     max_ngram: int = 2
     n_rs_seq: int = 0
     reuse: bool = False
-    n_ctx: int = 1024
+    n_ctx: int | None = None  # None: the oracle's max_context + 1
     threads: int = 1
     kv_type: str = "f32"
     oracle: str | None = None
@@ -116,7 +121,7 @@ class LlamaCppSettings:
     def describe(self) -> str:
         spec = "greedy" if not self.lookup else f"lookup:{self.lookup}:{self.max_ngram}"
         return (
-            f"llamacpp[{spec},n_rs_seq={self.n_rs_seq},reuse={int(self.reuse)},n_ctx={self.n_ctx},"
+            f"llamacpp[{spec},n_rs_seq={self.n_rs_seq},reuse={int(self.reuse)},n_ctx={self.n_ctx or 'auto'},"
             f"kv_type={self.kv_type}]"
         )
 
@@ -228,7 +233,7 @@ class _CountingDraft:
         return draft
 
 
-def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any) -> Any:
+def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: int) -> Any:
     """``llama_cpp.Llama`` on the settings; ``n_rs_seq`` goes into the context parameters ``Llama``
     starts from (it has no argument for it) and is checked on the context it built."""
     low = llama_cpp.llama.llama_cpp  # the ctypes module Llama.__init__ calls
@@ -243,7 +248,11 @@ def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any) -> Any:
     try:
         llm = llama_cpp.Llama(
             model_path=settings.model_path,
-            n_ctx=settings.n_ctx,
+            n_ctx=n_ctx,
+            # with a draft model Llama computes logits for every position (_logits_all) but sizes its
+            # `scores` buffer by this argument: without it a prompt longer than n_batch (512) fails with
+            # "could not broadcast input array ... into shape (0,)" (docs/real-engines.md)
+            logits_all=draft is not None,
             n_threads=settings.threads,
             n_threads_batch=settings.threads,
             draft_model=draft,
@@ -295,20 +304,28 @@ class LlamaCppEngine:
         self.oracle = oracle
         self.tie_tolerance: float = default_tie_tolerance("float32")
         self.vocab_size: int = vocab
-        self.max_context: int = min(settings.n_ctx - 1, int(getattr(oracle, "max_context", 1 << 30)))
+        oracle_context = getattr(oracle, "max_context", None)
+        if settings.n_ctx is None and not isinstance(oracle_context, int):
+            raise InvalidSettingError(f"llamacpp:{settings.model_path}: the oracle states no max_context; set n_ctx=N")
+        capacity = settings.n_ctx - 1 if settings.n_ctx is not None else oracle_context
+        self.max_context: int = int(capacity)  # type: ignore[arg-type]
+        # llama.cpp pads the context to a multiple of 256 and Llama.generate cuts drafts to that padded size,
+        # but Llama sizes its input_ids buffer by the n_ctx it was given: ask for the padded size, or a draft
+        # near the end of the context overflows the buffer ("could not broadcast", docs/real-engines.md)
+        n_ctx = -(-(self.max_context + 1) // CONTEXT_PAD) * CONTEXT_PAD
         self.reuses_prefix: bool = settings.reuse
         if settings.lookup:
             self.k = settings.lookup
             inner = llama_cpp.llama_speculative.LlamaPromptLookupDecoding(
                 max_ngram_size=settings.max_ngram, num_pred_tokens=settings.lookup
             )
-            self._draft: _CountingDraft | None = _CountingDraft(inner, settings.n_ctx)
+            self._draft: _CountingDraft | None = _CountingDraft(inner, n_ctx)
         else:
             self.speculative = False  # plain greedy: certified as such (docs/contract.md, Engines)
             self._draft = None
         self.engine_name = settings.short_name()
         self.name = f"{settings.describe()} on {settings.model_path}"
-        self.llm = _build_llama(llama_cpp, settings, self._draft)
+        self.llm = _build_llama(llama_cpp, settings, self._draft, n_ctx)
         self._first_eval_at: int | None = None
         self._last_context: list[int] = []
         evaluate = self.llm.eval
@@ -352,9 +369,11 @@ class LlamaCppEngine:
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
         n_eff = min(n, self.max_context + 1 - len(ctx))
         if n_eff <= 0:
-            if n == 0 and self.settings.reuse and len(ctx) < self.settings.n_ctx:
+            self._first_eval_at = None
+            if n == 0 and self.settings.reuse:
                 self._prefill(ctx)  # a session keeps what it was sent, as for any other request
-            return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
+            stop: StopReason = "context_full" if n else "max_new_tokens"
+            return Generation(tokens=(), stop_reason=stop, stats=self._stats(ctx, []))
         if not self.settings.reuse:
             self.reset()
         if self._draft is not None:
@@ -362,7 +381,7 @@ class LlamaCppEngine:
         self._first_eval_at = None
         self._refused.clear()
         tokens: list[int] = []
-        stop: StopReason = "max_new_tokens"
+        stop = "max_new_tokens"
         stream = self.llm.generate(ctx, temp=0.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
         try:
             for token in stream:
@@ -397,7 +416,6 @@ class LlamaCppEngine:
     def _prefill(self, ctx: list[int]) -> None:
         """Let ``Llama.generate`` take in ``ctx[:-1]`` (its one sampled token is dropped): a ``max_new_tokens=0``
         request on a session leaves the context but the pending token in the cache, as a longer one would."""
-        self._last_context = ctx[:-1]
         if len(ctx) < 2:
             return
         stream = self.llm.generate(ctx[:-1], temp=0.0, repeat_penalty=1.0)
