@@ -183,6 +183,24 @@ def test_a_draft_model_with_a_prompt_longer_than_n_batch_breaks_scores(model: Pa
     assert list(engine.generate(prompt, 4).tokens) == list(greedy_decode(load_trained_target(), prompt, 4).tokens)
 
 
+def test_an_n_ctx_llama_cpp_pads_lets_drafts_overflow_the_token_buffer(model: Path) -> None:
+    # llama.cpp pads n_ctx to a multiple of 256 (1025 -> 1280) and Llama.generate cuts drafts to the padded
+    # size, but Llama.input_ids holds the 1025 it was asked for: near the end a draft is written past it.
+    # The adapter asks for the padded size; a bare Llama shows the bug
+    llm = llama_cpp.Llama(
+        model_path=str(model), n_ctx=1025, n_threads=1, type_k=0, type_v=0, verbose=False, logits_all=True,
+        draft_model=LlamaPromptLookupDecoding(num_pred_tokens=4),
+    )  # fmt: skip
+    assert llm.n_ctx() == 1280 and len(llm.input_ids) == 1025
+    try:
+        _take(llm, [4] * 1000, 60)
+    except ValueError as exc:
+        assert "could not broadcast" in str(exc), exc
+    else:
+        pytest.fail(f"llama-cpp-python {VERSION} now keeps drafts within the n_ctx it was given: drop the "
+                    "adapter's padding of n_ctx and update docs/real-engines.md")
+
+
 def test_stats_count_drafts_and_prefix_reuse(model: Path) -> None:
     engine = resolve_plugin(f"llamacpp:{model},speculative=lookup:4,n_rs_seq=4,reuse=1", kind="engine")
     prompt = list(b"abcabcabcabcabcabcabcabc")
