@@ -35,9 +35,7 @@ try:
     import llama_cpp.llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 except ImportError as exc:
-    pytest.skip(
-        f"llama-cpp-python is not importable here ({exc}); run tox -e llamacpp", allow_module_level=True
-    )
+    pytest.skip(f"llama-cpp-python is not importable here ({exc}); run tox -e llamacpp", allow_module_level=True)
 
 from specproof.engine import greedy_decode
 from specproof.engine.targets.lfm2_gguf import save_lfm2_gguf
@@ -177,8 +175,10 @@ def test_a_draft_model_with_a_prompt_longer_than_n_batch_breaks_scores(model: Pa
     except ValueError as exc:
         assert "could not broadcast" in str(exc), exc
     else:
-        pytest.fail(f"llama-cpp-python {VERSION} now takes a 600-token prompt with a draft model and logits_all "
-                    "unset: drop the adapter's logits_all workaround and update docs/real-engines.md")
+        pytest.fail(
+            f"llama-cpp-python {VERSION} now takes a 600-token prompt with a draft model and logits_all "
+            "unset: drop the adapter's logits_all workaround and update docs/real-engines.md"
+        )
     engine = resolve_plugin(f"llamacpp:{model},speculative=lookup:4,n_rs_seq=4", kind="engine")
     assert list(engine.generate(prompt, 4).tokens) == list(greedy_decode(load_trained_target(), prompt, 4).tokens)
 
@@ -197,8 +197,10 @@ def test_an_n_ctx_llama_cpp_pads_lets_drafts_overflow_the_token_buffer(model: Pa
     except ValueError as exc:
         assert "could not broadcast" in str(exc), exc
     else:
-        pytest.fail(f"llama-cpp-python {VERSION} now keeps drafts within the n_ctx it was given: drop the "
-                    "adapter's padding of n_ctx and update docs/real-engines.md")
+        pytest.fail(
+            f"llama-cpp-python {VERSION} now keeps drafts within the n_ctx it was given: drop the "
+            "adapter's padding of n_ctx and update docs/real-engines.md"
+        )
 
 
 def test_stats_count_drafts_and_prefix_reuse(model: Path) -> None:
