@@ -336,13 +336,14 @@ class LlamaCppEngine:
             evaluate(tokens)
 
         self.llm.eval = eval_counting  # an instance attribute: Llama.generate calls self.eval
-        # for the error message only: the rollbacks llama.cpp refused (llama_memory_seq_rm -> false)
+        # for the error message only: the rollbacks llama.cpp refused (llama_memory_seq_rm -> false) once
+        # decoding began (a refused prefix reuse before it is handled: Llama.generate re-evaluates)
         self._refused: list[int] = []
         seq_rm = self.llm._ctx.kv_cache_seq_rm
 
         def seq_rm_watched(seq_id: int, p0: int, p1: int) -> bool:
             done = bool(seq_rm(seq_id, p0, p1))
-            if not done:
+            if not done and self._first_eval_at is not None:
                 self._refused.append(int(p0))
             return done
 
