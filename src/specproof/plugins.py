@@ -11,7 +11,8 @@ and is the one place that knows all three; none of them imports it (tests/projec
   ``model:TARGET``, ``combined:TARGET``, ``eagle:trained[,replay]``, ``mtp:trained``,
   ``suffix[:MIN_N,MAX_N]`` or ``MODULE:ATTRIBUTE`` (see ``DRAFTER_SPECS``);
 - ``plugin_factory(spec, kind=...)`` / ``resolve_plugin(spec, kind=...)``: ``MODULE:ATTRIBUTE``,
-  and for engines ``exec:CMD ARGS`` / ``tcp:HOST:PORT`` (``specproof-engine/1``).
+  and for engines ``exec:CMD ARGS`` / ``tcp:HOST:PORT`` (``specproof-engine/1``), ``vllm:DIR,...`` and
+  ``llamacpp:FILE,...`` (docs/real-engines.md).
 
 ``ngram``, ``model``, ``combined``, ``eagle``, ``mtp`` and ``suffix`` are reserved drafter prefixes:
 a plug-in module of that name must be spelled as a longer dotted path.
@@ -64,6 +65,8 @@ FIXTURE_TARGETS: dict[str, Callable[[str], ReferenceHybrid]] = {
 _WIRE_PREFIXES = ("exec:", "tcp:")
 # vLLM's offline LLM on a `specproof export vllm` checkpoint (specproof.engine.adapters.vllm).
 _VLLM_PREFIX = "vllm:"
+# llama.cpp's Llama (llama-cpp-python) on a GGUF file (specproof.engine.adapters.llamacpp).
+_LLAMACPP_PREFIX = "llamacpp:"
 
 
 def _trained_at(max_context: int) -> ReferenceHybrid:
@@ -145,16 +148,46 @@ def _vllm_engine_factory(spec: str, flag: str) -> Callable[[], object]:
     return start
 
 
+def _llamacpp_engine_factory(spec: str, flag: str) -> Callable[[], object]:
+    """``llamacpp:FILE[,OPTION=VALUE...]``: options, file and oracle checked now; llama.cpp loaded on the call."""
+    from specproof.engine.adapters import llamacpp as adapter
+
+    try:
+        settings = adapter.parse_llamacpp_spec(spec[len(_LLAMACPP_PREFIX) :])
+        meta = adapter.check_gguf_file(settings.model_path)
+        source = settings.oracle or meta.get("specproof.source")
+        if not isinstance(source, str) or not source:
+            raise PluginError(
+                f"{flag} {spec!r}: the GGUF file names no source model; add oracle=TARGET (e.g. oracle=trained)"
+            )
+        oracle = load_target(source)
+        vocab = adapter.gguf_vocab_size(meta)
+        adapter.require_llama_cpp()
+    except SpecproofError as exc:
+        raise PluginError(f"{flag} {spec!r}: {exc}") from exc
+
+    def start() -> object:
+        try:
+            return adapter.LlamaCppEngine(settings, oracle=oracle, vocab_size=vocab)
+        except SpecproofError as exc:
+            raise PluginError(f"{flag} {spec!r}: {exc}") from exc
+
+    return start
+
+
 def plugin_factory(spec: str, *, kind: str) -> Callable[[], object]:
     """A zero-argument callable that gives the ``kind`` ("drafter", "target", "engine") ``spec`` names.
 
     ``MODULE:ATTRIBUTE`` (a factory, called per instance, or an instance); for engines also
-    ``exec:CMD ARGS``, ``tcp:HOST:PORT`` and ``vllm:DIR[,OPTION=VALUE...]`` (docs/real-engines.md).
+    ``exec:CMD ARGS``, ``tcp:HOST:PORT``, ``vllm:DIR[,OPTION=VALUE...]`` and ``llamacpp:FILE[,OPTION=VALUE...]``
+    (docs/real-engines.md).
     """
     if kind == "engine" and isinstance(spec, str) and spec.startswith(_WIRE_PREFIXES):
         return _wire_engine_factory(spec, f"--{kind}")
     if kind == "engine" and isinstance(spec, str) and spec.startswith(_VLLM_PREFIX):
         return _vllm_engine_factory(spec, f"--{kind}")
+    if kind == "engine" and isinstance(spec, str) and spec.startswith(_LLAMACPP_PREFIX):
+        return _llamacpp_engine_factory(spec, f"--{kind}")
     return engine_plugins.plugin_factory(spec, kind=kind)
 
 

@@ -86,7 +86,8 @@ OPTIONS: tuple[Option, ...] = (
         cli="--engine",
         plugin="--specproof-engine",
         metavar="SPEC",
-        help="engine to {verb}: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT, vllm:DIR[,OPTION=VALUE...]",
+        help="engine to {verb}: MODULE:ATTR, exec:'CMD ARGS', tcp:HOST:PORT, vllm:DIR[,OPTION=VALUE...], "
+        "llamacpp:FILE[,OPTION=VALUE...]",
     ),
     Option(
         dest="tie_tolerance",

@@ -1,0 +1,455 @@
+"""``LlamaCppEngine``: llama.cpp (through ``llama-cpp-python``'s ``Llama``) as a black-box ``Engine``.
+
+The command-line spec is ``llamacpp:FILE[,OPTION=VALUE...]`` (``specproof.plugins`` resolves it),
+where ``FILE`` is a GGUF file, e.g. the one ``specproof export gguf DIR`` writes. Options
+(``LlamaCppSettings``, all validated in ``parse_llamacpp_spec``):
+
+- ``speculative=none`` (default: plain greedy) | ``lookup:K[:NGRAM]``: llama-cpp-python's
+  prompt-lookup draft model, ``LlamaPromptLookupDecoding(num_pred_tokens=K, max_ngram_size=NGRAM)``
+  (``NGRAM`` default 2, the library's default);
+- ``n_rs_seq=N`` (default 0, llama.cpp's default): the context parameter ``n_rs_seq``, the number of
+  recurrent-state snapshots kept per sequence so that up to ``N`` tokens can be rolled back
+  (llama.cpp marks it experimental); ``Llama`` has no argument for it, so the adapter sets it in
+  the context parameters ``Llama`` builds its context from and checks the context kept it;
+- ``reuse=0`` (default) | ``1``: keep the ``Llama``'s state between ``generate`` calls, so
+  ``Llama.generate`` reuses the longest cached prefix of the next prompt (llama-cpp-python's own
+  behaviour; the engine then declares ``reuses_prefix`` and reports ``stats.prefix_reused``);
+  ``0`` resets the ``Llama`` before every call;
+- ``n_ctx=N`` (default: the oracle's ``max_context + 1``, so that the engine and its oracle have the same
+  capacity, which ``engine.lossless`` assumes near a full context): the engine's ``max_context`` is
+  ``N - 1`` (a smaller ``n_ctx`` needs an oracle of that capacity, e.g. ``oracle=trained:max_context=N-1``);
+  the ``Llama`` gets ``N`` rounded up to a multiple of 256, the size llama.cpp pads its context to;
+- ``threads=N`` (default 1): ``n_threads`` and ``n_threads_batch``;
+- ``kv_type=f32`` (default) | ``f16`` (llama.cpp's default): the KV cache's ``type_k`` / ``type_v``; with
+  ``f16`` the fixture's logits move by up to ~4e-3 (float32: ~1e-5), past the tie tolerance;
+- ``oracle=TARGET``: the target spec of the same model (default: the ``specproof.source`` the export
+  recorded in the file).
+
+Decoding is greedy (``temp=0``, repeat penalty 1) on token ids (``Llama.generate``); the adapter
+stops at ``max_new_tokens`` or at the ``eos_token_id`` it is asked for, never at the model's own EOS.
+llama-cpp-python reports neither rounds nor drafts, so ``steps`` is None and only the end-to-end
+invariants apply (``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``).
+The adapter wraps the draft model to count what it drafted (cut to the context, as ``generate``
+cuts it) and, of that, how much matches the tokens emitted (``stats.drafted`` / ``accepted``).
+``stats.prefix_reused`` is the number of tokens the ``Llama`` already held when ``generate`` first
+evaluated (``Llama.n_tokens`` at its first ``eval``), counted only as far as the prompt continues the
+previous request's prompt and emitted tokens (llama.cpp also holds the drafts it verified past the
+last emitted token, which no request sent).
+
+The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: ggml sums in
+another order than the reference); ``--tie-tolerance`` overrides it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from specproof.contract import Generation, Stats, StopReason
+from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
+from specproof.contract.validation import int_at_least
+from specproof.engine.conventions import check_prompt
+from specproof.engine.targets._framework import default_tie_tolerance
+
+__all__ = [
+    "INSTALL_HINT",
+    "LlamaCppEngine",
+    "LlamaCppSettings",
+    "check_gguf_file",
+    "parse_llamacpp_spec",
+    "require_llama_cpp",
+]
+
+INSTALL_HINT = (
+    "pip install 'specproof[llamacpp]' (llama-cpp-python 0.3.36, built from source: 15-30 minutes on 2 cores) "
+    "— docs/real-engines.md"
+)
+
+_OPTIONS = ("speculative", "n_rs_seq", "reuse", "n_ctx", "threads", "kv_type", "oracle")
+#: llama.cpp rounds the context size up to a multiple of this (llama_n_ctx)
+CONTEXT_PAD = 256
+#: ``kv_type`` -> ggml type id (``GGML_TYPE_F32`` 0, ``GGML_TYPE_F16`` 1)
+KV_TYPES = {"f32": 0, "f16": 1}
+
+
+def _flag(name: str, value: str) -> bool:
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise InvalidSettingError(f"llamacpp option {name}={value!r}: expected 0 or 1")
+
+
+def _int(name: str, value: str, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidSettingError(f"llamacpp option {name}={value!r}: expected an integer >= {minimum}") from None
+    if number < minimum:
+        raise InvalidSettingError(f"llamacpp option {name}={value!r}: expected an integer >= {minimum}")
+    return number
+
+
+@attrs.frozen(kw_only=True)
+class LlamaCppSettings:
+    """One llama.cpp configuration; ``parse_llamacpp_spec`` builds it from ``llamacpp:FILE,...``."""
+
+    model_path: str
+    lookup: int = 0  # K of prompt-lookup decoding; 0: plain greedy
+    max_ngram: int = 2
+    n_rs_seq: int = 0
+    reuse: bool = False
+    n_ctx: int | None = None  # None: the oracle's max_context + 1
+    threads: int = 1
+    kv_type: str = "f32"
+    oracle: str | None = None
+
+    def short_name(self) -> str:
+        """A short id for reports: ``llamacpp-greedy``, ``llamacpp-lookup4-rs4-reuse``."""
+        name = "llamacpp-greedy" if not self.lookup else f"llamacpp-lookup{self.lookup}"
+        if self.n_rs_seq:
+            name += f"-rs{self.n_rs_seq}"
+        if self.reuse:
+            name += "-reuse"
+        if self.kv_type != "f32":
+            name += f"-kv{self.kv_type}"
+        return name
+
+    def describe(self) -> str:
+        spec = "greedy" if not self.lookup else f"lookup:{self.lookup}:{self.max_ngram}"
+        return (
+            f"llamacpp[{spec},n_rs_seq={self.n_rs_seq},reuse={int(self.reuse)},n_ctx={self.n_ctx or 'auto'},"
+            f"kv_type={self.kv_type}]"
+        )
+
+
+def parse_llamacpp_spec(text: str) -> LlamaCppSettings:
+    """``FILE[,OPTION=VALUE...]`` (the text after ``llamacpp:``) -> ``LlamaCppSettings``;
+    ``InvalidSettingError`` naming the bad option. The file is not read here (``check_gguf_file``)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not parts[0]:
+        raise InvalidSettingError(
+            "llamacpp: expected llamacpp:FILE[,OPTION=VALUE...] with FILE a GGUF file (`specproof export gguf DIR`)"
+        )
+    fields: dict[str, Any] = {}
+    for part in parts[1:]:
+        key, eq, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq or not key or not value:
+            raise InvalidSettingError(
+                f"llamacpp option {part!r}: expected OPTION=VALUE; options: {', '.join(_OPTIONS)}"
+            )
+        if key == "speculative":
+            fields.update(_parse_speculative(value))
+        elif key == "reuse":
+            fields[key] = _flag(key, value)
+        elif key == "n_rs_seq":
+            fields[key] = _int(key, value, 0)
+        elif key == "n_ctx":
+            fields[key] = _int(key, value, 2)
+        elif key == "threads":
+            fields[key] = _int(key, value, 1)
+        elif key == "kv_type":
+            if value not in KV_TYPES:
+                raise InvalidSettingError(f"llamacpp option kv_type={value!r}: expected f32 or f16")
+            fields[key] = value
+        elif key == "oracle":
+            fields[key] = value
+        else:
+            raise InvalidSettingError(f"llamacpp option {key!r} is unknown; options: {', '.join(_OPTIONS)}")
+    return LlamaCppSettings(model_path=str(Path(parts[0]).expanduser().resolve()), **fields)
+
+
+def _parse_speculative(value: str) -> dict[str, int]:
+    if value == "none":
+        return {"lookup": 0}
+    method, *nums = value.split(":")
+    usage = f"llamacpp option speculative={value!r}: expected none or lookup:K[:NGRAM]"
+    if method != "lookup" or len(nums) not in (1, 2):
+        raise InvalidSettingError(usage)
+    try:
+        ints = [int(n) for n in nums]
+    except ValueError:
+        raise InvalidSettingError(usage) from None
+    if ints[0] < 1:
+        raise InvalidSettingError(f"llamacpp option speculative={value!r}: K must be >= 1")
+    if len(ints) == 2 and ints[1] < 1:
+        raise InvalidSettingError(f"llamacpp option speculative={value!r}: NGRAM must be >= 1")
+    return {"lookup": ints[0], "max_ngram": ints[1] if len(ints) == 2 else 2}
+
+
+def check_gguf_file(path: str) -> dict[str, Any]:
+    """The GGUF file's metadata (strings and scalars), or ``InvalidSettingError`` saying why it is no model file."""
+    from specproof.engine.targets.lfm2_gguf import read_gguf_metadata
+
+    export = "write one with `specproof export gguf DIR`"
+    if not Path(path).is_file():
+        raise InvalidSettingError(f"llamacpp:{path}: no such file; {export}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise InvalidSettingError(f"llamacpp:{path}: not a GGUF file (it starts {magic!r}); {export}")
+    meta = dict(read_gguf_metadata(path))
+    if not isinstance(meta.get("general.architecture"), str):
+        raise InvalidSettingError(f"llamacpp:{path}: the GGUF names no general.architecture; {export}")
+    return meta
+
+
+def gguf_vocab_size(meta: dict[str, Any]) -> int | None:
+    """``{arch}.vocab_size`` of a GGUF's metadata, if it says."""
+    value = meta.get(f"{meta.get('general.architecture')}.vocab_size")
+    return int(value) if isinstance(value, int) else None
+
+
+def require_llama_cpp() -> Any:
+    """The ``llama_cpp`` module, or ``MissingDependencyError`` naming the extra."""
+    try:
+        import llama_cpp
+        import llama_cpp.llama
+        import llama_cpp.llama_speculative
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"the llamacpp: engine needs llama-cpp-python, which is not importable ({exc}): {INSTALL_HINT}"
+        ) from exc
+    return llama_cpp
+
+
+class _CountingDraft:
+    """Wraps llama-cpp-python's draft model: the drafts it made, each ``(position, tokens)``, as
+    ``Llama.generate`` uses them (cut to the room left in the context)."""
+
+    def __init__(self, inner: Any, n_ctx: int) -> None:
+        self.inner = inner
+        self.n_ctx = n_ctx
+        self.rounds: list[tuple[int, list[int]]] = []
+
+    def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+        draft = self.inner(input_ids, **kwargs)
+        at = len(input_ids)
+        self.rounds.append((at, [int(t) for t in draft[: max(self.n_ctx - at, 0)]]))
+        return draft
+
+
+def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: int) -> Any:
+    """``llama_cpp.Llama`` on the settings; ``n_rs_seq`` goes into the context parameters ``Llama``
+    starts from (it has no argument for it) and is checked on the context it built."""
+    low = llama_cpp.llama.llama_cpp  # the ctypes module Llama.__init__ calls
+    original = low.llama_context_default_params
+
+    def with_rs_seq() -> Any:
+        params = original()
+        params.n_rs_seq = settings.n_rs_seq
+        return params
+
+    low.llama_context_default_params = with_rs_seq
+    try:
+        llm = llama_cpp.Llama(
+            model_path=settings.model_path,
+            n_ctx=n_ctx,
+            # with a draft model Llama computes logits for every position (_logits_all) but sizes its
+            # `scores` buffer by this argument: without it a prompt longer than n_batch (512) fails with
+            # "could not broadcast input array ... into shape (0,)" (docs/real-engines.md)
+            logits_all=draft is not None,
+            n_threads=settings.threads,
+            n_threads_batch=settings.threads,
+            draft_model=draft,
+            type_k=KV_TYPES[settings.kv_type],
+            type_v=KV_TYPES[settings.kv_type],
+            seed=0,
+            verbose=False,
+        )
+    except Exception as exc:  # ValueError (no such model), RuntimeError (llama.cpp refused it) ...
+        first = (str(exc).splitlines() or [""])[0][:300]
+        raise InvalidSettingError(
+            f"llama.cpp refused {settings.describe()} on {settings.model_path}: {type(exc).__name__}: {first}"
+        ) from None
+    finally:
+        low.llama_context_default_params = original
+    held = int(low.llama_n_rs_seq(llm._ctx.ctx))
+    if held != settings.n_rs_seq:
+        llm.close()
+        raise InvalidSettingError(
+            f"llama.cpp kept n_rs_seq={held}, not the {settings.n_rs_seq} asked for (the model's architecture does "
+            "not support recurrent rollback); drop the n_rs_seq option"
+        )
+    return llm
+
+
+class LlamaCppEngine:
+    """A black-box ``Engine`` over ``llama_cpp.Llama.generate`` (greedy, token ids in and out).
+
+    ``LlamaCppEngine(settings, *, oracle)``: ``oracle`` is a Target of the same model (the reference
+    the file was exported from), never decoded on here, so ``engine.lossless`` compares llama.cpp with
+    plain greedy decoding of that model.
+    """
+
+    capabilities: frozenset[str] = frozenset()  # black box: no suite drafts, no state
+
+    def __init__(self, settings: LlamaCppSettings, *, oracle: Any, vocab_size: int | None = None) -> None:
+        if not isinstance(settings, LlamaCppSettings):
+            raise InvalidSettingError(
+                f"LlamaCppEngine settings must be LlamaCppSettings, got {type(settings).__name__}"
+            )
+        vocab = getattr(oracle, "vocab_size", None)
+        if not isinstance(vocab, int) or (vocab_size is not None and vocab != vocab_size):
+            raise InvalidSettingError(
+                f"llamacpp:{settings.model_path}: the oracle's vocab_size {vocab!r} is not the file's "
+                f"{vocab_size!r}; name the right model with oracle=TARGET"
+            )
+        llama_cpp = require_llama_cpp()
+        self.settings = settings
+        self.oracle = oracle
+        self.tie_tolerance: float = default_tie_tolerance("float32")
+        self.vocab_size: int = vocab
+        oracle_context = getattr(oracle, "max_context", None)
+        if settings.n_ctx is None and not isinstance(oracle_context, int):
+            raise InvalidSettingError(f"llamacpp:{settings.model_path}: the oracle states no max_context; set n_ctx=N")
+        capacity = settings.n_ctx - 1 if settings.n_ctx is not None else oracle_context
+        self.max_context: int = int(capacity)  # type: ignore[arg-type]
+        # llama.cpp pads the context to a multiple of 256 and Llama.generate cuts drafts to that padded size,
+        # but Llama sizes its input_ids buffer by the n_ctx it was given: ask for the padded size, or a draft
+        # near the end of the context overflows the buffer ("could not broadcast", docs/real-engines.md)
+        n_ctx = -(-(self.max_context + 1) // CONTEXT_PAD) * CONTEXT_PAD
+        self.reuses_prefix: bool = settings.reuse
+        if settings.lookup:
+            self.k = settings.lookup
+            inner = llama_cpp.llama_speculative.LlamaPromptLookupDecoding(
+                max_ngram_size=settings.max_ngram, num_pred_tokens=settings.lookup
+            )
+            self._draft: _CountingDraft | None = _CountingDraft(inner, n_ctx)
+        else:
+            self.speculative = False  # plain greedy: certified as such (docs/contract.md, Engines)
+            self._draft = None
+        self.engine_name = settings.short_name()
+        self.name = f"{settings.describe()} on {settings.model_path}"
+        self.llm = _build_llama(llama_cpp, settings, self._draft, n_ctx)
+        self._first_eval_at: int | None = None
+        self._last_context: list[int] = []
+        evaluate = self.llm.eval
+
+        def eval_counting(tokens: Sequence[int]) -> None:
+            if self._first_eval_at is None:
+                self._first_eval_at = int(self.llm.n_tokens)
+            evaluate(tokens)
+
+        self.llm.eval = eval_counting  # an instance attribute: Llama.generate calls self.eval
+        # for the error message only: the rollbacks llama.cpp refused (llama_memory_seq_rm -> false) once
+        # decoding began (a refused prefix reuse before it is handled: Llama.generate re-evaluates)
+        self._refused: list[int] = []
+        seq_rm = self.llm._ctx.kv_cache_seq_rm
+
+        def seq_rm_watched(seq_id: int, p0: int, p1: int) -> bool:
+            done = bool(seq_rm(seq_id, p0, p1))
+            if not done and self._first_eval_at is not None:
+                self._refused.append(int(p0))
+            return done
+
+        self.llm._ctx.kv_cache_seq_rm = seq_rm_watched
+
+    def __repr__(self) -> str:
+        return f"LlamaCppEngine({self.name})"
+
+    def reset(self) -> None:
+        """Forget everything the ``Llama`` holds (its token history and its KV and recurrent memory)."""
+        self.llm.reset()
+        self._last_context = []
+
+    def close(self) -> None:
+        self.llm.close()
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        """Decode greedily with ``Llama.generate``; ``stop_reason`` from the tokens it yielded."""
+        ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
+        n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="llamacpp engine")
+        if eos_token_id is not None and not (
+            isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
+        ):
+            raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
+        n_eff = min(n, self.max_context + 1 - len(ctx))
+        if n_eff <= 0:
+            self._first_eval_at = None
+            if n == 0 and self.settings.reuse:
+                self._prefill(ctx)  # a session keeps what it was sent, as for any other request
+            stop: StopReason = "context_full" if n else "max_new_tokens"
+            return Generation(tokens=(), stop_reason=stop, stats=self._stats(ctx, []))
+        if not self.settings.reuse:
+            self.reset()
+        if self._draft is not None:
+            self._draft.rounds.clear()
+        self._first_eval_at = None
+        self._refused.clear()
+        tokens: list[int] = []
+        stop = "max_new_tokens"
+        stream = self.llm.generate(ctx, temp=0.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
+        try:
+            for token in stream:
+                tokens.append(int(token))
+                if eos_token_id is not None and tokens[-1] == eos_token_id:
+                    stop = "eos"
+                    break
+                if len(tokens) == n_eff:
+                    break
+        except Exception as exc:  # llama_decode failures surface as RuntimeError
+            raise self._failure(exc) from None
+        finally:
+            stream.close()
+        if stop != "eos" and n_eff < n and len(tokens) == n_eff:
+            stop = "context_full"
+        return Generation(tokens=tokens, stop_reason=stop, stats=self._stats(ctx, tokens))
+
+    def _failure(self, exc: BaseException) -> InvalidSettingError:
+        """One line: what llama-cpp-python raised and, after a rollback llama.cpp refused, why and what to set."""
+        first = (str(exc).splitlines() or [""])[0][:300]
+        text = f"llama.cpp failed on {self.settings.describe()}: {type(exc).__name__}: {first}"
+        if self._refused:
+            text += (
+                f" — llama.cpp refused to cut its memory back to position {self._refused[-1]} after a rejected "
+                "draft (llama_memory_seq_rm returned false, which Llama.generate ignores), so the next decode "
+                "started at a position its recurrent state had already passed"
+            )
+            if self.settings.lookup and self.settings.n_rs_seq < self.settings.lookup:
+                text += f"; set n_rs_seq={self.settings.lookup} (at least the draft length K) to allow the rollback"
+        return InvalidSettingError(text)
+
+    def _prefill(self, ctx: list[int]) -> None:
+        """Let ``Llama.generate`` take in ``ctx[:-1]`` (its one sampled token is dropped): a ``max_new_tokens=0``
+        request on a session leaves the context but the pending token in the cache, as a longer one would."""
+        if len(ctx) < 2:
+            return
+        stream = self.llm.generate(ctx[:-1], temp=0.0, repeat_penalty=1.0)
+        try:
+            next(stream)
+        except Exception as exc:
+            raise self._failure(exc) from None
+        finally:
+            stream.close()
+
+    def _stats(self, ctx: list[int], tokens: list[int]) -> Stats:
+        # what Llama already held when it first evaluated, counted only as far as the prompt continues the
+        # previous request's context (its prompt and emitted tokens): the drafts llama.cpp verified past
+        # the last emitted token are in its cache too, but no request ever sent them
+        last, self._last_context = self._last_context, [*ctx, *tokens][:-1]
+        shared = 0
+        for a, b in zip(last, ctx[:-1]):
+            if a != b:
+                break
+            shared += 1
+        reused = min(self._first_eval_at or 0, shared)
+        drafted = accepted = 0
+        if self._draft is not None:
+            full = [*ctx, *tokens]
+            for at, draft in self._draft.rounds:
+                drafted += len(draft)
+                for offset, token in enumerate(draft):
+                    if at + offset >= len(full) or full[at + offset] != token:
+                        break
+                    accepted += 1
+        return Stats(
+            emitted=len(tokens),
+            drafted=drafted,
+            accepted=accepted,
+            prefix_reused=reused,
+        )

@@ -1,0 +1,116 @@
+"""The ``llamacpp:`` spec without llama.cpp: option parsing, file checks and the errors a user sees first.
+
+These run anywhere (no llama-cpp-python, no gguf: a missing package is simulated where a test needs
+one absent); tests/frameworks/test_llamacpp_engine.py drives a real llama.cpp.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specproof.engine import InvalidSettingError, MissingDependencyError
+from specproof.engine.adapters.llamacpp import (
+    KV_TYPES,
+    LlamaCppSettings,
+    check_gguf_file,
+    parse_llamacpp_spec,
+    require_llama_cpp,
+)
+from specproof.plugins import PluginError, plugin_factory
+
+
+def test_defaults_are_plain_greedy_per_call_with_a_float32_cache(tmp_path: Path) -> None:
+    s = parse_llamacpp_spec(str(tmp_path / "m.gguf"))
+    assert s == LlamaCppSettings(model_path=str(tmp_path / "m.gguf"))
+    assert (s.lookup, s.n_rs_seq, s.reuse, s.n_ctx, s.threads, s.kv_type) == (0, 0, False, None, 1, "f32")
+    assert s.short_name() == "llamacpp-greedy"
+    assert KV_TYPES["f32"] == 0  # GGML_TYPE_F32
+
+
+def test_options_pass_through(tmp_path: Path) -> None:
+    s = parse_llamacpp_spec(
+        f"{tmp_path}/m.gguf,speculative=lookup:4:3,n_rs_seq=8,reuse=1,n_ctx=256,threads=2,kv_type=f16,oracle=trained"
+    )
+    assert (s.lookup, s.max_ngram, s.n_rs_seq, s.reuse, s.n_ctx, s.threads, s.kv_type, s.oracle) == (
+        4, 3, 8, True, 256, 2, "f16", "trained",
+    )  # fmt: skip
+    assert s.short_name() == "llamacpp-lookup4-rs8-reuse-kvf16"
+    assert "lookup:4:3" in s.describe() and "n_rs_seq=8" in s.describe()
+    assert parse_llamacpp_spec(f"{tmp_path}/m.gguf,speculative=lookup:2").max_ngram == 2  # the library's default
+    assert parse_llamacpp_spec(f"{tmp_path}/m.gguf,speculative=lookup:2,speculative=none").lookup == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("speculative=lookup", "expected none or lookup:K"),
+        ("speculative=ngram:4", "expected none or lookup:K"),
+        ("speculative=lookup:0", "K must be >= 1"),
+        ("speculative=lookup:4:0", "NGRAM must be >= 1"),
+        ("speculative=lookup:x", "expected none or lookup:K"),
+        ("n_rs_seq=-1", "n_rs_seq='-1': expected an integer >= 0"),
+        ("n_rs_seq=many", "n_rs_seq='many'"),
+        ("reuse=maybe", "reuse='maybe': expected 0 or 1"),
+        ("n_ctx=1", "n_ctx='1': expected an integer >= 2"),
+        ("threads=0", "threads='0'"),
+        ("kv_type=q8_0", "kv_type='q8_0': expected f32 or f16"),
+        ("colour=red", "'colour' is unknown"),
+        ("reuse", "expected OPTION=VALUE"),
+    ],
+)
+def test_bad_options_are_one_line_errors_naming_the_option(tmp_path: Path, options: str, message: str) -> None:
+    with pytest.raises(InvalidSettingError, match=message) as info:
+        parse_llamacpp_spec(f"{tmp_path}/m.gguf,{options}")
+    assert "\n" not in str(info.value)
+
+
+def test_an_empty_spec_says_what_is_expected() -> None:
+    with pytest.raises(InvalidSettingError, match=r"llamacpp:FILE.*specproof export gguf"):
+        parse_llamacpp_spec("")
+
+
+def test_files_that_are_no_gguf_are_refused_naming_the_export(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSettingError, match=r"no such file.*specproof export gguf"):
+        check_gguf_file(str(tmp_path / "missing.gguf"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(InvalidSettingError, match=r"not a GGUF file .*specproof export gguf"):
+        check_gguf_file(str(tmp_path / "config.json"))
+
+
+def test_a_bad_spec_fails_before_anything_loads(tmp_path: Path) -> None:
+    with pytest.raises(PluginError, match=r"--engine 'llamacpp:.*no such file"):
+        plugin_factory(f"llamacpp:{tmp_path}/none.gguf", kind="engine")
+    with pytest.raises(PluginError, match="'colour' is unknown"):
+        plugin_factory(f"llamacpp:{tmp_path}/none.gguf,colour=red", kind="engine")
+
+
+def test_a_missing_llama_cpp_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'specproof\[llamacpp\]'"):
+        require_llama_cpp()
+
+
+@pytest.mark.parametrize("missing", ["llama_cpp", "gguf"])
+def test_the_command_line_names_the_extra_when_a_package_is_missing(tmp_path: Path, missing: str) -> None:
+    fake = tmp_path / "model.gguf"
+    if missing == "gguf":
+        fake.write_bytes(b"GGUF" + bytes(60))  # passes the magic check; reading it needs gguf
+    else:
+        pytest.importorskip("gguf", reason="writing the GGUF file llama_cpp would load needs the gguf package")
+        from specproof.engine.targets.lfm2_gguf import save_lfm2_gguf
+        from specproof.fixtures import load_trained_target
+
+        save_lfm2_gguf(load_trained_target(), fake, source="trained")
+    code = (
+        f"import sys; sys.modules[{missing!r}] = None\n"
+        "from specproof.cli import main\n"
+        f"sys.exit(main(['certify', 'engine', '--engine', 'llamacpp:{fake},oracle=trained', '--db', 'none']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert "specproof[llamacpp]" in line and "Traceback" not in done.stderr, done.stderr
