@@ -2,7 +2,8 @@
 
 One ``SampledSearch`` per engine case is shared by every sampling invariant (docs/contract.md,
 "Sampling"): for each configuration (the built-in decoder: both schemes; drafts from the suite or
-from the engine's own sampling drafter) it draws generations with seeds ``0, 1, ...`` on a few
+from the engine's own sampling drafter) it draws generations with seeds ``s, s + 1, ...`` (``s = 0``
+derandomized; drawn from ``--seed`` otherwise) on a few
 fixed prompts until the configuration's primary event test can detect the profile's
 total-variation deviation (``Profile.sampling_tv``) or its generation budget is spent, stopping
 early at the first rejection. Each emitted token is scored with one teacher-forced forward of the
@@ -297,25 +298,27 @@ def run_config(
     budget: int,
     seeded: bool,
     chain: bool = True,
+    first_seed: int = 0,
 ) -> None:
     """Draw seeded generations until the primary test detects ``tv_target``, rejects, or ``budget`` is spent;
     then (with ``chain``: the case's first configuration) the seed tests' runs: a chain of short
     generations on one prompt, and, for a ``seeded`` engine, a few of the seeds again (after the
     others, so a shared or continuing stream shows)."""
-    seed = 0
-    while seed < budget:
-        run = _one(config, generate, suite_drafter, prompts[seed % len(prompts)], seed, params, max_new_tokens)
+    drawn = 0
+    while drawn < budget:
+        seed = first_seed + drawn
+        run = _one(config, generate, suite_drafter, prompts[drawn % len(prompts)], seed, params, max_new_tokens)
         run = score(make_reference, run, params)
         config.runs.append(run)
         add_events(config, run)
-        seed += 1
+        drawn += 1
         if run.error is not None or any(t.rejected for t in config.tests.values()):
             break
-        if seed >= 2 * len(prompts) and config.primary.min_detectable <= tv_target:
+        if drawn >= 2 * len(prompts) and config.primary.min_detectable <= tv_target:
             break
     prompt = prompts[min(1, len(prompts) - 1)]
     for i in range(CHAIN_LENGTH if chain else 0):
-        run = _one(config, generate, suite_drafter, prompt, 5000 + i, params, CHAIN_TOKENS)
+        run = _one(config, generate, suite_drafter, prompt, first_seed + budget + i, params, CHAIN_TOKENS)
         config.chain.append(score(make_reference, run, params))
     if seeded and chain:
         for first in config.runs[: min(4, len(config.runs))]:
@@ -395,6 +398,8 @@ def run_sampled_search(
     alpha_each = alpha / (len(plans) * len(EVENTS))
     longest = max(1, min(profile.max_prompt, (case.capacity or case.max_context or 64) - profile.max_new_tokens - 1))
     prompts = sample_prompts(case.vocab_size, longest=longest, seed=seed)
+    # derandomized (seed 0): generation seeds 0, 1, ...; a --seed moves them all (runs with other seeds)
+    first_seed = 0 if seed == 0 else int(np.random.default_rng([seed, 29]).integers(0, 2**40))
     for name, scheme, drafts in plans:
         config = new_config(name, scheme=scheme, drafts=drafts, alpha=alpha_each)
         suite = SuiteSamplingDrafter(make_reference(), sampled=drafts == "suite-sampled") if drafts != "own" else None
@@ -411,6 +416,7 @@ def run_sampled_search(
             budget=profile.sampling_generations,
             seeded=seeded,
             chain=not search.configs,
+            first_seed=first_seed,
         )
         search.configs.append(config)
         if scheme is not None or config is search.configs[0]:
@@ -432,7 +438,8 @@ def _configurations(case: Any, drafter_subject: Any) -> list[tuple[str, str | No
     if not case.takes_drafter:
         return [("own-drafts", None, "own")]
     out = [("suite-drafts", None, "suite")]
-    scheme = getattr(case.engine, "sampling_scheme", None)
+    # the rule it samples by: ``sampling_scheme`` (a plug-in), else ``scheme`` (a wire engine's default)
+    scheme = getattr(case.engine, "sampling_scheme", None) or getattr(case.engine, "scheme", None)
     if scheme in SAMPLING_SCHEMES:  # the draft event under a declared q depends on the scheme
         out.append(("suite-sampled-drafts", scheme, "suite-sampled"))
     return out
