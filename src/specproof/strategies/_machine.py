@@ -50,6 +50,7 @@ from specproof.contract.validation import int_at_least
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
+from specproof.strategies._sampled_round import SampledRounds
 
 __all__ = [
     "PROPERTIES",
@@ -68,6 +69,7 @@ PROPERTIES: dict[str, str] = {
     "processed": "restoring a snapshot taken before a round sets processed back",
     "stop": "the engine never drafts past max_new_tokens or the context",
     "step-record": "a round's Step record agrees with the drafter and with its own argmax",
+    "sampled": "a sampled round keeps a prefix of its draft, then a token with p > 0 other than the draft token",
 }
 """What the machine checks after every step, by the name its failures carry."""
 
@@ -489,7 +491,7 @@ class _Judging:
             self._fail("step-record", problem)
 
 
-class RollbackMachine(_Judging, RuleBasedStateMachine):
+class RollbackMachine(_Judging, SampledRounds, RuleBasedStateMachine):
     """A stateful fuzzer for lossless speculative decoding with rollback (abstract: use ``configure``).
 
     Rules (each draws its arguments with labelled ``data.draw`` calls, which Hypothesis
@@ -504,7 +506,9 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
     - ``plain_step``: a round with ``max_new_tokens=1`` (effective k = 0, no draft);
     - ``snapshot_round_trip``: snapshot the target, run a round, restore, check the
       target is back at the old context, then re-feed the round's tokens and go on;
-    - ``user_turn``: ``session.extend(tokens)`` with a short context.
+    - ``user_turn``: ``session.extend(tokens)`` with a short context;
+    - ``sampled_round``: a scripted round at drawn sampling parameters (the conversation's scheme
+      drawn at its start), judged on its shape, ``p > 0`` and its replacement (``_sampled_round``).
 
     The invariant method checks ``lossless``, ``kv-length`` and ``state``
     (``PROPERTIES``) after every step; failures raise ``RollbackMachineFailure`` (an
@@ -632,6 +636,7 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
         self.last_step = f"{rule_name}(k={self.k}, rollback={self.rollback}, prompt={_fmt(prompt)})"
         self.drafter.script = None
         self.decoder = cfg.decoder_factory(self.target, self.drafter, self.k, self.rollback)
+        self._draw_scheme(data)
         self.session = self.decoder.start(list(prompt))
         self.ctx = list(prompt)
         type(self).observed_paths[f"prompt:{placement}"] += 1
