@@ -14,6 +14,9 @@ independent first tokens, ``P(max_t |count_t - n p_t| > sqrt(n ln(2V/delta) / 2)
 from __future__ import annotations
 
 import math
+import os
+import re
+import shlex
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _wire_helpers import Certified, certify_command
 from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
 from specproof.engine import greedy_decode
 from specproof.plugins import load_target
@@ -294,3 +298,49 @@ def test_bad_sampling_requests_are_refused_and_the_engine_stays_usable(fast: Wir
             fast._bridge.answer = original  # type: ignore[method-assign]
             fast.drafter = None
     assert len(fast.generate(PROMPT, 4, sampling=PARAMS.with_seed(1)).tokens) == 4
+
+
+# ----------------------------------------------------------------------------- certified with --sampling
+
+slow_certify = pytest.mark.skipif(
+    os.environ.get("SPECPROOF_NATIVE_CERTIFY") != "1",
+    reason="certify runs over the wire take seconds each; set SPECPROOF_NATIVE_CERTIFY=1 (the tox native env does)",
+)
+SAMPLED_CHECKS = "engine.sampled*,engine.seeds,engine.greedy-limit"
+
+
+def _certify_sampled(native: tuple[Path, Path], *engine_args: str) -> Certified:
+    binary, weights = native
+    spec = "exec:" + shlex.join([str(binary), "--weights", str(weights), *engine_args])
+    return certify_command(
+        [
+            "engine",
+            "--engine",
+            spec,
+            "--profile",
+            "quick",
+            "--sampling",
+            "temperature=0.8,top_p=0.95",
+            "--only",
+            SAMPLED_CHECKS,
+            "--db",
+            "none",
+        ],
+        timeout=300,
+    )
+
+
+@slow_certify
+@pytest.mark.parametrize("scheme", ["rejection", "match"])
+def test_certify_with_sampling_passes_the_native_engine(native: tuple[Path, Path], scheme: str) -> None:
+    done = _certify_sampled(native, "--scheme", scheme)
+    assert done.returncode == 0, done.output[-5000:]
+    assert "verdict: PASS (5 pass)" in done.output, done.output[-3000:]
+
+
+@slow_certify
+def test_certify_with_sampling_rejects_the_planted_wrong_residual(native: tuple[Path, Path]) -> None:
+    done = _certify_sampled(native, "--bug", "wrong-residual")
+    assert done.returncode == 1, done.output[-5000:]
+    assert re.search(r"engine\.sampled-support\s*│\s*fail", done.output), done.output[-5000:]
+    assert "--sampling temperature=0.8,top_p=0.95" in done.output  # the reproduce line carries it
