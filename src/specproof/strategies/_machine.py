@@ -26,6 +26,7 @@ cannot hide itself in the judges.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -130,6 +131,7 @@ class _MachineConfig:
     max_prompt: int
     context_kinds: tuple[str, ...]
     judges: Any
+    sampled_rounds: bool = True
 
 
 class _SwitchDrafter:
@@ -218,6 +220,7 @@ def _machine_config(
     context_kinds: Iterable[str] | None,
     stateful_step_count: int,
     judges: Any,
+    sampled_rounds: bool = True,
 ) -> _MachineConfig:
     """``RollbackMachine.configure``'s options validated (a ``StrategyArgumentError`` names the bad one)."""
     where = "RollbackMachine.configure()"
@@ -253,6 +256,7 @@ def _machine_config(
         max_prompt=max_prompt,
         context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
         judges=judges if judges is not None else _FreshJudges(),
+        sampled_rounds=bool(sampled_rounds),
     )
 
 
@@ -491,7 +495,7 @@ class _Judging:
             self._fail("step-record", problem)
 
 
-class RollbackMachine(_Judging, SampledRounds, RuleBasedStateMachine):
+class RollbackMachine(_Judging, RuleBasedStateMachine):
     """A stateful fuzzer for lossless speculative decoding with rollback (abstract: use ``configure``).
 
     Rules (each draws its arguments with labelled ``data.draw`` calls, which Hypothesis
@@ -537,6 +541,7 @@ class RollbackMachine(_Judging, SampledRounds, RuleBasedStateMachine):
         stateful_step_count: int = 25,
         name: str | None = None,
         judges: Any = None,
+        sampled_rounds: bool = True,
     ) -> type[RollbackMachine]:
         """A runnable subclass for one implementation under test.
 
@@ -552,7 +557,8 @@ class RollbackMachine(_Judging, SampledRounds, RuleBasedStateMachine):
         skips Hypothesis's ``explain`` phase (minutes under a tracer on a numpy model).
         ``judges`` (optional) is a memo with ``.at(factory, tokens)`` returning a private
         model fed ``tokens`` by forwards (a certification passes its own); by default each
-        judge is built fresh and fed from scratch.
+        judge is built fresh and fed from scratch. ``sampled_rounds``: a third of the conversations
+        also run rounds at ``temperature > 0`` (the certification turns them on with ``--sampling``).
         """
         config = _machine_config(
             target_factory=target_factory,
@@ -565,9 +571,11 @@ class RollbackMachine(_Judging, SampledRounds, RuleBasedStateMachine):
             context_kinds=context_kinds,
             stateful_step_count=stateful_step_count,
             judges=judges,
+            sampled_rounds=sampled_rounds,
         )
+        base: type[RollbackMachine] = _with_sampled_rounds(cls) if sampled_rounds else cls
         return configured_machine(
-            cls,
+            base,
             name or f"{cls.__name__}For_{getattr(target_factory, '__name__', 'target')}",
             {"_rollback_config": config, "observed_paths": Counter()},
             stateful_step_count=stateful_step_count,
@@ -636,11 +644,14 @@ class RollbackMachine(_Judging, SampledRounds, RuleBasedStateMachine):
         self.last_step = f"{rule_name}(k={self.k}, rollback={self.rollback}, prompt={_fmt(prompt)})"
         self.drafter.script = None
         self.decoder = cfg.decoder_factory(self.target, self.drafter, self.k, self.rollback)
-        self._draw_scheme(data)
+        self._conversation_started(data)
         self.session = self.decoder.start(list(prompt))
         self.ctx = list(prompt)
         type(self).observed_paths[f"prompt:{placement}"] += 1
         type(self).observed_paths[f"rollback:{self.rollback}"] += 1
+
+    def _conversation_started(self, data: Any) -> None:
+        """A hook run once the decoder of a new conversation is built (the sampled rounds draw their scheme)."""
 
     @initialize(data=st.data())
     def start_conversation(self, data: Any) -> None:
@@ -787,6 +798,12 @@ class RollbackMachine(_Judging, SampledRounds, RuleBasedStateMachine):
         type(self).observed_paths["user_turn"] += 1
 
 
+@functools.cache
+def _with_sampled_rounds(cls: type[RollbackMachine]) -> type[RollbackMachine]:
+    """``cls`` with the sampled-round rule mixed in front (one class per machine class)."""
+    return type(f"{cls.__name__}WithSampledRounds", (SampledRounds, cls), {"__module__": cls.__module__})
+
+
 def run_rollback_machine(
     *,
     target_factory: Callable[[], Any],
@@ -799,6 +816,7 @@ def run_rollback_machine(
     context_kinds: Iterable[str] | None = None,
     stateful_step_count: int = 25,
     settings: Settings | None = None,
+    sampled_rounds: bool = True,
 ) -> type[RollbackMachine]:
     """Configure a ``RollbackMachine`` and run it with ``hypothesis.stateful.run_state_machine_as_test``.
 
@@ -817,6 +835,7 @@ def run_rollback_machine(
         max_prompt=max_prompt,
         context_kinds=context_kinds,
         stateful_step_count=stateful_step_count,
+        sampled_rounds=sampled_rounds,
     )
     run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
     return machine

@@ -44,11 +44,13 @@ def takes_sampling(session: Any) -> bool:
 
 
 class SampledRounds:
-    """The sampled-round rule, mixed into ``RollbackMachine`` (it uses the machine's judging half)."""
+    """The sampled-round rule, mixed in front of ``RollbackMachine`` by ``configure(sampled_rounds=True)``
+    (it uses the machine's judging half). Without it the machine's rules, and so its examples, are
+    the greedy machine's exactly."""
 
     sampling_conversation = False  # this conversation may run sampled rounds (drawn at its start)
 
-    def _draw_scheme(self, data: Any) -> None:
+    def _conversation_started(self, data: Any) -> None:
         """Whether this conversation samples (a third of them, so greedy rounds keep most of the search),
         and by which scheme where the decoder has a choice (``SpecDecoder.scheme``)."""
         self.sampling_conversation = data.draw(st.sampled_from((False, False, True)), label="sampled rounds")

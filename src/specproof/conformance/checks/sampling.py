@@ -305,6 +305,20 @@ def _proposal_row_problem(q: np.ndarray, tokens: Sequence[int], vocab_size: int)
     return None
 
 
+def _score_proposal(tests: dict[str, EventTest], tokens: Sequence[int], q: np.ndarray) -> None:
+    """Each proposed token on its declared row's top, head (half the mass) and tail (the last tenth) events."""
+    for i, token in enumerate(tokens):
+        row = q[i]
+        top = int(np.argmax(row))
+        tests["top"].add(token == top, row[top])
+        order = np.lexsort((np.arange(row.shape[0]), -row))
+        before = np.concatenate(([0.0], np.cumsum(row[order])[:-1]))
+        head = order[before < 0.5]
+        tests["head"].add(token in set(head.tolist()), float(row[head].sum()))
+        tail = order[before >= 0.9]
+        tests["tail"].add(token in set(tail.tolist()), float(row[tail].sum()))
+
+
 def check_proposal_distribution(
     inv: Invariant,
     make_drafter: Callable[[], object],
@@ -353,16 +367,7 @@ def check_proposal_distribution(
         problem = _proposal_row_problem(q, tokens, vocab_size)
         if problem is not None:
             return [inv.violation(f"call {call}: {problem}", actual=tokens, example=example)], call + 1, []
-        for i, token in enumerate(tokens):
-            row = q[i]
-            top = int(np.argmax(row))
-            tests["top"].add(token == top, row[top])
-            order = np.lexsort((np.arange(row.shape[0]), -row))
-            before = np.concatenate(([0.0], np.cumsum(row[order])[:-1]))
-            head = order[before < 0.5]
-            tests["head"].add(token in set(head.tolist()), float(row[head].sum()))
-            tail = order[before >= 0.9]
-            tests["tail"].add(token in set(tail.tolist()), float(row[tail].sum()))
+        _score_proposal(tests, tokens, q)
         rejected = [t for t in tests.values() if t.rejected]
         if rejected:
             t = rejected[0]

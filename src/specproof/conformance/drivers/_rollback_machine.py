@@ -41,7 +41,11 @@ class RollbackMachineDriver(Driver):
         rollbacks = tuple(c.rollback or "replay" for c in self.plan.suite.engines if c.kind == "builtin")
         inv = item.invariant
         machine = RollbackMachine.configure(
-            target_factory=tsub.make, tolerance=tsub.atol, rollbacks=rollbacks, judges=self.context.cache.judges
+            target_factory=tsub.make,
+            tolerance=tsub.atol,
+            rollbacks=rollbacks,
+            judges=self.context.cache.judges,
+            sampled_rounds=self.plan.sampling is not None,  # --sampling: sampled rounds too
         )
 
         class Counted(machine):  # type: ignore[misc, valid-type]

@@ -22,7 +22,7 @@ from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import Generation, Step, Target
 from specproof.contract.sampling import SampledDraft, SamplingParams
 from specproof.engine import greedy_decode
-from specproof.engine._sampling import target_distribution
+from specproof.engine.sampling import target_distribution
 from specproof.plugins import load_target
 
 __all__ = [
