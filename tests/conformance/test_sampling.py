@@ -206,3 +206,14 @@ def test_events_are_scored_only_where_earlier_draft_tokens_were_kept() -> None:
     assert config.tests["draft"].n == 3  # positions 1, 2 (round 0) and 3 (round 1)
     assert config.tests["draft"].hits == 2
     assert config.tests["replacement"].n == 1
+
+
+def test_the_markdown_certificate_has_a_sampling_section(tmp_path: Path) -> None:
+    from specproof.conformance.reports import render_markdown
+
+    report = certify(only=("engine.sampled-distribution",), sampling=SAMPLING).to_json()
+    assert report["sampling"] == SamplingParams(temperature=0.8, top_p=0.95).to_json()
+    text = render_markdown(report)
+    section = text.split("## Sampling (temperature=0.8,top_k=0,top_p=0.95,min_p=0.0)", 1)[1]
+    assert "false-fail bound 1e-06" in section and "detects a TV deviation of" in section
+    assert "## Sampling" not in render_markdown(certify(only=("engine.stop",)).to_json())

@@ -187,6 +187,8 @@ def print_database(console: Any, report: dict[str, Any]) -> None:
 def _print_table(console: Any, report: dict[str, Any]) -> None:
     from rich.table import Table
 
+    from specproof.conformance.reports import sampling_lines
+
     subj = report["subjects"]
     parts = [
         f"drafter {subj['drafter']['spec']}" if subj.get("drafter") else "",
@@ -234,6 +236,8 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
             console.print(f"note ({e['case']}): {note}", markup=False)
     for u in subj.get("used") or ():
         console.print(f"used, not certified: {u}", markup=False)
+    for line in sampling_lines(report)[1:]:  # the sampling checks' sizes, bound and sensitivity
+        console.print(line.replace("## ", "").replace("`", ""), markup=False)
     for r in [r for r in report["results"] if r["status"] in ("fail", "error")]:
         if console.is_terminal:
             console.rule(f"[bold red]{r['invariant']} ({r['case']})")

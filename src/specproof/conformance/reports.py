@@ -42,6 +42,7 @@ import numpy as np
 
 from specproof._version import __version__
 from specproof.conformance._consequences import mark_consequences
+from specproof.conformance._registry import REGISTRY
 from specproof.conformance._speculation import not_speculative_notes, unspeculated_cases
 from specproof.contract.files import check_output_path, write_text_file
 from specproof.formats import report as report_format
@@ -247,6 +248,7 @@ def build_report(cert: Certification) -> dict[str, Any]:
         "profile": plan.profile.name,
         "seed": plan.seed,
         "derandomized": plan.seed is None,
+        "sampling": plan.sampling.to_json() if plan.sampling is not None else None,
         "only": list(plan.only),
         "expected_failures": [{"invariant": i, "reason": r} for i, r in plan.expected_failures.items()],
         "tie_tolerance": plan.tie_tolerance,
@@ -327,6 +329,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
             f"Engine case {case} drafts for itself; paths it never took (not checked): {', '.join(missing)}.",
         ]
+    lines += sampling_lines(report)
     lines += _consequence_lines(report["results"])
     for r in [r for r in report["results"] if r["status"] in ("fail", "error", "xfail", "xpass")]:
         lines += ["", f"## {r['invariant']} ({r['case']}) — {r['status']}", ""]
@@ -339,6 +342,24 @@ def render_markdown(report: dict[str, Any]) -> str:
         if r.get("reproduce"):
             lines += ["", f"Reproduce: `{r['reproduce']}`"]
     return "\n".join(lines) + "\n"
+
+
+SAMPLING_INVARIANTS = frozenset(inv.id for inv in REGISTRY if inv.driver == "sampling")
+
+
+def sampling_lines(report: dict[str, Any]) -> list[str]:
+    """The certificate's sampling section: the parameters, and each sampling check's sample sizes, false-fail
+    bound and the smallest deviation it could detect (its notes)."""
+    params = report.get("sampling")
+    if not params:
+        return []
+    shown = ",".join(f"{k}={v}" for k, v in params.items() if v is not None)
+    out = ["", f"## Sampling ({shown})", ""]
+    for r in report["results"]:
+        if r["invariant"] in SAMPLING_INVARIANTS and r.get("notes"):
+            out.append(f"- `{r['invariant']}` ({r['case']}, {r['status']}):")
+            out += [f"  - {n}" for n in r["notes"]]
+    return out
 
 
 def _tolerances_in_force(report: dict[str, Any]) -> str:

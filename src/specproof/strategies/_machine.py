@@ -511,8 +511,7 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
     - ``snapshot_round_trip``: snapshot the target, run a round, restore, check the
       target is back at the old context, then re-feed the round's tokens and go on;
     - ``user_turn``: ``session.extend(tokens)`` with a short context;
-    - ``sampled_round``: a scripted round at drawn sampling parameters (the conversation's scheme
-      drawn at its start), judged on its shape, ``p > 0`` and its replacement (``_sampled_round``).
+    - ``sampled_round`` (``configure(sampled_rounds=True)``): a round at temperature > 0 (``_sampled_round``).
 
     The invariant method checks ``lossless``, ``kv-length`` and ``state``
     (``PROPERTIES``) after every step; failures raise ``RollbackMachineFailure`` (an
