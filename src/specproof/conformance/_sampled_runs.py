@@ -66,14 +66,14 @@ class SuiteSamplingDrafter(ModelDrafter):
         super().__init__(model, name="specproof.SuiteSamplingDrafter")
         self.calls: list[DraftCall] = []
         if not sampled:  # a deterministic drafter has no propose_sampled: the engine's q is one-hot
-            self.propose_sampled = None  # type: ignore[method-assign]
+            self.propose_sampled = None  # type: ignore[method-assign, assignment]
 
     def reset(self) -> None:
         super().reset()
         self.calls = []
 
     def propose(self, context: Sequence[int], k: int) -> list[int]:
-        return self._draft(context, k, None, None)
+        return self._suite_draft(context, k, None, None)
 
     def propose_sampled(  # type: ignore[no-redef]
         self, context: Sequence[int], k: int, *, sampling: SamplingParams, rng: np.random.Generator
@@ -81,14 +81,14 @@ class SuiteSamplingDrafter(ModelDrafter):
         """As ``propose``, but ``draft[0]`` is drawn (with the request's generator) from ``q[0]``: the oracle's
         row at a higher temperature, no top-k/top-p/min-p (so q differs from p); later tokens keep one-hot rows."""
         vocab = int(self.model.vocab_size)
-        draft = self._draft(context, k, sampling, rng)
+        draft = self._suite_draft(context, k, sampling, rng)
         q = np.zeros((len(draft), vocab))
         q[np.arange(len(draft)), draft] = 1.0
         if draft:
             q[0] = self.calls[-1].q0  # type: ignore[assignment]
         return SampledDraft(draft, q)
 
-    def _draft(
+    def _suite_draft(
         self, context: Sequence[int], k: int, sampling: SamplingParams | None, rng: np.random.Generator | None
     ) -> list[int]:
         n = len(context)
@@ -428,6 +428,7 @@ def _configurations(case: Any, drafter_subject: Any) -> list[tuple[str, str | No
     """(name, scheme, drafts) of each configuration the case is searched in."""
     from specproof.contract.sampling import SAMPLING_SCHEMES
 
+    out: list[tuple[str, str | None, str]]
     if case.kind == "builtin":
         out = [(f"{s}/suite-drafts", s, "suite") for s in SAMPLING_SCHEMES]
         # sampled drafts test acceptance against q; sample-and-match never reads q
@@ -451,7 +452,13 @@ def _generator(
     """``generate(prompt, n, params)`` for one configuration of the case."""
     if case.kind == "builtin":
         drafter = suite if suite is not None else drafter_subject.make()
-        decoder = SpecDecoder(target.make(), drafter, k=case.k or 4, rollback=case.rollback, scheme=scheme)
+        decoder = SpecDecoder(
+            target.make(),
+            drafter,
+            k=case.k or 4,
+            rollback=case.rollback,
+            scheme=scheme,  # type: ignore[arg-type]
+        )
         return lambda prompt, n, params: decoder.generate(prompt, n, sampling=params)
     engine = case.make_engine() if case.make_engine is not None else case.engine
     if suite is not None:
