@@ -176,7 +176,7 @@ class SampledSearch:
     why_not: str | None = None  # why nothing ran (not sampling, no oracle model)
 
 
-CHAIN_LENGTH = 32  # generations the seed-independence test compares, each with the one before
+CHAIN_LENGTH = 20  # generations the seed-independence test compares, each with the one before
 CHAIN_TOKENS = 16
 
 Generate = Callable[[list[int], int, SamplingParams], Generation]
@@ -484,6 +484,6 @@ def _greedy_limit_runs(
     if suite is not None and callable(suite.propose_sampled):
         return  # the greedy limit is run on the deterministic-drafts configurations
     for label, limit in limits.items():
-        for i, prompt in enumerate(prompts[:2]):
+        for i, prompt in enumerate(prompts[1:2]):  # one prompt of 3 tokens per limit and scheme
             run = _one(config, generate, suite, prompt, 1000 + i, limit, max_new_tokens)
             search.greedy_runs.append((f"{name}, {label}", run))

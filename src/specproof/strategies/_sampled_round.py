@@ -48,19 +48,14 @@ class SampledRounds:
     (it uses the machine's judging half). Without it the machine's rules, and so its examples, are
     the greedy machine's exactly."""
 
-    sampling_conversation = False  # this conversation may run sampled rounds (drawn at its start)
+    sampled_scheme: str | None = None  # the scheme this conversation samples by (drawn at its first sampled round)
 
     def _conversation_started(self, data: Any) -> None:
-        """Whether this conversation samples (a third of them, so greedy rounds keep most of the search),
-        and by which scheme where the decoder has a choice (``SpecDecoder.scheme``)."""
-        self.sampling_conversation = data.draw(st.sampled_from((False, False, True)), label="sampled rounds")
-        decoder = self.decoder  # type: ignore[attr-defined]
-        if self.sampling_conversation and hasattr(decoder, "scheme"):
-            decoder.scheme = data.draw(st.sampled_from(SAMPLING_SCHEMES), label="sampling scheme")
+        """A new conversation draws its scheme at its first sampled round (nothing is drawn here, so the
+        conversations themselves are drawn as in the greedy machine)."""
+        self.sampled_scheme = None
 
-    @precondition(
-        lambda self: self.sampling_conversation and self.session is not None and len(self.ctx) <= self.max_context
-    )
+    @precondition(lambda self: self.session is not None and len(self.ctx) <= self.max_context)
     @rule(data=st.data())
     def sampled_round(self, data: Any) -> None:
         """One scripted round at drawn sampling parameters; its tokens join the context."""
@@ -69,6 +64,9 @@ class SampledRounds:
             return
         from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter
 
+        decoder = me.decoder
+        if self.sampled_scheme is None and hasattr(decoder, "scheme"):  # the decoder has a choice: draw it
+            self.sampled_scheme = decoder.scheme = data.draw(st.sampled_from(SAMPLING_SCHEMES), label="sampling scheme")
         params = data.draw(sampling_params(), label="sampling")
         # the draft is plain greedy's continuation: at temperature > 0 its tokens are kept or rejected
         # at random, so every path is reached and a rejected token has mass a wrong residual can redraw
@@ -112,8 +110,9 @@ class SampledRounds:
                 f"the round ended with {got[j]}, the draft token it rejected (draft[{j}]): a replacement is drawn "
                 "from max(0, p - q), which excludes it",
             )
-        judge = me.cfg.judges.at(me.cfg.reference_factory, me.ctx[:-1])
-        rows = np.asarray(judge.forward([me.ctx[-1], *got[:-1]]), dtype=np.float64)
+        me._feed_reference(me.ctx[:-1])  # the machine's reference, fed on incrementally (it stays in step)
+        rows = np.asarray(me.reference.forward([me.ctx[-1], *got[:-1]]), dtype=np.float64)
+        me._ref_fed = [*me.ctx, *got[:-1]]
         for i, token in enumerate(got):
             if processed_distribution(rows[i], params)[token] <= 0.0:
                 me._fail(
