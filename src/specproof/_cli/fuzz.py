@@ -94,7 +94,14 @@ def parse_duration(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from specproof.conformance import SUBJECT_OPTIONS, CampaignOptions, Plan, max_workers, plan_arguments, run_campaign
+    from specproof.conformance import Plan
+    from specproof.conformance.cli_support import (
+        SUBJECT_OPTIONS,
+        CampaignOptions,
+        max_workers,
+        plan_arguments,
+        run_campaign,
+    )
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,
