@@ -116,6 +116,6 @@ def seed_reaching_max_context() -> int:
 
     for seed in range(1, 41):
         report = certify("engine", only=("engine.stop",), seed=seed, db="none")
-        if all(row["clamped_at_max_context"] for row in report["path_coverage"].values()):
+        if all(row["clamped_at_max_context"] for row in report.path_coverage.values()):
             return seed
     pytest.skip(f"no --seed in 1..40 reaches max_context in a quick search under Hypothesis {hypothesis.__version__}")

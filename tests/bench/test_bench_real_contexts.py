@@ -158,7 +158,8 @@ def test_real_context_texts_are_held_out_deterministic_and_validated(tmp_path):
 
 
 def test_a_python_without_its_test_suite_skips_real_contexts_with_the_reason(tmp_path, monkeypatch):
-    from specproof.bench import BenchConfig, _real, real_context_lines, run_bench
+    from specproof.bench import BenchConfig, _real, run_bench
+    from specproof.bench.cli_support import real_context_lines
 
     monkeypatch.setattr(_real, "_stdlib_root", lambda: str(tmp_path))
     config = BenchConfig(

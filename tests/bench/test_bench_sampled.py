@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specproof.bench import BenchConfig, figures, real_context_lines, run_bench, sampled_context_lines
+from specproof.bench import BenchConfig, figures, run_bench
 from specproof.bench._doc import figures_block
 from specproof.bench._real import RealContextText
 from specproof.bench._sampled import measure_sampled_contexts
+from specproof.bench.cli_support import real_context_lines, sampled_context_lines
 from specproof.contract import SampledDraft, SamplingParams, processed_distribution
 from specproof.engine import InvalidSettingError, NgramDrafter
 from specproof.formats import validate

@@ -69,8 +69,8 @@ class _InterruptedCampaign:
 def test_fuzz_interrupted_says_interrupted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import specproof.conformance as conformance
     import specproof.conformance._campaign as campaign
+    import specproof.conformance.cli_support as cli_support
     from specproof.conformance import certify
 
     finished = certify("drafter", only=("drafter.max-length",)).to_json()
@@ -84,10 +84,10 @@ def test_fuzz_interrupted_says_interrupted(
         "stopped": "interrupted (Ctrl-C)",
         "worker_errors": [],
     }
-    # the CLI reaches the campaign through the conformance facade: replace it there (and at home)
+    # the CLI reaches the campaign through conformance.cli_support: replace it there (and at home)
     fake = lambda options, on_event=None: _InterruptedCampaign(finished)  # noqa: E731
     monkeypatch.setattr(campaign, "run_campaign", fake)
-    monkeypatch.setattr(conformance, "run_campaign", fake)
+    monkeypatch.setattr(cli_support, "run_campaign", fake)
     out_file = tmp_path / "f.json"
     args = ["fuzz", "drafter", "--only", "drafter.max-length", "--report", str(out_file)]
     code = main([*args, "--hypothesis-dir", str(tmp_path)])

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.database import choices_to_bytes
 
 from specproof.cli import main
-from specproof.conformance import certify
+from specproof.conformance import Report, certify
 from specproof.conformance._database import derandomized_seed, open_database
 from specproof.conformance._profiles import get_profile
 from specproof.contract import UsageError
@@ -34,8 +34,13 @@ CONTROL = "specproof.conformance.zoo:zoo_engine"
 ONLY = ("engine.stop",)
 
 
-def _failing(report: dict[str, Any]) -> set[str]:
-    return {r["invariant"] for r in report["results"] if r["status"] in ("fail", "error")}
+def _failing(report: Report) -> set[str]:
+    return {r["invariant"] for r in report.results if r["status"] in ("fail", "error")}
+
+
+def _database(report: Report) -> dict[str, Any]:
+    """The report's ``database`` section (what was replayed, saved and warned about): JSON only."""
+    return report.to_json()["database"]
 
 
 def _entries(db: Path) -> int:
@@ -47,14 +52,14 @@ def test_a_seeded_find_is_replayed_by_a_derandomized_run(tmp_path: Path) -> None
     found = certify("engine", engine=MEMBER, only=ONLY, seed=1, db=str(db))
     assert _failing(found) == {"engine.stop"}
     assert _entries(db) > 0  # the shrunk failure was saved
-    assert found["database"]["replayed"] == {}  # nothing was there to replay
+    assert _database(found)["replayed"] == {}  # nothing was there to replay
     again = certify("engine", engine=MEMBER, only=ONLY, db=str(db))  # derandomized
     assert _failing(again) == {"engine.stop"}
-    assert again["database"]["replayed"] == {"length_cap_hides_eos_in_block-engine.stop": 1}
+    assert _database(again)["replayed"] == {"length_cap_hides_eos_in_block-engine.stop": 1}
     # --db-replay failures still replays saved failures (only covering examples are left out)
     failures_only = certify("engine", engine=MEMBER, only=ONLY, db=str(db), db_replay="failures")
-    assert failures_only["database"]["replayed"] == {"length_cap_hides_eos_in_block-engine.stop": 1}
-    result = next(r for r in again["results"] if r["invariant"] == "engine.stop")
+    assert _database(failures_only)["replayed"] == {"length_cap_hides_eos_in_block-engine.stop": 1}
+    result = next(r for r in again.results if r["invariant"] == "engine.stop")
     assert result["status"] == "fail" and all(v["invariant"] == "engine.stop" for v in result["violations"])
     # the reproduce line names the database it replays from, and fails again when pasted
     assert f"--db {db}" in result["reproduce"]
@@ -67,14 +72,14 @@ def test_namespaces_keep_subjects_and_tolerances_apart(tmp_path: Path) -> None:
     saved = _entries(db)
     # the correct control, and the member at another tolerance, replay nothing (and delete nothing)
     control = certify("engine", engine=CONTROL, only=ONLY, db=str(db))
-    assert control["verdict"] == "pass" and control["database"]["replayed"] == {}
+    assert control.verdict == "pass" and _database(control)["replayed"] == {}
     other = certify("engine", engine=MEMBER, only=ONLY, db=str(db), tie_tolerance=0.5)
-    assert other["database"]["replayed"] == {}
+    assert _database(other)["replayed"] == {}
     assert _entries(db) == saved
     # another invariant of the same subject has its own namespace too
     lossless = certify("engine", engine=MEMBER, only=("engine.kv-length",), db=str(db))
-    assert lossless["database"]["replayed"] == {}
-    assert certify("engine", engine=MEMBER, only=ONLY, db=str(db))["database"]["replayed"]
+    assert _database(lossless)["replayed"] == {}
+    assert _database(certify("engine", engine=MEMBER, only=ONLY, db=str(db)))["replayed"]
 
 
 def test_a_corrupted_entry_is_skipped_with_a_warning(tmp_path: Path) -> None:
@@ -85,26 +90,26 @@ def test_a_corrupted_entry_is_skipped_with_a_warning(tmp_path: Path) -> None:
     for p in files:
         p.write_bytes(b"garbage\xff\xff")  # not a Hypothesis choice sequence
     report = certify("engine", engine=MEMBER, only=ONLY, db=str(db))
-    assert report["verdict"] in ("pass", "fail")  # a verdict, not a crash
-    assert report["database"]["replayed"] == {}
-    assert any("does not decode" in w for w in report["database"]["warnings"]), report["database"]
+    assert report.verdict in ("pass", "fail")  # a verdict, not a crash
+    assert _database(report)["replayed"] == {}
+    assert any("does not decode" in w for w in _database(report)["warnings"]), _database(report)
 
 
 def test_session_histories_are_kept_and_replayed(tmp_path: Path) -> None:
     db = tmp_path / "db"
     spec = "specproof.conformance.zoo:snapshot_only_last_call"
     first = certify("engine", engine=spec, only=("engine.session",), db=str(db))
-    assert _failing(first) == {"engine.session"} and first["database"]["replayed"] == {}
+    assert _failing(first) == {"engine.session"} and _database(first)["replayed"] == {}
     second = certify("engine", engine=spec, only=("engine.session",), db=str(db))
     assert _failing(second) == {"engine.session"}
-    assert second["database"]["replayed"] == {"snapshot_only_last_call-engine.session": 1}
+    assert _database(second)["replayed"] == {"snapshot_only_last_call-engine.session": 1}
     # a history record that does not load is skipped with a warning; the search still runs
     for p in db.rglob("*"):
         if p.is_file() and p.read_bytes().startswith(b"{"):
             p.write_bytes(b'{"format": "specproof-session/1", "requests": 3}')
     third = certify("engine", engine=spec, only=("engine.session",), db=str(db))
     assert _failing(third) == {"engine.session"}
-    assert any("session history" in w for w in third["database"]["warnings"]), third["database"]
+    assert any("session history" in w for w in _database(third)["warnings"]), _database(third)
 
 
 def test_no_database_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -196,8 +201,8 @@ CLAMPED = "clamped_at_max_context"
 STOP = ("engine.stop",)
 
 
-def _clamped(report: dict[str, Any]) -> dict[str, int]:
-    return {case: row[CLAMPED] for case, row in report["path_coverage"].items()}
+def _clamped(report: Report) -> dict[str, int]:
+    return {case: row[CLAMPED] for case, row in report.path_coverage.items()}
 
 
 def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(
@@ -209,21 +214,21 @@ def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(
     assert _clamped(plain) == {"checkpoint": 0, "replay": 0}
     seeded = certify("engine", only=STOP, seed=seed_reaching_max_context, db=db)
     assert all(_clamped(seeded).values())
-    assert seeded["database"]["covering_saved"].keys() == {"checkpoint", "replay"}
+    assert _database(seeded)["covering_saved"].keys() == {"checkpoint", "replay"}
     gate = certify("engine", only=STOP, db=db)  # derandomized, sharing the database
-    assert gate["verdict"] == "pass" and all(_clamped(gate).values())
-    db_info = gate["database"]
+    assert gate.verdict == "pass" and all(_clamped(gate).values())
+    db_info = _database(gate)
     assert db_info["covering_paths"] == {"checkpoint": [CLAMPED], "replay": [CLAMPED]}
     # only the unreached path's example is replayed: one per case, on top of the gate's own examples
     assert db_info["covering_replayed"] == {"checkpoint": 1, "replay": 1}
-    for case, row in gate["path_coverage"].items():
-        own = plain["path_coverage"][case]
+    for case, row in gate.path_coverage.items():
+        own = plain.path_coverage[case]
         assert row["generations"] == own["generations"] + 1
         # the gate's own examples are the ones it draws without the database (kept, not displaced)
         assert all(row[p] >= n for p, n in own.items())
     # nothing is saved by a derandomized run, and the covering examples stay for the next gate
     assert db_info["covering_saved"] == {}
-    assert certify("engine", only=STOP, db=db)["database"]["covering_replayed"] == {"checkpoint": 1, "replay": 1}
+    assert _database(certify("engine", only=STOP, db=db))["covering_replayed"] == {"checkpoint": 1, "replay": 1}
 
 
 def test_db_replay_failures_leaves_the_covering_examples_unreplayed(
@@ -234,11 +239,11 @@ def test_db_replay_failures_leaves_the_covering_examples_unreplayed(
     db = str(tmp_path / "db")
     certify("engine", only=STOP, seed=seed_reaching_max_context, db=db)
     own = certify("engine", only=STOP, db=db, db_replay="failures")
-    assert own["database"]["replay"] == "failures" and own["database"]["covering_replayed"] == {}
-    assert own["path_coverage"] == certify("engine", only=STOP, db="none")["path_coverage"]
+    assert _database(own)["replay"] == "failures" and _database(own)["covering_replayed"] == {}
+    assert own.path_coverage == certify("engine", only=STOP, db="none").path_coverage
     everything = certify("engine", only=STOP, db=db)
-    assert everything["database"]["replay"] == "all"
-    assert everything["database"]["covering_replayed"] == {"checkpoint": 1, "replay": 1}
+    assert _database(everything)["replay"] == "all"
+    assert _database(everything)["covering_replayed"] == {"checkpoint": 1, "replay": 1}
     with pytest.raises(UsageError, match="--db-replay 'some'"):
         certify("engine", only=STOP, db=db, db_replay="some")
 
@@ -247,8 +252,8 @@ def test_a_gate_reaching_every_path_replays_nothing(tmp_path: Path) -> None:
     db = str(tmp_path / "db")
     certify("engine", engine=CONTROL, only=STOP, seed=1, db=db)
     gate = certify("engine", engine=CONTROL, only=STOP, db=db)
-    assert gate["database"]["covering_replayed"] == {}
-    assert gate["path_coverage"] == certify("engine", engine=CONTROL, only=STOP, db="none")["path_coverage"]
+    assert _database(gate)["covering_replayed"] == {}
+    assert gate.path_coverage == certify("engine", engine=CONTROL, only=STOP, db="none").path_coverage
 
 
 def test_a_path_keeps_one_covering_example_the_smallest(tmp_path: Path) -> None:
@@ -290,11 +295,11 @@ def test_a_covering_example_that_fails_is_shrunk_and_saved(
         return tuple(out)
 
     monkeypatch.setattr(registry, "by_subject", broken_at_max_context)
-    assert certify("engine", only=STOP, db="none")["verdict"] == "pass"  # the gate alone misses it
+    assert certify("engine", only=STOP, db="none").verdict == "pass"  # the gate alone misses it
     gate = certify("engine", only=STOP, db=db)
     assert _failing(gate) == {"engine.stop"}
-    for r in gate["results"]:
+    for r in gate.results:
         assert [v["explanation"] for v in r["violations"]] == ["a round at max_context went wrong"]
     # shrunk from the covering example and saved as a failure: the next gate replays it as one
     again = certify("engine", only=STOP, db=db)
-    assert again["database"]["replayed"] == {"checkpoint-engine.stop": 1, "replay-engine.stop": 1}
+    assert _database(again)["replayed"] == {"checkpoint-engine.stop": 1, "replay-engine.stop": 1}

@@ -126,14 +126,14 @@ def test_engines_that_use_the_suite_drafts_pass_drafts_used(name: str) -> None:
 
 def test_an_engine_without_suite_drafts_is_judged_on_its_own_drafts() -> None:
     report = certify("engine", engine="specproof.conformance.zoo:own_drafts_engine", profile="quick")
-    assert report["verdict"] == "pass", [(r["invariant"], r["status"], r["detail"]) for r in report["results"]]
+    assert report.verdict == "pass", [(r["invariant"], r["status"], r["detail"]) for r in report.results]
     results = _results(report)
     assert results["engine.drafts-used"]["status"] == "skip"
     assert "drafted for itself" in results["engine.drafts-used"]["detail"]
     assert results["engine.accept-rule"]["status"] == "pass" and results["engine.accept-rule"]["exercised"] > 0
-    (engine,) = report["subjects"]["engines"]
+    (engine,) = report.to_json()["subjects"]["engines"]
     assert engine["capabilities"]["suite_drafts"] is False and engine["capabilities"]["declared"] == ["state"]
-    assert report["unreached_paths"] == {}
+    assert report.unreached_paths == {}
 
 
 class _NeverDraftsOwnEngine(ZooEngine):
@@ -159,10 +159,10 @@ def never_drafts_own_engine() -> _NeverDraftsOwnEngine:
 
 def test_an_own_draft_engine_that_never_reaches_a_path_is_inconclusive() -> None:
     report = certify("engine", engine="test_drafts_used:never_drafts_own_engine", profile="quick", only=("engine.*",))
-    assert report["verdict"] == "inconclusive", report["verdict_reason"]
-    assert "partial" in report["verdict_reason"] and "rejected_at_0" in report["verdict_reason"]
-    assert set(report["unreached_paths"]["never_drafts_own_engine"]) >= {"all_accepted", "partial", "rejected_at_0"}
-    assert not [r for r in report["results"] if r["status"] in ("fail", "error")]
+    assert report.verdict == "inconclusive", report.verdict_reason
+    assert "partial" in report.verdict_reason and "rejected_at_0" in report.verdict_reason
+    assert set(report.unreached_paths["never_drafts_own_engine"]) >= {"all_accepted", "partial", "rejected_at_0"}
+    assert not [r for r in report.results if r["status"] in ("fail", "error")]
 
 
 # ------------------------------------------------------------------------------- hostile drafts

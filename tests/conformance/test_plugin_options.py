@@ -152,8 +152,9 @@ def test_the_plan_takes_its_options_from_one_mapping() -> None:
     (the database, the storage, the expected failures) is such an option."""
     import inspect
 
-    from specproof.conformance import Plan, plan_arguments
+    from specproof.conformance import Plan
     from specproof.conformance._options import OPTIONS
+    from specproof.conformance.cli_support import plan_arguments
 
     arguments = set(inspect.signature(Plan.create).parameters) - {"cls"}
     in_plan = {o.dest for o in OPTIONS if o.plan}

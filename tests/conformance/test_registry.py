@@ -9,7 +9,8 @@ import re
 import pytest
 
 from specproof.cli import main
-from specproof.conformance import REGISTRY, markdown_table, select
+from specproof.conformance import REGISTRY, select
+from specproof.conformance.cli_support import markdown_table
 from specproof.conformance.zoo import ZOO
 from specproof.contract import UsageError
 

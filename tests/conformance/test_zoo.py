@@ -235,7 +235,7 @@ def test_certify_accepts_correct_model_drafters(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CORRECT))
 def test_correct_engines_pass_at_ci_too(name: str) -> None:
     report = certify("engine", engine=CORRECT[name], profile="ci")
-    assert report["verdict"] == "pass", _failing(report)
+    assert report.verdict == "pass", _failing(report.to_json())
 
 
 def test_suite_drives_a_plugin_engine_down_every_path() -> None:

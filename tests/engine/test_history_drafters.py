@@ -67,14 +67,14 @@ def test_a_declared_drafter_must_be_fresh_after_reset() -> None:
 @pytest.mark.parametrize("name", ["declared_prompt_only_lookup", "suffix_drafter"])
 def test_certify_accepts_declared_drafters(name: str) -> None:
     report = certify("drafter", drafter=CORRECT_DRAFTERS[name], profile="quick")
-    assert report["verdict"] == "pass", [r for r in report["results"] if r["status"] in ("fail", "error")]
+    assert report.verdict == "pass", [r for r in report.results if r["status"] in ("fail", "error")]
 
 
 def test_certify_rejects_the_undeclared_one_with_the_declaration_in_the_message() -> None:
     member = ZOO["prompt_only_lookup"]
     report = certify("drafter", drafter=member.spec, profile="quick", only=(member.invariant,))
-    assert report["verdict"] == "fail"
-    (result,) = [r for r in report["results"] if r["invariant"] == "drafter.deterministic"]
+    assert report.verdict == "fail"
+    (result,) = [r for r in report.results if r["invariant"] == "drafter.deterministic"]
     assert any("history_dependent = True" in v["explanation"] for v in result["violations"])
 
 

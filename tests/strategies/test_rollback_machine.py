@@ -290,9 +290,9 @@ def test_certify_rejects_a_decoder_dropping_the_bonus_on_a_full_accept(monkeypat
     from specproof.conformance import certify
 
     passing = certify("target", target="reference", profile="quick", only=("stateful.rollback-machine",))
-    assert passing["verdict"] == "pass", passing["results"]  # the accepting case: the decoder as shipped
+    assert passing.verdict == "pass", passing.results  # the accepting case: the decoder as shipped
     _drops_bonus_on_full_accept(monkeypatch)
     report = certify("target", target="reference", profile="quick", only=("stateful.rollback-machine",))
-    (result,) = report["results"]
+    (result,) = report.results
     assert result["status"] == "fail", result
     assert result["violations"][0]["invariant"] == "stateful.rollback-machine"

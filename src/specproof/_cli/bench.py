@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specproof.bench import BenchConfig, compare, load_baseline, plan_size, plot_result, run_bench, save_baseline
+    from specproof.bench import BenchConfig, compare, load_baseline, plot_result, run_bench, save_baseline
+    from specproof.bench.cli_support import plan_size
     from specproof.contract.files import check_output_path
     from specproof.formats import bench as bench_format
 
@@ -143,7 +144,7 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from specproof.bench import degeneracy_label
+    from specproof.bench.cli_support import degeneracy_label
 
     plat = data["platform"]
     table = Table(
@@ -206,7 +207,7 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
         console.print(f"specproof certify --profile ci: {cert['seconds']:.1f} s wall ({cert['status']})")
     else:
         console.print(escape(f"specproof certify --profile ci: not measured ({cert.get('reason')})"))
-    from specproof.bench import drafter_table_lines, peer_lines, real_context_lines
+    from specproof.bench.cli_support import drafter_table_lines, peer_lines, real_context_lines
 
     for line in [*drafter_table_lines(data), *real_context_lines(data), *peer_lines(data)]:
         console.print(line, markup=False, highlight=False)

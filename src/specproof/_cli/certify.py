@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         ),
         epilog=EPILOG,
     )
-    from specproof.conformance import add_to_argparse
+    from specproof.conformance.cli_support import add_to_argparse
 
     add_subject_options(p, verb="certify")
     add_to_argparse(
@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _hypothesis_dir(arg: str | None) -> Path:
-    from specproof.conformance import storage_dir
+    from specproof.conformance.cli_support import storage_dir
 
     return storage_dir(arg)
 
@@ -49,20 +49,20 @@ def _hypothesis_dir(arg: str | None) -> Path:
 def add_subject_options(p: argparse.ArgumentParser, *, verb: str) -> None:
     """What to check and how strictly: the options `certify` and `fuzz` share (one definition for both,
     and for the pytest plugin: conformance/_options.py)."""
-    from specproof.conformance import SUBJECT_OPTIONS, add_to_argparse
+    from specproof.conformance.cli_support import SUBJECT_OPTIONS, add_to_argparse
 
     add_to_argparse(p, SUBJECT_OPTIONS, verb=verb)
 
 
 def add_db_option(p: argparse.ArgumentParser) -> None:
-    from specproof.conformance import add_to_argparse
+    from specproof.conformance.cli_support import add_to_argparse
 
     add_to_argparse(p, ["db"], verb="certify")
 
 
 def open_db(args: argparse.Namespace, storage: Path) -> Any:
     """``--db`` opened (a UsageError before any work when it is bad or unreachable)."""
-    from specproof.conformance import default_examples_dir, open_database
+    from specproof.conformance.cli_support import default_examples_dir, open_database
 
     return open_database(args.db, default_dir=default_examples_dir(storage), replay=getattr(args, "db_replay", "all"))
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from specproof.conformance import Plan
-    from specproof.conformance import run_plan as certify
+    from specproof.conformance.cli_support import run_plan as certify
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,

@@ -94,7 +94,8 @@ def parse_duration(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from specproof.conformance import SUBJECT_OPTIONS, CampaignOptions, Plan, max_workers, plan_arguments, run_campaign
+    from specproof.conformance import Plan
+    from specproof.conformance import cli_support as cli
     from specproof.conformance.reports import (
         EXIT_CODES,
         check_output_path,
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             check_output_path(path, option=option)
     if args.workers < 1:
         raise UsageError(f"--workers {args.workers}: at least one worker")
-    most, why = max_workers()
+    most, why = cli.max_workers()
     if args.workers > most:
         raise UsageError(f"--workers {args.workers}: this machine holds at most {most} ({why})")
     if args.max_failures is not None and args.max_failures < 1:
@@ -120,10 +121,10 @@ def run(args: argparse.Namespace) -> int:
     storage = hypothesis_dir(args.hypothesis_dir)
     store = open_db(args, storage)  # unreachable Redis, a bad path: exit 2 now
     # the plan of every round: certify's options as the plan takes them (fuzz's --seed is a base seed, not one)
-    plan_args = plan_arguments(vars(args), (*SUBJECT_OPTIONS, "profile"))
+    plan_args = cli.plan_arguments(vars(args), (*cli.SUBJECT_OPTIONS, "profile"))
     plan = Plan.create(**plan_args)  # bad specs, ids, tolerances: a usage error before any worker starts
     plan.close()
-    options = CampaignOptions(
+    options = cli.CampaignOptions(
         plan=plan_args,
         db=args.db,
         hypothesis_dir=str(storage),
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         markup=False,
         soft_wrap=True,
     )
-    state = _run_live(options, run_campaign, console, terminal)
+    state = _run_live(options, cli.run_campaign, console, terminal)
     report = state.report()
     if state.stopped.startswith("interrupted"):  # the word certify gives a Ctrl-C, whatever finished before it
         report["verdict"] = "interrupted"

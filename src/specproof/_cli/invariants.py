@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from specproof.conformance import REGISTRY, markdown_table, registry_json
+    from specproof.conformance import REGISTRY
+    from specproof.conformance.cli_support import markdown_table, registry_json
 
     if args.json:
         print(registry_json())

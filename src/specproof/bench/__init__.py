@@ -1,10 +1,14 @@
 """specproof.bench: the benchmark workloads, the figures, the speed gate and the plot.
 
-``run_bench(BenchConfig.quick())`` measures (``drafter_table_lines`` and ``peer_lines`` render the
-drafter comparison and the peer rows of a result as text); ``save_baseline``/``load_baseline`` and
-``compare`` gate a run against a committed baseline; ``plot_result`` draws speedup vs
-k. ``specproof bench`` is the command-line front end (docs/bench.md).
+``run_bench(BenchConfig.quick())`` measures; ``save_baseline``/``load_baseline`` (a bad file is a
+``BaselineError``) and ``compare`` gate a run against a committed baseline; ``plot_result`` draws speedup vs
+k. ``specproof bench`` is the command-line front end (docs/bench.md); what only it needs (a
+result rendered as text) is in ``cli_support``, which is not API.
 """
+
+import importlib
+import warnings
+from typing import TYPE_CHECKING, Any
 
 from specproof.bench._degeneracy import DEGENERATE_SHARE, distinct_ngram_share, final_period
 from specproof.bench._gate import (
@@ -37,15 +41,9 @@ from specproof.bench._measure import (
     DrafterCell,
     RealContextCell,
     comparison_drafter,
-    degeneracy_label,
-    drafter_table_lines,
-    peer_lines,
-    plan_size,
     platform_info,
-    real_context_lines,
     resolve_drafters,
     run_bench,
-    sampled_context_lines,
 )
 from specproof.bench._plot import plot_result
 from specproof.bench._sampled import SAMPLED_SEED, SAMPLED_TEMPERATURES, SampledContextCell
@@ -61,7 +59,6 @@ __all__ = [
     "SAMPLED_SEED",
     "SAMPLED_TEMPERATURES",
     "SampledContextCell",
-    "sampled_context_lines",
     "distinct_ngram_share",
     "final_period",
     "resolve_drafters",
@@ -85,15 +82,10 @@ __all__ = [
     "build_workloads",
     "compare",
     "comparison_drafter",
-    "degeneracy_label",
-    "drafter_table_lines",
-    "real_context_lines",
     "encode_text",
     "figures",
     "load_baseline",
     "make_baseline",
-    "peer_lines",
-    "plan_size",
     "platform_info",
     "plot_result",
     "run_bench",
@@ -101,3 +93,21 @@ __all__ = [
     "stdlib_token_stream",
     "validate_baseline",
 ]
+
+
+#: Names this facade exported in 0.1.0 that only ``specproof bench`` needs (a result as text): they
+#: still resolve, with a ``DeprecationWarning`` (docs/contract.md, "Deprecation rule").
+_DEPRECATED = ("degeneracy_label", "drafter_table_lines", "peer_lines", "plan_size", "real_context_lines")
+
+if not TYPE_CHECKING:  # type checkers see the names as gone, which they are from the facade
+
+    def __getattr__(name: str) -> Any:
+        if name not in _DEPRECATED:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            f"specproof.bench.{name} is deprecated and will be removed (it was for `specproof bench`'s "
+            "text output): read the JSON result (`specproof bench --json FILE`, specproof.formats.bench)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module("specproof.bench.cli_support"), name)

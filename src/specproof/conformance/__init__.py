@@ -3,7 +3,8 @@
 Public entry points:
 
 - ``REGISTRY`` / ``Invariant`` — every check's id, subject, summary and needs (one source of truth;
-  ``specproof invariants`` prints it);
+  ``specproof invariants`` prints it); ``get(id)`` one invariant, ``select(patterns)`` the ids and
+  globs ``--only`` takes;
 - ``checks`` — every invariant as a function returning structured violations;
 - ``certify(...)`` — run the certifying checks in-process and get a ``Report`` (its
   ``to_json()`` is the report document, ``specproof.formats.report``);
@@ -11,18 +12,19 @@ Public entry points:
 - ``traces`` — traces (``specproof.formats.trace``) and ``check_trace``;
 - ``zoo`` — deliberately broken implementations the suite must reject;
 - the pytest plugin (``pytest --pyargs specproof.conformance --specproof-drafter ...``).
+
+What only specproof's command line needs is in ``cli_support``, which is not API.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+import warnings
+from typing import TYPE_CHECKING, Any
 
-from specproof.conformance._campaign import CampaignOptions, max_workers, run_campaign
+from specproof.conformance import _database, _options, _pytest_run
 from specproof.conformance._certification import Certification
-from specproof.conformance._database import default_examples_dir, open_database, storage_dir
-from specproof.conformance._options import SUBJECT_OPTIONS, add_to_argparse, plan_arguments
 from specproof.conformance._plan import Plan
-from specproof.conformance._pytest_run import certify as run_plan
 from specproof.conformance._records import CAPABILITIES, Capabilities, RunRecord
 from specproof.conformance._registry import (
     REGISTRY,
@@ -30,8 +32,6 @@ from specproof.conformance._registry import (
     Outcome,
     check_generation,
     get,
-    markdown_table,
-    registry_json,
     select,
 )
 from specproof.conformance._results import CheckResult, Report
@@ -42,8 +42,6 @@ __all__ = [
     "CAPABILITIES",
     "DRIVERS",
     "REGISTRY",
-    "SUBJECT_OPTIONS",
-    "CampaignOptions",
     "Capabilities",
     "Certification",
     "CheckItem",
@@ -59,21 +57,11 @@ __all__ = [
     "ViolationError",
     "certify",
     "check",
-    "add_to_argparse",
     "check_generation",
-    "default_examples_dir",
     "get",
-    "markdown_table",
-    "max_workers",
-    "open_database",
     "parametrize_with_checks",
-    "plan_arguments",
     "register_driver",
-    "registry_json",
-    "run_campaign",
-    "run_plan",
     "select",
-    "storage_dir",
 ]
 
 
@@ -115,9 +103,13 @@ def certify(
         "only": only,
         "sampling": sampling,
     }
-    database = open_database(db, default_dir=default_examples_dir(), replay=db_replay) if db is not None else None
-    plan = Plan.create(**plan_arguments(values), database=database, expected_failures=expected_failures)
-    return run_plan(plan)[1]
+    database = (
+        _database.open_database(db, default_dir=_database.default_examples_dir(), replay=db_replay)
+        if db is not None
+        else None
+    )
+    plan = Plan.create(**_options.plan_arguments(values), database=database, expected_failures=expected_failures)
+    return _pytest_run.certify(plan)[1]
 
 
 def parametrize_with_checks(**options: Any) -> Any:
@@ -147,3 +139,26 @@ def check(specproof_check: tuple[Certification, CheckItem]) -> None:
 
     cert, item = specproof_check
     run_check(cert, item)
+
+
+#: Names this facade exported in 0.1.0 that only the command line needs, and what to use instead.
+#: They still resolve, with a ``DeprecationWarning`` (docs/contract.md, "Deprecation rule"); the
+#: command line imports them from ``cli_support``.
+_DEPRECATED = {
+    "markdown_table": "`specproof invariants --markdown`",
+    "registry_json": "`specproof invariants --json`",
+    "run_plan": "specproof.certify(...)",
+}
+
+if not TYPE_CHECKING:  # type checkers see the names as gone, which they are from the public API
+
+    def __getattr__(name: str) -> Any:
+        if name not in _DEPRECATED:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            f"specproof.conformance.{name} is deprecated and will be removed (it was for specproof's "
+            f"command line): use {_DEPRECATED[name]}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module("specproof.conformance.cli_support"), name)

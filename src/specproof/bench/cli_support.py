@@ -1,0 +1,26 @@
+"""For specproof's own command line (``specproof bench``): not public API.
+
+The CLI may import no private module of another package (``tests/project/test_layers.py``), so
+what only it needs from the bench (the size of a plan for the progress bar, and a result
+rendered as text) is named here rather than in the ``specproof.bench`` facade. Like a private
+module, this one may change in any commit (docs/contract.md, "Stability"): parse the JSON
+result (``specproof.formats.bench``), never the text.
+"""
+
+from specproof.bench._measure import (
+    degeneracy_label,
+    drafter_table_lines,
+    peer_lines,
+    plan_size,
+    real_context_lines,
+    sampled_context_lines,
+)
+
+__all__ = [
+    "degeneracy_label",
+    "drafter_table_lines",
+    "peer_lines",
+    "plan_size",
+    "real_context_lines",
+    "sampled_context_lines",
+]
