@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import threading
 import time
 import traceback
 from collections import Counter
@@ -393,6 +394,7 @@ def run_campaign(
     channels: list[_Channel] = []
     previous = _on_sigterm()
     stop_at: float | None = None
+    watching = _watch_shared(options.db, state)
     try:
         for i in range(options.workers):
             ours, theirs = ctx.Pipe(duplex=True)
@@ -415,6 +417,8 @@ def run_campaign(
     except KeyboardInterrupt as exc:
         state.stopped = "interrupted (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
     finally:
+        if watching is not None:
+            watching.set()
         if previous is not None:  # a second SIGTERM while the workers stop is not a traceback
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         _ask_to_stop(channels)
@@ -424,6 +428,33 @@ def run_campaign(
     if not state.stopped:
         state.stopped = "every worker finished"
     return state
+
+
+SHARED_PING_EVERY = 2.0  # seconds between the parent's PINGs of a shared database
+
+
+def _watch_shared(db: str | None, state: CampaignState) -> threading.Event | None:
+    """For a shared (Redis) database: a thread that PINGs it every ``SHARED_PING_EVERY`` s, each
+    PING bounded by the client's timeout, and marks the campaign's database lost when one fails, so
+    a frozen or vanished server stops the campaign within seconds even while no worker is calling
+    it. The event it returns stops the thread (None: nothing to watch)."""
+    if not db or not db.startswith("redis:"):
+        return None
+    from specproof.conformance._database import shared_client, shared_database_failure
+
+    client, done = shared_client(db), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(SHARED_PING_EVERY):
+            try:
+                client.ping()
+            except Exception as exc:
+                state.lost = state.lost or shared_database_failure(db, exc)
+                return
+        client.close()
+
+    threading.Thread(target=watch, name="specproof-watch-shared-db", daemon=True).start()
+    return done
 
 
 def _ask_to_stop(channels: list[_Channel]) -> None:
@@ -539,8 +570,6 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 def _on_sigterm() -> Any:
     """Handle SIGTERM like Ctrl-C in the parent (main thread only); the handler it replaces, or None."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _raise_terminated)
