@@ -297,7 +297,7 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
     the pipe's end (the parent gone) stops it too, between checks, and the death signal and the
     parent watchdog (wire/_lifetime.py) end it at once, mid-check included.
     """
-    from specproof.wire._lifetime import die_with_parent, exit_with_parent
+    from specproof.wire import die_with_parent, exit_with_parent
 
     die_with_parent(os.getppid())
     parent = mp.parent_process()
