@@ -529,7 +529,7 @@ def _stop_workers(
     """Let the workers finish their check (reading what they send, so none blocks on a full pipe),
     terminate, then kill, those still in one after the grace period, and account for each:
     finished, or lost with its exit status."""
-    until = max(time.perf_counter(), stop_at) + grace
+    until = max(stop_at + grace, time.perf_counter() + 1.0)  # (the main loop may have used the grace up)
     while any(c.conn is not None for c in channels) and time.perf_counter() < until:
         try:
             _receive(channels, state, on_event, timeout=0.25)
@@ -560,8 +560,6 @@ def _stop_workers(
                 f"({describe_exit(c.process.exitcode)}) after {w.rounds} round(s)"
             ),
         )
-    for c in channels:
-        c.process.close()
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
