@@ -80,9 +80,12 @@ def test_a_redis_frozen_mid_campaign_is_reported_within_seconds_and_never_pass(
         text=True,
     )
     lines: queue.Queue[tuple[float, str]] = queue.Queue()
-    reader = threading.Thread(
-        target=lambda: [lines.put((time.monotonic(), line)) for line in proc.stdout or ()], daemon=True
-    )
+
+    def read() -> None:
+        for line in proc.stdout or ():
+            lines.put((time.monotonic(), line))
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     client = redis.Redis.from_url(redis_server.url, socket_timeout=5)
     try:
