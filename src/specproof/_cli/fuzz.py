@@ -182,8 +182,12 @@ def _run_live(options: Any, run_campaign: Any, console: Any, terminal: bool) -> 
     """A live line per worker on a terminal; in a log, a line per worker per minute and every failure at once."""
     if not terminal:
         last = [time.perf_counter()]
+        said_lost = [False]
 
         def log(state: Any, kind: str, index: int, payload: Any) -> None:
+            if state.lost and not said_lost[0]:  # at once: a frozen Redis is news, not a line at the end
+                said_lost[0] = True
+                console.print(f"[{state.seconds:7.1f} s] {state.lost}; stopping", markup=False, soft_wrap=True)
             if kind == "check" and payload["status"] in ("fail", "error") and state.failures:
                 f = state.failures[-1]
                 if f["id"] == payload["id"] and f["worker"] == index:
@@ -209,6 +213,7 @@ def _run_live(options: Any, run_campaign: Any, console: Any, terminal: bool) -> 
         lines = [f"fuzz {state.seconds:6.1f} s — {state.examples} examples, {state.failed()} failing check(s)"]
         lines += [_line(w, state.seconds) for w in state.workers]
         lines += [f"  FAILED {f['id']} (worker {f['worker']}, {f['seconds']:.1f} s)" for f in state.failures]
+        lines += [f"  {state.lost}; stopping"] if state.lost else []
         return Text("\n".join(lines))
 
     with Live(console=console, refresh_per_second=4, transient=True) as live:

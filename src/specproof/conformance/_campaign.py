@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue as _queue
 import random
 import signal
+import threading
 import time
 import traceback
 from collections import Counter
@@ -288,11 +288,31 @@ def _report_defaults(plan: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
-    """One worker process: seeded certify rounds until told to stop (or its database goes away)."""
-    # Ctrl-C reaches the whole process group: the parent handles it and sets `stop`; a worker stops
-    # between checks (or is terminated after the grace period), never mid-way through Hypothesis.
+def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
+    """One worker process: seeded certify rounds until told to stop (or its database goes away).
+
+    ``conn`` is this worker's own end of its pipe to the parent (one per worker: no lock is shared
+    with another worker, so a worker killed mid-report cannot block the others; the parent reads a
+    half-written report as the end of the pipe). The parent asks it to stop by writing to the pipe;
+    the pipe's end (the parent gone) stops it too, between checks, and the death signal and the
+    parent watchdog (wire/_lifetime.py) end it at once, mid-check included.
+    """
+    from specproof.wire import die_with_parent, exit_with_parent
+
+    die_with_parent(os.getppid())
+    parent = mp.parent_process()
+    if parent is not None:
+        exit_with_parent(parent.sentinel)
+    # Ctrl-C reaches the whole process group: the parent handles it and asks for a stop; a worker
+    # stops between checks (or is terminated after the grace period), never mid-way through Hypothesis.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def stopped() -> bool:
+        return bool(conn.poll())  # the parent's stop word, or its end of the pipe closed
+
+    def send(kind: str, payload: Any) -> None:
+        conn.send((kind, index, payload))
+
     try:
         os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = options.hypothesis_dir
         from hypothesis.configuration import set_hypothesis_home_dir
@@ -310,24 +330,24 @@ def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
         rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         r = 0
         try:
-            while not stop.is_set():
+            while not stopped():
                 if options.seed is not None:
                     seed = options.seed + index + options.workers * r
                 else:
                     seed = rng.getrandbits(31)
-                out.put(("seed", index, seed))
+                send("seed", seed)
                 cert = Certification(attrs.evolve(base, seed=seed))
                 for item in cert.all_checks():
-                    if stop.is_set():
+                    if stopped():
                         break
                     result = cert.run(item)
-                    out.put(("check", index, result.to_json()))
+                    send("check", result.to_json())
                     if store is not None and store.lost:
                         break
-                out.put(("round", index, build_report(cert)))
+                send("round", build_report(cert))
                 r += 1
                 if store is not None and store.lost:
-                    out.put(("lost", index, store.lost))
+                    send("lost", store.lost)
                     break
         finally:
             for case in base.suite.engines:
@@ -339,9 +359,25 @@ def _worker(index: int, options: CampaignOptions, out: Any, stop: Any) -> None:
                         pass
     except KeyboardInterrupt:
         pass
+    except (BrokenPipeError, ConnectionError, EOFError):
+        return  # the parent is gone: no one to report to
     except BaseException as exc:  # reported to the parent, which says which worker and why
-        out.put(("error", index, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
-    out.put(("done", index, None))
+        try:
+            send("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}")
+        except (OSError, EOFError):
+            return
+    try:
+        send("done", None)
+    except (OSError, EOFError):
+        pass
+
+
+@attrs.define
+class _Channel:
+    """The parent's side of one worker: its process and its own pipe (None once the pipe ended)."""
+
+    process: Any
+    conn: Any
 
 
 def run_campaign(
@@ -355,52 +391,120 @@ def run_campaign(
     state = CampaignState(options=options)
     state.workers = [WorkerState(index=i) for i in range(options.workers)]
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    stop = ctx.Event()
-    procs = [ctx.Process(target=_worker, args=(i, options, out, stop), daemon=True) for i in range(options.workers)]
+    channels: list[_Channel] = []
     previous = _on_sigterm()
-    for p in procs:
-        p.start()
-    deadline = None if options.duration is None else state.started + options.duration
     stop_at: float | None = None
-    checked = state.started
+    watching = _watch_shared(options.db, state)
     try:
-        while not all(w.done or w.lost for w in state.workers):
+        for i in range(options.workers):
+            ours, theirs = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_worker, args=(i, options, theirs), daemon=True)
+            p.start()
+            theirs.close()  # the worker holds the only other end: its death is the pipe's end here
+            channels.append(_Channel(p, ours))
+        deadline = None if options.duration is None else state.started + options.duration
+        while any(c.conn is not None for c in channels):
             now = time.perf_counter()
-            if now - checked >= 0.25:  # a dead worker is noticed while the others keep the queue busy
-                checked = now
-                _account_dead(procs, state)
-            if not stop.is_set():
+            if stop_at is None:
                 state.stopped = state.stopped or _stop_reason(state, deadline, now)
                 if state.stopped:
-                    stop.set()
                     stop_at = now
-            elif stop_at is not None and now - stop_at > grace:
+                    _ask_to_stop(channels)
+            elif now - stop_at > grace:
                 break  # workers busy in a long check: what they found is saved already
-            try:
-                kind, index, payload = out.get(timeout=0.25)
-            except _queue.Empty:
-                if on_event is not None:
-                    on_event(state, "tick", -1, None)
-                if not any(p.is_alive() for p in procs):
-                    break
-                continue
-            _absorb(state, kind, index, payload)
-            if on_event is not None:
-                on_event(state, kind, index, payload)
+            if not _receive(channels, state, on_event, timeout=0.25) and on_event is not None:
+                on_event(state, "tick", -1, None)
     except KeyboardInterrupt as exc:
         state.stopped = "interrupted (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
-        stop.set()
     finally:
-        stop.set()
+        if watching is not None:
+            watching.set()
         if previous is not None:  # a second SIGTERM while the workers stop is not a traceback
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _stop_workers(procs, state, out, stop_at if stop_at is not None else time.perf_counter(), grace)
+        _ask_to_stop(channels)
+        _stop_workers(channels, state, stop_at if stop_at is not None else time.perf_counter(), grace, on_event)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     if not state.stopped:
         state.stopped = "every worker finished"
     return state
+
+
+SHARED_PING_EVERY = 2.0  # seconds between the parent's PINGs of a shared database
+
+
+def _watch_shared(db: str | None, state: CampaignState) -> threading.Event | None:
+    """For a shared (Redis) database: a thread that PINGs it every ``SHARED_PING_EVERY`` s, each
+    PING bounded by the client's timeout, and marks the campaign's database lost when one fails, so
+    a frozen or vanished server stops the campaign within seconds even while no worker is calling
+    it. The event it returns stops the thread (None: nothing to watch)."""
+    if not db or not db.startswith("redis:"):
+        return None
+    from specproof.conformance._database import shared_client, shared_database_failure
+
+    client, done = shared_client(db), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(SHARED_PING_EVERY):
+            try:
+                client.ping()
+            except Exception as exc:
+                state.lost = state.lost or shared_database_failure(db, exc)
+                return
+        client.close()
+
+    threading.Thread(target=watch, name="specproof-watch-shared-db", daemon=True).start()
+    return done
+
+
+def _ask_to_stop(channels: list[_Channel]) -> None:
+    for c in channels:
+        if c.conn is not None:
+            try:
+                c.conn.send("stop")
+            except (OSError, ValueError):
+                pass  # (its worker is gone: the end of its pipe says so)
+
+
+def _receive(
+    channels: list[_Channel],
+    state: CampaignState,
+    on_event: Callable[[CampaignState, str, int, Any], None] | None,
+    *,
+    timeout: float,
+) -> bool:
+    """Take what the workers sent within ``timeout``; a pipe that ended is its worker's end (a
+    worker that ended without saying "done" is lost, with its exit status). True when anything came."""
+    from multiprocessing.connection import wait
+
+    open_: dict[Any, int] = {c.conn: i for i, c in enumerate(channels) if c.conn is not None}
+    if not open_:
+        return False
+    ready: list[Any] = wait(list(open_), timeout=timeout)
+    for conn in ready:
+        i = open_[conn]
+        try:
+            for _ in range(100):  # (then the others' turn, and the stop conditions')
+                if not conn.poll():
+                    break
+                kind, index, payload = conn.recv()
+                _absorb(state, kind, index, payload)
+                if on_event is not None:
+                    on_event(state, kind, index, payload)
+        except (EOFError, OSError):  # the worker exited (or died, maybe mid-message)
+            _ended(channels[i], state.workers[i], state)
+    return bool(ready)
+
+
+def _ended(channel: _Channel, w: WorkerState, state: CampaignState, note: str = "") -> None:
+    """The worker's pipe ended: close it, take its exit status, and account for it."""
+    channel.conn.close()
+    channel.conn = None
+    channel.process.join(timeout=10)
+    w.exitcode = channel.process.exitcode
+    if not w.done and not w.lost:
+        w.lost = note or f"{describe_exit(w.exitcode)} after {w.rounds} round(s)"
+        state.stopped = state.stopped or f"worker {w.index} {w.lost}"
 
 
 def _stop_reason(state: CampaignState, deadline: float | None, now: float) -> str:
@@ -415,32 +519,47 @@ def _stop_reason(state: CampaignState, deadline: float | None, now: float) -> st
     return ""
 
 
-def _stop_workers(procs: list[Any], state: CampaignState, out: Any, stop_at: float, grace: float) -> None:
-    """Join the workers (terminating, then killing, those still in a check), take what they sent
-    last, and account for each: finished, or lost with its exit status."""
-    for p in procs:
-        p.join(timeout=max(0.5, grace / 4))
-    terminated = [p for p in procs if p.is_alive()]
-    for p in terminated:
-        p.terminate()
-    for p in terminated:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-    _drain(out, state)
-    for i, p in enumerate(procs):
+def _stop_workers(
+    channels: list[_Channel],
+    state: CampaignState,
+    stop_at: float,
+    grace: float,
+    on_event: Callable[[CampaignState, str, int, Any], None] | None,
+) -> None:
+    """Let the workers finish their check (reading what they send, so none blocks on a full pipe),
+    terminate, then kill, those still in one after the grace period, and account for each:
+    finished, or lost with its exit status."""
+    until = max(stop_at + grace, time.perf_counter() + 1.0)  # (the main loop may have used the grace up)
+    while any(c.conn is not None for c in channels) and time.perf_counter() < until:
+        try:
+            _receive(channels, state, on_event, timeout=0.25)
+        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
+            break
+    late = [c for c in channels if c.conn is not None]
+    for c in late:
+        c.process.terminate()
+    for c in late:
+        c.process.join(timeout=5)
+        if c.process.is_alive():
+            c.process.kill()
+            c.process.join(timeout=5)
+    for c in late:
+        i = channels.index(c)
         w = state.workers[i]
-        w.exitcode = p.exitcode
-        if not w.done and not w.lost:
-            w.lost = (
+        try:  # what it sent before the signal (a half-written last report is the pipe's end)
+            while c.conn.poll():
+                _absorb(state, *c.conn.recv())
+        except (EOFError, OSError):
+            pass
+        _ended(
+            c,
+            w,
+            state,
+            note=(
                 f"was still in a check {time.perf_counter() - stop_at:.0f} s after the stop and was terminated "
-                f"({describe_exit(p.exitcode)}) after {w.rounds} round(s)"
-                if p in terminated
-                else f"{describe_exit(p.exitcode)} after {w.rounds} round(s)"
-            )
-        if w.lost:
-            state.stopped = state.stopped or f"worker {i} {w.lost}"
+                f"({describe_exit(c.process.exitcode)}) after {w.rounds} round(s)"
+            ),
+        )
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
@@ -449,23 +568,9 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 def _on_sigterm() -> Any:
     """Handle SIGTERM like Ctrl-C in the parent (main thread only); the handler it replaces, or None."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _raise_terminated)
-
-
-def _account_dead(procs: list[Any], state: CampaignState) -> None:
-    """Workers whose process ended without saying "done": lost, with their exit status or signal;
-    the campaign stops (its verdict cannot be PASS with a worker's rounds missing)."""
-    for i, p in enumerate(procs):
-        w = state.workers[i]
-        # (exit 0 without "done" yet: its "done" may still be on its way; the final drain decides)
-        if p.exitcode is not None and p.exitcode != 0 and not w.done and not w.lost:
-            w.exitcode = p.exitcode
-            w.lost = f"{describe_exit(p.exitcode)} after {w.rounds} round(s)"
-            state.stopped = state.stopped or f"worker {i} {w.lost}"
 
 
 def _absorb(state: CampaignState, kind: str, index: int, payload: Any) -> None:
@@ -484,12 +589,3 @@ def _absorb(state: CampaignState, kind: str, index: int, payload: Any) -> None:
         state.stopped = state.stopped or f"worker {index} failed: {payload.splitlines()[0]}"
     elif kind == "done":
         worker.done = True
-
-
-def _drain(out: Any, state: CampaignState) -> None:
-    while True:
-        try:
-            kind, index, payload = out.get_nowait()
-        except (_queue.Empty, OSError, ValueError, EOFError):
-            return
-        _absorb(state, kind, index, payload)

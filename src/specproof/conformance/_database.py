@@ -179,25 +179,60 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
     if match is None:
         raise UsageError(f"{option} {spec!r}: a shared database is redis://HOST:PORT/N (e.g. redis://127.0.0.1:6379/0)")
     try:
-        import redis
         from hypothesis.extra.redis import RedisExampleDatabase
     except ImportError:  # pragma: no cover - hypothesis[redis] is a dependency
         raise UsageError(f"{option} {spec!r}: the redis client is missing (pip install 'hypothesis[redis]')") from None
-    client = redis.Redis(
-        host=match["host"],
-        port=int(match["port"] or 6379),
-        db=int(match["db"] or 0),
-        socket_connect_timeout=3,
-        socket_timeout=10,
-    )
+    client = shared_client(spec)
     try:
         client.ping()
     except Exception as exc:
-        raise UsageError(f"{option} {spec!r}: the Redis server does not answer: {exc}") from None
+        raise UsageError(f"{option} {spec!r}: the Redis server does not answer: {_failure(exc)}") from None
     store = _directory_store(spec, default_dir)
     store.shared = spec
     store.database = MultiplexedDatabase(store.database, _Guarded(RedisExampleDatabase(client), store, spec))
     return store
+
+
+REDIS_TIMEOUT = 5.0  # seconds one Redis call may take before the server counts as gone (frozen, unreachable)
+
+
+def shared_client(spec: str) -> Any:
+    """A redis-py client for ``redis://HOST:PORT/N`` whose every call ends within ``REDIS_TIMEOUT``.
+
+    redis-py's defaults retry a timed-out call 10 times with backoff (a frozen server — SIGSTOP, a
+    hung host — took 115 s to notice); here a timeout is never retried, and a dropped connection is
+    reconnected once (a restarted server). A connection idle for 30 s is checked with a PING before
+    it is used again (``health_check_interval``).
+    """
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.retry import Retry
+
+    match = _REDIS.match(spec)
+    if match is None:  # pragma: no cover - the callers matched it
+        raise ValueError(spec)
+    return redis.Redis(
+        host=match["host"],
+        port=int(match["port"] or 6379),
+        db=int(match["db"] or 0),
+        socket_connect_timeout=REDIS_TIMEOUT,
+        socket_timeout=REDIS_TIMEOUT,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        health_check_interval=30,
+    )
+
+
+def shared_database_failure(spec: str, exc: BaseException) -> str:
+    """The words a lost shared database is reported with: the server, and what the call said."""
+    return f"the shared database {spec} stopped answering ({_failure(exc)})"
+
+
+def _failure(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if "imeout" in text:  # (redis-py's "Timeout reading from HOST:PORT")
+        text += f"; no answer within {REDIS_TIMEOUT:g} s"
+    return text
 
 
 def _check_writable(path: Path, *, option: str) -> None:
@@ -284,7 +319,7 @@ class _Guarded(ExampleDatabase):
 
     def _failed(self, exc: BaseException) -> None:
         if self.store.lost is None:
-            self.store.lost = f"the shared database {self.spec} stopped answering ({type(exc).__name__}: {exc})"
+            self.store.lost = shared_database_failure(self.spec, exc)
             self.store.warn(self.store.lost + "; what was found is kept in " + str(self.store.local))
 
     def fetch(self, key: bytes) -> Iterable[bytes]:

@@ -11,7 +11,9 @@
   engines written in Python;
 - ``encode_q_rows`` / ``decode_q_rows``: a sampling drafter's proposal rows as a ``draft`` message's
   sparse ``q`` and back (bounded; docs/protocol.md, Sampling); ``drafter_generator(sampling)``: the
-  client's generator for the suite drafter's draws in a sampled request.
+  client's generator for the suite drafter's draws in a sampled request;
+- ``die_with_parent`` / ``exit_with_parent``: tie a child process to its parent (Linux' death
+  signal; a watchdog on the parent's sentinel), as every ``exec:`` engine is tied to its client.
 
 ``specproof.wire.native`` holds the C++ reference engine's build and the weights export
 (``specproof native build|spec|export-weights`` on the command line). See docs/protocol.md.
@@ -22,6 +24,7 @@ from specproof.wire._drafts import drafter_generator
 from specproof.wire._engine import WireEngine
 from specproof.wire._engines import ExecEngine, TcpEngine, engine_from_spec
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
+from specproof.wire._lifetime import die_with_parent, exit_with_parent
 from specproof.wire._q_rows import decode_q_rows, encode_q_rows
 from specproof.wire._schemas import field_tables, load_schema, message_errors, validate_message
 
@@ -32,10 +35,12 @@ __all__ = [
     "TcpEngine",
     "WireEngine",
     "decode_q_rows",
+    "die_with_parent",
     "drafter_generator",
     "encode_digest",
     "encode_q_rows",
     "engine_from_spec",
+    "exit_with_parent",
     "field_tables",
     "load_schema",
     "message_errors",

@@ -18,6 +18,7 @@ import time
 from typing import IO
 
 from specproof.wire._errors import EngineProtocolError
+from specproof.wire._lifetime import tie_to_parent
 from specproof.wire._limits import LineTooLong
 
 __all__ = ["LineReader", "ProcessTransport", "SocketTransport", "Transport"]
@@ -149,6 +150,7 @@ class ProcessTransport(Transport):
                 cwd=cwd,
                 env=env,
                 bufsize=-1,
+                preexec_fn=tie_to_parent(),  # SIGKILL when certify ends, even killed (Linux; _lifetime.py)
             )
         except OSError as exc:
             raise EngineProtocolError(f"engine {self.describe}: cannot start it: {exc}") from exc
