@@ -144,3 +144,18 @@ def test_an_oracle_without_a_capacity_is_refused(checkpoint: Path, fake_vllm: li
     with pytest.raises(InvalidSettingError, match="oracle states no max_context"):
         adapter.VLLMEngine(adapter.parse_vllm_spec(str(checkpoint)), oracle=shapeless)
     assert fake_vllm == []
+
+
+def test_sampling_maps_onto_vllms_parameters(checkpoint: Path, fake_vllm: list[dict[str, Any]]) -> None:
+    from specproof.contract import SamplingParams
+    from specproof.engine.adapters.vllm import _sampling_kwargs
+
+    assert _sampling_kwargs(None) == {"temperature": 0.0}
+    assert _sampling_kwargs(SamplingParams(temperature=0.8, top_k=1, seed=3)) == {"temperature": 0.0}  # greedy
+    assert _sampling_kwargs(SamplingParams(temperature=0.8, top_p=0.95, seed=7)) == {
+        "temperature": 0.8, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "seed": 7,
+    }  # fmt: skip
+    engine = adapter.VLLMEngine(adapter.parse_vllm_spec(str(checkpoint)), oracle=load_target("trained:max_context=48"))
+    assert {"sampling", "seeded"} <= engine.capabilities
+    with pytest.raises(InvalidSettingError, match="sampling must be SamplingParams"):
+        engine.generate([1, 2], 3, sampling={"temperature": 0.8})  # type: ignore[arg-type]

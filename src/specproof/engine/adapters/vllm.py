@@ -24,12 +24,14 @@ validated in ``parse_vllm_spec``):
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: vLLM's
 kernels and the padded export round differently from the reference); ``--tie-tolerance`` overrides it.
 
-Decoding is greedy (``temperature=0``, ``ignore_eos``; ``eos_token_id`` becomes ``stop_token_ids``)
-on token-id prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLLM
-reports neither its rounds nor its drafts, so ``steps`` is None and only the end-to-end
-invariants apply (``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``);
-with speculation, the per-request drafted/accepted counts (``per_request_spec_decode_metrics``)
-go into ``Generation.stats``.
+Decoding is greedy (``temperature=0``, ``ignore_eos``; ``eos_token_id`` becomes ``stop_token_ids``), or
+sampled with ``generate(..., sampling=SamplingParams(...))`` (the engine declares the capabilities
+``sampling`` and ``seeded``: vLLM's per-request ``seed``; ``--sampling`` certifies it), on token-id
+prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLLM reports neither
+its rounds nor its drafts, so ``steps`` is None and only the end-to-end invariants apply
+(``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``, and with
+``--sampling`` the distribution checks); with speculation, the per-request drafted/accepted counts
+(``per_request_spec_decode_metrics``) go into ``Generation.stats``.
 
 **One LLM per process.** vLLM cannot build a second ``LLM`` in a process (the second fails
 deep in its op registry), so the first one is cached here and reused for the same settings;
@@ -48,7 +50,7 @@ from typing import Any
 
 import attrs
 
-from specproof.contract import Generation, Stats, StopReason
+from specproof.contract import Generation, SamplingParams, Stats, StopReason
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
 from specproof.engine.conventions import check_prompt
@@ -341,6 +343,23 @@ def resolve_max_model_len(settings: VLLMSettings, oracle: Any) -> int:
     return settings.max_model_len
 
 
+def _sampling_kwargs(sampling: SamplingParams | None) -> dict[str, Any]:
+    """vLLM's ``SamplingParams`` fields for ``sampling`` (None or greedy: ``temperature=0``, vLLM's greedy path).
+
+    Both ``top_k`` conventions agree (0 is off); vLLM applies ``min_p`` before top-k/top-p where the contract
+    applies it last, which is the same ``p`` unless ``min_p`` and ``top_p`` are both given (docs/real-engines.md).
+    """
+    if sampling is None or sampling.greedy:
+        return {"temperature": 0.0}
+    return {
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "seed": sampling.seed,
+    }
+
+
 class VLLMEngine:
     """A black-box ``Engine`` over ``vllm.LLM.generate`` (greedy, token ids in and out).
 
@@ -349,7 +368,9 @@ class VLLMEngine:
     plain greedy decoding of that model.
     """
 
-    capabilities: frozenset[str] = frozenset()  # black box: no suite drafts, no state, no declared sessions
+    # black box: no suite drafts, no state, no declared sessions; it samples (``generate(..., sampling=)``)
+    # with a per-request seed (vLLM's ``SamplingParams.seed``: one output per seed)
+    capabilities: frozenset[str] = frozenset({"sampling", "seeded"})
 
     def __init__(self, settings: VLLMSettings, *, oracle: Any) -> None:
         if not isinstance(settings, VLLMSettings):
@@ -387,8 +408,16 @@ class VLLMEngine:
         if self.settings.prefix_caching:
             self.llm.reset_prefix_cache()
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
-        """Decode greedily with vLLM; ``stop_reason`` from the tokens it returned."""
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        """Decode with vLLM: greedily, or sampled at ``sampling`` (vLLM's ``temperature``, ``top_k``,
+        ``top_p``, ``min_p`` and per-request ``seed``); ``stop_reason`` from the tokens it returned."""
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="vllm engine")
         if eos_token_id is not None and not (
@@ -399,8 +428,10 @@ class VLLMEngine:
         n_eff = min(n, room)
         if n_eff <= 0:
             return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
         params = self._vllm.SamplingParams(
-            temperature=0.0,
+            **_sampling_kwargs(sampling),
             max_tokens=n_eff,
             ignore_eos=True,
             detokenize=False,
