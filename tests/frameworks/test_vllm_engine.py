@@ -163,3 +163,44 @@ print("RESULT", json.dumps({{"tokens": list(gen.tokens), "drafted": gen.stats.dr
     assert result["emitted"] == len(result["tokens"]) == 16
     assert result["drafted"] > 0, result  # a repetitive prompt: n-gram lookup drafts
     assert 0 <= result["accepted"] <= result["drafted"]
+
+
+SAMPLED = "engine.sampled*,engine.seeds,engine.greedy-limit"
+
+
+def certify_sampled(checkpoint: Path, options: str, tmp_path: Path) -> tuple[int, dict[str, Any], str]:
+    """``certify`` with ``--sampling temperature=0.8,top_p=0.95`` and only the sampling checks (quick)."""
+    report = tmp_path / "report.json"
+    spec = f"vllm:{checkpoint}" + (f",{options}" if options else "")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    argv = [sys.executable, "-m", "specproof", "certify", "engine", "--engine", spec, "--profile", "quick"]
+    argv += ["--sampling", "temperature=0.8,top_p=0.95", "--only", SAMPLED, "--db", "none", "--report", str(report)]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=TIMEOUT, check=False)
+    output = done.stdout + done.stderr
+    assert report.is_file(), f"certify wrote no report (rc {done.returncode}):\n{output[-4000:]}"
+    return done.returncode, json.loads(report.read_text()), output
+
+
+def test_plain_sampling_follows_the_contracts_distribution(checkpoint: Path, tmp_path: Path) -> None:
+    # vLLM applies min_p before top-k/top-p (the contract: last); with top_p alone the two agree
+    rc, report, output = certify_sampled(checkpoint, "", tmp_path)
+    for invariant in ("engine.sampled-distribution", "engine.sampled-support", "engine.seeds", "engine.greedy-limit"):
+        row = status(report, invariant)
+        assert row["status"] == "pass" and row["exercised"] > 0, (invariant, output[-4000:])
+    # black box: no rounds to judge, said as a skip
+    assert status(report, "engine.sampled-rounds")["status"] == "skip"
+    assert rc == 0 and report["verdict"] == "pass", output[-4000:]
+
+
+def test_sampling_with_ngram_speculation_is_lossy_on_the_hybrid(checkpoint: Path, tmp_path: Path) -> None:
+    rc, report, output = certify_sampled(checkpoint, "speculative=ngram:4,prefix_caching=0", tmp_path)
+    certain = {inv: status(report, inv)["status"] for inv in ("engine.sampled-support", "engine.greedy-limit")}
+    if certain == {"engine.sampled-support": "pass", "engine.greedy-limit": "pass"}:
+        pytest.fail(
+            f"vLLM {VLLM_VERSION} now samples with n-gram speculation on LFM2 without emitting p = 0 tokens and "
+            "equals greedy at temperature 0: update docs/real-engines.md and make this test expect PASS"
+        )
+    # the certain checks: a token sampling never emits, and temperature 0 that is not plain greedy
+    assert certain == {"engine.sampled-support": "fail", "engine.greedy-limit": "fail"}, output[-4000:]
+    assert "has probability 0 under p" in status(report, "engine.sampled-support")["detail"]
+    assert rc == 1 and report["verdict"] == "fail"
