@@ -361,7 +361,7 @@ def _sampling_kwargs(sampling: SamplingParams | None) -> dict[str, Any]:
 
 
 class VLLMEngine:
-    """A black-box ``Engine`` over ``vllm.LLM.generate`` (greedy, token ids in and out).
+    """A black-box ``Engine`` over ``vllm.LLM.generate`` (greedy or sampled, token ids in and out).
 
     ``VLLMEngine(settings, *, oracle)``: ``oracle`` is a Target of the same model (the reference the
     checkpoint was exported from), never decoded on here, so ``engine.lossless`` compares vLLM with
@@ -424,12 +424,12 @@ class VLLMEngine:
             isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
         ):
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
         room = self.max_context + 1 - len(ctx)
         n_eff = min(n, room)
         if n_eff <= 0:
             return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
         params = self._vllm.SamplingParams(
             **_sampling_kwargs(sampling),
             max_tokens=n_eff,
