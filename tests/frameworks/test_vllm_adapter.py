@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from specproof.engine import InvalidSettingError
@@ -26,7 +27,11 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_defaults_are_plain_greedy_with_the_rotary_workaround(checkpoint: Path) -> None:
     s = parse_vllm_spec(str(checkpoint))
     assert s == VLLMSettings(model_dir=str(checkpoint))
-    kwargs = s.llm_kwargs()
+    assert s.max_model_len is None  # the oracle's capacity + 1, resolved by VLLMEngine (test_vllm_capacity.py)
+    with pytest.raises(InvalidSettingError, match="max_model_len is unresolved"):
+        s.llm_kwargs()
+    kwargs = attrs.evolve(s, max_model_len=4097).llm_kwargs(max_positions=4096)
+    assert kwargs["max_model_len"] == 4097 and kwargs["hf_overrides"] == {"max_position_embeddings": 4097}
     assert kwargs["skip_tokenizer_init"] is True and kwargs["dtype"] == "float32"
     assert kwargs["enable_prefix_caching"] is False and kwargs["enforce_eager"] is True
     assert kwargs["compilation_config"] == {"custom_ops": ["-rotary_embedding"]}
@@ -36,7 +41,7 @@ def test_defaults_are_plain_greedy_with_the_rotary_workaround(checkpoint: Path) 
 
 def test_ngram_options_pass_through(checkpoint: Path) -> None:
     s = parse_vllm_spec(f"{checkpoint},speculative=ngram:4:2:3,prefix_caching=1,rotary=kernel,eager=0,spec.foo=0.5")
-    kwargs = s.llm_kwargs()
+    kwargs = attrs.evolve(s, max_model_len=64).llm_kwargs(max_positions=4096)
     assert kwargs["speculative_config"] == {
         "method": "ngram",
         "num_speculative_tokens": 4,
@@ -45,7 +50,7 @@ def test_ngram_options_pass_through(checkpoint: Path) -> None:
         "foo": 0.5,
     }
     assert kwargs["enable_prefix_caching"] is True and kwargs["enforce_eager"] is False
-    assert "compilation_config" not in kwargs
+    assert "compilation_config" not in kwargs and "hf_overrides" not in kwargs
     assert kwargs["per_request_spec_decode_metrics"] == "summary"
     assert s.short_name() == "vllm-ngram4-prefix-caching-rotary-kernel-compiled"
     assert parse_vllm_spec(f"{checkpoint},speculative=ngram:2").speculative_config() == {

