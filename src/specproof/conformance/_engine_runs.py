@@ -271,7 +271,15 @@ def _record(
         max_context=max_context,
         rollback=rollback,
         final_processed=final_processed,
-        lossless=compare_lossless(list(gen.tokens), expected, expected_margins=margins, tie_tolerance=tie_tolerance),
+        # the stop reason: an engine smaller than its oracle may stop at context_full where greedy goes on
+        # (docs/contract.md, "lossless"); engine.stop checks that the context was full
+        lossless=compare_lossless(
+            list(gen.tokens),
+            expected,
+            expected_margins=margins,
+            tie_tolerance=tie_tolerance,
+            actual_stop_reason=gen.stop_reason,
+        ),
         state=None if state is None else tuple(state),
         state_checks=probe.checks,
         features=None if judge is None else tuple(judge.found),
