@@ -20,8 +20,9 @@ import pytest
 
 import specproof
 
-SRC = pathlib.Path(specproof.__file__).parent
-REPO = SRC.parents[1]
+# the repository's sources, not the installed package's (tox tests an installed wheel, beside no docs/)
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SRC = REPO / "src" / "specproof"
 FACADES = ("specproof.conformance", "specproof.bench")
 
 #: the names each facade exported in 0.1.0 that moved to ``cli_support`` (deprecated, still resolve)
@@ -49,7 +50,8 @@ def _documented(name: str, facade: ModuleType) -> bool:
         return True
     if any(code.search(p.read_text()) for p in (REPO / "docs").rglob("*.md")):
         return True
-    others = [p for p in SRC.rglob("*.py") if "_cli" not in p.parts and not str(p).startswith(facade.__path__[0])]
+    package = SRC / facade.__name__.split(".")[1]
+    others = [p for p in SRC.rglob("*.py") if "_cli" not in p.parts and package not in p.parents]
     return name in _imported_from(facade.__name__, others + sorted((REPO / "benchmarks").rglob("*.py")))
 
 
