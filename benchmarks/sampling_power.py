@@ -2,8 +2,11 @@
 """Power and false fails of the sampling checks (issue 28), over seeded ``certify(sampling=...)`` runs.
 
     PYTHONPATH=src:/tmp/power-scipy nice python benchmarks/sampling_power.py --runs 50 --profile quick \\
-        [--members argmax_verification ...] [--json out.json]
+        [--members argmax_verification ... builtin] [--first-seed 1] [--checks ...] [--json out.json]
     ... --timing --runs 5          # CPU time per certify run (built-in stack, sampled and greedy)
+
+``--first-seed F`` runs seeds F..F+N-1, so a long count can be split into chunks (rows add up);
+``--checks`` narrows the checks the correct variants are certified on (default: every sampling check).
 
 For each sampling member of the zoo (``ZOO``, the members whose invariant has driver ``sampling``):
 the fraction of the ``--runs`` seeded runs (``certify(..., seed=s)`` for s = 1..N, each moving the
@@ -76,11 +79,11 @@ def _statuses(report: dict[str, Any]) -> dict[str, list[str]]:
     return out
 
 
-def member_power(name: str, *, runs: int, profile: str, sampling: str) -> dict[str, Any]:
+def member_power(name: str, *, runs: int, profile: str, sampling: str, first_seed: int = 1) -> dict[str, Any]:
     """How many of ``runs`` seeded runs reject zoo member ``name`` on its invariant."""
     member = ZOO[name]
-    rejected, errors, cpu = 0, 0, []
-    for seed in range(1, runs + 1):
+    rejected, errors, cpu, missed = 0, 0, [], []
+    for seed in range(first_seed, first_seed + runs):
         report, seconds = _timed(
             member.kind,
             **{member.kind: member.spec},
@@ -92,6 +95,8 @@ def member_power(name: str, *, runs: int, profile: str, sampling: str) -> dict[s
         cpu.append(seconds)
         statuses = _statuses(report).get(member.invariant, [])
         rejected += "fail" in statuses
+        if "fail" not in statuses:
+            missed.append(seed)
         errors += "error" in statuses
     low, high = clopper_pearson(rejected, runs)
     return {
@@ -100,8 +105,10 @@ def member_power(name: str, *, runs: int, profile: str, sampling: str) -> dict[s
         "found_by": member.found_by,
         "profile": profile,
         "runs": runs,
+        "seeds": [first_seed, first_seed + runs - 1],
         "rejected": rejected,
         "errors": errors,
+        "missed_seeds": missed,  # the runs that did not reject it (``--seed`` reproduces one)
         "power": rejected / runs,
         "ci95": [low, high],
         "cpu_median_s": statistics.median(cpu),
@@ -109,7 +116,7 @@ def member_power(name: str, *, runs: int, profile: str, sampling: str) -> dict[s
 
 
 def correct_false_fails(
-    name: str, *, runs: int, profile: str, sampling: str, checks: Sequence[str] = SAMPLING_CHECKS
+    name: str, *, runs: int, profile: str, sampling: str, checks: Sequence[str] = SAMPLING_CHECKS, first_seed: int = 1
 ) -> dict[str, Any]:
     """How many of ``runs`` seeded runs fail correct variant ``name`` on a statistical check, and on any other."""
     subject, options = CORRECT_VARIANTS[name]
@@ -120,7 +127,7 @@ def correct_false_fails(
     skipped: set[str] = set()
     cpu: list[float] = []
     status_counts: dict[str, dict[str, int]] = {}
-    for seed in range(1, runs + 1):
+    for seed in range(first_seed, first_seed + runs):
         report, seconds = _timed(subject, **options, profile=profile, only=only, seed=seed, sampling=sampling)
         cpu.append(seconds)
         bad = False
@@ -138,11 +145,13 @@ def correct_false_fails(
                 skipped.add(invariant)
         if bad:
             failed_runs.append(seed)
+    false_fails = {c: n for c, n in false_fails.items() if c in status_counts}  # the checks this subject has
     low, high = clopper_pearson(len(failed_runs), runs)  # the rate of runs with any failure
     return {
         "variant": name,
         "profile": profile,
         "runs": runs,
+        "seeds": [first_seed, first_seed + runs - 1],
         "checks": list(only),
         "false_fails": false_fails,
         "other_failures": other_failures,
@@ -154,7 +163,7 @@ def correct_false_fails(
     }
 
 
-def timing(*, runs: int, sampling: str) -> list[dict[str, Any]]:
+def timing(*, runs: int, sampling: str, first_seed: int = 1) -> list[dict[str, Any]]:
     """Median CPU seconds of one certify run of the built-in stack: sampled at quick and ci, greedy at quick."""
     cells: list[tuple[str, str, str | None]] = [
         ("greedy certify()", "quick", None),
@@ -164,7 +173,7 @@ def timing(*, runs: int, sampling: str) -> list[dict[str, Any]]:
     rows = []
     for label, profile, params in cells:
         cpu, load = [], []
-        for seed in range(1, runs + 1):
+        for seed in range(first_seed, first_seed + runs):
             load.append(_load())
             report, seconds = _timed(None, profile=profile, seed=seed, sampling=params)
             cpu.append(seconds)
@@ -191,6 +200,7 @@ def _interval(ci: Sequence[float]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=50, help="seeded runs per member (seeds 1..N)")
+    parser.add_argument("--first-seed", type=int, default=1, help="the first seed (runs use first..first+N-1)")
     parser.add_argument("--profile", default="quick", help=f"one of {', '.join(PROFILES)}")
     parser.add_argument("--members", nargs="*", default=None, help="zoo members and/or correct variants (default: all)")
     parser.add_argument("--sampling", default=SAMPLING, help=f"the sampling parameters (default {SAMPLING})")
@@ -206,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown_checks = sorted(set(args.checks or ()) - set(SAMPLING_CHECKS))
     if unknown_checks:
         parser.error(f"unknown checks {unknown_checks}: the sampling checks are {', '.join(SAMPLING_CHECKS)}")
+    if args.first_seed < 1:
+        parser.error(f"--first-seed must be a positive integer (seed 0 is the derandomized run), not {args.first_seed}")
     if args.runs < 1:
         parser.error(f"--runs must be a positive integer, not {args.runs}")
     if args.profile not in PROFILES:
@@ -225,17 +237,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: dict[str, Any] = {"sampling": args.sampling, "profile": args.profile, "load_start": _load()}
     print(f"load {out['load_start']}; {args.runs} seeded runs each, profile {args.profile}, --sampling {args.sampling}")
     if args.timing:
-        out["timing"] = timing(runs=args.runs, sampling=args.sampling)
+        out["timing"] = timing(runs=args.runs, sampling=args.sampling, first_seed=args.first_seed)
     else:
         out["members"], out["correct"] = [], []
         for name in names:
             if name in MEMBERS:
-                row = member_power(name, runs=args.runs, profile=args.profile, sampling=args.sampling)
+                row = member_power(
+                    name, runs=args.runs, profile=args.profile, sampling=args.sampling, first_seed=args.first_seed
+                )
                 out["members"].append(row)
                 print(
                     f"{name:28s} {row['invariant']:30s} rejected {row['rejected']:4d}/{row['runs']:<4d} "
                     f"power {row['power']:.3f} {_interval(row['ci95'])}  errors {row['errors']}  "
-                    f"cpu/run {row['cpu_median_s']:.2f} s  (load {_load()})",
+                    f"cpu/run {row['cpu_median_s']:.2f} s  missed seeds {row['missed_seeds'][:8] or '-'}  "
+                    f"(load {_load()})",
                     flush=True,
                 )
             else:
@@ -245,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     profile=args.profile,
                     sampling=args.sampling,
                     checks=tuple(args.checks or SAMPLING_CHECKS),
+                    first_seed=args.first_seed,
                 )
                 out["correct"].append(row)
                 fails = ", ".join(f"{c} {n}" for c, n in row["false_fails"].items())
