@@ -350,13 +350,7 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
                     send("lost", store.lost)
                     break
         finally:
-            for case in base.suite.engines:
-                close = getattr(case.engine, "close", None)
-                if callable(close):
-                    try:
-                        close()
-                    except Exception:  # pragma: no cover - best effort
-                        pass
+            base.close()  # the engines that hold a process or a socket
     except KeyboardInterrupt:
         pass
     except (BrokenPipeError, ConnectionError, EOFError):

@@ -78,16 +78,16 @@ def check_sampled_distribution(inv: Invariant, search: SampledSearch, *, tv_targ
         for test in config.tests.values():
             if not test.rejected:
                 continue
-            last = config.runs[-1]
+            first, last = config.runs[0], config.runs[-1]
             out.append(
                 inv.violation(
                     f"{config.name}: the event '{test.summary}' happened {test.hits} times in {test.n} "
                     f"scored tokens, where lossless sampling from p gives {test.expected:.1f} "
                     f"(|S| = {abs(test.total):.1f} >= Freedman threshold {test.threshold:.1f}; a lossless "
-                    f"engine fails this with probability <= {test.alpha:.1e}); seeds 0..{last.seed}",
+                    f"engine fails this with probability <= {test.alpha:.1e}); seeds {first.seed}..{last.seed}",
                     expected=round(test.expected, 2),
                     actual=test.hits,
-                    example=_example(last, event=test.name, seeds=[0, last.seed]),
+                    example=_example(last, event=test.name, seeds=[first.seed, last.seed]),
                 )
             )
     return out, exercised, notes
