@@ -38,6 +38,7 @@ __all__ = [
     "SampledRun",
     "SampledSearch",
     "SuiteSamplingDrafter",
+    "head_and_tail",
     "run_sampled_search",
 ]
 
@@ -98,6 +99,7 @@ class SuiteSamplingDrafter(ModelDrafter):
             self._catch_up(context)
             assert self._row is not None
             row = np.asarray(self._row, dtype=np.float64)
+            ranked = np.lexsort((np.arange(row.shape[0]), -row))  # by logit, lower id first among equals
             if sampling is not None and rng is not None:
                 flatter = SamplingParams(temperature=max(sampling.temperature, 0.5) * 1.5)
                 q0 = processed_distribution(row, flatter)
@@ -105,10 +107,8 @@ class SuiteSamplingDrafter(ModelDrafter):
             else:
                 pick = (n * 31 + int(context[-1]) * 7) % 8
                 rank = 0 if pick < 4 else 1 if pick < 6 else 2 + (n + int(context[-1])) % 6
-                order = np.lexsort((np.arange(row.shape[0]), -row))
-                draft.append(int(order[min(rank, len(order) - 1)]))
+                draft.append(int(ranked[min(rank, len(ranked) - 1)]))
             seen = list(context)
-            ranked = np.lexsort((np.arange(row.shape[0]), -row))
             while len(draft) < k:
                 last = draft[-1]
                 follow = next((seen[i + 1] for i in range(len(seen) - 2, -1, -1) if seen[i] == last), None)
@@ -217,7 +217,7 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
         row = p[i]
         top = int(np.argmax(row))
         config.tests["top"].add(token == top, row[top])
-        head, tail = _head_and_tail(row)
+        head, tail = head_and_tail(row)
         config.tests["head"].add(bool(head[token]), float(row[head].sum()))
         config.tests["tail"].add(bool(tail[token]), float(row[tail].sum()))
         found = drafted.get(len(run.prompt) + i)
@@ -245,7 +245,7 @@ def _without(row: np.ndarray, token: int) -> np.ndarray | None:
     return rest / rest.sum()
 
 
-def _head_and_tail(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def head_and_tail(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Masks of the head (the top tokens, probability descending and lower id first, until half the
     mass) and the tail (the tokens after 90% of the mass; probability 0 ones excluded)."""
     order = np.lexsort((np.arange(row.shape[0]), -row))

@@ -48,15 +48,12 @@ def _example(run: SampledRun, **extra: object) -> dict[str, object]:
 
 
 def _errors(inv: Invariant, search: SampledSearch) -> list[Violation]:
-    """A sampled generation that raised fails every sampling check, naming the cause."""
-    return [
-        inv.violation(
-            f"{run.config}: the generation with seed {run.seed} did not complete: {run.error}", example=_example(run)
-        )
-        for config in search.configs
-        for run in config.runs[:1] + [r for r in config.runs if r.error is not None][:1]
-        if run.error is not None
-    ][:1]
+    """A sampled generation that raised fails every sampling check, naming the cause (the first one)."""
+    failed = next((run for config in search.configs for run in config.runs if run.error is not None), None)
+    if failed is None:
+        return []
+    why = f"{failed.config}: the generation with seed {failed.seed} did not complete: {failed.error}"
+    return [inv.violation(why, example=_example(failed))]
 
 
 def check_sampled_distribution(inv: Invariant, search: SampledSearch, *, tv_target: float) -> Checked:
@@ -306,17 +303,17 @@ def _proposal_row_problem(q: np.ndarray, tokens: Sequence[int], vocab_size: int)
 
 
 def _score_proposal(tests: dict[str, EventTest], tokens: Sequence[int], q: np.ndarray) -> None:
-    """Each proposed token on its declared row's top, head (half the mass) and tail (the last tenth) events."""
+    """Each proposed token on its declared row's top, head (half the mass) and tail (the last tenth) events,
+    the same events the engine's tokens are scored on (``_sampled_runs.head_and_tail``)."""
+    from specproof.conformance._sampled_runs import head_and_tail
+
     for i, token in enumerate(tokens):
         row = q[i]
         top = int(np.argmax(row))
         tests["top"].add(token == top, row[top])
-        order = np.lexsort((np.arange(row.shape[0]), -row))
-        before = np.concatenate(([0.0], np.cumsum(row[order])[:-1]))
-        head = order[before < 0.5]
-        tests["head"].add(token in set(head.tolist()), float(row[head].sum()))
-        tail = order[before >= 0.9]
-        tests["tail"].add(token in set(tail.tolist()), float(row[tail].sum()))
+        head, tail = head_and_tail(row)
+        tests["head"].add(bool(head[token]), float(row[head].sum()))
+        tests["tail"].add(bool(tail[token]), float(row[tail].sum()))
 
 
 def check_proposal_distribution(
