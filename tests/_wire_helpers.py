@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 
 from _assertions import by_invariant as by_invariant  # re-exported for the wire tests
 from _assertions import report_json
@@ -31,6 +32,12 @@ ROOT = TESTS.parent
 FAKE = TESTS / "_wire_fake_engine.py"
 HOSTILE = TESTS / "_wire_hostile_engine.py"
 PY_ENGINE = TESTS / "_wire_py_engine.py"
+
+# the native engine's certify runs (greedy and sampled): seconds each over the wire, run by the tox native env
+slow_certify = pytest.mark.skipif(
+    os.environ.get("SPECPROOF_NATIVE_CERTIFY") != "1",
+    reason="certify runs over the wire take ~5 s each; set SPECPROOF_NATIVE_CERTIFY=1 (the tox native env does)",
+)
 
 
 def argv(script: Path, *args: str) -> list[str]:

@@ -9,7 +9,6 @@ C++ toolchain the tests skip and say so, and a build that fails with one present
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -23,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _wire_helpers import Certified, certify_command
+from _wire_helpers import Certified, certify_command, slow_certify
 from specproof.bench._workloads import build_workloads, encode_text
 from specproof.conformance import check_generation
 from specproof.engine import Generation, NgramDrafter, greedy_decode
@@ -36,7 +35,6 @@ from specproof.wire.native import (
     NativeToolchainError,
     build_native,
     export_weights,
-    native_binary,
     native_build_dir,
     native_dir,
 )
@@ -55,23 +53,6 @@ BUGS = (
     "never-reuses-prefix",
     "overclaims-prefix-reuse",
 )
-
-
-@pytest.fixture(scope="session")
-def native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(engine binary, weights file): built and exported once per session. Without a C++ toolchain
-    the tests skip saying so; a failed build with a toolchain present fails them."""
-    binary = native_binary()  # named by the sources' hash: a changed source is a new binary
-    if not binary.is_file():
-        try:
-            build_native(quiet=True)
-        except NativeToolchainError as exc:
-            pytest.skip(f"no C++ toolchain to build the native engine: {exc}")
-        except NativeBuildError as exc:
-            pytest.fail(f"the native engine does not build: {exc}")
-    weights = tmp_path_factory.mktemp("native") / "trained.safetensors"
-    export_weights(weights, target="trained", load_target=load_target)
-    return binary, weights
 
 
 @pytest.fixture(scope="session")
@@ -560,10 +541,6 @@ CAUGHT_BY = {
     "never-reuses-prefix": "engine.session",
     "overclaims-prefix-reuse": "engine.session",
 }
-slow_certify = pytest.mark.skipif(
-    os.environ.get("SPECPROOF_NATIVE_CERTIFY") != "1",
-    reason="certify runs over the wire take ~5 s each; set SPECPROOF_NATIVE_CERTIFY=1 (the tox native env does)",
-)
 
 
 def certify(native: tuple[Path, Path], *engine_args: str, only: str | None = None) -> Certified:

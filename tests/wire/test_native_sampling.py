@@ -14,7 +14,6 @@ independent first tokens, ``P(max_t |count_t - n p_t| > sqrt(n ln(2V/delta) / 2)
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 from collections import Counter
@@ -24,13 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _wire_helpers import Certified, certify_command
+from _wire_helpers import Certified, certify_command, slow_certify
 from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
 from specproof.engine import greedy_decode
 from specproof.plugins import load_target
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter
 from specproof.wire import ExecEngine, WireEngine, drafter_generator
-from specproof.wire.native import NativeBuildError, NativeToolchainError, build_native, export_weights, native_binary
 
 pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
 
@@ -38,22 +36,6 @@ PROMPT = list(b"The quick brown fox")
 PARAMS = SamplingParams(temperature=1.0, top_p=0.95)
 RUNS = 400
 DELTA = 1e-6
-
-
-@pytest.fixture(scope="module")
-def native(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(engine binary, weights): built and exported once; no C++ toolchain skips, a failed build fails."""
-    binary = native_binary()
-    if not binary.is_file():
-        try:
-            build_native(quiet=True)
-        except NativeToolchainError as exc:
-            pytest.skip(f"no C++ toolchain to build the native engine: {exc}")
-        except NativeBuildError as exc:
-            pytest.fail(f"the native engine does not build: {exc}")
-    weights = tmp_path_factory.mktemp("native-sampling") / "trained.safetensors"
-    export_weights(weights, target="trained", load_target=load_target)
-    return binary, weights
 
 
 @pytest.fixture(scope="module")
@@ -302,10 +284,6 @@ def test_bad_sampling_requests_are_refused_and_the_engine_stays_usable(fast: Wir
 
 # ----------------------------------------------------------------------------- certified with --sampling
 
-slow_certify = pytest.mark.skipif(
-    os.environ.get("SPECPROOF_NATIVE_CERTIFY") != "1",
-    reason="certify runs over the wire take seconds each; set SPECPROOF_NATIVE_CERTIFY=1 (the tox native env does)",
-)
 SAMPLED_CHECKS = "engine.sampled*,engine.seeds,engine.greedy-limit"
 
 
