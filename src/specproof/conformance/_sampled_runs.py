@@ -189,12 +189,13 @@ def sample_prompts(vocab_size: int, *, longest: int, seed: int) -> list[list[int
     return [[int(t) for t in rng.integers(0, vocab_size, size=n)] for n in lengths]
 
 
-def score(make_reference: Callable[[], Target], run: SampledRun, params: SamplingParams) -> SampledRun:
-    """``run`` with the oracle's ``p`` (and logits) for each emitted token: one teacher-forced forward."""
+def score(model: Target, run: SampledRun, params: SamplingParams) -> SampledRun:
+    """``run`` with the oracle's ``p`` (and logits) for each emitted token: one teacher-forced forward of
+    ``model`` (an oracle copy, reset here)."""
     gen = run.generation
     if gen is None or not gen.tokens:
         return run
-    model = make_reference()
+    model.reset()
     fed = [*run.prompt, *gen.tokens[:-1]]
     rows = np.asarray(model.forward(fed), dtype=np.float64)[len(run.prompt) - 1 :]
     return attrs.evolve(run, p=processed_distribution(rows, params), logits=rows)
@@ -304,11 +305,12 @@ def run_config(
     then (with ``chain``: the case's first configuration) the seed tests' runs: a chain of short
     generations on one prompt, and, for a ``seeded`` engine, a few of the seeds again (after the
     others, so a shared or continuing stream shows)."""
+    oracle = make_reference()  # one copy per configuration, reset before each scoring forward
     drawn = 0
     while drawn < budget:
         seed = first_seed + drawn
         run = _one(config, generate, suite_drafter, prompts[drawn % len(prompts)], seed, params, max_new_tokens)
-        run = score(make_reference, run, params)
+        run = score(oracle, run, params)
         config.runs.append(run)
         add_events(config, run)
         drawn += 1
@@ -319,7 +321,7 @@ def run_config(
     prompt = prompts[min(1, len(prompts) - 1)]
     for i in range(CHAIN_LENGTH if chain else 0):
         run = _one(config, generate, suite_drafter, prompt, first_seed + budget + i, params, CHAIN_TOKENS)
-        config.chain.append(score(make_reference, run, params))
+        config.chain.append(score(oracle, run, params))
     if seeded and chain:
         for first in config.runs[: min(4, len(config.runs))]:
             if first.generation is None:
