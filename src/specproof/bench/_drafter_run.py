@@ -2,8 +2,8 @@
 
 ``resolve_drafter_target`` settles the drafter and its target before any measuring (a bad spec,
 a feature drafter on the wrong target, or one that needs ``--target`` and has none: one usage
-error); ``run_drafter_bench`` measures (``_acceptance``) and returns a ``specproof-bench/2``
-document whose ``acceptance`` holds the counts (its speed sections are empty: the run measures
+error); ``run_drafter_bench`` measures (``_acceptance``) and returns a bench result
+(``specproof.formats.bench``) whose ``acceptance`` holds the counts (its speed sections are empty: the run measures
 nothing else), which ``save_baseline`` and ``compare`` take as they take a speed run.
 """
 
@@ -69,7 +69,7 @@ def run_drafter_bench(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure ``drafter``'s acceptance on ``config.target`` (``config``'s real-context and workload sizes, its
-    k): a ``specproof-bench/2`` document with ``acceptance`` and empty speed sections."""
+    k): a bench result document (``specproof.formats.bench``) with ``acceptance`` and empty speed sections."""
     t0 = time.perf_counter()
     target = load_target(config.target)
     record = measure_acceptance(

@@ -27,7 +27,6 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from specproof.contract import Target
 from specproof.contract.errors import InvalidSettingError
 from specproof.fixtures import load_head_drafter, load_trained_target
 
@@ -54,7 +53,7 @@ class ChainedHead:
         self.kind = kind
         self.chain: Chain = chain
         self.name = f"specproof.bench.ChainedHead({kind}:trained, chain reads the {chain})"
-        self._target: Target | None = None
+        self._target: Any = None  # the trained target (a ReferenceHybrid: forward_with_features), made on first use
         self.reset()
 
     def __repr__(self) -> str:
@@ -82,7 +81,7 @@ class ChainedHead:
             self._ftoks, self._frows = [], {}
         new = want[len(self._ftoks) :]
         if new:
-            _, feats, _ = self._target.forward_with_features(new, layers)  # type: ignore[attr-defined]
+            _, feats, _ = self._target.forward_with_features(new, layers)
             for layer in layers:
                 rows = np.asarray(feats[layer], dtype=_F32)
                 old = self._frows.get(layer)
