@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     baseline = load_baseline(args.gate) if args.gate else None
     config = BenchConfig.quick(target=args.target) if args.quick else BenchConfig.full(target=args.target)
     if baseline is not None:
-        check_acceptance_baseline(baseline, where=args.gate, drafter=None, target=config.target, mode=config.mode, k=0)
+        check_acceptance_baseline(baseline, where=args.gate, drafter=None, target=config.target, mode=config.mode)
         for field, value in (("mode", config.mode), ("target", config.target)):
             if baseline[field] != value:
                 from specproof.bench import BaselineError

@@ -102,7 +102,8 @@ def _real_entry(
     rounds = emitted = 0
     for text in texts:
         (cell,) = measure_real_contexts(target_spec, target, [(drafter_spec, factory)], [text], k=k)
-        t_emitted = round(cell.tokens_per_round * cell.positions)  # (accepted + positions), exact in a float
+        # a round accepts a prefix of its draft, so its accepted tokens are the positions it was accepted at
+        t_emitted = sum(cell.accepts_by_position) + cell.positions
         per_text.append(
             _entry(
                 text.source,

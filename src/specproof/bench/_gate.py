@@ -282,14 +282,14 @@ def validate_baseline(doc: Any, where: str = "<baseline>") -> dict[str, Any]:
 
 
 def check_acceptance_baseline(
-    baseline: Mapping[str, Any], *, where: str, drafter: str | None, target: str, mode: str, k: int
+    baseline: Mapping[str, Any], *, where: str, drafter: str | None, target: str, mode: str, k: int | None = None
 ) -> None:
     """Refuse, before any measuring, a baseline that cannot gate this run (``BaselineError``, a usage error).
 
     ``drafter`` is the run's ``--drafter`` (None: a speed run). A speed run needs a speed baseline;
     a drafter run needs a baseline with acceptance counts (a speed baseline, or one from before the
     acceptance gate, has none: that is an error, never a silent pass), measured on the same target,
-    mode and draft length. A different drafter spec is allowed: gating a new drafter, or a new version,
+    mode and draft length ``k``. A different drafter spec is allowed: gating a new drafter, or a new version,
     against the old is the point (the command prints it).
     """
     acceptance = baseline.get("acceptance")
@@ -317,7 +317,7 @@ def check_acceptance_baseline(
             f"baseline {where} was measured in mode {baseline['mode']!r} but this run is {mode!r}: "
             "the modes measure different texts and lengths; run the same way (--quick or not)"
         )
-    if int(acceptance["k"]) != k:
+    if k is not None and int(acceptance["k"]) != k:
         raise BaselineError(f"baseline {where} was measured at k={acceptance['k']}, this run at k={k}")
 
 
