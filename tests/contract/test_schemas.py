@@ -461,7 +461,7 @@ def test_the_schemas_enums_are_the_codes_own() -> None:
     """The schemas repeat a few lists the code keeps: they must not drift apart."""
     import typing
 
-    from specproof.bench._gate import _KINDS
+    from specproof.bench._gate import _KINDS, _OPTIONAL_KINDS
     from specproof.conformance._results import Status
     from specproof.contract import STOP_REASONS
     from specproof.strategies._session_history import DRAFTER_CHOICES, REQUEST_KINDS
@@ -471,7 +471,7 @@ def test_the_schemas_enums_are_the_codes_own() -> None:
     assert tuple(request["drafter"]["enum"]) == (*DRAFTER_CHOICES, None)
     assert tuple(load_schema("trace-1")["$defs"]["final"]["properties"]["stop_reason"]["enum"]) == STOP_REASONS
     baseline = load_schema("bench-baseline-2")
-    assert tuple(baseline["$defs"]["figure"]["properties"]["kind"]["enum"]) == _KINDS
+    assert tuple(baseline["$defs"]["figure"]["properties"]["kind"]["enum"]) == (*_KINDS, *_OPTIONAL_KINDS)
     assert tuple(baseline["properties"]["thresholds"]["required"]) == _KINDS
     status = load_schema("report-2")["$defs"]["result"]["properties"]["status"]["enum"]
     assert tuple(status) == typing.get_args(Status)

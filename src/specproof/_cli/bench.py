@@ -1,8 +1,9 @@
-"""``specproof bench``: the benchmark table, JSON, plot, and the speed gate.
+"""``specproof bench``: the benchmark table, JSON, plot, and the speed gate; with ``--drafter SPEC``,
+one drafter's acceptance and the acceptance gate (docs/benchmarks-guide.md).
 
 Exit codes: 0 (measured; gate passed if asked), 1 (the gate found a regression, or a peer engine
 that is installed failed to run), 2 (a usage error, e.g. a bad baseline file: the message names the
-field; ``--plot`` without matplotlib).
+field; ``--plot`` without matplotlib; a baseline that cannot gate this run).
 """
 
 from __future__ import annotations
@@ -25,11 +26,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "sampling, fixed seeds). "
             "--gate fails (exit 1) when a machine-independent figure or a CPU-time ratio regresses beyond its "
             "threshold; wall-clock ratios are reported, and gated only with --gate-wall; absolute seconds are "
-            "never gated."
+            "never gated. "
+            "--drafter SPEC measures that drafter's acceptance instead (greedy counts by draft position on the "
+            "real contexts and the four workloads): --save-baseline from one drafter, --gate another or a later "
+            "version against it."
         ),
     )
     p.add_argument("--quick", action="store_true", help="the CI preset: k=4, short runs (under a minute here)")
-    p.add_argument("--target", default=DEFAULT_TARGET, metavar="SPEC", help=f"target spec (default {DEFAULT_TARGET})")
+    p.add_argument(
+        "--target",
+        default=None,
+        metavar="SPEC",
+        help=f"target spec (default {DEFAULT_TARGET}; with a feature --drafter, the target it reads)",
+    )
+    p.add_argument(
+        "--drafter",
+        default=None,
+        metavar="SPEC",
+        help="measure this drafter's acceptance only (the specs certify/generate take: ngram, model:T, eagle:trained, "
+        "mtp:trained, MODULE:ATTR, ...); --save-baseline and --gate then gate its acceptance, not speed",
+    )
     p.add_argument("--json", default=None, metavar="FILE", help="write the full result as JSON")
     p.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of speedup vs k per workload")
     p.add_argument("--gate", default=None, metavar="BASELINE", help="compare with this baseline; exit 1 on regression")
@@ -47,7 +63,16 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specproof.bench import BenchConfig, compare, load_baseline, plot_result, run_bench, save_baseline
+    from specproof.bench import (
+        DEFAULT_TARGET,
+        BenchConfig,
+        check_acceptance_baseline,
+        compare,
+        load_baseline,
+        plot_result,
+        run_bench,
+        save_baseline,
+    )
     from specproof.bench.cli_support import plan_size
     from specproof.contract.files import check_output_path
     from specproof.formats import bench as bench_format
@@ -56,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     for option, path in (("--json", args.json), ("--plot", args.plot), ("--save-baseline", args.save_baseline)):
         if path:
             check_output_path(path, option=option)
+    if args.drafter is not None:
+        return _run_drafter(args)
+    args.target = DEFAULT_TARGET if args.target is None else args.target
     if args.gate_wall and not args.gate:
         from specproof.contract.errors import InvalidSettingError
 
@@ -65,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     baseline = load_baseline(args.gate) if args.gate else None
     config = BenchConfig.quick(target=args.target) if args.quick else BenchConfig.full(target=args.target)
     if baseline is not None:
+        check_acceptance_baseline(baseline, where=args.gate, drafter=None, target=config.target, mode=config.mode)
         for field, value in (("mode", config.mode), ("target", config.target)):
             if baseline[field] != value:
                 from specproof.bench import BaselineError
@@ -109,6 +138,124 @@ def run(args: argparse.Namespace) -> int:
     report = compare(baseline, data, gate_wall=args.gate_wall)
     gate = _print_gate(console, report, args.gate)
     return 1 if failed_peers else gate
+
+
+def _run_drafter(args: argparse.Namespace) -> int:
+    """``bench --drafter SPEC``: the drafter's acceptance counts; ``--save-baseline`` / ``--gate`` on them."""
+    from rich.console import Console
+
+    from specproof.bench import (
+        BenchConfig,
+        check_acceptance_baseline,
+        compare,
+        load_baseline,
+        resolve_drafter_target,
+        run_drafter_bench,
+        save_baseline,
+    )
+    from specproof.bench.cli_support import acceptance_k, acceptance_lines, drafter_plan_size
+    from specproof.contract.errors import InvalidSettingError
+    from specproof.formats import bench as bench_format
+
+    for flag, given, why in (
+        ("--gate-wall", args.gate_wall, "it gates wall-clock figures"),
+        ("--plot", args.plot, "it draws speedup"),
+    ):
+        if given:
+            raise InvalidSettingError(
+                f"{flag} does not go with --drafter: {why}, and a --drafter run measures acceptance only"
+            )
+    # a bad baseline, drafter spec or target before any measuring
+    baseline = load_baseline(args.gate) if args.gate else None
+    target, factory = resolve_drafter_target(args.drafter, args.target)
+    config = BenchConfig.quick(target=target) if args.quick else BenchConfig.full(target=target)
+    if baseline is not None:
+        check_acceptance_baseline(
+            baseline, where=args.gate, drafter=args.drafter, target=target, mode=config.mode, k=acceptance_k(config.ks)
+        )
+    console = Console(width=max(Console().width, 160))
+    with _progress(console, drafter_plan_size(config)) as tick:
+        data = run_drafter_bench(config, args.drafter, factory, progress=tick)
+    for line in acceptance_lines(data["acceptance"]):
+        console.print(line, markup=False, highlight=False)
+    if args.json:
+        bench_format.FORMAT.write(args.json, data)
+    if args.save_baseline:
+        save_baseline(args.save_baseline, data)
+        console.print(
+            f"baseline written to {args.save_baseline} (drafter {args.drafter}, target {target})", markup=False
+        )
+    lossy = [e["workload"] for e in data["acceptance"]["workloads"] if e.get("lossless") is False]
+    if lossy:  # acceptance of a drafter the engine decoded wrongly with is no figure at all
+        import sys
+
+        print(f"specproof bench: error: the output was not lossless on {', '.join(lossy)}", file=sys.stderr)
+    if baseline is None:
+        return 1 if lossy else 0
+    if baseline["drafter"] != args.drafter:
+        console.print(
+            f"gating --drafter {args.drafter} against the baseline of --drafter {baseline['drafter']} "
+            f"({args.gate}): a different drafter spec, compared on the same target ({target})",
+            markup=False,
+        )
+    report = compare(baseline, data)
+    return max(_print_acceptance_gate(console, report, args.gate, baseline, data), 1 if lossy else 0)
+
+
+def _print_acceptance_gate(console: Any, report: Any, path: str, baseline: Any, data: Any) -> int:
+    from specproof.bench.cli_support import finding_line
+
+    threshold = baseline["thresholds"]["acceptance"]
+    if report.passed:
+        same = all(f.change == 0 for f in report.findings)
+        console.print(
+            f"[green]acceptance gate passed[/]: {len(report.findings)} figures of {path} within {threshold:.1%}"
+            + (" (every count identical)" if same else ""),
+        )
+        return 0
+    console.print(
+        f"[bold red]acceptance gate failed[/] against {path}: {len(report.regressions)} of "
+        f"{len(report.findings)} figure(s) fell by more than {threshold:.1%}"
+    )
+    order = {str(e["workload"]): i for i, e in enumerate(baseline["acceptance"]["workloads"])}
+
+    def where(f: Any) -> tuple[int, str]:  # the baseline's workload order, then the key (positions, tokens/round)
+        return order.get(f.key.split("/")[1], len(order)), f.key
+
+    for f in sorted(report.regressions, key=where):
+        line = finding_line(
+            f.key,
+            f.baseline,
+            f.now,
+            f.change,
+            f.threshold,
+            baseline=baseline.get("acceptance"),
+            run=data.get("acceptance"),
+        )
+        console.print("  " + line, markup=False, highlight=False)
+    return 1
+
+
+def _progress(console: Any, total: int) -> Any:
+    """A transient progress bar; the context gives the tick to pass as ``progress``."""
+    import contextlib
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    @contextlib.contextmanager
+    def bar() -> Any:
+        with Progress(
+            TextColumn("[bold]bench[/] {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
+            task = progress.add_task("starting", total=total)
+            yield lambda message: progress.update(task, advance=1, description=message)
+
+    return bar()
 
 
 def _require_matplotlib() -> None:

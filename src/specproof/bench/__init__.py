@@ -1,16 +1,20 @@
 """specproof.bench: the benchmark workloads, the figures, the speed gate and the plot.
 
-``run_bench(BenchConfig.quick())`` measures; ``save_baseline``/``load_baseline`` (a bad file is a
-``BaselineError``) and ``compare`` gate a run against a committed baseline; ``plot_result`` draws speedup vs
-k. ``specproof bench`` is the command-line front end (docs/bench.md); what only it needs (a
-result rendered as text) is in ``cli_support``, which is not API.
+``run_bench(BenchConfig.quick())`` measures; ``run_drafter_bench`` measures one drafter's acceptance
+(``specproof bench --drafter``; ``resolve_drafter_target`` settles its target first, and
+``check_acceptance_baseline`` refuses a baseline that cannot gate it); ``save_baseline``/``load_baseline``
+(a bad file is a ``BaselineError``) and ``compare`` gate a run against a committed baseline;
+``plot_result`` draws speedup vs k. ``specproof bench`` is the command-line front end (docs/bench.md);
+what only it needs (a result rendered as text) is in ``cli_support``, which is not API.
 """
 
 import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from specproof.bench._acceptance import ACCEPTANCE_TOLERANCE, REAL_WORKLOAD, acceptance_figures
 from specproof.bench._degeneracy import DEGENERATE_SHARE, distinct_ngram_share, final_period
+from specproof.bench._drafter_run import resolve_drafter_target, run_drafter_bench
 from specproof.bench._gate import (
     BASELINE_SCHEMA,
     CPU_POOLED_TOLERANCE,
@@ -22,6 +26,7 @@ from specproof.bench._gate import (
     BaselineError,
     Finding,
     GateReport,
+    check_acceptance_baseline,
     compare,
     figures,
     load_baseline,
@@ -48,9 +53,19 @@ from specproof.bench._measure import (
 from specproof.bench._plot import plot_result
 from specproof.bench._sampled import SAMPLED_SEED, SAMPLED_TEMPERATURES, SampledContextCell
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
+from specproof.bench._wrong_head import ChainedHead, mtp_chain_reads_output, mtp_chain_reads_target
 
 __all__ = [
+    "ACCEPTANCE_TOLERANCE",
     "BASELINE_SCHEMA",
+    "REAL_WORKLOAD",
+    "ChainedHead",
+    "acceptance_figures",
+    "check_acceptance_baseline",
+    "mtp_chain_reads_output",
+    "mtp_chain_reads_target",
+    "resolve_drafter_target",
+    "run_drafter_bench",
     "CPU_POOLED_TOLERANCE",
     "CPU_RATIO_TOLERANCE",
     "DEGENERATE_SHARE",

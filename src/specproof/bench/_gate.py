@@ -24,6 +24,10 @@ Two kinds of figure, gated differently:
   pools degenerate workloads too: it gates the engine's cost per round, not what a
   drafter's acceptance on a loop would claim;
 - **real-context acceptance** (``real/TARGET/DRAFTER/kK/tokens_per_round``): counts.
+- **a drafter's acceptance** (``acceptance/WORKLOAD/tokens_per_round``, ``acceptance/WORKLOAD/position_I``):
+  only in a ``specproof bench --drafter SPEC`` run and its baseline (``_acceptance``); counts, gated with
+  ``ACCEPTANCE_TOLERANCE``. Such a baseline also records the drafter and target it was measured with
+  (``drafter``, ``acceptance``); ``check_acceptance_baseline`` refuses one that cannot gate a run.
 
 The headline means (``mean/...``) leave out *degenerate* workloads (a looping greedy
 continuation, ``degenerate`` in the cell); a mean left with one workload is gated with the
@@ -46,11 +50,13 @@ from typing import Any, Final
 
 import attrs
 
+from specproof.bench._acceptance import ACCEPTANCE_KIND, ACCEPTANCE_TOLERANCE, acceptance_figures
 from specproof.contract.errors import InvalidSettingError
 from specproof.contract.files import FileTooLargeError
 from specproof.formats import baseline as baseline_format
 
 __all__ = [
+    "ACCEPTANCE_TOLERANCE",
     "BASELINE_SCHEMA",
     "CPU_POOLED_TOLERANCE",
     "CPU_RATIO_TOLERANCE",
@@ -59,6 +65,7 @@ __all__ = [
     "RATIO_TOLERANCE",
     "WALL_KINDS",
     "BaselineError",
+    "check_acceptance_baseline",
     "Finding",
     "GateReport",
     "compare",
@@ -103,6 +110,8 @@ _CELL_FIGURES: Final = {
     "cpu_speedup": ("cpu_ratio", "higher"),
 }
 _KINDS: Final = ("machine_independent", "ratio", "mean_ratio", "cpu_ratio", "cpu_pooled")
+# Kinds a baseline has only when it holds their figures (baselines from before them lack the threshold).
+_OPTIONAL_KINDS: Final = (ACCEPTANCE_KIND,)
 # The kinds timed on the wall clock: reported, gated only on request (``gate_wall``).
 WALL_KINDS: Final = frozenset({"ratio", "mean_ratio"})
 
@@ -160,6 +169,8 @@ def figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     drafter = result.get("drafter") or {}
     if "scaling" in drafter:
         out["drafter/scaling"] = {"value": float(drafter["scaling"]), "kind": "ratio", "better": "lower"}
+    if result.get("acceptance"):  # a `bench --drafter` run: the drafter's acceptance counts
+        out.update(acceptance_figures(result["acceptance"]))
     return out
 
 
@@ -171,10 +182,12 @@ def make_baseline(
     mean_ratio_tolerance: float = MEAN_RATIO_TOLERANCE,
     cpu_ratio_tolerance: float = CPU_RATIO_TOLERANCE,
     cpu_pooled_tolerance: float = CPU_POOLED_TOLERANCE,
+    acceptance_tolerance: float = ACCEPTANCE_TOLERANCE,
 ) -> dict[str, Any]:
-    """A baseline document: the figures, their kind, the thresholds, the platform and the version."""
+    """A baseline document: the figures, their kind, the thresholds, the platform and the version; from a
+    ``bench --drafter`` run, also the drafter spec and its acceptance counts (``acceptance``)."""
     config = result.get("config", {})
-    return {
+    doc = {
         "schema": BASELINE_SCHEMA,
         "version": result.get("version"),
         "platform": result.get("platform", {}),
@@ -192,6 +205,12 @@ def make_baseline(
         # informational, never gated (the peers' extras are not installed everywhere the gate runs)
         "peers": [_peer_record(p) for p in result.get("peers", []) if p.get("status") == "ok"],
     }
+    acceptance = result.get("acceptance")
+    if acceptance:
+        doc["drafter"] = acceptance["drafter"]
+        doc["acceptance"] = dict(acceptance)
+        doc["thresholds"][ACCEPTANCE_KIND] = acceptance_tolerance  # type: ignore[index]
+    return doc
 
 
 _PEER_FIELDS: Final = (
@@ -247,9 +266,59 @@ def validate_baseline(doc: Any, where: str = "<baseline>") -> dict[str, Any]:
         raise BaselineError(f"baseline {where}: field {first.where!r} {first.text}")
     for kind in _KINDS:
         _number(doc["thresholds"][kind], f"thresholds.{kind}", where)
+    for kind in _OPTIONAL_KINDS:
+        if kind in doc["thresholds"]:
+            _number(doc["thresholds"][kind], f"thresholds.{kind}", where)
     for key, fig in doc["figures"].items():
         _number(fig["value"], f"figures.{key}.value", where)
+        if fig["kind"] not in doc["thresholds"]:
+            raise BaselineError(f"baseline {where}: figure {key!r} is of kind {fig['kind']!r}, which has no threshold")
+    if ("acceptance" in doc) != any(f["kind"] == ACCEPTANCE_KIND for f in doc["figures"].values()):
+        raise BaselineError(
+            f"baseline {where}: field 'acceptance' and the figures of kind 'acceptance' come together "
+            "(a `bench --drafter` baseline has both, a speed baseline neither)"
+        )
     return doc
+
+
+def check_acceptance_baseline(
+    baseline: Mapping[str, Any], *, where: str, drafter: str | None, target: str, mode: str, k: int | None = None
+) -> None:
+    """Refuse, before any measuring, a baseline that cannot gate this run (``BaselineError``, a usage error).
+
+    ``drafter`` is the run's ``--drafter`` (None: a speed run). A speed run needs a speed baseline;
+    a drafter run needs a baseline with acceptance counts (a speed baseline, or one from before the
+    acceptance gate, has none: that is an error, never a silent pass), measured on the same target,
+    mode and draft length ``k``. A different drafter spec is allowed: gating a new drafter, or a new version,
+    against the old is the point (the command prints it).
+    """
+    acceptance = baseline.get("acceptance")
+    if drafter is None:
+        if acceptance is not None:
+            raise BaselineError(
+                f"baseline {where} gates a drafter's acceptance (saved by `specproof bench --drafter "
+                f"{acceptance['drafter']}`), not speed: pass --drafter SPEC to gate a drafter against it"
+            )
+        return
+    if acceptance is None:
+        raise BaselineError(
+            f"baseline {where} has no acceptance data: it is a speed baseline (saved without --drafter, or by a "
+            "specproof from before the acceptance gate), so it cannot gate --drafter; save one with "
+            "`specproof bench --drafter SPEC --save-baseline FILE` from the drafter to compare with"
+        )
+    if acceptance["target"] != target:
+        raise BaselineError(
+            f"baseline {where} was measured on target {acceptance['target']!r}, but this run's target is "
+            f"{target!r}: a drafter's acceptance belongs to the drafter and its target together; gate on "
+            f"--target {acceptance['target']} (or save a new baseline on {target!r})"
+        )
+    if baseline["mode"] != mode:
+        raise BaselineError(
+            f"baseline {where} was measured in mode {baseline['mode']!r} but this run is {mode!r}: "
+            "the modes measure different texts and lengths; run the same way (--quick or not)"
+        )
+    if k is not None and int(acceptance["k"]) != k:
+        raise BaselineError(f"baseline {where} was measured at k={acceptance['k']}, this run at k={k}")
 
 
 def load_baseline(path: str | os.PathLike[str]) -> dict[str, Any]:

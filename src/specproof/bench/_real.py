@@ -66,6 +66,7 @@ class RealContextCell:
     attempts_by_position: tuple[int, ...]
     mean_draft_length: float
     tokens_per_round_by_text: tuple[float, ...]  # the same figure per text, in ``texts`` order
+    accepts_by_position: tuple[int, ...] = ()  # the accepted counts behind ``acceptance_by_position``
 
     @property
     def key(self) -> str:
@@ -75,6 +76,7 @@ class RealContextCell:
         data: dict[str, object] = attrs.asdict(self)
         data["acceptance_by_position"] = list(self.acceptance_by_position)
         data["attempts_by_position"] = list(self.attempts_by_position)
+        data["accepts_by_position"] = list(self.accepts_by_position)
         data["tokens_per_round_by_text"] = list(self.tokens_per_round_by_text)
         data["key"] = self.key
         return data
@@ -195,6 +197,7 @@ def measure_real_contexts(
                 attempts_by_position=tuple(attempts),
                 mean_draft_length=draft_total / count if count else 0.0,
                 tokens_per_round_by_text=tuple(by_text),
+                accepts_by_position=tuple(accepts),
             )
         )
         tick(f"real contexts: {name}")

@@ -7,6 +7,8 @@ module, this one may change in any commit (docs/contract.md, "Stability"): parse
 result (``specproof.formats.bench``), never the text.
 """
 
+from specproof.bench._acceptance import acceptance_k, acceptance_lines, finding_line
+from specproof.bench._drafter_run import drafter_plan_size
 from specproof.bench._measure import (
     degeneracy_label,
     drafter_table_lines,
@@ -17,6 +19,10 @@ from specproof.bench._measure import (
 )
 
 __all__ = [
+    "acceptance_k",
+    "acceptance_lines",
+    "drafter_plan_size",
+    "finding_line",
     "degeneracy_label",
     "drafter_table_lines",
     "peer_lines",
