@@ -5,8 +5,8 @@ recurrent-state snapshots, reused across requests) with a feature drafter (the z
 ``FeatureLookupDrafter`` by default, or whatever the suite installs). Beside the cache it
 keeps the feature rows of every cached position (the hidden states the verify and prefill
 forwards computed), so a request that reuses a prefix hands the drafter those rows for the
-reused positions and fresh ones for the rest. It reuses only the positions whose rows it
-holds: after a request drafted without features, a feature request re-prefills.
+reused positions and fresh ones for the rest. Rows it did not keep (a request before drafted
+without features) it recomputes on a side copy of the model, still reusing the KV.
 
 ``PrefixHitZeroFeatures`` breaks exactly that, as vLLM #43650 shipped (MTP with prefix
 caching on a hybrid model): the prefix cache restores the KV and the recurrent state of
@@ -17,6 +17,7 @@ right); only its drafts suffer, and only across requests: every fresh engine is 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +82,7 @@ class FeatureSessionEngine(SessionEngine):
         kwargs.setdefault("drafter", FeatureLookupDrafter())
         self._rows: dict[int, np.ndarray] = {}  # layer -> rows of _cached[:self._held]
         self._held = 0
+        self._side: Any = None  # a copy of the model that recomputes rows the cache did not keep
         super().__init__(**kwargs)
 
     def reset(self) -> None:
@@ -94,15 +96,18 @@ class FeatureSessionEngine(SessionEngine):
 
     # ------------------------------------------------------------------ the rows beside the cache
 
-    def _reusable(self, common: int, layers: tuple[int, ...]) -> int:
-        """How much of the common prefix a feature request may reuse: the positions whose rows it holds."""
-        return min(common, self._held) if set(layers) <= set(self._rows) else 0
-
     def _rows_upto(self, start: int, layers: tuple[int, ...]) -> dict[int, np.ndarray]:
-        """The rows of the reused positions ``[0, start)`` (the ones it kept)."""
+        """The rows of the reused positions ``[0, start)``: the kept ones, or (not all kept: the requests
+        before drafted without features, or read other layers) recomputed on a side copy of the model."""
         if start == 0:
             return {layer: np.zeros((0, self.target.d_model), np.float32) for layer in layers}
-        return {layer: self._rows[layer][:start] for layer in layers}
+        if start <= self._held and set(layers) <= set(self._rows):
+            return {layer: self._rows[layer][:start] for layer in layers}
+        if self._side is None:
+            self._side = copy.deepcopy(self.target)
+        self._side.reset()
+        _, feats, _ = self._side.forward_with_features(self._cached[:start], layers)
+        return {layer: np.asarray(feats[layer], dtype=np.float32) for layer in layers}
 
     def _position(self, prompt: list[int]) -> tuple[int, int]:
         layers = self._layers()
@@ -111,7 +116,7 @@ class FeatureSessionEngine(SessionEngine):
             self._held = min(self._held, start)  # re-fed without features: no rows past the reused prefix
             return forwards, start
         want = prompt[:-1]
-        common = self._reusable(_common_prefix(self._cached, want), layers)
+        common = _common_prefix(self._cached, want)
         if common == len(self._cached) and self.target.processed == common:
             start = common  # the cache is a prefix of the prompt: feed the rest (multi-turn)
         else:
@@ -167,9 +172,6 @@ class PrefixHitZeroFeatures(FeatureSessionEngine):
     the feature drafter is handed zero rows for every position served from the cache."""
 
     bug = "a prefix hit hands the feature drafter zero rows for the cached positions (no hidden states kept)"
-
-    def _reusable(self, common: int, layers: tuple[int, ...]) -> int:
-        return common  # the bug: every cached position is reused, whether or not its hidden state was kept
 
     def _rows_upto(self, start: int, layers: tuple[int, ...]) -> dict[int, np.ndarray]:
         width = self.target.d_model
