@@ -152,13 +152,23 @@ class FeatureJudge:
             if n == 0 or _close(arr, ref, self.atol):  # no rows: [0, d_model] and [0, 0] hold the same nothing
                 continue
             bad = next(i for i in range(n) if not _close(arr[i], ref[i], self.atol))
-            cause, why = self._diagnose(arr[bad], bad, want, layer, list(context))
+            cause, why = self._shifted(arr, ref) or self._diagnose(arr[bad], bad, want, layer, list(context))
             self._fail(
                 f"round {round_index}: features[{layer}] row {bad} (position {bad} of the {n} accepted, token "
                 f"{int(context[bad])}) is not the target's feature at that position{why}",
                 {**example, "layer": layer, "position": bad, "cause": cause},
             )
             return
+
+    def _shifted(self, arr: np.ndarray, ref: np.ndarray) -> tuple[str, str] | None:
+        """Every row one position off (the first or last padded), when the target itself is right; else None."""
+        if len(arr) < 3 or self._target_wrong(len(arr)):
+            return None
+        if _close(arr[1:], ref[:-1], self.atol):
+            return "shifted", ": every row holds the previous position's feature (features shifted by +1)"
+        if _close(arr[:-1], ref[1:], self.atol):
+            return "shifted", ": every row holds the next position's feature (features shifted by -1)"
+        return None
 
     def _target_wrong(self, n: int) -> str:
         """Why the engine's live target is not at ``ctx[:-1]`` in plain decoding's state; '' if it is (or unseen)."""
@@ -198,8 +208,8 @@ class FeatureJudge:
             return "target", f": {target}"
         if not np.any(row):
             return "zeros", (
-                ": it is all zeros (no feature was computed for this position: a prefix-cache hit that served the "
-                "position's KV and recurrent state but not its hidden state?)"
+                ": it is all zeros: no feature was computed for this position (what a prefix cache that restores "
+                "KV and recurrent state but keeps no hidden states hands out)"
             )
         for other in (i - 1, i + 1):
             if 0 <= other < n and _close(row, want[layer][other], self.atol):
@@ -207,6 +217,10 @@ class FeatureJudge:
         for other_layer, rows in want.items():
             if other_layer != layer and _close(row, rows[i], self.atol):
                 return "layer", f": it is layer {other_layer}'s (the wrong layer)"
+        offered = getattr(self.reference.target, "feature_layers", ()) or ()
+        for other_layer in (int(x) for x in offered if int(x) not in want):
+            if _close(row, self.reference.of(context[: i + 1], other_layer)[i], self.atol):
+                return "layer", f": it is layer {other_layer}'s (the wrong layer; the drafter declared {layer})"
         for earlier in reversed(self.reference.earlier):
             if len(earlier) > i and tuple(context[: i + 1]) != earlier[: i + 1]:
                 if _close(row, self.reference.of(earlier[: i + 1], layer)[i], self.atol):
@@ -229,8 +243,9 @@ class FeatureJudge:
                     )
         diff = np.abs(row - want[layer][i])
         return "value", (
-            f": it matches no accepted position's, no other declared layer's, no earlier request's and no rejected "
-            f"draft token's feature (largest difference {float(diff.max()):.3g} at column {int(diff.argmax())})"
+            f": it matches no accepted position's, no other layer's, no earlier context's this judge saw and no "
+            f"rejected draft token's feature (largest difference {float(diff.max()):.3g} at column "
+            f"{int(diff.argmax())})"
         )
 
     def _fail(self, explanation: str, example: dict[str, object]) -> None:

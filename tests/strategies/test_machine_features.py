@@ -181,6 +181,10 @@ def _rows(tokens) -> dict[int, np.ndarray]:
     return {layer: rows.copy() for layer, rows in FeatureRows(small_reference, LAYERS).upto(tokens).items()}
 
 
+def _rows_of(tokens, layer: int) -> np.ndarray:
+    return FeatureRows(small_reference, (layer,)).upto(tokens)[layer].copy()
+
+
 def _judged(context, handed, *, live=None, before=()) -> dict:
     judge = FeatureJudge(small_reference, LAYERS, atol=0.0, live=live)
     for ctx, rows, draft in before:
@@ -214,9 +218,18 @@ def test_shifted_rows_and_another_layers_rows_are_named():
     handed[1][5] = handed[1][4]
     assert _judged(CTX, handed)["example"]["cause"] == "shifted"
     handed = _rows(CTX[:-1])
+    handed[3][1:] = handed[3][:-1].copy()
+    handed[3][0] = 0
+    found = _judged(CTX, handed)  # row 0 is zeros, but every row is shifted: the shift is the cause
+    assert found["example"]["cause"] == "shifted" and "shifted by +1" in found["explanation"]
+    handed = _rows(CTX[:-1])
     handed[1] = handed[3].copy()
     found = _judged(CTX, handed)
     assert found["example"]["cause"] == "layer" and "it is layer 3's" in found["explanation"]
+    handed = _rows(CTX[:-1])
+    handed[1] = _rows_of(CTX[:-1], 0)  # a layer the drafter did not declare (off by one block)
+    found = _judged(CTX, handed)
+    assert "it is layer 0's (the wrong layer; the drafter declared 1)" in found["explanation"]
 
 
 def test_an_earlier_requests_row_is_named_stale():
@@ -264,7 +277,11 @@ def test_a_right_target_with_a_wrong_row_blames_the_row():
     handed[3][7] += 0.5
     found = _judged(CTX, handed, live=live)
     assert found["example"]["cause"] == "value"
-    assert "matches no accepted position's" in found["explanation"] and "largest difference 0.5" in found["explanation"]
+    assert "matches no accepted position's" in found["explanation"]
+    assert (
+        "no earlier context's this judge saw" in found["explanation"]
+        and "largest difference 0.5" in found["explanation"]
+    )
 
 
 def test_a_missing_layer_and_a_bad_shape_are_named():
