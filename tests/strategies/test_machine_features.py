@@ -3,10 +3,11 @@
 The session machine installs feature drafters on most requests where the engine's drafter
 reads target features and judges the rows the engine hands at every proposal against a
 fresh copy of the model: a prefix cache that hands zero rows for the positions it served
-(vLLM #43650's shape) is rejected with the request, the position, the layer and the cache
-hit named; the correct prefix cache (and the same engine judged without a model, where no
-feature drafter can be judged) passes. ``FeatureJudge`` names each cause it can prove,
-and the engine's wrong target state before the features.
+(vLLM #43650's shape), or keeps an earlier context's rows for positions it re-feeds, is
+rejected with the request, the position, the layer and the cache hit named; the correct
+prefix cache passes (and the same engine judged without a model, where no feature drafter
+can be judged, passes too). ``FeatureJudge`` names each cause it can prove, and the
+engine's wrong target state before the features.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
-from specproof.conformance.zoo._feature_sessions import FeatureSessionEngine, PrefixHitZeroFeatures
+from specproof.conformance.zoo._feature_sessions import (
+    FeatureSessionEngine,
+    PrefixHitStaleFeatures,
+    PrefixHitZeroFeatures,
+)
 from specproof.conformance.zoo._session_engines import SessionEngine
 from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import UsageError
@@ -80,6 +85,17 @@ def test_a_prefix_cache_handing_zero_rows_is_rejected_naming_request_position_la
     assert "features[1] row" in why and "position" in why
     assert "all zeros" in why and "served from its caches" in why
     assert "target state" not in why  # the target is right: the handoff is named, not the target
+
+
+def test_a_prefix_cache_keeping_stale_rows_is_rejected_naming_the_earlier_context():
+    with pytest.raises(SessionFailure) as info:
+        _run(PrefixHitStaleFeatures, feature_reference_factory=small_reference)
+    why = info.value.explanation
+    assert "are wrong" in why and "feature in an earlier context" in why and "stale rows from another request" in why
+    history = SessionHistory.from_example(info.value.example)
+    kwargs = {"greedy": target_greedy(small_reference()), "vocab_size": VOCAB, "reference_factory": small_reference}
+    assert len(replay_session(history, engine_factory=PrefixHitStaleFeatures, **kwargs)) == 1
+    assert replay_session(history, engine_factory=FeatureSessionEngine, **kwargs) == []
 
 
 def test_the_zero_rows_history_saves_replays_and_passes_on_the_correct_prefix_cache(tmp_path):

@@ -812,6 +812,7 @@ REGISTRY: tuple[Invariant, ...] = (
             "never_reuses_prefix",
             "overclaims_prefix_reuse",
             "prefix_hit_zero_features",
+            "prefix_hit_stale_features",
         ),
         also=(
             "forgets_recurrent_restore",

@@ -118,6 +118,8 @@ class SessionFeatures:
         judge = watch.judge
         reused = getattr(getattr(gen, "stats", None), "prefix_reused", None)
         reused = int(reused) if isinstance(reused, Integral) and not isinstance(reused, bool) else None
+        if not judge.found:  # the oracle sees the whole context (so a later request's stale row is recognised)
+            judge.reference.upto([*prompt, *(int(t) for t in getattr(gen, "tokens", ()))][:-1])
         if judge.checks:
             self.requests += 1
             self.proposals += judge.checks

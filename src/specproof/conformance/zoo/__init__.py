@@ -72,7 +72,11 @@ from specproof.conformance.zoo._feature_drafters import (
     HeadRecomputesFeatures,
     head_drafter,
 )
-from specproof.conformance.zoo._feature_sessions import FeatureSessionEngine, PrefixHitZeroFeatures
+from specproof.conformance.zoo._feature_sessions import (
+    FeatureSessionEngine,
+    PrefixHitStaleFeatures,
+    PrefixHitZeroFeatures,
+)
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
@@ -352,6 +356,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "features_wrong_layer": ("engine", FeaturesWrongLayer),
     "features_stale_across_requests": ("engine", FeaturesStaleAcrossRequests),
     "prefix_hit_zero_features": ("engine", PrefixHitZeroFeatures),
+    "prefix_hit_stale_features": ("engine", PrefixHitStaleFeatures),
     "argmax_verification": ("engine", ArgmaxVerification),
     "residual_from_p": ("engine", ResidualFromP),
     "unnormalized_residual": ("engine", UnnormalizedResidual),

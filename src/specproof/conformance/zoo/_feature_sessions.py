@@ -11,7 +11,9 @@ without features) it recomputes on a side copy of the model, still reusing the K
 ``PrefixHitZeroFeatures`` breaks exactly that, as vLLM #43650 shipped (MTP with prefix
 caching on a hybrid model): the prefix cache restores the KV and the recurrent state of
 the reused positions but keeps no hidden states, so the drafter is handed zero rows for
-every position served from the cache. Its tokens stay lossless (verification keeps them
+every position served from the cache. ``PrefixHitStaleFeatures`` keeps stale rows instead: its
+hidden-state buffer only appends, so after an edit or a shorter prefix the re-fed positions
+below the buffer's old end keep the previous context's rows. Their tokens stay lossless (verification keeps them
 right); only its drafts suffer, and only across requests: every fresh engine is correct.
 """
 
@@ -27,7 +29,7 @@ from specproof.conformance.zoo._feature_drafters import FeatureLookupDrafter
 from specproof.conformance.zoo._session_engines import SessionEngine, _common_prefix
 from specproof.engine import DecodeSession
 
-__all__ = ["FeatureSessionEngine", "PrefixHitZeroFeatures"]
+__all__ = ["FeatureSessionEngine", "PrefixHitStaleFeatures", "PrefixHitZeroFeatures"]
 
 _CHUNK = 8  # prefill chunk, as the session engines' (a snapshot at every multiple of it)
 
@@ -123,11 +125,17 @@ class FeatureSessionEngine(SessionEngine):
             start = self._rewind(common)
         kept = self._rows_upto(start, layers)
         forwards, fresh = self._feed_features(want[start:], layers)
-        self._rows = {layer: np.concatenate([kept[layer], fresh[layer]]) for layer in layers}
+        self._rows = self._merged(kept, fresh, layers)
         self._held = len(want)
         self._cached = list(want)
         self._snap()
         return forwards, start
+
+    def _merged(
+        self, kept: dict[int, np.ndarray], fresh: dict[int, np.ndarray], layers: tuple[int, ...]
+    ) -> dict[int, np.ndarray]:
+        """The rows of ``prompt[:-1]``: the reused positions' then the fed ones'."""
+        return {layer: np.concatenate([kept[layer], fresh[layer]]) for layer in layers}
 
     def _feed_features(self, tokens: Sequence[int], layers: tuple[int, ...]) -> tuple[int, dict[int, np.ndarray]]:
         """``_feed`` through ``forward_with_features``: the forwards used and the fed positions' rows."""
@@ -176,3 +184,22 @@ class PrefixHitZeroFeatures(FeatureSessionEngine):
     def _rows_upto(self, start: int, layers: tuple[int, ...]) -> dict[int, np.ndarray]:
         width = self.target.d_model
         return {layer: np.zeros((start, width), np.float32) for layer in layers}
+
+
+class PrefixHitStaleFeatures(FeatureSessionEngine):
+    """``engine.session``: the hidden-state buffer only appends: a prefix hit shorter than the cache re-feeds the
+    rest, but the rows of positions below the buffer's old end keep the previous context's features."""
+
+    bug = "a prefix hit keeps the previous context's feature rows for the positions it re-feeds (stale rows)"
+
+    def _merged(
+        self, kept: dict[int, np.ndarray], fresh: dict[int, np.ndarray], layers: tuple[int, ...]
+    ) -> dict[int, np.ndarray]:
+        rows = super()._merged(kept, fresh, layers)
+        if not set(layers) <= set(self._rows):
+            return rows
+        for layer in layers:
+            old = self._rows[layer]
+            upto = min(len(old), len(rows[layer]), self._held)
+            rows[layer][:upto] = old[:upto]  # the bug: rows below the old end are never overwritten
+        return rows
