@@ -188,7 +188,8 @@ class SessionHistory:
          "plan": [[4, 4], [4, 1]], "note": "..."}, ...]}
 
     ``engine`` (optional) names the plug-in the history was recorded on; ``failing_request``
-    (optional) the index of the request that failed.
+    (optional) the index of the request that failed. A request that installed a feature drafter
+    also has ``"feature_layers": [1, 3]`` (added compatibly: absent otherwise, and optional to read).
     """
 
     requests: tuple[SessionRequest, ...]
