@@ -525,7 +525,7 @@ def _plugin_probe(case: Any, drafter: Drafter | None, *, atol: float, cache: Run
         feature_layers=layers,
     )
     if layers is not None and case.make_reference is not None and probe.features is None:
-        probe.features = FeatureJudge(case.make_reference, layers, atol=atol)
+        probe.features = FeatureJudge(case.make_reference, layers, atol=atol, live=live)
     return probe
 
 
@@ -536,6 +536,8 @@ def _confirm_live(case: Any, probe: StateProbe, *, moved: bool, atol: float, cac
     live = case.live_target
     if live is None:
         judge, sent = probe.features, probe.proposals
+        if judge is not None:
+            judge.live = None  # not the target the engine decodes on: no evidence on its state
         probe = StateProbe(probe.inner, None, None, atol=atol, judges=cache.judges)
         probe.features, probe.proposals = judge, sent
     return live, probe

@@ -44,7 +44,7 @@ class StateProbe:
         # the engine hands it features, and judges them (engine.features) before passing them on
         self.feature_layers = feature_layers
         self.features = (
-            FeatureJudge(make_reference, feature_layers, atol=atol)
+            FeatureJudge(make_reference, feature_layers, atol=atol, live=live)
             if feature_layers is not None and make_reference is not None
             else None
         )
@@ -115,6 +115,8 @@ class StateProbe:
         tokens = tuple(draft) if hasattr(draft, "__len__") and not isinstance(draft, (str, bytes)) else ()
         hostile = bool(getattr(self.inner, "last_hostile", False))
         self.proposals.append(Proposal(context_length=len(context), k=int(k), draft=tokens, hostile=hostile))
+        if self.features is not None:
+            self.features.saw(context, tokens, round_index=self._round - 1)
         return draft
 
     @property

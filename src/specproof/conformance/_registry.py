@@ -800,12 +800,20 @@ REGISTRY: tuple[Invariant, ...] = (
         subject="engine",
         summary="requests on one live engine (new prompt, regenerate, an edit sharing a prefix, a user turn, a "
         "shorter prefix, other max_new_tokens / EOS) each equal plain greedy; the `prefix_reused` an engine "
-        "that declares a cache reports is never more than it can hold and never nothing on a user turn",
+        "that declares a cache reports is never more than it can hold and never nothing on a user turn; a feature "
+        "drafter is handed the target's features of exactly the accepted positions on every request",
         needs=("oracle", "sessions"),
         draws="a RuleBasedStateMachine whose rules are requests on one engine instance; a failure shows, and "
         "its reproduce command replays, the whole request history",
         driver="session-machine",
-        zoo=("stale_prefix_cache", "snapshot_only_last_call", "never_reuses_prefix", "overclaims_prefix_reuse"),
+        zoo=(
+            "stale_prefix_cache",
+            "snapshot_only_last_call",
+            "never_reuses_prefix",
+            "overclaims_prefix_reuse",
+            "prefix_hit_zero_features",
+            "prefix_hit_stale_features",
+        ),
         also=(
             "forgets_recurrent_restore",
             "processed_off_by_one",

@@ -10,6 +10,10 @@
   on one live engine (new prompt, regenerate, edits, user turns, earlier prefixes) against plain
   greedy; a failing request raises ``SessionFailure``; ``SessionHistory`` is the
   record (``specproof.formats.session``) a failure saves and replays;
+- ``FeatureRows`` / ``FeatureJudge`` / ``feature_layers_of``: the feature oracle (a fresh copy of
+  the model fed the accepted context by plain ``forward_with_features``) and the judge of what an
+  engine hands a feature drafter, with the cause of a wrong row; the session machine installs
+  feature drafters and judges them across requests, and ``engine.features`` uses the same judge;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -18,6 +22,7 @@ This module is the public facade; the implementation lives in private modules.
 """
 
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
+from specproof.strategies._feature_judge import FeatureJudge, FeatureRows, feature_layers_of
 from specproof.strategies._machine import (
     RollbackMachine,
     RollbackMachineFailure,
@@ -58,6 +63,8 @@ __all__ = [
     "ROUND_KINDS",
     "DecodingCase",
     "EngineSettings",
+    "FeatureJudge",
+    "FeatureRows",
     "PlannedRound",
     "RollbackMachine",
     "RollbackMachineFailure",
@@ -75,6 +82,7 @@ __all__ = [
     "engine_greedy",
     "default_decoder_factory",
     "engine_settings",
+    "feature_layers_of",
     "planned_round",
     "release_machine",
     "replay_session",

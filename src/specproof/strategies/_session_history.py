@@ -72,6 +72,9 @@ class SessionRequest:
     ``plan`` is ``((draft_length, correct), ...)`` when the machine installed a
     ``ScriptedDrafter`` following that plan; ``drafter`` is ``"scripted"``, ``"engine"``
     (the engine's own drafter, put back) or None (the engine takes no drafter).
+    ``feature_layers`` (optional) makes the installed drafter a feature drafter declaring
+    those layers: the engine hands it the target's features and every proposal's rows are
+    judged against the feature oracle (``FeatureJudge``); None: a plain drafter.
     ``note`` says in words how the prompt was made (for people; replay ignores it).
     A ``reset`` request has an empty prompt and ``max_new_tokens == 0``.
     """
@@ -82,6 +85,7 @@ class SessionRequest:
     eos_token_id: int | None = None
     drafter: str | None = None
     plan: tuple[tuple[int, int], ...] | None = None
+    feature_layers: tuple[int, ...] | None = None
     note: str = ""
 
     def round_plan(self) -> RoundPlan | None:
@@ -99,6 +103,8 @@ class SessionRequest:
                 drafter=self.drafter,
                 plan=None if self.plan is None else [list(r) for r in self.plan],
             )
+            if self.feature_layers is not None:  # absent otherwise: a history without features reads as before
+                out["feature_layers"] = list(self.feature_layers)
         if self.note:
             out["note"] = self.note
         return out
@@ -109,9 +115,10 @@ class SessionRequest:
             return "reset()"
         plan = "" if self.plan is None else ", plan=" + self.round_plan().describe()  # type: ignore[union-attr]
         drafter = "" if self.drafter in (None, "scripted") else f", drafter={self.drafter}"
+        feats = "" if self.feature_layers is None else f", feature_layers={list(self.feature_layers)}"
         text = (
             f"{self.kind}(prompt={_fmt(self.prompt)}, max_new_tokens={self.max_new_tokens}, "
-            f"eos_token_id={self.eos_token_id}{drafter}{plan})"
+            f"eos_token_id={self.eos_token_id}{drafter}{plan}{feats})"
         )
         return f"{text} -- {self.note}" if self.note else text
 
@@ -147,6 +154,16 @@ class SessionRequest:
             plan = tuple(rounds)
         elif drafter == "scripted":
             raise _field_error(source, f"{where}.plan", "is missing: a scripted request needs its plan")
+        raw_layers = obj.get("feature_layers")
+        layers: tuple[int, ...] | None = None
+        if raw_layers is not None:
+            if drafter is None:
+                raise _field_error(
+                    source, f"{where}.feature_layers", "is given but the request installs no drafter (drafter is null)"
+                )
+            layers = tuple(int(x) for x in raw_layers)
+            if len(set(layers)) != len(layers):
+                raise _field_error(source, f"{where}.feature_layers", f"= {list(layers)} names a layer twice")
         return cls(
             kind=kind,
             prompt=tokens,
@@ -154,6 +171,7 @@ class SessionRequest:
             eos_token_id=eos,
             drafter=drafter,
             plan=plan,
+            feature_layers=layers,
             note=note,
         )
 
@@ -170,7 +188,8 @@ class SessionHistory:
          "plan": [[4, 4], [4, 1]], "note": "..."}, ...]}
 
     ``engine`` (optional) names the plug-in the history was recorded on; ``failing_request``
-    (optional) the index of the request that failed.
+    (optional) the index of the request that failed. A request that installed a feature drafter
+    also has ``"feature_layers": [1, 3]`` (added compatibly: absent otherwise, and optional to read).
     """
 
     requests: tuple[SessionRequest, ...]

@@ -30,6 +30,14 @@ settable ``drafter`` (or the harness passes a ``set_drafter`` hook), the machine
 down every rollback path on any target. Up to two rules are switched off per run (swarm
 testing on top of Hypothesis's own), so each run stresses a different mix.
 
+Where the machine installs the drafter itself and the engine's feature layers are known (its
+own drafter is a feature drafter, or ``feature_layers`` is given) with a model to compute
+features on (``feature_reference_factory``, default ``reference_factory``), most requests
+install it as a *feature* drafter declaring those layers (the request's ``feature_layers``):
+the engine must hand it the target's features of exactly ``ctx[:-1]`` at every proposal, on
+prefix hits, edits, regenerations and user turns, judged against a fresh copy of the model
+fed plain forwards (``FeatureJudge``; the target's own outputs and state are judged first).
+
 Every request's tokens are compared with plain greedy from the oracle, tie-aware
 (``compare_lossless``), and its length and stop reason are checked. Given a
 ``reference_factory`` and an engine whose live ``target`` has ``state_arrays()``, the
@@ -68,6 +76,9 @@ __all__ = ["REUSE_UNREPORTED", "SessionMachine", "run_session_machine"]
 
 #: the ``observed`` tag of a request whose engine declares a cache but reported no ``prefix_reused``
 REUSE_UNREPORTED = "prefix_reused not reported"
+# ``observed`` tags of the feature judge: requests with a feature drafter whose features were judged,
+# proposals judged, and the requests among them on a prefix the engine reported serving from its caches
+_FEATURE_TAGS = ("features judged: requests", "features judged: proposals", "features judged: prefix hits")
 
 # Rules a run may switch off (swarm testing: a run with new_prompt and reset off is one long session).
 _SWITCHABLE: tuple[str, ...] = (
@@ -105,6 +116,8 @@ class _SessionConfig:
     context_kinds: tuple[str, ...]
     reference_factory: Callable[[], Any] | None
     atol: float
+    feature_layers: tuple[int, ...] | None = None
+    feature_reference_factory: Callable[[], Any] | None = None
     # greedy continuations by prompt, shared by every example of the configured class (shrinking
     # replays the same prompts hundreds of times); the oracle is deterministic, so this is safe
     greedy_memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = attrs.field(
@@ -126,6 +139,8 @@ def _session_config(
     stateful_step_count: int,
     reference_factory: Callable[[], Any] | None,
     atol: float,
+    feature_layers: Iterable[int] | None = None,
+    feature_reference_factory: Callable[[], Any] | None = None,
 ) -> _SessionConfig:
     """``SessionMachine.configure``'s options validated (``StrategyArgumentError`` naming the bad one)."""
     where = "SessionMachine.configure()"
@@ -139,6 +154,11 @@ def _session_config(
         raise StrategyArgumentError(f"{where}: set_drafter={set_drafter!r} must be callable or None")
     if reference_factory is not None and not callable(reference_factory):
         raise StrategyArgumentError(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+    if feature_reference_factory is not None and not callable(feature_reference_factory):
+        raise StrategyArgumentError(
+            f"{where}: feature_reference_factory={feature_reference_factory!r} must be callable or None"
+        )
+    layers = _check_layers(feature_layers, where=where)
     for opt, value, minimum in (
         ("vocab_size", vocab_size, 2),
         ("max_prompt", max_prompt, 1),
@@ -164,7 +184,28 @@ def _session_config(
         context_kinds=check_kinds(context_kinds, known=CONTEXT_KINDS, where=where),
         reference_factory=reference_factory,
         atol=check_tolerance(atol, where=where, name="atol"),
+        feature_layers=layers,
+        feature_reference_factory=feature_reference_factory or reference_factory,
     )
+
+
+def _check_layers(value: Iterable[int] | None, *, where: str) -> tuple[int, ...] | None:
+    """``feature_layers`` as a tuple of distinct non-negative layer indices, or None."""
+    if value is None:
+        return None
+    try:
+        layers = tuple(value)
+    except TypeError:
+        raise StrategyArgumentError(
+            f"{where}: feature_layers={value!r} must be a sequence of layer indices or None"
+        ) from None
+    if not layers or any(isinstance(x, bool) or not isinstance(x, Integral) or int(x) < 0 for x in layers):
+        raise StrategyArgumentError(
+            f"{where}: feature_layers={value!r} must be a non-empty sequence of layer indices (integers >= 0)"
+        )
+    if len(set(layers)) != len(layers):
+        raise StrategyArgumentError(f"{where}: feature_layers={value!r} names a layer twice")
+    return tuple(int(x) for x in layers)
 
 
 def _resolve_max_context(cfg: _SessionConfig, engine: Any) -> int:
@@ -183,6 +224,23 @@ def _resolve_max_context(cfg: _SessionConfig, engine: Any) -> int:
     return max_context
 
 
+def _runner(cfg: _SessionConfig, engine: Any) -> _SessionRunner:
+    """The runner of one machine run: ``engine`` judged as ``cfg`` says."""
+    return _SessionRunner(
+        engine,
+        greedy=cfg.greedy,
+        vocab_size=cfg.vocab_size,
+        tie_tolerance=cfg.tie_tolerance,
+        set_drafter=cfg.set_drafter,
+        memo=cfg.greedy_memo,
+        ask_at_least=cfg.max_new_tokens,
+        reference=None if cfg.reference_factory is None else cfg.reference_factory(),
+        atol=cfg.atol,
+        feature_layers=cfg.feature_layers,
+        feature_reference=cfg.feature_reference_factory,
+    )
+
+
 def _draw_eos(data: Any, continuation: list[int], k: int) -> tuple[int | None, str]:
     """An EOS among greedy's continuation (often in its last ``k + 1`` tokens) or none, and where it was drawn."""
     eos_kind = data.draw(st.sampled_from(("none", "last_k_plus_1", "anywhere", "last_k_plus_1")), label="eos placement")
@@ -193,10 +251,11 @@ def _draw_eos(data: Any, continuation: list[int], k: int) -> tuple[int | None, s
     return eos, eos_kind
 
 
-def _draw_drafter(data: Any, runner: _SessionRunner, k: int) -> tuple[str | None, tuple[tuple[int, int], ...] | None]:
-    """Where the suite can set the drafter: the drafter choice and, for a scripted one, its round plan."""
+def _draw_drafter(data: Any, runner: _SessionRunner, k: int) -> dict[str, Any]:
+    """Where the suite can set the drafter: the drafter choice, for a scripted one its round plan, and
+    (where features can be judged; two requests in three) the feature layers it declares."""
     if not runner.settable:
-        return None, None
+        return {"drafter": None, "plan": None, "feature_layers": None}
     drafter = "scripted"
     if runner.can_choose_own:
         drafter = data.draw(st.sampled_from(DRAFTER_CHOICES), label="drafter")
@@ -204,7 +263,10 @@ def _draw_drafter(data: Any, runner: _SessionRunner, k: int) -> tuple[str | None
     if drafter == "scripted":
         drawn: RoundPlan = data.draw(round_plans(k=k, max_rounds=6), label="round plan")
         plan = tuple((r.draft_length, r.correct) for r in drawn.rounds)
-    return drafter, plan
+    layers = None
+    if runner.judges_features and data.draw(st.sampled_from((True, True, False)), label="feature drafter"):
+        layers = runner.features.layers
+    return {"drafter": drafter, "plan": plan, "feature_layers": layers}
 
 
 def _draw_turn(data: Any, cfg: _SessionConfig, *, room: int) -> list[int]:
@@ -245,6 +307,8 @@ class SessionMachine(RuleBasedStateMachine):
         stateful_step_count: int = 10,
         reference_factory: Callable[[], Any] | None = None,
         atol: float = 0.0,
+        feature_layers: Iterable[int] | None = None,
+        feature_reference_factory: Callable[[], Any] | None = None,
         name: str | None = None,
     ) -> type[SessionMachine]:
         """A runnable subclass for one engine under test.
@@ -259,6 +323,9 @@ class SessionMachine(RuleBasedStateMachine):
         engine exposes its live ``target`` with ``state_arrays()``, the target must hold
         exactly the context after every request (``processed == len(ctx) - 1`` and the state
         arrays of a reference fed ``ctx[:-1]``, bitwise or within ``atol``).
+        ``feature_layers`` (default: the layers the engine's own drafter declares, if any) and
+        ``feature_reference_factory`` (default: ``reference_factory``) let requests install a
+        feature drafter whose handed features are judged at every proposal (the module docstring).
         """
         config = _session_config(
             engine_factory=engine_factory,
@@ -273,6 +340,8 @@ class SessionMachine(RuleBasedStateMachine):
             stateful_step_count=stateful_step_count,
             reference_factory=reference_factory,
             atol=atol,
+            feature_layers=feature_layers,
+            feature_reference_factory=feature_reference_factory,
         )
         return configured_machine(
             cls,
@@ -280,6 +349,11 @@ class SessionMachine(RuleBasedStateMachine):
             {"_session_config": config, "observed": Counter()},
             stateful_step_count=stateful_step_count,
         )
+
+    @classmethod
+    def features_judged(cls) -> tuple[int, int, int]:
+        """(requests whose feature drafter's features were judged, proposals judged, those requests on a prefix hit)."""
+        return tuple(cls.observed[tag] for tag in _FEATURE_TAGS)  # type: ignore[return-value]
 
     # ----------------------------------------------------------------- set-up
 
@@ -301,17 +375,7 @@ class SessionMachine(RuleBasedStateMachine):
             )
         max_context = _resolve_max_context(cfg, engine)
         self.prompt_limit = max_context - cfg.max_new_tokens  # every prompt fits with its whole budget
-        self.runner = _SessionRunner(
-            engine,
-            greedy=cfg.greedy,
-            vocab_size=cfg.vocab_size,
-            tie_tolerance=cfg.tie_tolerance,
-            set_drafter=cfg.set_drafter,
-            memo=cfg.greedy_memo,
-            ask_at_least=cfg.max_new_tokens,
-            reference=None if cfg.reference_factory is None else cfg.reference_factory(),
-            atol=cfg.atol,
-        )
+        self.runner = _runner(cfg, engine)
         self.disabled: frozenset[str] = frozenset()
         self.contexts: list[list[int]] = []  # every context (prompt + output) so far, oldest first
         self.prompt_lengths: list[int] = []  # the prompt length of each context
@@ -337,17 +401,17 @@ class SessionMachine(RuleBasedStateMachine):
         eos, eos_kind = _draw_eos(data, continuation, k)
         if eos is not None:
             self._count(f"eos:{eos_kind}")
-        drafter, plan = _draw_drafter(data, runner, k)
-        if drafter is not None:
-            self._count(f"drafter:{drafter}")
-        req = SessionRequest(
-            kind=kind, prompt=tuple(prompt), max_new_tokens=n, eos_token_id=eos, drafter=drafter, plan=plan, note=note
-        )
+        drafted = _draw_drafter(data, runner, k)
+        if drafted["drafter"] is not None:
+            self._count(f"drafter:{drafted['drafter']}")
+        req = SessionRequest(kind=kind, prompt=tuple(prompt), max_new_tokens=n, eos_token_id=eos, note=note, **drafted)
         self._count(f"request:{kind}")
-        unreported = runner.reuse_unreported
+        unreported, judged = runner.reuse_unreported, runner.features.counts()
         tokens, failure = runner.run(req)
         if runner.reuse_unreported > unreported:
             self._count(REUSE_UNREPORTED)
+        for tag, was, now in zip(_FEATURE_TAGS, judged, runner.features.counts(), strict=True):
+            type(self).observed[tag] += now - was
         if failure is not None:
             _raise(failure)
         self.contexts.append([*prompt, *tokens])
@@ -528,6 +592,8 @@ def run_session_machine(
     stateful_step_count: int = 10,
     reference_factory: Callable[[], Any] | None = None,
     atol: float = 0.0,
+    feature_layers: Iterable[int] | None = None,
+    feature_reference_factory: Callable[[], Any] | None = None,
     settings: Settings | None = None,
 ) -> type[SessionMachine]:
     """Configure a ``SessionMachine`` and run it (``run_state_machine_as_test``).
@@ -549,6 +615,8 @@ def run_session_machine(
         stateful_step_count=stateful_step_count,
         reference_factory=reference_factory,
         atol=atol,
+        feature_layers=feature_layers,
+        feature_reference_factory=feature_reference_factory,
     )
     run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
     return machine

@@ -4,8 +4,12 @@
 recorded ``ScriptedDrafter`` for scripted requests) and compares every request's tokens
 with plain greedy from the oracle, tie-aware (``compare_lossless``), with its length and
 stop reason; given a reference, the engine's live target must also hold exactly the
-context after each request. The ``SessionMachine`` drives one runner for a whole run;
-``replay_session`` replays a saved ``SessionHistory`` on a fresh engine, and
+context after each request. A request with ``feature_layers`` installs its drafter behind a
+feature watch (``_session_features``) that declares those layers, so the engine hands it the target's features,
+and judges every proposal's rows with a ``FeatureJudge`` (a fresh copy of the model fed the
+accepted context by plain forwards): on prefix hits, edits, regenerations and user turns
+alike. The ``SessionMachine`` drives one runner for a whole run; ``replay_session`` replays
+a saved ``SessionHistory`` on a fresh engine, and
 ``shrink_history`` shortens a failing history by such replays (drop requests, then simplify
 EOS, budget and plan): far cheaper than Hypothesis's shrinker, which re-runs whole sessions
 for every choice.
@@ -32,6 +36,7 @@ from specproof.engine import greedy_with_margins
 from specproof.engine.plugin_modules import takes_suite_drafts
 from specproof.strategies._machine import check_tolerance
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
+from specproof.strategies._session_features import SessionFeatures
 from specproof.strategies._session_history import SessionHistory, SessionRequest
 
 __all__ = [
@@ -144,6 +149,8 @@ class _SessionRunner:
         ask_at_least: int = 0,
         reference: Any = None,
         atol: float = 0.0,
+        feature_layers: Sequence[int] | None = None,
+        feature_reference: Callable[[], Any] | None = None,
     ) -> None:
         self.engine = engine
         self.greedy = greedy
@@ -176,6 +183,15 @@ class _SessionRunner:
         self._seen: list[list[int]] = []  # contexts the engine may hold since its last reset
         self.oracle_shares_engine = getattr(greedy, "shares_engine", False) is True
         self._last_context: list[int] | None = None  # what the previous generate left processed
+        # features (docs/contract.md, "Feature drafters"): a request may install a feature drafter
+        self.features = SessionFeatures(
+            layers=feature_layers, own_drafter=self.own_drafter, reference=feature_reference, atol=atol, live=self.live
+        )
+
+    @property
+    def judges_features(self) -> bool:
+        """A request may install a feature drafter here (the runner sets the drafter; layers and a model known)."""
+        return self.settable and self.set_drafter is None and self.features.ready
 
     @property
     def plan_k(self) -> int:
@@ -199,6 +215,7 @@ class _SessionRunner:
         return tokens[:n], None if margins is None else margins[:n]
 
     def _install(self, req: SessionRequest, continuation: list[int]) -> None:
+        self.features.watch = None
         if req.drafter is None:
             return
         if not self.settable:
@@ -206,17 +223,24 @@ class _SessionRunner:
                 f"the session asks for drafter={req.drafter!r} but the engine {self.engine!r} has no settable "
                 "'drafter' and no set_drafter hook was given"
             )
+        if req.feature_layers is not None and (self.set_drafter is not None or not self.features.can_judge):
+            raise UsageError(
+                f"the session installs a feature drafter (layers {list(req.feature_layers)}) to judge the features "
+                "the engine hands it, which needs the runner to set engine.drafter itself (no set_drafter hook) and "
+                "a fresh copy of the model to compute the features with (feature_reference_factory)"
+            )
         if req.drafter == "engine":
             if not self.can_choose_own:
                 raise UsageError("the session puts back the engine's own drafter, which a set_drafter hook cannot do")
-            self.engine.drafter = self.own_drafter
+            self.engine.drafter = self.features.watched(req.feature_layers, self.own_drafter)
             return
         plan = req.round_plan()
         assert plan is not None  # SessionRequest.from_json guarantees a plan for scripted requests
         if self.set_drafter is not None:
             self.set_drafter(self.engine, list(req.prompt), list(continuation), plan)
         else:
-            self.engine.drafter = ScriptedDrafter(req.prompt, continuation, plan, vocab_size=self.vocab_size)
+            scripted = ScriptedDrafter(req.prompt, continuation, plan, vocab_size=self.vocab_size)
+            self.engine.drafter = self.features.watched(req.feature_layers, scripted)
 
     def run(self, req: SessionRequest) -> tuple[list[int], SessionFailure | None]:
         """Append ``req`` to the history, run it; return the engine's tokens and the failure, if any."""
@@ -261,21 +285,24 @@ class _SessionRunner:
             actual_stop_reason=stop if stop in STOP_REASONS and stop != "error" else None,
             expected_stop_reason=expected_stop,
         )
+        # the target's outputs and state are judged before the features it handed: a wrong target makes wrong
+        # features, and the failure names the target then (the features' breach, if any, as a consequence)
+        features = self.features.breach(prompt, gen)
         if verdict.status == "fail":
-            return tokens, self._failure(index, verdict.explanation, expected, tokens, stop=expected_stop)
+            why = verdict.explanation + self._also(features)
+            return tokens, self._failure(index, why, expected, tokens, stop=expected_stop)
         if verdict.status == "excused":
             event("SessionMachine: an excused near-tie")
-            return tokens, self._check_reuse(index, prompt, gen) or self._check_state(index, [*prompt, *tokens])
-        if len(tokens) != len(expected):
+        elif len(tokens) != len(expected):
             return tokens, self._failure(
                 index,
                 f"the engine emitted {len(tokens)} tokens (stop {stop!r}); plain greedy emits {len(expected)} "
-                f"({expected_stop})",
+                f"({expected_stop})" + self._also(features),
                 expected,
                 tokens,
                 stop=expected_stop,
             )
-        if stop != expected_stop:
+        elif stop != expected_stop:
             return tokens, self._failure(
                 index,
                 f"the tokens equal plain greedy's but stop_reason is {stop!r}; it must be {expected_stop!r}",
@@ -283,7 +310,18 @@ class _SessionRunner:
                 tokens,
                 stop=expected_stop,
             )
-        return tokens, self._check_reuse(index, prompt, gen) or self._check_state(index, [*prompt, *tokens])
+        return tokens, (
+            self._check_reuse(index, prompt, gen)
+            or self._check_state(index, [*prompt, *tokens], also=self._also(features))
+            or self._feature_failure(index, features)
+        )
+
+    @staticmethod
+    def _also(features: str | None) -> str:
+        return "" if features is None else f" (and {features}: the target is judged first)"
+
+    def _feature_failure(self, index: int, features: str | None) -> SessionFailure | None:
+        return None if features is None else self._failure(index, features, None, None)
 
     def _check_reuse(self, index: int, prompt: list[int], gen: Any) -> SessionFailure | None:
         """``stats.prefix_reused`` against what the engine can have cached, and a declared cache against disuse.
@@ -337,7 +375,7 @@ class _SessionRunner:
             )
         return None
 
-    def _check_state(self, index: int, ctx: list[int]) -> SessionFailure | None:
+    def _check_state(self, index: int, ctx: list[int], *, also: str = "") -> SessionFailure | None:
         """White-box (a reference given, the engine's live target has ``state_arrays``): the target holds ``ctx[:-1]``.
 
         The decode convention leaves the target at every token but the pending one after a
@@ -366,7 +404,7 @@ class _SessionRunner:
         return self._failure(
             index,
             f"the tokens equal plain greedy's, but the engine's target does not hold the context: {problem} "
-            f"(the reference was fed ctx[:-1], {len(ctx) - 1} tokens, with plain forwards)",
+            f"(the reference was fed ctx[:-1], {len(ctx) - 1} tokens, with plain forwards){also}",
             None,
             None,
         )
@@ -404,6 +442,7 @@ def replay_session(
     set_drafter: SetDrafter | None = None,
     reference_factory: Callable[[], Any] | None = None,
     atol: float = 0.0,
+    feature_reference_factory: Callable[[], Any] | None = None,
 ) -> list[SessionFailure]:
     """Replay ``history`` request by request on a fresh ``engine_factory()``; the failures found (at most one).
 
@@ -411,7 +450,9 @@ def replay_session(
     ``greedy``) or the same ``set_drafter`` call as when recorded. The replay stops at
     the first failing request (later requests build on a context it got wrong).
     Pass the same ``reference_factory`` / ``atol`` as the run that recorded the history:
-    a failure found by the white-box state check needs it to fail again.
+    a failure found by the white-box state check needs it to fail again. Requests with
+    ``feature_layers`` install a feature drafter and judge its features again, on fresh
+    targets from ``feature_reference_factory`` (default: ``reference_factory``).
     """
     replay = _Replayer.make(
         history,
@@ -423,6 +464,7 @@ def replay_session(
         set_drafter=set_drafter,
         reference_factory=reference_factory,
         atol=atol,
+        feature_reference_factory=feature_reference_factory,
     )
     failure = replay(history.requests)
     return [] if failure is None else [failure]
@@ -439,6 +481,7 @@ def shrink_history(
     reference_factory: Callable[[], Any] | None = None,
     atol: float = 0.0,
     max_replays: int = 200,
+    feature_reference_factory: Callable[[], Any] | None = None,
 ) -> SessionHistory:
     """A shorter history that still fails on a fresh engine (the history itself when it does not fail).
 
@@ -458,6 +501,7 @@ def shrink_history(
         set_drafter=set_drafter,
         reference_factory=reference_factory,
         atol=atol,
+        feature_reference_factory=feature_reference_factory,
     )
     int_at_least(max_replays, name="max_replays", minimum=1, where="shrink_history")
     budget = [max_replays]
@@ -557,12 +601,17 @@ def _first_planned_round(req: SessionRequest) -> SessionRequest | None:
     return None if req.plan is None else attrs.evolve(req, plan=req.plan[:1])
 
 
+def _without_features(req: SessionRequest) -> SessionRequest | None:
+    return None if req.feature_layers is None else attrs.evolve(req, feature_layers=None)
+
+
 # tried in order on each request of a shrunk history, each kept if the replay still fails there
 _SIMPLIFICATIONS: tuple[Callable[[SessionRequest], SessionRequest | None], ...] = (
     _without_eos,
     _budget_to(0.0),
     _budget_to(0.5),
     _first_planned_round,
+    _without_features,
 )
 
 
@@ -592,6 +641,7 @@ class _Replayer:
         set_drafter: SetDrafter | None,
         reference_factory: Callable[[], Any] | None,
         atol: float,
+        feature_reference_factory: Callable[[], Any] | None = None,
     ) -> _Replayer:
         if not isinstance(history, SessionHistory):
             raise InvalidSettingError(f"{where}: history must be a SessionHistory, got {type(history).__name__}")
@@ -605,6 +655,11 @@ class _Replayer:
         state_atol = _check_tolerance(atol, where, name="atol")
         if reference_factory is not None and not callable(reference_factory):
             raise InvalidSettingError(f"{where}: reference_factory={reference_factory!r} must be callable or None")
+        if feature_reference_factory is not None and not callable(feature_reference_factory):
+            raise InvalidSettingError(
+                f"{where}: feature_reference_factory={feature_reference_factory!r} must be callable or None"
+            )
+        features = feature_reference_factory or reference_factory
         memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = {}
         ask = max((r.max_new_tokens for r in history.requests), default=0)
 
@@ -619,6 +674,7 @@ class _Replayer:
                 ask_at_least=ask,
                 reference=None if reference_factory is None else reference_factory(),
                 atol=state_atol,
+                feature_reference=features,
             )
 
         return cls(make_runner)

@@ -2,7 +2,10 @@
 
 A ``SessionMachine`` sends request after request to one engine (the cache it keeps between
 calls is what is tested) and judges each against plain greedy, white-box where the live
-target shows its state. The database's failing histories are replayed first; a failure's
+target shows its state, and where the engine drafts with a feature drafter (its own declares
+``feature_layers``, or the ``--drafter`` subject's layers for an engine that reports features),
+most requests install a feature drafter whose handed features are judged at every proposal
+against a fresh copy of the model. The database's failing histories are replayed first; a failure's
 history is shrunk by replaying it on fresh engines (not by Hypothesis: far cheaper), saved,
 and its reproduce command replays it (``--replay-session FILE``).
 """
@@ -58,6 +61,7 @@ class SessionMachineDriver(Driver):
 
         greedy.shares_engine = shares_engine  # type: ignore[attr-defined]
         return {
+            "feature_reference_factory": _feature_reference(case),
             "engine_factory": case.make_engine,
             "greedy": greedy,
             "vocab_size": case.vocab_size,
@@ -83,6 +87,7 @@ class SessionMachineDriver(Driver):
         profile = self.plan.profile
         machine = SessionMachine.configure(
             **judge,
+            feature_layers=case.feature_layers,
             max_context=case.max_context,
             max_prompt=profile.max_prompt,
             max_new_tokens=min(profile.max_new_tokens, 16),
@@ -101,6 +106,7 @@ class SessionMachineDriver(Driver):
             self.context.replay.run_machine(Counted, item, shrink=False)
         except SessionFailure as exc:
             _note_unjudged_reuse(machine, result)
+            _note_features(machine, result)
             history = SessionHistory.from_example(exc.example, vocab_size=case.vocab_size)
             history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
             shorter = shrink_history(history, **judge)
@@ -108,6 +114,7 @@ class SessionMachineDriver(Driver):
             self.context.session_files[case.id] = self.context.replay.save_history(shorter, item)
             raise ViolationError(_session_violations(item, failures)) from exc
         _note_unjudged_reuse(machine, result)
+        _note_features(machine, result)
 
     def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
         """Replay the failing session histories the database holds for this check (before any search)."""
@@ -141,6 +148,28 @@ def _note_unjudged_reuse(machine: Any, result: CheckResult) -> None:
         # the table's detail column (a failure's own detail replaces it)
         result.detail = (
             result.detail or "prefix reuse not judged: no stats.prefix_reused (docs/protocol.md, Compatibility)"
+        )
+
+
+def _feature_reference(case: EngineCase) -> Any:
+    """Fresh copies of the model to judge a feature drafter's features with: where the engine drafts with
+    one (its own drafter declares ``feature_layers``, or the case's ``--drafter`` subject's) and the model
+    computes features (``forward_with_features``); None otherwise (no feature drafter is installed)."""
+    from specproof.strategies import feature_layers_of
+
+    make = case.make_reference
+    if make is None or (feature_layers_of(case.own_drafter) is None and case.feature_layers is None):
+        return None
+    return make if callable(getattr(make(), "forward_with_features", None)) else None
+
+
+def _note_features(machine: Any, result: CheckResult) -> None:
+    """What the feature judge exercised, as a note (nothing when no feature drafter was installed)."""
+    requests, proposals, hits = machine.features_judged()
+    if requests:
+        result.notes.append(
+            f"features judged at {proposals} proposal(s) of {requests} request(s) with a feature drafter, "
+            f"{hits} of them on a prefix the engine served from its caches"
         )
 
 

@@ -72,6 +72,11 @@ from specproof.conformance.zoo._feature_drafters import (
     HeadRecomputesFeatures,
     head_drafter,
 )
+from specproof.conformance.zoo._feature_sessions import (
+    FeatureSessionEngine,
+    PrefixHitStaleFeatures,
+    PrefixHitZeroFeatures,
+)
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
@@ -262,6 +267,11 @@ def feature_engine_replay() -> FeatureZooEngine:
     return FeatureZooEngine(rollback="replay")
 
 
+def feature_session_engine() -> FeatureSessionEngine:
+    """Correct: a prefix-caching session engine with a feature drafter, keeping its cached positions' rows."""
+    return FeatureSessionEngine()
+
+
 def sampling_engine() -> SamplingZooEngine:
     """Correct: samples by rejection sampling (checkpoint rollback), the sampling members' control."""
     return SamplingZooEngine()
@@ -345,6 +355,8 @@ _MEMBERS: dict[str, MemberEntry] = {
     "features_shifted": ("engine", FeaturesShifted),
     "features_wrong_layer": ("engine", FeaturesWrongLayer),
     "features_stale_across_requests": ("engine", FeaturesStaleAcrossRequests),
+    "prefix_hit_zero_features": ("engine", PrefixHitZeroFeatures),
+    "prefix_hit_stale_features": ("engine", PrefixHitStaleFeatures),
     "argmax_verification": ("engine", ArgmaxVerification),
     "residual_from_p": ("engine", ResidualFromP),
     "unnormalized_residual": ("engine", UnnormalizedResidual),
@@ -424,6 +436,7 @@ CORRECT: dict[str, str] = {
         "continuation_only_session_engine",
         "feature_engine",
         "feature_engine_replay",
+        "feature_session_engine",
         "own_drafts_engine",
         "sampling_engine",
         "sampling_engine_match_replay",

@@ -206,6 +206,13 @@ class SessionEngine:
     def _after_call(self) -> None:
         """Hook: called at the end of every ``generate`` (the correct engine keeps every snapshot)."""
 
+    def _session(self, ctx: list[int], forwards: int) -> DecodeSession:
+        """Hook: the decode session over the positioned target (a feature engine hands it its rows)."""
+        return _ResumedSession(self._decoder(), ctx, prefill_forwards=forwards)
+
+    def _finished(self, session: DecodeSession) -> None:
+        """Hook: called with the finished session (a feature engine keeps its rows)."""
+
     def _decoder(self) -> SpecDecoder:
         return SpecDecoder(self.target, self.drafter, k=self.k, rollback=self.rollback)  # type: ignore[arg-type]
 
@@ -215,7 +222,7 @@ class SessionEngine:
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         self._call += 1
         forwards, reused = self._position(ctx)
-        session = _ResumedSession(self._decoder(), ctx, prefill_forwards=forwards)
+        session = self._session(ctx, forwards)
         try:
             gen = session.generate(max_new_tokens, eos_token_id=eos_token_id)
         except BaseException:
@@ -223,6 +230,7 @@ class SessionEngine:
             raise
         self._cached = list(session.context[:-1])
         self._snap()
+        self._finished(session)
         self._after_call()
         if gen.stats is None:
             return gen
