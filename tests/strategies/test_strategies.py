@@ -345,6 +345,8 @@ def test_decoding_cases_are_lossless_on_spec_decoder(case):
 def test_decoding_cases_take_every_path():
     seen: Counter[str] = Counter()
 
+    # a coverage claim, so its examples are fixed: under the random dev profile 15 draws missed a path half the time
+    @settings(max_examples=25, derandomize=True, database=None)
     @given(case=decoding_cases(small_target, max_k=6, max_new_tokens=st.integers(8, 24)))
     def collect(case):
         _, gen, _ = run_case(case)
