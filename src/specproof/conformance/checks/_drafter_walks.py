@@ -22,7 +22,7 @@ __all__ = [
     "Call",
     "Request",
     "decoder_walk",
-    "fresh_drafts",
+    "FreshDrafts",
     "propose_once",
     "request_lengths",
     "session_requests",
@@ -136,16 +136,24 @@ def decoder_walk(
     return live, calls
 
 
-def fresh_drafts(
-    make: Callable[[], Drafter], context: Sequence[int], lengths: Sequence[int], k_at: KAt
-) -> dict[int, tuple[object, str | None]]:
-    """What a fresh drafter asked once proposes at each length (the definition of the answer)."""
-    out: dict[int, tuple[object, str | None]] = {}
-    for length in lengths:
-        if length not in out:
-            draft, error, _ = propose_once(make(), [int(t) for t in context[:length]], k_at(length))
-            out[length] = (draft, error)
-    return out
+class FreshDrafts:
+    """What a fresh drafter asked once proposes at each length of ``context`` (the definition of the answer).
+
+    Each length is asked of its own new drafter the first time it is looked up, then remembered.
+    """
+
+    def __init__(self, make: Callable[[], Drafter], context: Sequence[int], k_at: KAt) -> None:
+        self.make = make
+        self.context = [int(t) for t in context]
+        self.k_at = k_at
+        self._drafts: dict[int, tuple[object, str | None]] = {}
+
+    def __call__(self, length: int) -> tuple[object, str | None]:
+        """The fresh drafter's draft at ``context[:length]`` and what it raised (or None)."""
+        if length not in self._drafts:
+            draft, error, _ = propose_once(self.make(), self.context[:length], self.k_at(length))
+            self._drafts[length] = (draft, error)
+        return self._drafts[length]
 
 
 def session_requests(context: Sequence[int], other: Sequence[int], prompt: int) -> list[Request]:

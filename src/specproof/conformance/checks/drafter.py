@@ -18,9 +18,9 @@ import numpy as np
 
 from specproof.conformance.checks._drafter_walks import (
     Call,
+    FreshDrafts,
     Request,
     decoder_walk,
-    fresh_drafts,
     propose_once,
     request_lengths,
     session_requests,
@@ -160,14 +160,14 @@ def _raised(call: Call, where: str, fresh_error: str | None = None) -> str:
 def _against_fresh(
     inv: Invariant,
     calls: Sequence[Call],
-    fresh: dict[int, tuple[object, str | None]],
+    fresh: FreshDrafts,
     context: Sequence[int],
     why: str,
     extra: dict[str, object],
 ) -> Violation | None:
     """The first call of a walk whose draft is not a fresh drafter's at the same context length, or that raised."""
     for i, call in enumerate(calls):
-        want, fresh_error = fresh[call.length]
+        want, fresh_error = fresh(call.length)
         example = {
             **_example(context[: call.length], call.k),
             **extra,
@@ -239,7 +239,7 @@ def check_deterministic(
     walked, decoder_calls = decoder_walk(make(), context, first_prompt, accepts, k_at, vocab_size=vocab_size)
     size = len(walked)
     every = list(range(1, size + 1))
-    fresh = fresh_drafts(make, walked, every, k_at)
+    fresh = FreshDrafts(make, walked, k_at)
     sparse = [p for p in every if p == size or (p - 1 < len(called) and called[p - 1])]
     compared = 0
 
