@@ -47,8 +47,11 @@ __all__ = [
 
 
 class HeadKeepsChainAfterFullAccept(HeadDrafter):
-    """``drafter.deterministic``: after a full accept keeps the draft chain's KV as the accepted positions' (never
-    recomputed from their features), so the next drafts attend to keys the chain computed from its own hiddens."""
+    """``drafter.deterministic``: a head that keeps its draft chain's KV after a full accept (vLLM #14649).
+
+    The chain's positions are taken as the accepted ones, never recomputed from their features,
+    so the next drafts attend to keys the chain computed from its own hidden states.
+    """
 
     _chain: list[int] | None = None
 
@@ -99,8 +102,11 @@ class HeadLazyReset(HeadDrafter):
 
 
 class HeadLazyResetKeepsLonger(HeadLazyReset):
-    """``drafter.deterministic``: ``reset()`` is lazy, and the next call drops the held positions only when its
-    prompt is no longer than them; a longer prompt is taken to extend them (kept by length, not by token)."""
+    """``drafter.deterministic``: a head whose lazy ``reset()`` leaks into a next prompt longer than it held.
+
+    The next call drops the held positions only when its prompt is no longer than them; a
+    longer prompt is taken to extend them (kept by length, not by token).
+    """
 
     def _drop_stale(self, context: Sequence[int]) -> None:
         if len(context) <= len(self._toks):
@@ -169,8 +175,11 @@ class SessionLookup:
 
 
 class RaisesOnShorterRequest(SessionLookup):
-    """``drafter.deterministic``: a declared session lookup that finds where a new request leaves the previous one
-    with ``next()`` and no default, so a request that is a shorter prefix of the previous one raises."""
+    """``drafter.deterministic``: a declared session lookup that raises on a shorter prefix of the last request.
+
+    It finds where a new request leaves the previous one with ``next()`` and no default, so a
+    request that is a prefix of the previous one raises ``StopIteration``.
+    """
 
     bug = "raises StopIteration on a request that is a prefix of the previous one"
 
@@ -179,8 +188,11 @@ class RaisesOnShorterRequest(SessionLookup):
 
 
 class MutatesOnLaterRequest(SessionLookup):
-    """``drafter.no-mutation``: a declared session lookup that, on a later request, appends the archived requests
-    to the caller's list to search them in one pass, and returns before trimming them off when it finds a match."""
+    """``drafter.no-mutation``: a declared session lookup that appends to the caller's context on a later request.
+
+    It appends the archived requests to the caller's list to search them in one pass, and
+    returns before trimming them off when it finds a match.
+    """
 
     bug = "appends earlier requests to the caller's context on a later request"
 
