@@ -72,6 +72,24 @@ def test_every_call_of_the_walk_is_compared_not_a_sample() -> None:
     assert "at context length 38" in found[0].explanation
 
 
+class _RaisesOnLongContexts(LookupDrafter):
+    """Pure and deterministic, but raises past 30 tokens (a fresh drafter raises there too)."""
+
+    def propose(self, context: Sequence[int], k: int) -> list[int]:
+        if len(context) > 30:
+            raise ValueError("context too long")
+        return super().propose(context, k)
+
+
+def test_a_raise_is_a_failure_not_agreement_with_a_fresh_drafter() -> None:
+    found, _ = check_deterministic(DETERMINISTIC, _RaisesOnLongContexts, CTX, [2], other=OTHER)
+    assert len(found) == 1, found
+    explanation = found[0].explanation
+    assert "propose raised ValueError('context too long')" in explanation and "context length 31" in explanation
+    assert "a fresh drafter asked once raised too, which is no excuse" in explanation
+    assert "history_dependent" not in explanation  # a raise is not a history dependence to declare
+
+
 # ------------------------------------------------------------------------------- a decoder's walk
 
 

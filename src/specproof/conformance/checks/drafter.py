@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING
 
-import attrs
 import numpy as np
 
 from specproof.conformance.checks._drafter_walks import (
@@ -164,8 +163,10 @@ def _against_fresh(
     context: Sequence[int],
     why: str,
     extra: dict[str, object],
+    hint: str = "",
 ) -> Violation | None:
-    """The first call of a walk whose draft is not a fresh drafter's at the same context length, or that raised."""
+    """The first call of a walk whose draft is not a fresh drafter's at the same context length (its explanation
+    ending with ``hint``), or that raised."""
     for i, call in enumerate(calls):
         want, fresh_error = fresh(call.length)
         example = {
@@ -179,7 +180,7 @@ def _against_fresh(
             fresh_said = f" (which raised {fresh_error})" if fresh_error is not None else ""
             return inv.violation(
                 explanation=f"{why}, it proposed differently than a fresh drafter asked once{fresh_said}, "
-                f"at context length {call.length} (call {call.number} of the walk)",
+                f"at context length {call.length} (call {call.number} of the walk){hint}",
                 expected=want,
                 actual=call.draft,
                 example=example,
@@ -243,24 +244,24 @@ def check_deterministic(
     sparse = [p for p in every if p == size or (p - 1 < len(called) and called[p - 1])]
     compared = 0
 
-    def judge(calls: Sequence[Call], why: str, **extra: object) -> list[Violation]:
+    def judge(calls: Sequence[Call], why: str, hint: str = "", **extra: object) -> list[Violation]:
         nonlocal compared
         compared += len(calls)
-        found = _against_fresh(inv, calls, fresh, walked, why, extra)
+        found = _against_fresh(inv, calls, fresh, walked, why, extra, hint)
         return [] if found is None else [found]
 
-    out = judge(walk_positions(make(), walked, every, k_at), "called at every position")
+    # a difference within one generation may be by design: the message says how to declare it
+    out = judge(walk_positions(make(), walked, every, k_at), "called at every position", HOW_TO_DECLARE)
     if not out:
-        out = judge(walk_positions(make(), walked, sparse, k_at), "called at only some positions")
+        out = judge(walk_positions(make(), walked, sparse, k_at), "called at only some positions", HOW_TO_DECLARE)
     if not out:
         out = judge(
             decoder_calls,
             f"called as a decoder does (first the whole prompt of {_tokens(first_prompt)}, then each round's accepted "
             "draft tokens, all or some, and a bonus token)",
+            HOW_TO_DECLARE,
             accepts=list(accepts),
         )
-    if out:
-        out = [attrs.evolve(v, explanation=v.explanation + HOW_TO_DECLARE) for v in out]
     if not out and other:
         out = _after_reset(inv, make, walked, other, first_prompt, k_at, judge)
     return out, compared
