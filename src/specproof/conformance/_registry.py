@@ -204,7 +204,10 @@ def _draw_drafter_example(data: st.DataObject, case: Any, profile: Profile) -> d
     ctx = data.draw(contexts(vocab, min_size=1, max_size=profile.max_prompt * 2), label="context")
     ks = data.draw(st.lists(st.integers(0, 8), min_size=1, max_size=6), label="k per call")
     calls = data.draw(st.lists(st.booleans(), min_size=len(ctx), max_size=len(ctx)), label="called at position")
-    return {"context": ctx, "ks": ks, "other": other, "called": calls}
+    # a decoder's first call is its whole prompt; its later calls follow its accepted drafts (8: all of them)
+    prompt = data.draw(st.integers(1, len(ctx)), label="first prompt length")
+    accepts = data.draw(st.lists(st.integers(0, 8), min_size=1, max_size=6), label="draft tokens accepted per round")
+    return {"context": ctx, "ks": ks, "other": other, "called": calls, "prompt": prompt, "accepts": accepts}
 
 
 def _drafter_check(fn: Callable[..., list[Violation]]) -> Check:
@@ -222,9 +225,24 @@ def _check_token_range(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome
 
 def _check_deterministic(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
     vs, compared = drafter_checks.check_deterministic(
-        inv, case.make, ex["context"], ex["ks"], other=ex["other"], called=ex["called"]
+        inv,
+        case.make,
+        ex["context"],
+        ex["ks"],
+        other=ex["other"],
+        called=ex["called"],
+        accepts=ex["accepts"],
+        prompt=ex["prompt"],
+        vocab_size=case.vocab_size,
     )
     return Outcome(vs, exercised=compared, note="" if compared else "no call could be compared")
+
+
+def _check_no_mutation(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    vs, checked = drafter_checks.check_no_mutation(
+        inv, case.make(), ex["context"], ex["ks"], other=ex["other"], prompt=ex["prompt"]
+    )
+    return Outcome(vs, exercised=checked, note="" if checked else "no call was made")
 
 
 def _draw_features_example(data: st.DataObject, case: Any, profile: Profile) -> dict[str, Any]:
@@ -515,7 +533,11 @@ REGISTRY: tuple[Invariant, ...] = (
         subject="drafter",
         summary="the draft depends only on the context passed in and k: not on earlier calls, "
         "nor (after `reset()`) on earlier generations",
-        draws=_DRAFTER_DRAWS + "; a second drafter is called at only some positions, a third after reset()",
+        draws=_DRAFTER_DRAWS + "; a first prompt length and the draft tokens accepted per round: one drafter driven "
+        "as a decoder builds the context, others are called at every position, at only some, and after reset() "
+        "from a whole prompt longer and shorter than the context they held, every call against a fresh drafter; "
+        "a declared history_dependent drafter is driven through a session (new prompt, edit, shorter prefix, "
+        "user turn), replayed and after reset()",
         check=_check_deterministic,
         draw=_draw_drafter_example,
         zoo=(
@@ -528,6 +550,9 @@ REGISTRY: tuple[Invariant, ...] = (
             "model_drafter_kv_only_rollback_gdn",
             "model_drafter_reset_keeps_state",
             "prompt_only_lookup",
+            "head_keeps_chain_after_full_accept",
+            "head_lazy_reset_keeps_longer",
+            "raises_on_shorter_request",
         ),
         also=("head_keeps_chain",),
     ),
@@ -535,10 +560,11 @@ REGISTRY: tuple[Invariant, ...] = (
         id="drafter.no-mutation",
         subject="drafter",
         summary="the context passed in is unchanged",
-        draws=_DRAFTER_DRAWS,
-        check=_drafter_check(drafter_checks.check_no_mutation),
+        draws=_DRAFTER_DRAWS + "; every call of a session of requests (new prompt, edit, shorter prefix, user turn), "
+        "and the earlier requests' lists after it",
+        check=_check_no_mutation,
         draw=_draw_drafter_example,
-        zoo=("mutates_input",),
+        zoo=("mutates_input", "mutates_on_later_request"),
     ),
     Invariant(
         id="drafter.features",

@@ -3,6 +3,8 @@
 
 Each check drives the drafter the way the decoder does (growing prefixes of one
 context, the same list extended in place) and returns structured violations.
+``drafter.deterministic`` and ``drafter.no-mutation`` drive it through the walks and
+sessions of requests of ``_drafter_walks`` and judge every call they make.
 """
 
 from __future__ import annotations
@@ -11,9 +13,19 @@ from collections.abc import Callable, Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING
 
-import attrs
 import numpy as np
 
+from specproof.conformance.checks._drafter_walks import (
+    Call,
+    FreshDrafts,
+    Request,
+    decoder_walk,
+    propose_once,
+    request_lengths,
+    session_requests,
+    walk_positions,
+    walk_session,
+)
 from specproof.contract import Violation
 from specproof.engine import Drafter
 from specproof.engine.conventions import draft_sequence_problem
@@ -123,29 +135,57 @@ def check_token_range(
     return out
 
 
-def _canonical(tok: object) -> object:
-    """Ints compare as ints (numpy ints included); anything else by its repr."""
-    return int(tok) if isinstance(tok, Integral) else repr(tok)
+HOW_TO_DECLARE = (
+    "; a drafter whose drafts depend on earlier calls by design (one that learns across calls or requests) "
+    "declares it with the class attribute history_dependent = True (docs/contract.md, 'Drafters that learn "
+    "across calls'), and is then held to the same call sequence giving the same drafts"
+)
+
+_SHOWN_CALLS = 64  # call positions an example lists
 
 
-def _walk(
-    drafter: Drafter, context: Sequence[int], positions: Sequence[int], k_at: Callable[[int], int]
-) -> dict[int, object]:
-    """Drive the drafter as a decoder does: one list extended in place, a proposal at each position."""
-    live: list[int] = []
-    drafts: dict[int, object] = {}
-    for length in positions:
-        live.extend(context[len(live) : length])
-        draft, exc = _propose(drafter, live, k_at(length))
-        tokens = _as_list(draft)
-        drafts[length] = (
-            ("raised", repr(exc))
-            if exc is not None
-            else ("not a sequence", type(draft).__name__)
-            if tokens is None
-            else [_canonical(t) for t in tokens]
-        )
-    return drafts
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def _raised(call: Call, where: str, fresh_error: str | None = None) -> str:
+    also = "; a fresh drafter asked once raised too, which is no excuse" if fresh_error is not None else ""
+    return (
+        f"{where}: propose raised {call.error} at call {call.number} (context length {call.length}, k={call.k}); "
+        f"a drafter must draft on every context it is given{also}"
+    )
+
+
+def _against_fresh(
+    inv: Invariant,
+    calls: Sequence[Call],
+    fresh: FreshDrafts,
+    context: Sequence[int],
+    why: str,
+    extra: dict[str, object],
+    hint: str = "",
+) -> Violation | None:
+    """The first call of a walk whose draft is not a fresh drafter's at the same context length (its explanation
+    ending with ``hint``), or that raised."""
+    for i, call in enumerate(calls):
+        want, fresh_error = fresh(call.length)
+        example = {
+            **_example(context[: call.length], call.k),
+            **extra,
+            "called_at": [c.length for c in calls[: i + 1]][-_SHOWN_CALLS:],
+        }
+        if call.error is not None:
+            return inv.violation(explanation=_raised(call, why, fresh_error), actual=call.draft, example=example)
+        if call.draft != want:
+            fresh_said = f" (which raised {fresh_error})" if fresh_error is not None else ""
+            return inv.violation(
+                explanation=f"{why}, it proposed differently than a fresh drafter asked once{fresh_said}, "
+                f"at context length {call.length} (call {call.number} of the walk){hint}",
+                expected=want,
+                actual=call.draft,
+                example=example,
+            )
+    return None
 
 
 def check_deterministic(
@@ -156,23 +196,35 @@ def check_deterministic(
     *,
     other: Sequence[int] = (),
     called: Sequence[bool] = (),
-    max_compared: int = 12,
+    accepts: Sequence[int] = (),
+    prompt: int | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[list[Violation], int]:
     """The draft depends only on the context passed in and k (docs/contract.md, "drafters").
 
     The answer for ``(context[:L], k)`` is, by definition, what a fresh drafter proposes when
-    asked once. Three drafters must give it at every compared position ``L``:
+    asked once. First a drafter is driven as a decoder does (``decoder_walk``): its first call
+    the whole prompt ``context[:prompt]``, then rounds keeping ``accepts[i]`` tokens of its
+    draft (all of them: a full accept) and a bonus token from ``context``; the context this
+    builds is the one every walk below runs on, and every call of every walk is compared
+    with a fresh drafter at the same length:
 
-    - one called at every position (as an engine that drafts every round);
+    - the decoder walk itself, so draft state kept after an accept (a head's draft chain) is caught;
+    - one drafter called at every position (as an engine that drafts every round);
     - one called only where ``called`` says (an engine skips calls: ``k_eff = 0``, varying k),
       so a drafter whose draft depends on which earlier calls it saw is caught;
-    - one that first walks the unrelated context ``other``, then ``reset()`` (when it has one:
-      engines call it at the start of every generation), then walks ``context``, so state kept
-      across generations or a cache keyed on less than the whole history is caught.
+    - two that first walk an unrelated context (``other``), then ``reset()`` (when they have
+      one: engines call it at the start of every generation), then start with a whole prompt,
+      one longer and one shorter than the context they held, then grow it by one token per
+      call: state kept across generations, a lazy reset, a cache keyed on less than the
+      whole history (``(len(context), k)``) or a buffer read past the context are caught.
 
     The k of a call is a function of the position (``ks[L % len(ks)]``), so a cache keyed on
-    ``(len(context), k)`` meets the same key in ``other`` and in ``context``. Returns the
-    violations (the first difference) and how many proposals were compared.
+    ``(len(context), k)`` meets the same key in ``other`` and in ``context``. A call that
+    raises is a failure, never agreement with a fresh drafter that raised too. Returns the
+    violations (the first difference) and how many proposals were compared. A declared
+    ``history_dependent`` drafter is judged on sessions of requests instead
+    (``_check_history_dependent``).
     """
     n = len(context)
     if n == 0 or not ks:
@@ -181,55 +233,94 @@ def check_deterministic(
     def k_at(length: int) -> int:
         return int(ks[length % len(ks)])
 
+    first_prompt = max(1, min(n, prompt if prompt is not None else (n + 1) // 2))
     if getattr(make(), "history_dependent", False) is True:
-        return _check_history_dependent(inv, make, context, other, k_at)
+        return _check_history_dependent(inv, make, context, other, k_at, first_prompt)
 
-    every = list(range(1, n + 1))
-    sparse = [p for p in every if p == n or (p - 1 < len(called) and called[p - 1])]
-    step = max(1, len(sparse) // max_compared)
-    compared = sorted({*sparse[::step][:max_compared], n})
-    fresh: dict[int, object] = {}
-    for length in compared:
-        fresh.update(_walk(make(), context, [length], k_at))
+    walked, decoder_calls = decoder_walk(make(), context, first_prompt, accepts, k_at, vocab_size=vocab_size)
+    size = len(walked)
+    every = list(range(1, size + 1))
+    fresh = FreshDrafts(make, walked, k_at)
+    sparse = [p for p in every if p == size or (p - 1 < len(called) and called[p - 1])]
+    compared = 0
 
-    def first_difference(got: dict[int, object], explanation: str) -> list[Violation]:
-        for length in compared:
-            if got[length] != fresh[length]:
-                return [
-                    inv.violation(
-                        explanation=f"{explanation} than a fresh drafter asked once, at context length {length}",
-                        expected=fresh[length],
-                        actual=got[length],
-                        example={**_example(context[:length], k_at(length)), "called_at": list(sparse)[:64]},
-                    )
-                ]
-        return []
+    def judge(calls: Sequence[Call], why: str, hint: str = "", **extra: object) -> list[Violation]:
+        nonlocal compared
+        compared += len(calls)
+        found = _against_fresh(inv, calls, fresh, walked, why, extra, hint)
+        return [] if found is None else [found]
 
-    out = first_difference(_walk(make(), context, every, k_at), "called at every position, it proposed differently")
+    # a difference within one generation may be by design: the message says how to declare it
+    out = judge(walk_positions(make(), walked, every, k_at), "called at every position", HOW_TO_DECLARE)
     if not out:
-        out = first_difference(
-            _walk(make(), context, sparse, k_at), "called at only some positions, it proposed differently"
+        out = judge(walk_positions(make(), walked, sparse, k_at), "called at only some positions", HOW_TO_DECLARE)
+    if not out:
+        out = judge(
+            decoder_calls,
+            f"called as a decoder does (first the whole prompt of {_tokens(first_prompt)}, then each round's accepted "
+            "draft tokens, all or some, and a bonus token)",
+            HOW_TO_DECLARE,
+            accepts=list(accepts),
         )
-    if out:
-        out = [attrs.evolve(v, explanation=v.explanation + HOW_TO_DECLARE) for v in out]
     if not out and other:
-        reused = make()
-        _walk(reused, other, list(range(1, len(other) + 1)), k_at)
-        reset = getattr(reused, "reset", None)
+        out = _after_reset(inv, make, walked, other, first_prompt, k_at, judge)
+    return out, compared
+
+
+def _after_reset(
+    inv: Invariant,
+    make: Callable[[], Drafter],
+    walked: Sequence[int],
+    other: Sequence[int],
+    first_prompt: int,
+    k_at: Callable[[int], int],
+    judge: Callable[..., list[Violation]],
+) -> list[Violation]:
+    """Two drafters that walk an unrelated context, ``reset()``, then start with a whole prompt: one longer than
+    the context they held, one shorter; each call after the reset judged against a fresh drafter."""
+    size = len(walked)
+    start = max(2, min(first_prompt, size)) if size >= 2 else 1
+    helds: list[tuple[str, list[int]]] = []
+    if start >= 2:
+        helds.append(("longer", [int(t) for t in other[: min(len(other), start - 1)]]))
+    repeats = start // len(other) + 2
+    helds.append(("shorter", [int(t) for t in (list(other) * repeats)[: max(len(other), start + 1)]]))
+    for relation, held in helds:
+        drafter = make()
+        before = walk_positions(drafter, held, range(1, len(held) + 1), k_at)
+        broke = next((c for c in before if c.error is not None), None)
+        if broke is not None:
+            return [
+                inv.violation(
+                    explanation=_raised(broke, "walking an unrelated context"),
+                    example=_example(held[: broke.length], broke.k),
+                )
+            ]
+        reset = getattr(drafter, "reset", None)
         if callable(reset):
             reset()
-            why = "after an unrelated generation and reset(), it proposed differently"
+            how = "after an unrelated generation and reset()"
         else:
-            why = "after an unrelated generation (it has no reset()), it proposed differently"
-        out = first_difference(_walk(reused, context, every, k_at), why)
-    return out, len(compared) * (4 if other else 3)
+            how = "after an unrelated generation (it has no reset())"
+        why = (
+            f"{how}, starting with a whole prompt of {_tokens(start)} ({relation} than the "
+            f"{_tokens(len(held))} it held, then one more token per call)"
+        )
+        found = judge(walk_positions(drafter, walked, range(start, size + 1), k_at), why, held=held)
+        if found:
+            return found
+    return []
 
 
-HOW_TO_DECLARE = (
-    "; a drafter whose drafts depend on earlier calls by design (one that learns across calls or requests) "
-    "declares it with the class attribute history_dependent = True (docs/contract.md, 'Drafters that learn "
-    "across calls'), and is then held to the same call sequence giving the same drafts"
-)
+def _session_example(requests: Sequence[Request], call: Call) -> dict[str, object]:
+    request = next(r for r in requests if r.name == call.request)
+    return {
+        **_example(request.tokens[: call.length], call.k),
+        "request": call.request,
+        "session": [
+            {"request": r.name, "prompt": list(r.tokens[: r.prompt]), "length": len(r.tokens)} for r in requests
+        ],
+    }
 
 
 def _check_history_dependent(
@@ -238,68 +329,125 @@ def _check_history_dependent(
     context: Sequence[int],
     other: Sequence[int],
     k_at: Callable[[int], int],
+    prompt: int,
 ) -> tuple[list[Violation], int]:
-    """``drafter.deterministic`` for a declared ``history_dependent`` drafter.
+    """``drafter.deterministic`` for a declared ``history_dependent`` drafter, over a session of requests.
 
-    Its drafts may depend on every earlier call, so the answer is no longer a fresh drafter's;
-    instead (1) replaying the recorded call sequence (an unrelated context walked, then the
-    context) on a fresh drafter gives the same drafts, call for call, and (2) after ``reset()``
-    it proposes exactly what a fresh drafter does along the same calls.
+    Its drafts may depend on every earlier call, so the answer is no longer a fresh drafter's.
+    A session (``session_requests``: a new prompt, another, an edit, a shorter prefix of an
+    earlier request, a user turn appended; each request's first call its whole prompt) is
+    driven on a fresh drafter without ``reset()`` between requests, as engines do; then
+    (1) no call may raise (an error is never agreement with a replay that raised too);
+    (2) replaying the same call sequence on a fresh instance gives the same drafts, call for
+    call; (3) after ``reset()`` the first drafter, driven through the session again, proposes
+    exactly what the fresh one did.
     """
-    every = list(range(1, len(context) + 1))
+    requests = session_requests(context, other, prompt)
     first = make()
-    recorded = [("other", d) for d in _walk(first, other, list(range(1, len(other) + 1)), k_at).items()]
-    recorded += [("context", d) for d in _walk(first, context, every, k_at).items()]
-    replay = make()
-    replayed = [("other", d) for d in _walk(replay, other, list(range(1, len(other) + 1)), k_at).items()]
-    replayed += [("context", d) for d in _walk(replay, context, every, k_at).items()]
-    for (which, (length, got)), (_, (_, want)) in zip(replayed, recorded, strict=True):
-        if got != want:
-            source = other if which == "other" else context
+    recorded = walk_session(first, requests, k_at)
+    broke = next((c for c in recorded if c.error is not None), None)
+    if broke is not None:
+        return [
+            inv.violation(
+                explanation=_raised(broke, f"a history-dependent drafter, on {broke.request} of a session"),
+                actual=broke.draft,
+                example=_session_example(requests, broke),
+            )
+        ], broke.number
+    replayed = walk_session(make(), requests, k_at)
+    for got, want in zip(replayed, recorded, strict=True):
+        if got.draft != want.draft:
             return [
                 inv.violation(
                     explanation="a history-dependent drafter replayed the same call sequence on a fresh instance and "
-                    f"proposed differently at call on the {which} prefix of length {length} (not replayable)",
-                    expected=want,
-                    actual=got,
-                    example=_example(source[:length], k_at(length)),
+                    f"proposed differently on {got.request}, call {got.number} of the session (context length "
+                    f"{got.length}) (not replayable)",
+                    expected=want.draft,
+                    actual=got.draft,
+                    example=_session_example(requests, got),
                 )
-            ], len(recorded)
+            ], 2 * len(recorded)
     reset = getattr(first, "reset", None)
-    if callable(reset):
-        reset()
-        after = _walk(first, context, every, k_at)
-        fresh = _walk(make(), context, every, k_at)
-        for length in every:
-            if after[length] != fresh[length]:
+    if not callable(reset):
+        return [], 2 * len(recorded)
+    reset()
+    again = walk_session(first, requests, k_at)
+    for got, want in zip(again, recorded, strict=True):
+        if got.draft != want.draft:
+            return [
+                inv.violation(
+                    explanation="after reset() a history-dependent drafter proposed differently than a fresh one "
+                    f"along the same calls, on {got.request}, call {got.number} of the session (context length "
+                    f"{got.length}) (reset() must start a new session)",
+                    expected=want.draft,
+                    actual=got.draft,
+                    example=_session_example(requests, got),
+                )
+            ], 3 * len(recorded)
+    return [], 3 * len(recorded)
+
+
+def _first_change(before: Sequence[int], after: Sequence[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(before, after)) if x != y), min(len(before), len(after)))
+
+
+def check_no_mutation(
+    inv: Invariant,
+    drafter: Drafter,
+    context: Sequence[int],
+    ks: Sequence[int],
+    *,
+    other: Sequence[int] = (),
+    prompt: int | None = None,
+) -> tuple[list[Violation], int]:
+    """The context passed in is unchanged, at every call of a session of requests.
+
+    The drafter is driven through ``session_requests`` (a new prompt, another, an edit, a
+    shorter prefix, a user turn appended; ``reset()`` before each request unless it declares
+    ``history_dependent``, as engines do), one list per request extended in place; after
+    every call that list, and every earlier request's list, must be what it was before.
+    Returns the violations and the number of calls checked.
+    """
+    if not context or not ks:
+        return [], 0
+
+    def k_at(length: int) -> int:
+        return int(ks[length % len(ks)])
+
+    n = len(context)
+    requests = session_requests(context, other, max(1, min(n, prompt if prompt is not None else (n + 1) // 2)))
+    declared = getattr(drafter, "history_dependent", False) is True
+    reset = getattr(drafter, "reset", None)
+    handed: list[tuple[Request, list[int], list[int]]] = []  # each request's list and what it must hold
+    number = 0
+    for request in requests:
+        if callable(reset) and not declared:
+            reset()
+        live: list[int] = []
+        handed.append((request, live, live))
+        for length in request_lengths(request):
+            live.extend(request.tokens[len(live) : length])
+            before = list(live)
+            handed[-1] = (request, live, before)
+            number += 1
+            propose_once(drafter, live, k_at(length))
+            where = f"on {request.name}, call {number} of the session (context length {length}, k={k_at(length)})"
+            for earlier, held, want in handed:
+                if held == want:
+                    continue
+                i = _first_change(want, held)
+                whose = "the context it was given" if earlier is request else f"the context of {earlier.name}"
                 return [
                     inv.violation(
-                        explanation="after reset() a history-dependent drafter proposed differently than a fresh one "
-                        f"along the same calls, at context length {length} (reset() must start a new session)",
-                        expected=fresh[length],
-                        actual=after[length],
-                        example=_example(context[:length], k_at(length)),
+                        explanation=f"propose changed {whose} {where} (first change at index {i}, "
+                        f"length {len(want)} -> {len(held)})",
+                        expected=want[-16:],
+                        actual=held[-16:],
+                        example={
+                            **_example(before, k_at(length)),
+                            "request": request.name,
+                            "requests": [r.name for r in requests],
+                        },
                     )
-                ], len(recorded) + length
-    return [], len(recorded) + (len(every) if callable(reset) else 0)
-
-
-def check_no_mutation(inv: Invariant, drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
-    out: list[Violation] = []
-    for length, k in drafter_history(context, ks):
-        prefix = list(context[:length])
-        before = list(prefix)
-        _, exc = _propose(drafter, prefix, k)
-        if exc is None and prefix != before:
-            first = next((i for i, (x, y) in enumerate(zip(before, prefix)) if x != y), min(len(before), len(prefix)))
-            out.append(
-                inv.violation(
-                    explanation=f"propose changed the context it was given (first change at index {first}, "
-                    f"length {len(before)} -> {len(prefix)})",
-                    expected=before[-16:],
-                    actual=prefix[-16:],
-                    example=_example(before, k),
-                )
-            )
-            break
-    return out
+                ], number
+    return [], number

@@ -92,6 +92,15 @@ from specproof.conformance.zoo._model_drafters import (
 from specproof.conformance.zoo._model_drafters import (
     model_drafter_reprefill as model_drafter_reprefill,
 )
+from specproof.conformance.zoo._reaching_drafters import (
+    HeadKeepsChainAfterFullAccept,
+    HeadLazyReset,
+    HeadLazyResetKeepsLonger,
+    HeadReprefills,
+    MutatesOnLaterRequest,
+    RaisesOnShorterRequest,
+    SessionLookup,
+)
 from specproof.conformance.zoo._sampling_engines import (
     ArgmaxVerification,
     BonusFromWrongRow,
@@ -257,6 +266,21 @@ def suffix_drafter() -> SuffixDrafter:
     return SuffixDrafter()
 
 
+def feature_head_reprefills() -> HeadDrafter:
+    """Correct, differently: a feature head that keeps no head position between calls."""
+    return head_drafter(HeadReprefills)
+
+
+def feature_head_lazy_reset() -> HeadDrafter:
+    """Correct, differently: a feature head whose reset() is lazy (the next call drops every held position)."""
+    return head_drafter(HeadLazyReset)
+
+
+def session_lookup() -> SessionLookup:
+    """Correct: a declared history-dependent lookup over the current and the earlier requests of a session."""
+    return SessionLookup()
+
+
 def feature_engine() -> FeatureZooEngine:
     """Correct: the feature engines' control (SpecDecoder and feature glue that changes nothing)."""
     return FeatureZooEngine()
@@ -351,6 +375,18 @@ _MEMBERS: dict[str, MemberEntry] = {
     "length_cap_hides_eos_in_block": ("engine", LengthCapHidesEosInBlock),
     "prompt_only_lookup": ("drafter", PromptOnlyLookup),
     "head_keeps_chain": ("drafter", HeadKeepsChain, lambda: head_drafter(HeadKeepsChain)),
+    "head_keeps_chain_after_full_accept": (
+        "drafter",
+        HeadKeepsChainAfterFullAccept,
+        lambda: head_drafter(HeadKeepsChainAfterFullAccept),
+    ),
+    "head_lazy_reset_keeps_longer": (
+        "drafter",
+        HeadLazyResetKeepsLonger,
+        lambda: head_drafter(HeadLazyResetKeepsLonger),
+    ),
+    "raises_on_shorter_request": ("drafter", RaisesOnShorterRequest),
+    "mutates_on_later_request": ("drafter", MutatesOnLaterRequest),
     "feature_from_rejected": ("engine", FeatureFromRejected),
     "features_shifted": ("engine", FeaturesShifted),
     "features_wrong_layer": ("engine", FeaturesWrongLayer),
@@ -454,6 +490,9 @@ CORRECT_DRAFTERS: dict[str, str] = {
         "feature_head_drafter",
         "feature_head_replay",
         "feature_head_recomputes",
+        "feature_head_reprefills",
+        "feature_head_lazy_reset",
+        "session_lookup",
         "declared_prompt_only_lookup",
         "suffix_drafter",
         "sampling_drafter",
