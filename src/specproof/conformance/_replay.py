@@ -8,8 +8,10 @@ One ``Replay`` per certification holds, for every driver:
 - the **covering examples**: per engine case and rollback path, the smallest example a seeded
   run reached it with (saved by seeded runs, replayed by derandomized ones for the paths their
   own search missed);
-- the **session histories**: a failing session's request history, saved to a file (the
-  reproduce command replays it) and in the check's namespace (every later run replays it first).
+- the **session histories**: a failing session's request history, saved in the check's
+  namespace (every later run replays it first; one found only in the local directory is
+  republished to a shared database) and to a file under Hypothesis' directory (the reproduce
+  command replays it).
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ class Replay:
     # ---- session histories ------------------------------------------------------------------
 
     def histories(self, item: CheckItem) -> Iterator[tuple[Any, bytes]]:
-        """The failing session histories saved in the check's namespace (ones that do not load are skipped)."""
+        """The failing session histories saved in the check's namespace (ones that do not load are skipped);
+        with a shared database, those found only in the local directory are saved to it (``records``)."""
         from specproof.strategies import SessionHistory
 
         view, store = self.view(item), self.plan.database
@@ -204,10 +207,18 @@ class Replay:
         self.view(item).delete(_HISTORIES, raw)
 
     def save_history(self, history: Any, item: CheckItem | None) -> str:
-        """Save a failing session's request history to a file, so the reproduce command replays exactly
-        it (and, with a database, in the check's namespace, so every later run replays it); its path."""
+        """Keep a failing session's request history: in the check's namespace of the example database
+        (every later run, and every machine sharing the database, replays it first; the save is read
+        back like any other, ``_database._Directory``), and as a file the reproduce command replays
+        (``--replay-session FILE``), in ``sessions/`` of Hypothesis' directory (``--hypothesis-dir``,
+        else $SPECPROOF_HYPOTHESIS_DIR, else the user cache): never beside it. Returns the file's path.
+
+        ``item``: the check whose namespace keeps it (None: the file only, for a history replayed
+        from the database, which holds it already)."""
+        from specproof.conformance._database import hypothesis_home
+
         text = json.dumps(history.to_json(), sort_keys=True)
-        folder = Path(self.plan.storage or Path.home() / ".cache" / "specproof") / "sessions"
+        folder = Path(self.plan.storage or hypothesis_home()) / "sessions"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"session-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
         history.save(path)
