@@ -97,5 +97,7 @@ def test_a_history_found_only_locally_is_republished_to_redis(
     monkeypatch.setenv("SPECPROOF_HYPOTHESIS_DIR", str(tmp_path / "machine2"))
     other = certify("engine", engine=SPEC, only=("engine.session",), db=url)
     assert _database(other)["replayed"] == {CHECK: 1}, _database(other)  # from Redis: machine 2 has no copy
+    # machine 2 keeps its own copy now: a server that goes away later loses nothing
+    assert any(p.read_bytes().startswith(b"{") for p in _files(tmp_path / "machine2" / "examples"))
     # the report says which run published it again
     assert _database(again).get("republished") == {CHECK: 1} and _database(other).get("republished") == {}

@@ -389,7 +389,8 @@ class _View(ExampleDatabase):
     def records(self, name: bytes) -> list[bytes]:
         """The records saved under ``name``; with a shared database, one found only in the local
         directory (saved while the server was away, or before it was flushed) is saved to the
-        shared one too, so every machine sharing it replays it (``ExampleStore.republished``)."""
+        shared one too, so every machine sharing it replays it (``ExampleStore.republished``),
+        and one found only in the shared one is kept in the local directory."""
         store, key = self.store, self.prefix + name
         try:
             if store.shared_database is None:
@@ -404,6 +405,9 @@ class _View(ExampleDatabase):
                 store.shared_database.save(key, value)  # (a failure marks the store lost, as any shared save)
                 if store.lost is None:
                     store.republished[self.check] += 1
+        for value in shared:
+            if value not in local:  # kept locally too (read back): a server that goes away later loses nothing
+                store.local_database.save(key, value)
         return list(dict.fromkeys([*local, *shared]))
 
     # ---- covering examples: per rollback path, the smallest example that reached it -------
