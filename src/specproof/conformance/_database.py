@@ -88,6 +88,9 @@ class ExampleStore:
     covering_saved: Counter[str] = attrs.Factory(Counter)  # engine case -> covering examples saved
     covered: dict[str, list[str]] = attrs.Factory(dict)  # engine case -> paths only the replayed ones reached
     republished: Counter[str] = attrs.Factory(Counter)  # check id -> records found only locally, saved to shared
+    # check id -> saved examples handed to its searches before they found anything (its own, another
+    # check's, covering ones): a failure of that check may need them, so its reproduce line names --db
+    given_back: Counter[str] = attrs.Factory(Counter)
     local_database: Any = attrs.field(default=None, repr=False)  # the local directory's database
     shared_database: Any = attrs.field(default=None, repr=False)  # the shared (Redis) one, guarded; None without
 
@@ -352,11 +355,16 @@ class _Guarded(ExampleDatabase):
 
 
 class _View(ExampleDatabase):
-    """One check's namespace in the store; entries that do not decode are skipped with a warning."""
+    """One check's namespace in the store; entries that do not decode are skipped with a warning.
+
+    A view serves one Hypothesis run: the entries it gives back before the run saves anything (the
+    replay phase, before a failure is found) are counted in ``ExampleStore.given_back``.
+    """
 
     def __init__(self, store: ExampleStore, prefix: bytes, check: str) -> None:
         super().__init__()
         self.store, self.prefix, self.check = store, prefix + b":", check
+        self.saved = False
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
         try:
@@ -370,9 +378,12 @@ class _View(ExampleDatabase):
                 self.store.warn(f"{self.check}: skipped an example database entry that does not decode")
                 continue
             good.append(value)
+        if good and not self.saved:
+            self.store.given_back[self.check] += len(good)
         return good
 
     def save(self, key: bytes, value: bytes) -> None:
+        self.saved = True
         try:
             self.store.database.save(self.prefix + key, value)
         except Exception as exc:

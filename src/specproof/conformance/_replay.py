@@ -80,13 +80,24 @@ class Replay:
         item: CheckItem | None = None,
         phases: Any = None,
         replay: Sequence[bytes] = (),
+        again: Sequence[bytes] = (),
     ) -> Any:
         """``fn`` (a ``@given`` test) under the profile's settings; with a database, the check's own
-        namespace and Phase.reuse first (``replay``: choice sequences replayed first too, not saved)."""
+        namespace and Phase.reuse first.
+
+        Choice sequences replayed first too (``Phase.reuse``, not saved from here): ``replay``, saved
+        examples the database gave back elsewhere (covering examples, another check's failures),
+        counted as given back to the check (its reproduce line names the database); ``again``, this
+        run's own failing examples, so the search shrinks from the very example that failed (with or
+        without a database)."""
         database = self.view(item)
-        if database is not None and replay:
+        entries = [*replay, *again]
+        if entries:
             key = function_digest(fn.hypothesis.inner_test)  # the key Hypothesis reads the test's entries at
-            database = MultiplexedDatabase(database, replay_only(key, replay))
+            extra = replay_only(key, entries)
+            database = extra if database is None else MultiplexedDatabase(database, extra)
+            if replay and item is not None and self.plan.database is not None:
+                self.plan.database.given_back[item.id] += len(replay)
         settings = self.plan.profile.hypothesis_settings(
             seed=self.plan.seed, max_examples=max_examples, database=database
         )
