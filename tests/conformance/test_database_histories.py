@@ -57,7 +57,7 @@ def test_a_failing_sessions_files_stay_under_the_named_directories(
     assert all(p.is_relative_to(hyp) for p in _files(named)) and not any(cwd.iterdir())
 
 
-def _keys(url: str) -> list[bytes]:
+def _keys(url: str) -> list[Any]:
     import redis
 
     client = redis.Redis.from_url(url)
