@@ -13,6 +13,7 @@ few seconds for every tagged process to be gone (read from /proc: psutil is no t
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -22,6 +23,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,15 +93,15 @@ def _kill_tagged(tag: str) -> None:
             pass
 
 
-def _start(args: list[str], tmp_path: Path, tag: str) -> subprocess.Popen[bytes]:
+def _start(args: list[str], tmp_path: Path, tag: str, *, stdout: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     env = {**os.environ, "SPECPROOF_LEFTOVER_TAG": tag, "OMP_NUM_THREADS": "1"}
     env["SPECPROOF_HYPOTHESIS_DIR"] = str(tmp_path / "hyp")
     env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.Popen(
         [sys.executable, "-m", "specproof", *args],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.STDOUT if stdout is not subprocess.DEVNULL else subprocess.DEVNULL,
     )
 
 
@@ -176,3 +178,33 @@ def test_a_killed_campaign_leaves_no_worker_and_no_engine(tmp_path: Path) -> Non
     finally:
         _kill_tagged(tag)
     assert left == [], f"running before SIGKILL: {before}; still running 15 s after: {left}"
+
+
+def test_sigterm_to_certify_writes_the_partial_report_and_exits_143(tmp_path: Path) -> None:
+    """SIGTERM (what CI timeouts send) is handled like Ctrl-C: the hung engine is stopped, the partial
+    report (JSON and Markdown) is written with verdict INTERRUPTED, the verdict line is printed, exit 143."""
+    tag = uuid.uuid4().hex
+    spec, markers = _hung_engine(tmp_path)
+    report, markdown, out = tmp_path / "r.json", tmp_path / "r.md", tmp_path / "out.txt"
+    args = ["certify", "engine", "--engine", spec, "--only", "engine.stop", "--db", "none"]
+    args += ["--report", str(report), "--markdown", str(markdown)]
+    with out.open("wb") as sink:
+        proc = _start(args, tmp_path, tag, stdout=sink)
+        try:
+            _wait_for(proc, markers, 1)
+            before = _tagged(tag)
+            proc.send_signal(signal.SIGTERM)  # to certify alone, as `kill PID` and CI timeouts do
+            proc.wait(timeout=60)
+            left = _gone_within(tag, 15)
+        finally:
+            _kill_tagged(tag)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    printed = out.read_text()
+    assert proc.returncode == 143, printed[-3000:]
+    assert left == [], f"running before SIGTERM: {before}; still running 15 s after: {left}"
+    data = json.loads(report.read_text())
+    assert data["verdict"] == "interrupted" and "SIGTERM" in data["verdict_reason"], data["verdict_reason"]
+    assert "INTERRUPTED" in markdown.read_text()
+    assert "verdict: INTERRUPTED" in printed and "SIGTERM" in printed, printed[-3000:]

@@ -189,6 +189,18 @@ def test_certify_and_the_plugin_build_the_same_plan(tmp_path: Path) -> None:
         64,
         {"engine.stop": "known"},
     )
-    assert cli.storage == str(tmp_path) and cli.database is None
+    assert cli.storage == str(tmp_path / "hyp") and cli.database is None  # (the directory named, not its parent)
     with pytest.raises(UsageError, match="--specproof-hypothesis-dir"):
         Plan.from_options(values | {"hypothesis_dir": str(tmp_path / "missing" / "hyp")}, flags="plugin")
+
+
+def test_the_plugin_keeps_hypothesis_files_in_the_named_directory(tmp_path: Path) -> None:
+    """``--specproof-hypothesis-dir DIR``: Hypothesis' files (its constants cache, the examples) go
+    there, as under ``specproof certify``; nothing in the working directory (no ``.hypothesis/``)."""
+    cwd, hyp = tmp_path / "cwd", tmp_path / "hyp"
+    cwd.mkdir()
+    args = ["--specproof-subject", "drafter", "--specproof-only", "drafter.max-length"]
+    out = _pytest("-p", "no:benchmark", *args, "--specproof-hypothesis-dir", str(hyp), cwd=cwd)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert list(cwd.iterdir()) == []
+    assert any(p.is_file() for p in hyp.rglob("*"))  # (Hypothesis wrote its files: here)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 EPILOG = """exit status: 0 PASS (excused counts as a pass), 1 FAIL, 2 usage error (nothing run, nothing written),
 3 INCONCLUSIVE (nothing failed, but some requested subject had no check pass on exercised examples:
-not a pass), 130 interrupted (the partial report is written, marked interrupted)."""
+not a pass), 130 interrupted by Ctrl-C, 143 by SIGTERM (the partial report is written, marked interrupted)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -72,14 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specproof.conformance import Plan
     from specproof.conformance.cli_support import run_plan as certify
-    from specproof.conformance.reports import (
-        EXIT_CODES,
-        check_output_path,
-        render_junit,
-        write_json_report,
-        write_markdown_report,
-        write_text_file,
-    )
+    from specproof.conformance.reports import check_output_path
 
     # Everything the user gave is checked before any work: paths first (nothing is created), then
     # the options as the plan takes them (the one mapping from OPTIONS: Plan.from_options)
@@ -100,7 +97,25 @@ def run(args: argparse.Namespace) -> int:
     console = Console(
         file=sys.stderr if args.json else sys.stdout, soft_wrap=not terminal, width=None if terminal else 10_000
     )
-    report = _run_with_progress(plan, certify, console, terminal).to_json()
+    # SIGTERM (what CI timeouts and service managers send) is handled like Ctrl-C: the engines are
+    # stopped, the partial report is written, the verdict line printed, and the exit status is 143
+    with _sigterm_as_interrupt() as terminated:
+        report = _run_with_progress(plan, certify, console, terminal).to_json()
+        if terminated.is_set() and report.get("verdict") == "interrupted":
+            report["verdict_reason"] = "interrupted (SIGTERM): the report holds the checks that finished"
+        return _finish(args, report, console, 143 if terminated.is_set() else None)
+
+
+def _finish(args: argparse.Namespace, report: dict[str, Any], console: Any, status: int | None) -> int:
+    """Write the reports asked for, print the table (or the JSON) and the verdict line; the exit status."""
+    from specproof.conformance.reports import (
+        EXIT_CODES,
+        render_junit,
+        write_json_report,
+        write_markdown_report,
+        write_text_file,
+    )
+
     if args.report:
         write_json_report(args.report, report)
     if args.markdown:
@@ -114,7 +129,34 @@ def run(args: argparse.Namespace) -> int:
     if report.get("pytest_output"):
         console.print(report["pytest_output"], markup=False)
     print_database(console, report)
-    return EXIT_CODES.get(report["verdict"], 1)
+    return status if status is not None else EXIT_CODES.get(report["verdict"], 1)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM in ``certify``: stopped as Ctrl-C stops it (the in-process pytest run ends as interrupted)."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[threading.Event]:
+    """While the checks run, the first SIGTERM raises ``_Terminated`` (a ``KeyboardInterrupt``) in the
+    main thread; the event it yields says one came. Another SIGTERM while the run stops and the
+    partial report is written is ignored (it must not cut the report short). Outside the main
+    thread (a caller's thread) nothing is installed."""
+    came = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if not came.is_set():
+            came.set()
+            raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield came
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) -> Any:

@@ -186,7 +186,7 @@ class CampaignState:
         if not accounts:
             return None
         merged = dict(accounts[0])
-        for field in ("replayed", "covering_replayed", "covering_saved"):
+        for field in ("replayed", "covering_replayed", "covering_saved", "republished"):
             total: Counter[str] = Counter()
             for account in accounts:
                 total.update(account.get(field) or {})
@@ -326,7 +326,7 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
         from specproof.conformance.reports import build_report
 
         store = open_database(options.db, default_dir=default_examples_dir(Path(options.hypothesis_dir)))
-        base = Plan.create(**options.plan, database=store, storage=str(Path(options.hypothesis_dir).parent))
+        base = Plan.create(**options.plan, database=store, storage=options.hypothesis_dir)
         rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         r = 0
         try:

@@ -87,6 +87,12 @@ class ExampleStore:
     covering: Counter[str] = attrs.Factory(Counter)  # engine case -> covering examples replayed
     covering_saved: Counter[str] = attrs.Factory(Counter)  # engine case -> covering examples saved
     covered: dict[str, list[str]] = attrs.Factory(dict)  # engine case -> paths only the replayed ones reached
+    republished: Counter[str] = attrs.Factory(Counter)  # check id -> records found only locally, saved to shared
+    # check id -> saved examples handed to its searches before they found anything (its own, another
+    # check's, covering ones): a failure of that check may need them, so its reproduce line names --db
+    given_back: Counter[str] = attrs.Factory(Counter)
+    local_database: Any = attrs.field(default=None, repr=False)  # the local directory's database
+    shared_database: Any = attrs.field(default=None, repr=False)  # the shared (Redis) one, guarded; None without
 
     def view(self, key: str, *, check: str) -> ExampleDatabase:
         """The namespace of one check (``key`` from ``check_key``); undecodable entries are skipped."""
@@ -110,6 +116,7 @@ class ExampleStore:
             "covering_replayed": dict(self.covering),
             "covering_saved": dict(self.covering_saved),
             "covering_paths": {case: list(paths) for case, paths in self.covered.items()},
+            "republished": dict(self.republished),
             "warnings": list(self.warnings),
             "unsaved": list(self.unsaved),
             "lost": self.lost,
@@ -189,7 +196,8 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
         raise UsageError(f"{option} {spec!r}: the Redis server does not answer: {_failure(exc)}") from None
     store = _directory_store(spec, default_dir)
     store.shared = spec
-    store.database = MultiplexedDatabase(store.database, _Guarded(RedisExampleDatabase(client), store, spec))
+    store.shared_database = _Guarded(RedisExampleDatabase(client), store, spec)
+    store.database = MultiplexedDatabase(store.local_database, store.shared_database)
     return store
 
 
@@ -251,7 +259,7 @@ def _check_writable(path: Path, *, option: str) -> None:
 
 def _directory_store(spec: str, path: Path) -> ExampleStore:
     directory = _Directory(path)
-    store = ExampleStore(spec=spec, database=directory, local=path)
+    store = ExampleStore(spec=spec, database=directory, local=path, local_database=directory)
     directory.store = store
     return store
 
@@ -347,11 +355,16 @@ class _Guarded(ExampleDatabase):
 
 
 class _View(ExampleDatabase):
-    """One check's namespace in the store; entries that do not decode are skipped with a warning."""
+    """One check's namespace in the store; entries that do not decode are skipped with a warning.
+
+    A view serves one Hypothesis run: the entries it gives back before the run saves anything (the
+    replay phase, before a failure is found) are counted in ``ExampleStore.given_back``.
+    """
 
     def __init__(self, store: ExampleStore, prefix: bytes, check: str) -> None:
         super().__init__()
         self.store, self.prefix, self.check = store, prefix + b":", check
+        self.saved = False
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
         try:
@@ -365,9 +378,12 @@ class _View(ExampleDatabase):
                 self.store.warn(f"{self.check}: skipped an example database entry that does not decode")
                 continue
             good.append(value)
+        if good and not self.saved:
+            self.store.given_back[self.check] += len(good)
         return good
 
     def save(self, key: bytes, value: bytes) -> None:
+        self.saved = True
         try:
             self.store.database.save(self.prefix + key, value)
         except Exception as exc:
@@ -382,11 +398,28 @@ class _View(ExampleDatabase):
     # ---- raw records (session histories): bytes under the check's own namespace ----------
 
     def records(self, name: bytes) -> list[bytes]:
+        """The records saved under ``name``; with a shared database, one found only in the local
+        directory (saved while the server was away, or before it was flushed) is saved to the
+        shared one too, so every machine sharing it replays it (``ExampleStore.republished``),
+        and one found only in the shared one is kept in the local directory."""
+        store, key = self.store, self.prefix + name
         try:
-            return list(self.store.database.fetch(self.prefix + name))
+            if store.shared_database is None:
+                return list(store.database.fetch(key))
+            local = list(store.local_database.fetch(key))
+            shared = list(store.shared_database.fetch(key))
         except Exception as exc:
-            self.store.warn(f"{self.check}: the example database could not be read ({type(exc).__name__}: {exc})")
+            store.warn(f"{self.check}: the example database could not be read ({type(exc).__name__}: {exc})")
             return []
+        for value in local:
+            if value not in shared and store.lost is None:
+                store.shared_database.save(key, value)  # (a failure marks the store lost, as any shared save)
+                if store.lost is None:
+                    store.republished[self.check] += 1
+        for value in shared:
+            if value not in local:  # kept locally too (read back): a server that goes away later loses nothing
+                store.local_database.save(key, value)
+        return list(dict.fromkeys([*local, *shared]))
 
     # ---- covering examples: per rollback path, the smallest example that reached it -------
 

@@ -37,7 +37,9 @@ class Plan:
     atol: float | None
     replay_session: str | None = None  # a session history file: engine.session replays it instead of searching
     max_context: int | None = None  # --max-context: the capacity an engine is tested at (default: the profile's)
-    storage: str | None = None  # where a failing session's history is saved (default ~/.cache/specproof)
+    # Hypothesis' directory (--hypothesis-dir): a failing session's history file goes in its sessions/
+    # (default: $SPECPROOF_HYPOTHESIS_DIR, else the user cache); nothing is written beside it
+    storage: str | None = None
     # the example database (an ExampleStore, _database.py): failures are saved and replayed first
     database: Any = attrs.field(default=None, eq=False)
     expected_failures: dict[str, str] = attrs.field(factory=dict)  # invariant id -> reason (--expect-fail)
@@ -136,7 +138,7 @@ class Plan:
         expected = declared_failures(values.get("expect_fail_file"), values.get("expect_fail") or ())
         return cls.create(
             **plan_arguments(values),
-            storage=str(storage.parent),
+            storage=str(storage),
             database=database,
             expected_failures=expected,
         )

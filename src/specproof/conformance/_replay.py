@@ -8,8 +8,10 @@ One ``Replay`` per certification holds, for every driver:
 - the **covering examples**: per engine case and rollback path, the smallest example a seeded
   run reached it with (saved by seeded runs, replayed by derandomized ones for the paths their
   own search missed);
-- the **session histories**: a failing session's request history, saved to a file (the
-  reproduce command replays it) and in the check's namespace (every later run replays it first).
+- the **session histories**: a failing session's request history, saved in the check's
+  namespace (every later run replays it first; one found only in the local directory is
+  republished to a shared database) and to a file under Hypothesis' directory (the reproduce
+  command replays it).
 """
 
 from __future__ import annotations
@@ -78,13 +80,24 @@ class Replay:
         item: CheckItem | None = None,
         phases: Any = None,
         replay: Sequence[bytes] = (),
+        again: Sequence[bytes] = (),
     ) -> Any:
         """``fn`` (a ``@given`` test) under the profile's settings; with a database, the check's own
-        namespace and Phase.reuse first (``replay``: choice sequences replayed first too, not saved)."""
+        namespace and Phase.reuse first.
+
+        Choice sequences replayed first too (``Phase.reuse``, not saved from here): ``replay``, saved
+        examples the database gave back elsewhere (covering examples, another check's failures),
+        counted as given back to the check (its reproduce line names the database); ``again``, this
+        run's own failing examples, so the search shrinks from the very example that failed (with or
+        without a database)."""
         database = self.view(item)
-        if database is not None and replay:
+        entries = [*replay, *again]
+        if entries:
             key = function_digest(fn.hypothesis.inner_test)  # the key Hypothesis reads the test's entries at
-            database = MultiplexedDatabase(database, replay_only(key, replay))
+            extra = replay_only(key, entries)
+            database = extra if database is None else MultiplexedDatabase(database, extra)
+            if replay and item is not None and self.plan.database is not None:
+                self.plan.database.given_back[item.id] += len(replay)
         settings = self.plan.profile.hypothesis_settings(
             seed=self.plan.seed, max_examples=max_examples, database=database
         )
@@ -185,7 +198,8 @@ class Replay:
     # ---- session histories ------------------------------------------------------------------
 
     def histories(self, item: CheckItem) -> Iterator[tuple[Any, bytes]]:
-        """The failing session histories saved in the check's namespace (ones that do not load are skipped)."""
+        """The failing session histories saved in the check's namespace (ones that do not load are skipped);
+        with a shared database, those found only in the local directory are saved to it (``records``)."""
         from specproof.strategies import SessionHistory
 
         view, store = self.view(item), self.plan.database
@@ -204,10 +218,18 @@ class Replay:
         self.view(item).delete(_HISTORIES, raw)
 
     def save_history(self, history: Any, item: CheckItem | None) -> str:
-        """Save a failing session's request history to a file, so the reproduce command replays exactly
-        it (and, with a database, in the check's namespace, so every later run replays it); its path."""
+        """Keep a failing session's request history: in the check's namespace of the example database
+        (every later run, and every machine sharing the database, replays it first; the save is read
+        back like any other, ``_database._Directory``), and as a file the reproduce command replays
+        (``--replay-session FILE``), in ``sessions/`` of Hypothesis' directory (``--hypothesis-dir``,
+        else $SPECPROOF_HYPOTHESIS_DIR, else the user cache): never beside it. Returns the file's path.
+
+        ``item``: the check whose namespace keeps it (None: the file only, for a history replayed
+        from the database, which holds it already)."""
+        from specproof.conformance._database import hypothesis_home
+
         text = json.dumps(history.to_json(), sort_keys=True)
-        folder = Path(self.plan.storage or Path.home() / ".cache" / "specproof") / "sessions"
+        folder = Path(self.plan.storage or hypothesis_home()) / "sessions"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"session-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
         history.save(path)

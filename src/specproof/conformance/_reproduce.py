@@ -23,8 +23,11 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
     """The command that runs this check again on the same subjects, profile, seed and tolerances.
 
     ``driver_args``: the options the check's driver adds (``--replay-session FILE``); with
-    them the example database is not needed, else a failure that came back from the database
-    names it (``--db``).
+    them the example database is not needed. Else the command names the database (``--db``)
+    whenever the check's failure may have come from it: a saved failure of its own that failed
+    again, or saved examples handed to its search before it failed (another worker's or another
+    check's failure, a covering example), which the seed alone does not draw. The failing run
+    saved its minimal example in the check's namespace, so the command replays it from there.
     """
     specs = plan.specs
     parts = ["specproof", "certify", str(specs.get("subject") or "all")]
@@ -38,8 +41,9 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
     if plan.seed is not None:
         parts += ["--seed", str(plan.seed)]
     store = plan.database
-    if store is not None and store.replayed.get(result.nodeid) and not driver_args:
-        parts += ["--db", shlex.quote(store.spec)]  # the failure came back from the database: replay it again
+    came_back = store is not None and (store.replayed.get(result.nodeid) or store.given_back.get(result.nodeid))
+    if came_back and not driver_args:
+        parts += ["--db", shlex.quote(store.spec)]  # the failure may need the database: replay it from there
     if plan.tie_tolerance is not None:
         parts += ["--tie-tolerance", repr(plan.tie_tolerance)]
     if plan.atol is not None:

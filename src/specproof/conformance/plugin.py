@@ -13,6 +13,7 @@ Loading it in an unrelated pytest run costs an option group and nothing else.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -55,9 +56,33 @@ def pytest_configure(config: pytest.Config) -> None:
     from specproof.contract.errors import InvalidSettingError, PluginError
 
     try:
-        _certification(config)
+        cert = _certification(config)
     except (UsageError, PluginError, InvalidSettingError) as exc:  # what `specproof certify` exits 2 on
         raise pytest.UsageError(str(exc)) from None
+    _use_hypothesis_dir(config, cert)
+
+
+_HOME = pytest.StashKey[object]()  # Hypothesis' home directory before this run set it
+
+
+def _use_hypothesis_dir(config: pytest.Config, cert: Certification) -> None:
+    """Hypothesis keeps its files (examples, its constants cache) in ``--specproof-hypothesis-dir``
+    (default $SPECPROOF_HYPOTHESIS_DIR, else the user cache), as under ``specproof certify``: never
+    ``.hypothesis/`` in the working directory. Set back when the session ends."""
+    from hypothesis import configuration
+
+    from specproof.conformance._database import hypothesis_home
+
+    config.stash[_HOME] = getattr(configuration, "__hypothesis_home_directory", None)
+    configuration.set_hypothesis_home_dir(cert.plan.storage or hypothesis_home())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _HOME in config.stash:
+        from hypothesis import configuration
+
+        home = config.stash[_HOME]
+        configuration.set_hypothesis_home_dir(home if isinstance(home, (str, Path)) else None)
 
 
 def _certification(config: pytest.Config) -> Certification:

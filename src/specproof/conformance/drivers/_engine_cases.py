@@ -40,6 +40,10 @@ class EngineCaseDriver(Driver):
         self.examples = EngineExamples(context.plan, context.cache)
         self._sink: list[EngineRun] | None = None  # the runs a database replay draws
         self._choices: list[tuple[EngineRun, bytes]] | None = None  # runs drawn, with their choice sequences
+        # engine case token -> its search's draws and the database's (replayed from the invariants'
+        # namespaces), with their choices: a failing one is replayed first by the shrinking search
+        self._drawn: dict[int, list[tuple[EngineRun, bytes]]] = {}
+        self._given: dict[int, list[tuple[EngineRun, bytes]]] = {}
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
         case, inv = item.engine, item.invariant
@@ -48,7 +52,7 @@ class EngineCaseDriver(Driver):
         if search.error is not None:
             raise search.error
         notes: Counter[str] = Counter()
-        failed = False
+        failed: list[EngineRun] = []
         for run in search.runs:
             outcome = inv.check(case, run)
             result.examples += 1
@@ -57,33 +61,42 @@ class EngineCaseDriver(Driver):
             if outcome.note and not outcome.exercised:
                 notes[outcome.note] += 1
             if outcome.violations:
-                failed = True
+                failed.append(run)
             result.excused += len(outcome.excused)
             result.excused_margins.extend(float(m) for m in outcome.excused if m is not None)
         result.notes = list(case.notes)
         if failed:
-            self._shrink(item, result)
+            self._shrink(item, result, failed)
         if not result.exercised:
             reason = notes.most_common(1)[0][0] if notes else "no example reached this check"
             result.skip(reason)
 
-    def _shrink(self, item: CheckItem, result: CheckResult) -> None:
+    def _shrink(self, item: CheckItem, result: CheckResult, failed: list[EngineRun]) -> None:
         """Search again, failing on this invariant only, so Hypothesis shrinks to a minimal example."""
         case, inv = item.engine, item.invariant
         assert case is not None and inv.check is not None
         # raises the minimal failing example when the search finds one (and saves it in the database)
-        # (a covering example from the database that fails is replayed first: shrunk from there,
-        # its minimal example is saved in the check's namespace like any failure)
-        covering = [raw for run, raw in self.context.searches[case.token].covering if inv.check(case, run).violations]
-        self.context.replay.settings(self._failing_test(item), item=item, replay=covering)()
+        # The examples that failed are replayed first, so it is shrunk from the very example: one the
+        # database gave (a covering example, another invariant's saved failure: the seed alone does
+        # not draw it; its minimal example is saved in this check's namespace like any failure), or
+        # one the search drew itself
+        failing = {id(run) for run in failed}
+        given = [*self.context.searches[case.token].covering, *self._given.get(case.token, ())]
+        replay = [raw for run, raw in given if id(run) in failing]
+        again = [raw for run, raw in self._drawn.get(case.token, ()) if id(run) in failing]
+        self.context.replay.settings(self._failing_test(item), item=item, replay=replay, again=again)()
         for ex in self.examples.explicit(case):  # only an explicit example failed: it is small already
             run = self.examples.execute(case, **ex)
             found = inv.check(case, run).violations
             if found:
                 raise ViolationError(found)
-        # the search found a failure that did not come back (a nondeterministic subject)
+        # the very example that failed in the search passed when run again (a nondeterministic subject)
         raise ViolationError(
-            [inv.violation("failed in the search, but not when searched again: the subject is nondeterministic")]
+            [
+                inv.violation(
+                    "failed in the search, but the same example passed when run again: the subject is nondeterministic"
+                )
+            ]
         )
 
     def _draw_run(self, data: st.DataObject, case: EngineCase) -> EngineRun:
@@ -113,11 +126,12 @@ class EngineCaseDriver(Driver):
                 found.runs.append(self._draw_run(data, case))
 
             saving = self.plan.seed is not None and self.plan.database is not None
-            self._choices = [] if saving else None
+            self._choices = []
             try:
                 replay.settings(search)()
             finally:
                 drawn, self._choices = self._choices or [], None
+                self._drawn[case.token] = drawn
             if saving:
                 replay.keep_covering(case, drawn)
             else:
@@ -142,7 +156,7 @@ class EngineCaseDriver(Driver):
         for item in self.context.checks("engine"):
             if item.engine is not case or item.invariant.driver != "engine-case":
                 continue
-            self._sink = []
+            self._sink, self._choices = [], []
             try:
                 self.context.replay.settings(self._failing_test(item), item=item, phases=[Phase.reuse])()
             except ViolationError:
@@ -151,7 +165,8 @@ class EngineCaseDriver(Driver):
                 pass  # nothing saved for this check: Hypothesis ran no example
             finally:
                 found.runs.extend(self._sink)
-                self._sink = None
+                self._given.setdefault(case.token, []).extend(self._choices)
+                self._sink = self._choices = None
 
     def _failing_test(self, item: CheckItem) -> Any:
         """The search that fails on one engine invariant only: its shrinking, and its database key.
