@@ -208,3 +208,42 @@ def test_sigterm_to_certify_writes_the_partial_report_and_exits_143(tmp_path: Pa
     assert data["verdict"] == "interrupted" and "SIGTERM" in data["verdict_reason"], data["verdict_reason"]
     assert "INTERRUPTED" in markdown.read_text()
     assert "verdict: INTERRUPTED" in printed and "SIGTERM" in printed, printed[-3000:]
+
+
+SILENT_ENGINE = textwrap.dedent(
+    """
+    import os, sys, time
+    open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()  # started; never says hello
+    while True:
+        time.sleep(1)
+    """
+)
+
+
+def test_sigterm_while_loading_the_subjects_prints_the_verdict_and_exits_143(tmp_path: Path) -> None:
+    """A SIGTERM during the engine's handshake (loading can take minutes) is told, never silent: no
+    check ran, so no report can name its subjects; the verdict line says so and the engine is gone."""
+    tag = uuid.uuid4().hex
+    script = tmp_path / "silent_engine.py"
+    script.write_text(SILENT_ENGINE)
+    markers = tmp_path / "silent"
+    markers.mkdir()
+    spec = "exec:" + shlex.join([sys.executable, str(script), str(markers)])
+    out = tmp_path / "out.txt"
+    with out.open("wb") as sink:
+        proc = _start(["certify", "engine", "--engine", spec, "--db", "none"], tmp_path, tag, stdout=sink)
+        try:
+            _wait_for(proc, markers, 1)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            left = _gone_within(tag, 15)
+        finally:
+            _kill_tagged(tag)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    printed = out.read_text()
+    assert proc.returncode == 143, printed[-3000:]
+    assert "verdict: INTERRUPTED (SIGTERM while loading the subjects" in printed, printed[-3000:]
+    assert "Traceback" not in printed, printed[-3000:]
+    assert left == [], f"still running 15 s after SIGTERM: {left}"

@@ -72,8 +72,6 @@ def open_db(args: argparse.Namespace, storage: Path) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from specproof.conformance import Plan
     from specproof.conformance.cli_support import run_plan as certify
     from specproof.conformance.reports import check_output_path
@@ -82,7 +80,26 @@ def run(args: argparse.Namespace) -> int:
     # the options as the plan takes them (the one mapping from OPTIONS: Plan.from_options)
     if args.junitxml:
         check_output_path(args.junitxml, option="--junitxml")
-    plan = Plan.from_options(vars(args))
+    # SIGTERM (what CI timeouts and service managers send) is handled like Ctrl-C from here on
+    with _sigterm_as_interrupt() as terminated:
+        try:
+            plan = Plan.from_options(vars(args))
+        except KeyboardInterrupt:
+            # loading the subjects (an engine's handshake, a model) can take minutes; a report names
+            # its subjects, so none can be written yet: say so, never end silently
+            signal_name = "SIGTERM" if terminated.is_set() else "Ctrl-C"
+            print(
+                f"verdict: INTERRUPTED ({signal_name} while loading the subjects: no check ran, no report written)",
+                file=sys.stderr,
+            )
+            return 143 if terminated.is_set() else 130
+        return _certify(args, plan, certify, terminated)
+
+
+def _certify(args: argparse.Namespace, plan: Any, certify: Any, terminated: threading.Event) -> int:
+    """Run the loaded plan; its report written and its verdict printed, interrupted or not."""
+    from rich.console import Console
+
     storage = _hypothesis_dir(args.hypothesis_dir)
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:
@@ -97,13 +114,12 @@ def run(args: argparse.Namespace) -> int:
     console = Console(
         file=sys.stderr if args.json else sys.stdout, soft_wrap=not terminal, width=None if terminal else 10_000
     )
-    # SIGTERM (what CI timeouts and service managers send) is handled like Ctrl-C: the engines are
-    # stopped, the partial report is written, the verdict line printed, and the exit status is 143
-    with _sigterm_as_interrupt() as terminated:
-        report = _run_with_progress(plan, certify, console, terminal).to_json()
-        if terminated.is_set() and report.get("verdict") == "interrupted":
-            report["verdict_reason"] = "interrupted (SIGTERM): the report holds the checks that finished"
-        return _finish(args, report, console, 143 if terminated.is_set() else None)
+    # on SIGTERM the engines are stopped, the partial report is written, the verdict line printed,
+    # and the exit status is 143
+    report = _run_with_progress(plan, certify, console, terminal).to_json()
+    if terminated.is_set() and report.get("verdict") == "interrupted":
+        report["verdict_reason"] = "interrupted (SIGTERM): the report holds the checks that finished"
+    return _finish(args, report, console, 143 if terminated.is_set() else None)
 
 
 def _finish(args: argparse.Namespace, report: dict[str, Any], console: Any, status: int | None) -> int:
