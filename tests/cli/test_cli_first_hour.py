@@ -95,3 +95,16 @@ def test_fuzz_interrupted_says_interrupted(
     assert code == 130
     assert "verdict: INTERRUPTED" in out and "verdict: PASS" not in out, out[-1500:]
     assert json.loads(out_file.read_text())["verdict"] == "interrupted"
+
+
+def test_the_certify_table_prints_a_failures_detail_verbatim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A detail begins "[drafter.max-length]: ..."; printed as rich markup, the bracketed id vanished and the
+    table showed ": asked for ...". The id and the detail are plain text."""
+    drafter = "specproof.conformance.zoo:too_long"
+    args = ["certify", "drafter", "--drafter", drafter, "--only", "drafter.max-length", "--db", "none"]
+    assert main([*args, "--hypothesis-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("│ drafter.max-length"))
+    assert "[drafter.max-length]: asked for at most" in row, row

@@ -244,6 +244,7 @@ def print_database(console: Any, report: dict[str, Any]) -> None:
 
 def _print_table(console: Any, report: dict[str, Any]) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     from specproof.conformance.reports import sampling_lines
 
@@ -271,12 +272,12 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
     }
     for r in report["results"]:
         table.add_row(
-            r["id"],
+            Text(r["id"]),  # plain text: "[engine.stop]" in a detail is not rich markup
             f"[{style.get(r['status'], '')}]{r['status']}[/]",
             str(r["examples"]),
             str(r["exercised"]),
             f"{r['seconds']:.2f}",
-            r.get("detail") or "",
+            Text(r.get("detail") or ""),
         )
     console.print(table)
     coverage = report.get("path_coverage") or {}
