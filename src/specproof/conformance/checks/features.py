@@ -100,8 +100,8 @@ def _proposal_breach(
     without features; None when both hold."""
     if got != fresh:
         return inv.violation(
-            explanation=f"after {i} rounds of accepts and rejects, the proposal differs from a fresh "
-            f"drafter's given the same context and features (its own KV or carried features were not "
+            explanation=f"after {i} round{'' if i == 1 else 's'} of accepts and rejects, the proposal differs "
+            f"from a fresh drafter's given the same context and features (its own KV or carried features were not "
             f"rolled back to the accepted prefix)",
             expected=fresh,
             actual=got,
