@@ -52,7 +52,14 @@ def resolve_drafter_target(drafter: str, target: str | None) -> tuple[str, Calla
             f"--drafter {drafter!r} reads the hidden states of target {feature!r}, not --target {target!r}: "
             f"drop --target (it defaults to {feature!r}) or pass --target {feature}"
         )
-    load_target(target)  # a bad --target is a usage error now, not after the first workload
+    loaded = load_target(target)  # a bad --target is a usage error now, not after the first workload
+    if loaded.vocab_size < 256 and not callable(getattr(loaded, "encode", None)):
+        # the real contexts and the workloads are text: the same test the measure makes, made before it starts
+        raise UsageError(
+            f"--drafter {drafter!r}: its target {target!r} is not byte-level (vocab {loaded.vocab_size}, no "
+            "encode()), and the acceptance gate measures on text; gate a drafter of a byte-level target "
+            "(trained, reference, or one with an encode())"
+        )
     return target, factory
 
 
