@@ -9,6 +9,7 @@ field; ``--plot`` without matplotlib; a baseline that cannot gate this run).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -173,7 +174,8 @@ def _run_drafter(args: argparse.Namespace) -> int:
         check_acceptance_baseline(
             baseline, where=args.gate, drafter=args.drafter, target=target, mode=config.mode, k=acceptance_k(config.ks)
         )
-    console = Console(width=max(Console().width, 160))
+    # in a log (not a terminal) a figure line is never wrapped: CI logs are read and grepped line by line
+    console = Console(width=max(Console().width, 160), soft_wrap=not sys.stdout.isatty())
     with _progress(console, drafter_plan_size(config)) as tick:
         data = run_drafter_bench(config, args.drafter, factory, progress=tick)
     for line in acceptance_lines(data["acceptance"]):
@@ -187,8 +189,6 @@ def _run_drafter(args: argparse.Namespace) -> int:
         )
     lossy = [e["workload"] for e in data["acceptance"]["workloads"] if e.get("lossless") is False]
     if lossy:  # acceptance of a drafter the engine decoded wrongly with is no figure at all
-        import sys
-
         print(f"specproof bench: error: the output was not lossless on {', '.join(lossy)}", file=sys.stderr)
     if baseline is None:
         return 1 if lossy else 0
@@ -272,8 +272,6 @@ def _require_matplotlib() -> None:
 
 def _print_peer_errors(data: dict[str, Any]) -> int:
     """A peer engine that is installed but failed to run fails the bench: one line each on stderr."""
-    import sys
-
     failed = [p for p in data.get("peers", ()) if p.get("status") == "error"]
     for peer in failed:
         print(
