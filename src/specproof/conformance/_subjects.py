@@ -156,6 +156,9 @@ class EngineCase:
     make_reference: Callable[[], Target] | None = None
     greedy_fn: Callable[[Sequence[int], int], Sequence[int]] | None = None
     make_engine: Callable[[], Any] | None = None  # a fresh session: reset() the instance, else the factory
+    # a newly built engine from the subject's factory (what `--replay-session` replays on from the command
+    # line): to see a history fail on an engine that served nothing before; None for a built-in case
+    build_engine: Callable[[], Any] | None = None
     takes_drafter: bool = False
     own_drafter: Any = None
     # the layers the suite's (scripted) drafter declares in place of a feature drafter's: the --drafter
@@ -315,6 +318,7 @@ def _plugin_engine_case(spec: str, *, tie_tolerance: float | None, atol: float |
         rollback=getattr(engine, "rollback", None),
         engine=engine,
         make_engine=make_engine,
+        build_engine=factory,
         k=k if isinstance(k, int) and not isinstance(k, bool) else None,
         vocab_size=vocab,
         max_context=int(max_context) if isinstance(max_context, int) else None,

@@ -20,6 +20,7 @@ import pytest
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._certification import Certification
+    from specproof.conformance._results import CheckResult
     from specproof.conformance.drivers import CheckItem
 
 _AREAS = {"test_drafter": "drafter", "test_target": "target", "test_engine": "engine"}
@@ -116,22 +117,48 @@ def specproof_certification(request: pytest.FixtureRequest) -> Certification:
 
 
 def run_check(cert: Certification, item: CheckItem | None) -> None:
-    """What every certifying test does: run the check, then turn its verdict into pytest's."""
-    from specproof.contract import ViolationError
+    """What every certifying test does: run the check, then turn its verdict into pytest's.
 
+    A failure's text is what ``specproof certify`` prints for it: each violation with its minimal
+    example (bounded) and the command that reproduces it (``reproduce: specproof certify ...``)."""
+    __tracebackhide__ = True  # the failure is the check's, not this glue's
     if item is None:
         pytest.skip("not part of this certification (see --specproof-subject / --specproof-only)")
     result = cert.run(item)
     if result.status == "skip":
         pytest.skip(result.detail)
     if result.status == "fail":
-        raise ViolationError(result.violations)
+        from specproof.contract import ViolationError
+
+        failed = ViolationError(result.violations)  # its violations, for reports; its text, certify's
+        failed.args = (failure_text(result),)
+        raise failed
     if result.status == "error":
-        raise RuntimeError(result.detail)
+        raise RuntimeError(result.detail + (f"\nreproduce: {result.reproduce}" if result.reproduce else ""))
     if result.status == "xfail":
         pytest.xfail(result.detail)
     if result.status == "xpass":
         pytest.fail(result.detail)
+
+
+_EXAMPLE_CHARS = 3000  # a minimal example's JSON in a failure's text, as `specproof certify` prints it
+
+
+def failure_text(result: CheckResult) -> str:
+    """A failing check as ``specproof certify`` prints it: each violation (explanation, expected and
+    actual), its minimal example as JSON (at most ``_EXAMPLE_CHARS`` characters), then the reproduce line."""
+    import json
+
+    lines = []
+    for v in result.violations:
+        lines.append(str(v))
+        if v.example:
+            example = json.dumps(v.to_json()["example"], default=str)
+            cut = example if len(example) <= _EXAMPLE_CHARS else example[: _EXAMPLE_CHARS - 3] + "..."
+            lines.append(f"    minimal example: {cut}")
+    if result.reproduce:
+        lines.append(f"reproduce: {result.reproduce}")
+    return "\n".join(lines) or result.detail
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

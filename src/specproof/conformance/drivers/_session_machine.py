@@ -6,8 +6,11 @@ target shows its state, and where the engine drafts with a feature drafter (its 
 ``feature_layers``, or the ``--drafter`` subject's layers for an engine that reports features),
 most requests install a feature drafter whose handed features are judged at every proposal
 against a fresh copy of the model. The database's failing histories are replayed first; a failure's
-history is shrunk by replaying it on fresh engines (not by Hypothesis: far cheaper), saved,
-and its reproduce command replays it (``--replay-session FILE``).
+history is shrunk by replaying it on the reset engine (not by Hypothesis: far cheaper), then
+replayed on an engine newly built by the subject's factory: only a history seen to fail there is
+saved and named by the reproduce command (``--replay-session FILE``); one that fails only on the
+engine that served earlier requests before ``reset()`` is reported as state that survived reset(),
+and its reproduce command is the seed-based one (the same search).
 """
 
 from __future__ import annotations
@@ -109,29 +112,96 @@ class SessionMachineDriver(Driver):
             _note_features(machine, result)
             history = SessionHistory.from_example(exc.example, vocab_size=case.vocab_size)
             history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
-            shorter = shrink_history(history, **judge)
-            failures = replay_session(shorter, **judge) or [exc]
-            self.context.session_files[case.id] = self.context.replay.save_history(shorter, item)
+            shorter = shrink_history(history, **judge)  # on the reset instance (cheap: no engine is built)
+            failures = self._reproducible(item, shorter, judge, save=True) or [_unreplayable(exc)]
             raise ViolationError(_session_violations(item, failures)) from exc
         _note_unjudged_reuse(machine, result)
         _note_features(machine, result)
 
     def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
         """Replay the failing session histories the database holds for this check (before any search)."""
-        from specproof.strategies import replay_session
-
         replay = self.context.replay
         for history, raw in replay.histories(item):
             result.examples += 1
             result.exercised += 1
-            failures = replay_session(history, **judge)
+            failures = self._reproducible(item, history, judge, save=False)
             if failures:
                 self.plan.database.replayed[item.id] += 1
-                assert item.engine is not None
-                # the file the reproduce line replays
-                self.context.session_files[item.engine.id] = replay.save_history(history, None)
                 raise ViolationError(_session_violations(item, failures))
             replay.forget_history(item, raw)
+
+    def _reproducible(self, item: CheckItem, history: Any, judge: dict[str, Any], *, save: bool) -> list[Any]:
+        """The failures of ``history`` replayed on the reset instance, and where they also fail on a newly
+        built engine (what ``--replay-session`` replays on), the history kept as the file the reproduce line
+        names (``save``: in the database too). A reproduce line is only printed for a replay seen to fail:
+        a history that fails only on the instance after reset() is a failure of its own (state survived
+        reset()), reproduced by the seed-based command (the same search), not by the file."""
+        from specproof.strategies import replay_session
+
+        case = item.engine
+        assert case is not None
+        failures = replay_session(history, **judge)
+        if not failures:
+            return []
+        fresh = _on_new_engine(case, history, judge)
+        if fresh is None:  # no engine apart from the instance can be built: the file is not seen to reproduce
+            return [_reword(f, _UNVERIFIED) for f in failures]
+        if not fresh:
+            return [_reword(f, _SURVIVED_RESET) for f in failures]
+        replay = self.context.replay
+        self.context.session_files[case.id] = replay.save_history(history, item if save else None)
+        return fresh
+
+
+_SURVIVED_RESET = (
+    "state survived reset(): the history below fails only on an engine that served earlier requests before "
+    "reset() (replayed on a newly built engine, it passes), so `--replay-session` cannot reproduce it; "
+    "the seed-based command (the same search) does — "
+)
+_UNVERIFIED = (
+    "(the history below fails on the engine after reset(); no engine apart from that instance could be built "
+    "to confirm it fails on a new one, so the reproduce line is the seed-based command) "
+)
+
+
+def _reword(failure: Any, prefix: str) -> Any:
+    """The same failure (expected, actual, history) with ``prefix`` before its explanation."""
+    from specproof.strategies import SessionFailure
+
+    return SessionFailure(
+        prefix + failure.explanation, expected=failure.expected, actual=failure.actual, example=failure.example
+    )
+
+
+def _unreplayable(failure: Any) -> Any:
+    """A search's failure whose (shrunk) history passes when replayed alone: it depended on earlier examples."""
+    return _reword(
+        failure,
+        "the failing history passes when replayed alone, on the engine after reset(): it fails only after "
+        "the earlier examples of the search ran on the same engine (state survived reset(), or the engine "
+        "is nondeterministic); the seed-based command (the same search) reproduces it — ",
+    )
+
+
+def _on_new_engine(case: EngineCase, history: Any, judge: dict[str, Any]) -> list[Any] | None:
+    """The failures of ``history`` replayed on an engine newly built by the subject's factory (closed
+    after); None when the factory gives back the instance itself, or cannot build another one."""
+    from specproof.strategies import replay_session
+
+    if case.build_engine is None:
+        return None
+    try:
+        engine = case.build_engine()
+    except Exception:
+        return None
+    if engine is case.engine:
+        return None
+    try:
+        return replay_session(history, **{**judge, "engine_factory": lambda: engine})
+    finally:
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
 
 
 def _note_unjudged_reuse(machine: Any, result: CheckResult) -> None:
