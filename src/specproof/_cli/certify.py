@@ -242,6 +242,18 @@ def print_database(console: Any, report: dict[str, Any]) -> None:
         say(f"warning: example database: {warning}")
 
 
+_STATUS_STYLE = {
+    "pass": "green",
+    "excused": "yellow",
+    "fail": "bold red",
+    "error": "bold red",
+    "skip": "dim",
+    "xfail": "yellow",
+    "xpass": "bold red",
+    "consequence": "red",  # failed only because the drafter did: told once, under the drafter's check
+}
+
+
 def _print_table(console: Any, report: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
@@ -260,20 +272,10 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
     for col in ("check", "status", "examples", "exercised", "seconds"):
         table.add_column(col, justify="left" if col in ("check", "status") else "right", no_wrap=True)
     table.add_column("detail", overflow="fold")
-    style = {
-        "pass": "green",
-        "excused": "yellow",
-        "fail": "bold red",
-        "error": "bold red",
-        "skip": "dim",
-        "xfail": "yellow",
-        "xpass": "bold red",
-        "consequence": "red",  # failed only because the drafter did: told once, under the drafter's check
-    }
     for r in report["results"]:
         table.add_row(
             Text(r["id"]),  # plain text: "[engine.stop]" in a detail is not rich markup
-            f"[{style.get(r['status'], '')}]{r['status']}[/]",
+            f"[{_STATUS_STYLE.get(r['status'], '')}]{r['status']}[/]",
             str(r["examples"]),
             str(r["exercised"]),
             f"{r['seconds']:.2f}",
