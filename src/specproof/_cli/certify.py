@@ -45,9 +45,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _hypothesis_dir(arg: str | None) -> Path:
-    from specproof.conformance.cli_support import storage_dir
+    """``--hypothesis-dir`` (else its defaults), with its ``sessions/`` written to once: a directory
+    that cannot hold a failing session's history is a usage error before any work."""
+    from specproof.conformance.cli_support import check_storage, storage_dir
 
-    return storage_dir(arg)
+    storage = storage_dir(arg)
+    check_storage(storage)
+    return storage
 
 
 def add_subject_options(p: argparse.ArgumentParser, *, verb: str) -> None:
@@ -82,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     # the options as the plan takes them (the one mapping from OPTIONS: Plan.from_options)
     if args.junitxml:
         check_output_path(args.junitxml, option="--junitxml")
-    plan = Plan.from_options(vars(args))
-    storage = _hypothesis_dir(args.hypothesis_dir)
+    storage = _hypothesis_dir(args.hypothesis_dir)  # (and its sessions/ can be written)
+    plan = Plan.from_options(vars(args))  # (the example database opened: one that cannot be written is exit 2)
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:
         from hypothesis.configuration import set_hypothesis_home_dir
