@@ -225,7 +225,7 @@ def test_a_campaign_whose_workers_did_not_keep_a_find_fails_naming_the_path(tmp_
         s = CampaignState(CampaignOptions(plan={}, db=str(tmp_path / "db"), hypothesis_dir=str(tmp_path / "h")))
         s.workers = [WorkerState(0), WorkerState(1)]
         s.checks = {"x": {"id": "x", "status": "pass", "examples": 1, "exercised": 1}}
-        base = {"replayed": {}, "warnings": [], "lost": None}
+        base: dict[str, Any] = {"replayed": {}, "warnings": [], "lost": None}
         s.databases = {0: {**base, "unsaved": unsaved}, 1: {**base, "unsaved": []}}
         return s
 
@@ -235,3 +235,116 @@ def test_a_campaign_whose_workers_did_not_keep_a_find_fails_naming_the_path(tmp_
     lost = state([f"the example database did not keep an example: {path}: ENOSPC"]).report()
     assert lost["verdict"] == "fail" and path in lost["verdict_reason"]
     assert lost["database"]["unsaved"] == [f"the example database did not keep an example: {path}: ENOSPC"]
+
+
+# ---- issue 27, second review: the default database probed up front, kept saves counted, real errors named
+
+
+def _refuse_under(root: Path, err: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files cannot be made under ``root`` (as a read-only mount refuses them; root ignores mode
+    bits, so the fault is made here): ``mkstemp`` and ``mkdir`` there raise ``err``."""
+    real_mkstemp, real_mkdir = tempfile.mkstemp, pathlib.Path.mkdir
+
+    def under(path: object) -> bool:
+        return path is not None and (Path(str(path)) == root or root in Path(str(path)).parents)
+
+    def mkstemp(*args: Any, **kwargs: Any) -> Any:
+        if under(kwargs.get("dir")):
+            raise OSError(err, os.strerror(err))
+        return real_mkstemp(*args, **kwargs)
+
+    def mkdir(self: Path, *args: Any, **kwargs: Any) -> None:
+        if under(self) and not self.is_dir():
+            raise OSError(err, os.strerror(err), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+
+
+def test_an_unwritable_default_database_is_a_usage_error_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "hyp"
+    (home / "examples").mkdir(parents=True)
+    assert open_database(None, default_dir=home / "examples") is not None  # the control: writable
+    _refuse_under(home / "examples", errno.EROFS, monkeypatch)
+    with pytest.raises(UsageError, match=r"example database .*examples.* cannot be written \(EROFS"):
+        open_database(None, default_dir=home / "examples")
+    blocked = tmp_path / "file"
+    blocked.write_text("in the way")  # a file where the default directory's parent should be
+    with pytest.raises(UsageError, match=r"cannot be written \(ENOTDIR"):
+        open_database(None, default_dir=blocked / "examples")
+
+
+@pytest.mark.parametrize("verb", ["certify", "fuzz"])
+def test_certify_and_fuzz_refuse_an_unwritable_default_database(
+    verb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "hyp"
+    (home / "examples").mkdir(parents=True)
+    _refuse_under(home / "examples", errno.EROFS, monkeypatch)
+    timing = ["--for", "10", "--workers", "1"] if verb == "fuzz" else []
+    report = tmp_path / "r.json"
+    argv = [verb, "engine", "--engine", CONTROL, "--only", *ONLY, *timing, "--hypothesis-dir", str(home)]
+    assert main([*argv, "--report", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert str(home / "examples") in err and "Read-only file system" in err, err
+    assert not report.exists()  # nothing ran
+
+
+@pytest.mark.parametrize("verb", ["certify", "fuzz"])
+def test_an_unwritable_session_history_directory_is_a_usage_error(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "hyp"
+    home.mkdir()
+    (home / "sessions").write_text("in the way")  # a file where the session histories go
+    timing = ["--for", "10", "--workers", "1"] if verb == "fuzz" else []
+    report = tmp_path / "r.json"
+    argv = [verb, "engine", "--engine", CONTROL, "--only", *ONLY, *timing, "--hypothesis-dir", str(home)]
+    assert main([*argv, "--report", str(report)]) == 2
+    err = capsys.readouterr().err
+    assert str(home / "sessions") in err and "cannot be written" in err, err
+    assert not report.exists()
+
+
+def test_a_covering_example_not_kept_is_not_counted_saved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = _store(tmp_path)
+    view: Any = store.view("k" * 32, check="demo")
+    assert view.keep_covering("rollback", VALUE) is True  # the control: kept, and read back
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: _enospc() if k.get("dir") is None else None)
+    assert view.keep_covering("rollback", VALUE[:2]) is False  # smaller, so saved: but not kept
+    assert store.unsaved and store.failed_saves == 1
+
+
+def test_the_console_does_not_count_covering_examples_that_were_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "db"
+    real = tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: real(*a, **k) if k.get("dir") else _enospc())
+    args = ["certify", "engine", "--engine", CONTROL, "--seed", "1", "--db", str(db)]
+    assert main([*args, "--report", str(tmp_path / "lost.json")]) == 1
+    report = json.loads((tmp_path / "lost.json").read_text())
+    assert report["database"]["unsaved"] and report["database"]["covering_saved"] == {}, report["database"]
+    out = capsys.readouterr().out
+    assert "covering example(s) (new or smaller" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [("read-only", "EROFS: Read-only file system"), ("full temporary directory", "ENOSPC: No space left on device")],
+)
+def test_a_save_not_kept_names_the_error_that_stopped_it(
+    fault: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(tmp_path)
+    if fault == "read-only":
+        _refuse_under(tmp_path / "db", errno.EROFS, monkeypatch)
+    else:
+        monkeypatch.setattr(tempfile, "mkstemp", _enospc)
+    store.view("k" * 32, check="demo").save(b"key", VALUE)
+    assert store.unsaved, store.unsaved
+    assert all(named in u for u in store.unsaved), store.unsaved
+    assert not any("FileNotFoundError" in u for u in store.unsaved), store.unsaved  # (the read-back's error)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -154,12 +155,32 @@ def test_distinct_declarations_from_the_file_and_the_command_line_are_kept(tmp_p
 
 @pytest.fixture
 def never_opened(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Reading the file fails the test rather than blocking on a FIFO (so today's code fails, not hangs)."""
+    """Opening a FIFO in a way that blocks (``open``, or ``os.open`` without ``O_NONBLOCK``) in the
+    one reader of user files (``contract.files.read_bounded_text``, which ``--expect-fail-file``
+    goes through) fails the test rather than blocking on it (so a regression fails, not hangs)."""
+    from specproof.contract import files
 
-    def refuse(path: object, **_: object) -> str:
-        raise AssertionError(f"{path} was opened: it must be refused before any read")
+    real_os_open = os.open
 
-    monkeypatch.setattr(_expected, "read_bounded_text", refuse)
+    def is_fifo(path: object) -> bool:
+        try:
+            return stat.S_ISFIFO(os.stat(path).st_mode)  # type: ignore[arg-type]
+        except (OSError, TypeError, ValueError):
+            return False
+
+    def guarded_os_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if is_fifo(path) and not flags & os.O_NONBLOCK:
+            raise AssertionError(f"{path} was opened blocking: it must be refused before any read")
+        return real_os_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    def guarded_open(path: object, *args: object, **kwargs: object) -> object:
+        if is_fifo(path):
+            raise AssertionError(f"{path} was opened: it must be refused before any read")
+        return open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(files.os, "open", guarded_os_open)
+    monkeypatch.setattr(files, "open", guarded_open, raising=False)
+    monkeypatch.setattr(_expected, "open", guarded_open, raising=False)
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")

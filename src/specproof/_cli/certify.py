@@ -45,9 +45,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _hypothesis_dir(arg: str | None) -> Path:
-    from specproof.conformance.cli_support import storage_dir
+    """``--hypothesis-dir`` (else its defaults), with its ``sessions/`` written to once: a directory
+    that cannot hold a failing session's history is a usage error before any work."""
+    from specproof.conformance.cli_support import check_storage, storage_dir
 
-    return storage_dir(arg)
+    storage = storage_dir(arg)
+    check_storage(storage)
+    return storage
 
 
 def add_subject_options(p: argparse.ArgumentParser, *, verb: str) -> None:
@@ -80,10 +84,11 @@ def run(args: argparse.Namespace) -> int:
     # the options as the plan takes them (the one mapping from OPTIONS: Plan.from_options)
     if args.junitxml:
         check_output_path(args.junitxml, option="--junitxml")
+    storage = _hypothesis_dir(args.hypothesis_dir)  # (and its sessions/ can be written)
     # SIGTERM (what CI timeouts and service managers send) is handled like Ctrl-C from here on
     with _sigterm_as_interrupt() as terminated:
         try:
-            plan = Plan.from_options(vars(args))
+            plan = Plan.from_options(vars(args))  # (the example database opened: one that cannot be written is exit 2)
         except KeyboardInterrupt:
             # loading the subjects (an engine's handshake, a model) can take minutes; a report names
             # its subjects, so none can be written yet: say so, never end silently
@@ -93,14 +98,13 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 143 if terminated.is_set() else 130
-        return _certify(args, plan, certify, terminated)
+        return _certify(args, plan, storage, certify, terminated)
 
 
-def _certify(args: argparse.Namespace, plan: Any, certify: Any, terminated: threading.Event) -> int:
+def _certify(args: argparse.Namespace, plan: Any, storage: Path, certify: Any, terminated: threading.Event) -> int:
     """Run the loaded plan; its report written and its verdict printed, interrupted or not."""
     from rich.console import Console
 
-    storage = _hypothesis_dir(args.hypothesis_dir)
     os.environ["HYPOTHESIS_STORAGE_DIRECTORY"] = str(storage)
     try:
         from hypothesis.configuration import set_hypothesis_home_dir

@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -77,8 +77,12 @@ def max_workers() -> tuple[int, str]:
     return limit, why
 
 
-def describe_exit(exitcode: int | None) -> str:
-    """A worker's end in words: its exit status, or the signal that killed it."""
+def describe_exit(exitcode: int | None, *, sent: Iterable[int] = (), after: float | None = None) -> str:
+    """A worker's end in words: its exit status, or the signal that killed it.
+
+    ``sent``: the signals the campaign itself sent the worker (``after`` seconds past the stop): a
+    worker ended by one of them was "terminated by the campaign"; the out-of-memory hint is given
+    only for a SIGKILL the campaign did not send."""
     if exitcode is None:
         return "still running"
     if exitcode < 0:
@@ -86,6 +90,9 @@ def describe_exit(exitcode: int | None) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
+        if -exitcode in set(sent):
+            when = f" after {after:.0f} s" if after is not None else ""
+            return f"terminated by the campaign{when} ({name})"
         return f"killed by {name}" + (" (the out-of-memory killer sends it too)" if name == "SIGKILL" else "")
     return f"exited with status {exitcode}"
 
@@ -530,13 +537,17 @@ def _stop_workers(
         except KeyboardInterrupt:  # a second Ctrl-C: stop waiting
             break
     late = [c for c in channels if c.conn is not None]
+    sent: dict[int, list[int]] = {id(c): [] for c in late}  # the signals the campaign sent each one
     for c in late:
         c.process.terminate()
+        sent[id(c)].append(signal.SIGTERM)
     for c in late:
         c.process.join(timeout=5)
         if c.process.is_alive():
             c.process.kill()
+            sent[id(c)].append(signal.SIGKILL)
             c.process.join(timeout=5)
+    after = time.perf_counter() - stop_at
     for c in late:
         i = channels.index(c)
         w = state.workers[i]
@@ -550,8 +561,8 @@ def _stop_workers(
             w,
             state,
             note=(
-                f"was still in a check {time.perf_counter() - stop_at:.0f} s after the stop and was terminated "
-                f"({describe_exit(c.process.exitcode)}) after {w.rounds} round(s)"
+                f"was still in a check after the stop: "
+                f"{describe_exit(c.process.exitcode, sent=sent[id(c)], after=after)} after {w.rounds} round(s)"
             ),
         )
 

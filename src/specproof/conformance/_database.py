@@ -34,6 +34,7 @@ did not reach (``replay_only``), so a rare path any campaign found is checked by
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -41,7 +42,7 @@ import re
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ from specproof.contract import UsageError
 __all__ = [
     "ExampleStore",
     "check_key",
+    "check_storage",
     "default_examples_dir",
     "derandomized_seed",
     "hypothesis_home",
@@ -81,6 +83,7 @@ class ExampleStore:
     shared: str | None = None  # the redis:// URL, when there is one
     warnings: list[str] = attrs.Factory(list)
     unsaved: list[str] = attrs.Factory(list)  # saves the local directory did not keep: the path, and why
+    failed_saves: int = 0  # saves the local directory did not keep (each one; ``unsaved`` holds each path once)
     lost: str | None = None  # the shared database stopped answering: why
     replay_covering: bool = True  # --db-replay all (False: failures only)
     replayed: Counter[str] = attrs.Factory(Counter)  # check id -> saved examples that failed again
@@ -179,8 +182,7 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
             raise UsageError(f"{option} {str(path)!r}: exists and is not a directory")
         if spec is not None and not path.parent.is_dir():
             raise UsageError(f"{option} {spec!r}: the directory {str(path.parent)!r} does not exist")
-        if spec is not None:
-            _check_writable(path, option=option)
+        _check_writable(path, option=option, default=spec is None)
         return _directory_store(str(path), path)
     match = _REDIS.match(spec)
     if match is None:
@@ -194,6 +196,7 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
         client.ping()
     except Exception as exc:
         raise UsageError(f"{option} {spec!r}: the Redis server does not answer: {_failure(exc)}") from None
+    _check_writable(default_dir, option=option, default=True)  # (every find is saved there first)
     store = _directory_store(spec, default_dir)
     store.shared = spec
     store.shared_database = _Guarded(RedisExampleDatabase(client), store, spec)
@@ -243,18 +246,57 @@ def _failure(exc: BaseException) -> str:
     return text
 
 
-def _check_writable(path: Path, *, option: str) -> None:
-    """The directory ``--db`` names can hold an example: created, and a probe file written and removed."""
+def _check_writable(path: Path, *, option: str, default: bool = False) -> None:
+    """The directory can hold an example: created, and a probe file written and removed; else a
+    ``UsageError`` naming it. ``default``: the directory is the default one (``examples/`` in
+    Hypothesis' directory, ``--hypothesis-dir``), not one ``option`` named; created with its parents."""
     try:
-        path.mkdir(exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".specproof-probe-")
-        try:
-            os.write(fd, b"specproof")
-        finally:
-            os.close(fd)
-            os.unlink(probe)
+        path.mkdir(parents=default, exist_ok=True)
+        probe_directory(path)
     except OSError as exc:
-        raise UsageError(f"{option} {str(path)!r}: cannot be written ({exc.strerror or exc})") from None
+        what = (
+            f"the example database {str(path)!r} (the default of {option}, in --hypothesis-dir)"
+            if default
+            else f"{option} {str(path)!r}"
+        )
+        raise UsageError(f"{what}: cannot be written ({_os_error(exc)})") from None
+
+
+def probe_directory(path: Path) -> None:
+    """Write a probe file in the directory ``path`` and remove it; ``OSError`` when it cannot be."""
+    _probe(path)
+
+
+def _probe(directory: Path | None) -> None:
+    """A probe file made (``tempfile.mkstemp``; None: the temporary directory), written and removed."""
+    fd, probe = tempfile.mkstemp(dir=directory, prefix=".specproof-probe-")
+    try:
+        os.write(fd, b"specproof")
+    finally:
+        os.close(fd)
+        os.unlink(probe)
+
+
+def check_storage(storage: Path, *, option: str = "--hypothesis-dir") -> None:
+    """Hypothesis' directory and its ``sessions/`` (where failing session histories are written, as
+    files ``--replay-session`` replays) can be written: checked before any work (``UsageError``
+    naming the path); both are created."""
+    folder = storage / "sessions"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe_directory(folder)
+    except OSError as exc:
+        raise UsageError(
+            f"{option} {str(storage)!r}: the session-history directory {str(folder)!r} cannot be written "
+            f"({_os_error(exc)})"
+        ) from None
+
+
+def _os_error(exc: OSError) -> str:
+    """An ``OSError`` in words: its errno's name and its message (``EROFS: Read-only file system``)."""
+    name = errno.errorcode.get(exc.errno or 0)
+    text = exc.strerror or str(exc)
+    return f"{name}: {text}" if name else text
 
 
 def _directory_store(spec: str, path: Path) -> ExampleStore:
@@ -278,16 +320,24 @@ class _Directory(DirectoryBasedExampleDatabase):
         self.store: ExampleStore | None = None
 
     def save(self, key: bytes, value: bytes) -> None:
+        kept = self.save_kept(key, value)
+        if not kept and self.store is not None and key != self._metakeys_name:  # (not Hypothesis' key list)
+            self.store.failed_saves += 1
+
+    def save_kept(self, key: bytes, value: bytes) -> bool:
+        """``save``, and whether the file holds the example afterwards (read back); a save that did
+        not keep it is recorded on the store naming the path and the error that stopped it."""
         path = self._value_path(key, value)
         why = ""
         for _attempt in range(2):  # (a partial file left by an earlier run is removed, then written again)
             super().save(key, value)  # (saves the key under its meta-key first, through this method)
             try:
                 if stat.S_ISREG(os.lstat(path).st_mode) and path.read_bytes() == value:
-                    return
+                    return True
                 why = "the file does not hold the example"
-            except OSError as exc:
-                why = f"{type(exc).__name__}: {exc.strerror or exc}"
+            except OSError:
+                why = ""
+            why = self._why_not_saved(path) or why or "the file was not written"
             try:  # a partial (e.g. empty, disk full) file would be read as a bad entry later
                 if path.is_file() and not path.is_symlink():
                     path.unlink()
@@ -297,6 +347,24 @@ class _Directory(DirectoryBasedExampleDatabase):
                 break
         if self.store is not None:
             self.store.not_kept(f"the example database did not keep an example: {path}: {why}")
+        return False
+
+    @staticmethod
+    def _why_not_saved(path: Path) -> str:
+        """The error that stopped Hypothesis' save, which swallows it: its steps retraced (the key
+        directory created, a temporary file made where it makes one, a file created in the key
+        directory; each probe removed), the first ``OSError`` named with its errno; "" if none."""
+        steps: list[tuple[str, Callable[[], object]]] = [
+            (f"creating {path.parent}", lambda: path.parent.mkdir(parents=True, exist_ok=True)),
+            (f"a temporary file in {tempfile.gettempdir()}", lambda: _probe(None)),
+            (f"creating a file in {path.parent}", lambda: _probe(path.parent)),
+        ]
+        for what, step in steps:
+            try:
+                step()
+            except OSError as exc:
+                return f"{what}: {_os_error(exc)}"
+        return ""
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
         directory = self._key_path(key)
@@ -383,11 +451,20 @@ class _View(ExampleDatabase):
         return good
 
     def save(self, key: bytes, value: bytes) -> None:
+        self.save_kept(key, value)
+
+    def save_kept(self, key: bytes, value: bytes) -> bool:
+        """``save``, and whether the local directory kept the example (read back; a shared database
+        is not read back: what goes wrong there marks the store ``lost``)."""
         self.saved = True
+        failed = self.store.failed_saves
         try:
             self.store.database.save(self.prefix + key, value)
         except Exception as exc:
             self.store.warn(f"{self.check}: a failing example could not be saved ({type(exc).__name__}: {exc})")
+            self.store.failed_saves += 1
+            return False
+        return self.store.failed_saves == failed
 
     def delete(self, key: bytes, value: bytes) -> None:
         try:
@@ -434,7 +511,8 @@ class _View(ExampleDatabase):
         """Keep ``value`` as the path's covering example if it is smaller than the saved one(s).
 
         One entry per path, the shortlex-smallest (Hypothesis' order of simplicity), so what a
-        gate replays stays bounded however long campaigns run; True when ``value`` was saved.
+        gate replays stays bounded however long campaigns run; True when ``value`` was saved and
+        kept (read back: a save the directory did not keep is not counted, ``ExampleStore.unsaved``).
         """
         key = _COVERING + path.encode()
         saved = self.fetch(key)
@@ -443,8 +521,7 @@ class _View(ExampleDatabase):
             if old != best:
                 self.delete(key, old)
         if best == value and value not in saved:
-            self.save(key, value)
-            return True
+            return self.save_kept(key, value)
         return False
 
 

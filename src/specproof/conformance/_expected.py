@@ -16,14 +16,13 @@ INCONCLUSIVE (``reports``).
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterable
 
 import attrs
 
 from specproof.conformance import _registry as registry
 from specproof.contract import UsageError
-from specproof.contract.files import FileTooLargeError, read_bounded_text
+from specproof.contract.files import FileTooLargeError, NotRegularFileError, read_bounded_text
 
 __all__ = ["declared_failures", "load_expected_failures", "parse_expected_failures"]
 
@@ -60,11 +59,10 @@ def _from_options(items: Iterable[str]) -> list[_Declaration]:
 
 def _from_file(path: str | os.PathLike[str]) -> list[_Declaration]:
     name = os.fspath(path)
-    try:
-        mode = os.stat(path).st_mode  # before any open: opening a FIFO blocks until a writer comes
-        if not stat.S_ISREG(mode):
-            raise UsageError(f"--expect-fail-file {name!r}: not a regular file ({_kind(mode)}); give a text file")
+    try:  # (read_bounded_text refuses a FIFO or a device before reading: opening one never blocks)
         lines = read_bounded_text(path).splitlines()
+    except NotRegularFileError as exc:
+        raise UsageError(f"--expect-fail-file {name!r}: not a regular file ({exc.kind}); give a text file") from None
     except (OSError, UnicodeDecodeError, FileTooLargeError) as exc:
         raise UsageError(f"--expect-fail-file {name!r}: cannot read it: {exc}") from None
     out: list[_Declaration] = []
@@ -79,19 +77,6 @@ def _from_file(path: str | os.PathLike[str]) -> list[_Declaration]:
         where = f"{name}:{number}"
         out.append(_Declaration(_known(invariant_id.strip(), where), reason.strip() or _DEFAULT_REASON, where))
     return out
-
-
-def _kind(mode: int) -> str:
-    for test, kind in (
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return "not a regular file"
 
 
 def _collect(declarations: Iterable[_Declaration]) -> dict[str, str]:

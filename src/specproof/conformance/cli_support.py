@@ -8,7 +8,7 @@ change in any commit (docs/contract.md, "Stability"): from Python, use ``certify
 """
 
 from specproof.conformance._campaign import CampaignOptions, max_workers, run_campaign
-from specproof.conformance._database import default_examples_dir, open_database, storage_dir
+from specproof.conformance._database import check_storage, default_examples_dir, open_database, storage_dir
 from specproof.conformance._options import SUBJECT_OPTIONS, add_to_argparse, plan_arguments
 from specproof.conformance._pytest_run import certify as run_plan
 from specproof.conformance._registry import markdown_table, registry_json
@@ -17,6 +17,7 @@ __all__ = [
     "SUBJECT_OPTIONS",
     "CampaignOptions",
     "add_to_argparse",
+    "check_storage",
     "default_examples_dir",
     "markdown_table",
     "max_workers",

@@ -7,7 +7,8 @@ directory, an unwritable place: a ``UsageError`` naming the option; nothing is c
 crash or Ctrl-C never leaves a half-written report, trace, history or baseline, and gives the
 file the usual permissions (``0666 & ~umask``; a temporary file alone would be ``0600``).
 
-``read_bounded_text`` refuses a file past a size limit before reading it, and
+``read_bounded_text`` refuses what is not a regular file (a FIFO, a device, a directory: never
+read, so a FIFO cannot hang the run) and a file past a size limit before reading it, and
 ``loads_bounded`` refuses JSON nested deeper than a limit before decoding it (never a
 ``RecursionError``): a session history, trace, golden file or baseline a user hands the suite
 is either one the suite could have written or a one-line error naming the file.
@@ -15,9 +16,11 @@ is either one the suite could have written or a one-line error naming the file.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Final
@@ -28,6 +31,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "MAX_USER_FILE_BYTES",
     "FileTooLargeError",
+    "NotRegularFileError",
     "check_output_path",
     "json_depth_exceeds",
     "loads_bounded",
@@ -53,10 +57,45 @@ class FileTooLargeError(ValueError):
         self.size, self.limit = size, limit
 
 
+class NotRegularFileError(OSError):
+    """``read_bounded_text``: the path is not a regular file (``kind``: "a FIFO", "a directory", ...).
+
+    An ``OSError`` whose ``strerror`` reads "not a regular file (a FIFO)", so every caller that
+    reports ``OSError`` as "cannot read FILE (why)" names it without a change."""
+
+    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
+        self.kind = file_kind(mode)
+        super().__init__(errno.EINVAL, f"not a regular file ({self.kind})", os.fspath(path))
+
+
+def file_kind(mode: int) -> str:
+    """What an ``st_mode`` that is not a regular file's is, in words ("a FIFO", "a directory", ...)."""
+    for test, kind in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
+
+
 def read_bounded_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_USER_FILE_BYTES) -> str:
-    """The UTF-8 text of ``path``; ``FileTooLargeError`` (a ``ValueError``) past ``max_bytes``, checked
-    before reading; ``OSError`` / ``UnicodeDecodeError`` as ``Path.read_text`` raises them."""
-    with open(path, "rb") as fh:
+    """The UTF-8 text of ``path``; ``NotRegularFileError`` (an ``OSError``) for a FIFO, a device, a
+    directory, checked before reading (opened non-blocking, so a FIFO without a writer never
+    blocks); ``FileTooLargeError`` (a ``ValueError``) past ``max_bytes``, checked before reading;
+    ``OSError`` / ``UnicodeDecodeError`` as ``Path.read_text`` raises them."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(path, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > max_bytes:
             raise FileTooLargeError(size, max_bytes)
