@@ -204,3 +204,13 @@ def test_the_plugin_keeps_hypothesis_files_in_the_named_directory(tmp_path: Path
     assert out.returncode == 0, out.stdout + out.stderr
     assert list(cwd.iterdir()) == []
     assert any(p.is_file() for p in hyp.rglob("*"))  # (Hypothesis wrote its files: here)
+
+
+def test_the_plugin_refuses_an_unwritable_session_history_directory(tmp_path: Path) -> None:
+    """As certify does: the sessions/ directory of --specproof-hypothesis-dir is probed before any work."""
+    home = tmp_path / "hyp"
+    home.mkdir()
+    (home / "sessions").write_text("in the way")  # a file where the session histories go
+    out = _pytest("--specproof-hypothesis-dir", str(home), "--specproof-only", "engine.stop", cwd=tmp_path)
+    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
+    assert str(home / "sessions") in out.stderr and "cannot be written" in out.stderr, out.stderr

@@ -120,7 +120,7 @@ class Plan:
         example database (a Redis server must answer), the expected failures, then the plan.
         ``flags`` says which flag names the errors use (``--db`` or ``--specproof-db``).
         """
-        from specproof.conformance._database import default_examples_dir, open_database, storage_dir
+        from specproof.conformance._database import check_storage, default_examples_dir, open_database, storage_dir
         from specproof.conformance._expected import declared_failures
         from specproof.contract.files import check_output_path
 
@@ -129,6 +129,7 @@ class Plan:
             if values.get(dest):
                 check_output_path(values[dest], option=flag[dest])
         storage = storage_dir(values.get("hypothesis_dir"), option=flag["hypothesis_dir"])
+        check_storage(storage, option=flag["hypothesis_dir"])  # its sessions/ too, for the plugin as for certify
         database = open_database(
             values.get("db"),
             default_dir=default_examples_dir(storage),
