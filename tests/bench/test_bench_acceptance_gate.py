@@ -265,3 +265,44 @@ def test_baselines_that_cannot_gate_the_run_are_usage_errors(saved, capsys, tmp_
     (tmp_path / "result.json").write_text(json.dumps(saved["result"]))
     err = _usage([*QUICK, "--drafter", "mtp:trained", "--gate", str(tmp_path / "result.json")], capsys)
     assert "result.json" in err
+
+
+# ---- the figures docs/benchmarks-guide.md prints are a run's -----------------------------------
+
+GUIDE = ROOT / "docs" / "benchmarks-guide.md"
+_DOC_ROWS = {  # the guide's row label (quick mode) -> the drafter spec that makes it
+    "`mtp:trained`": "mtp:trained",
+    "MTP, chain reads the target": WRONG_HEAD,
+    "MTP, first token spoiled 1 in 20": "_acceptance_drafters:mtp_spoiled",
+}
+
+
+def _doc_row(label: str) -> list[float]:
+    """The guide's quick row for ``label``: positions 1-4 and tokens per round on the real contexts, then
+    tokens per round of code-edit, retrieval-qa, structured (bold and the percentages dropped)."""
+    prefix = f"| {label} | quick |"
+    [line] = [line for line in GUIDE.read_text().splitlines() if line.startswith(prefix)]
+    cells = line[len(prefix) :].replace("*", "").split("|")[:5]
+    return [float(x) for x in cells[0].split()] + [float(c.split()[0]) for c in cells[1:]]
+
+
+def _run_row(result: dict[str, Any]) -> list[float]:
+    by_name = {w["workload"]: w for w in result["acceptance"]["workloads"]}
+    real = by_name["real-contexts"]
+    tail = [by_name[w]["tokens_per_round"] for w in ("code-edit", "retrieval-qa", "structured")]
+    return [*real["acceptance_by_position"], real["tokens_per_round"], *tail]
+
+
+@pytest.mark.skipif(
+    __import__("sys").version_info[:2] != (3, 11),
+    reason="the real contexts are Python 3.11's own test-suite files; the guide's figures were measured on 3.11",
+)
+@pytest.mark.parametrize("label", sorted(_DOC_ROWS))
+def test_the_guides_quick_figures_are_what_a_run_measures(label: str, saved, tmp_path) -> None:
+    if _DOC_ROWS[label] == "mtp:trained":
+        result = saved["result"]
+    else:
+        out = tmp_path / "run.json"
+        assert main([*QUICK, "--drafter", _DOC_ROWS[label], "--json", str(out)]) == 0
+        result = json.loads(out.read_text())
+    assert _doc_row(label) == [round(x, 3) for x in _run_row(result)], f"update the guide's row {label!r}"
