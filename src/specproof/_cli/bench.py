@@ -62,7 +62,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specproof.bench import (
         DEFAULT_TARGET,
@@ -109,19 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     # a table of 16 columns: wider than 80 when the output is a file or a pipe
     console = Console(width=max(Console().width, 200))
-    with Progress(
-        TextColumn("[bold]bench[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as progress:
-        task = progress.add_task("starting", total=plan_size(config))
-
-        def tick(message: str) -> None:
-            progress.update(task, advance=1, description=message)
-
+    with _progress(console, plan_size(config)) as tick:
         result = run_bench(config, progress=tick)
     data = result.to_json()
     _print_tables(console, data)
