@@ -36,7 +36,7 @@ def _config() -> BenchConfig:
 
 
 def _row(name: str, base: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
-    report = compare(base, result)
+    report = compare(base, result, gate_cpu=True)  # the CPU-time ratios are what this script measures
     pooled = [f for f in report.findings if f.kind == "cpu_pooled"]
     kinds = sorted({f.kind for f in report.regressions})
     row = {

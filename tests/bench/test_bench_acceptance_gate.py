@@ -237,7 +237,7 @@ def test_bad_drafter_and_target_are_usage_errors(capsys, tmp_path) -> None:
     # a head of a token-level target: refused before measuring, not by the measure itself
     err = _usage([*QUICK, "--drafter", "specproof.conformance.zoo:feature_head_drafter"], capsys)
     assert "is not byte-level (vocab 64, no encode())" in err and "gate a drafter of a byte-level target" in err
-    for flag in (["--plot", str(tmp_path / "p.png")], ["--gate-wall"]):
+    for flag in (["--plot", str(tmp_path / "p.png")], ["--gate-wall"], ["--gate-cpu"]):
         err = _usage([*QUICK, "--drafter", "ngram", *flag], capsys)
         assert f"{flag[0]} does not go with --drafter" in err
 

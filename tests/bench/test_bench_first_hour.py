@@ -48,8 +48,8 @@ _NAMES = ("code-edit", "retrieval-qa", "structured", "free-text")
 
 def test_busy_machine_collapses_wall_ratios_and_the_default_gate_still_passes():
     """The failure tox hit (`code-edit replay speedup 1.509 -> 0.699`): every wall ratio halves, the
-    counts and CPU-time ratios hold. The default gate passes and reports the wall drops; asked with
-    gate_wall it fails on them; a CPU-time drop still fails the default gate."""
+    counts hold. The default gate passes and reports the wall drops; asked with gate_wall it fails on
+    them."""
     cells = [_cell(w, r) for w in _NAMES for r in ("checkpoint", "replay")]
     base = make_baseline(_result(cells))
     busy = copy.deepcopy(cells)
@@ -59,15 +59,31 @@ def test_busy_machine_collapses_wall_ratios_and_the_default_gate_still_passes():
     busy_run = _result(busy, scaling=1.0 + 2 * RATIO_TOLERANCE)
     report = compare(base, busy_run)
     assert report.passed, [(f.key, f.change) for f in report.regressions]
-    assert {f.kind for f in report.wall_drops} == {"ratio", "mean_ratio"}
-    assert "code-edit/reference/replay/k4/speedup" in {f.key for f in report.wall_drops}
-    assert report.to_json()["wall_reported"]
+    assert {f.kind for f in report.timing_drops} == {"ratio", "mean_ratio"}
+    assert "code-edit/reference/replay/k4/speedup" in {f.key for f in report.timing_drops}
+    assert report.to_json()["timing_reported"]
     strict = compare(base, busy_run, gate_wall=True)
     assert not strict.passed and {f.kind for f in strict.regressions} == {"ratio", "mean_ratio"}
-    slower = copy.deepcopy(cells)
-    for c in slower:
+
+
+def test_cpu_bound_jobs_beside_the_run_do_not_fail_the_default_gate():
+    """Issue 35: two CPU-burning processes beside `bench --quick --gate` moved the pooled CPU ratio 11.6 %
+    (threshold 10 %), 4 failures in 4 runs. The default gate reports CPU-time drops; gate_cpu gates them;
+    a count that moves still fails the default gate, CPU drop or not."""
+    cells = [_cell(w, r) for w in _NAMES for r in ("checkpoint", "replay")]
+    base = make_baseline(_result(cells))
+    contended = copy.deepcopy(cells)
+    for c in contended:
         c["cpu_speedup"] *= 1 - 2 * CPU_POOLED_TOLERANCE
-    assert "gate/reference/k4/cpu_speedup" in {f.key for f in compare(base, _result(slower)).regressions}
+    report = compare(base, _result(contended))
+    assert report.passed, [(f.key, f.change) for f in report.regressions]
+    assert "gate/reference/k4/cpu_speedup" in {f.key for f in report.timing_drops}
+    assert {f.kind for f in report.timing_drops} == {"cpu_pooled"}
+    strict = compare(base, _result(contended), gate_cpu=True)
+    assert [f.key for f in strict.regressions] == ["gate/reference/k4/cpu_speedup"]
+    contended[0]["tokens_per_round"] *= 0.9  # a real regression, in a count
+    (bad,) = compare(base, _result(contended)).regressions
+    assert bad.key == "code-edit/reference/checkpoint/k4/tokens_per_round" and bad.kind == "machine_independent"
 
 
 class _Fake:
@@ -120,18 +136,26 @@ def test_cli_busy_machine_passes_the_default_gate_and_fails_with_gate_wall(tmp_p
     busy = copy.deepcopy(tiny_result)
     for c in busy["cells"]:
         c["speedup"] *= 0.3
+        c["cpu_speedup"] *= 0.7
     _fake_run(tmp_path, monkeypatch, busy)
     assert main(["bench", "--quick", "--gate", str(baseline)]) == 0
     out = capsys.readouterr().out
-    assert "gate passed" in out and "reported, not gated" in out and "speedup" in out
+    assert "gate passed" in out and "timed figures reported, not gated" in out
+    assert "note: wall-clock code-edit/trained/checkpoint/k4/speedup" in out and "(use --gate-wall" in out
+    assert "note: CPU-time gate/trained/k4/cpu_speedup" in out and "(use --gate-cpu on a quiet machine)" in out
     assert main(["bench", "--quick", "--gate", str(baseline), "--gate-wall"]) == 1
-    assert "gate failed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "gate failed" in out and "cpu_speedup" not in out.split("gate failed")[1], out
+    assert main(["bench", "--quick", "--gate", str(baseline), "--gate-cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "gate failed" in out and "gate/trained/k4/cpu_speedup" in out.split("gate failed")[1], out
 
 
-def test_gate_wall_without_gate_is_a_usage_error(monkeypatch, capsys):
+@pytest.mark.parametrize("flag", ["--gate-wall", "--gate-cpu"])
+def test_a_timing_gate_without_gate_is_a_usage_error(monkeypatch, capsys, flag):
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("measured despite a usage error"))
-    assert main(["bench", "--quick", "--gate-wall"]) == 2
-    assert "--gate" in capsys.readouterr().err
+    assert main(["bench", "--quick", flag]) == 2
+    assert f"{flag} gates against a baseline: give --gate BASELINE too" in capsys.readouterr().err
 
 
 def test_a_peer_that_errors_fails_the_bench(tmp_path, capsys, monkeypatch, tiny_result):

@@ -4,8 +4,9 @@ Gate logic is checked on synthetic result records (exact, instant); then real be
 (the four workloads, checkpoint rollback, --quick-sized chunks) prove the end-to-end path
 with the injectors of ``specproof.bench._inject``: an unchanged rerun passes, an extra
 target forward per round fails on the counts, and a round made half again as slow (in the
-proposal or in the verify) fails on the pooled CPU-time ratio; a real record edited to a 15 %
-slower round fails on it too (deterministically). The measured 15 % sensitivity is a
+proposal or in the verify) fails on the pooled CPU-time ratio when CPU-time ratios are gated
+(``gate_cpu``: by default they are reported); a real record edited to a 15 % slower round fails on
+it too (deterministically). The measured 15 % sensitivity is a
 benchmark's: docs/bench.md has the table from ``benchmarks/gate_sensitivity.py``.
 """
 
@@ -223,20 +224,19 @@ def baseline_run():
 
 
 def test_real_unchanged_run_passes(baseline_run):
-    """An unchanged rerun passes on the counts and the CPU-time figures.
+    """An unchanged rerun passes the default gate: its counts are exact, whatever the machine's load.
 
-    Its wall-clock ratios are compared (reported, not gated by default) but not asserted: over this config's 12
-    chunks one descheduled stretch moves a cell's wall speedup by half (measured: 2 of 3 reruns at
-    load 5 dropped one cell's from 3.1 to 1.2). The bench env's ``--quick`` gate checks them at a size
-    where they hold (docs/bench.md, noise table)."""
+    Its timed ratios (wall clock and CPU time) are compared and reported, not gated by default, and not
+    asserted here: over this config's 12 chunks one descheduled stretch moves a cell's wall speedup by
+    half (measured: 2 of 3 reruns at load 5 dropped one cell's from 3.1 to 1.2), and CPU-bound jobs
+    beside the run move the CPU-time ratios (issue 35)."""
     first, base = baseline_run
     assert all(c.lossless and c.forwards_per_round == 1.0 for c in first.cells)  # checkpoint: one per round
     assert "gate/trained/k4/cpu_speedup" in base["figures"]
     report = compare(base, run_bench(_tiny_config()).to_json())
-    wall = {"ratio", "mean_ratio"}
     assert {f.kind for f in report.findings} >= {"ratio", "machine_independent", "cpu_ratio", "cpu_pooled"}
-    regressed = [(f.key, f.baseline, f.now) for f in report.regressions if f.kind not in wall]
-    assert not regressed, regressed
+    assert report.passed, [(f.key, f.baseline, f.now) for f in report.regressions]
+    assert {f.status for f in report.findings if f.kind != "machine_independent"} == {"reported"}
 
 
 def test_real_extra_forward_per_round_is_caught(baseline_run):
@@ -247,7 +247,7 @@ def test_real_extra_forward_per_round_is_caught(baseline_run):
     assert all(c.forwards_per_round == pytest.approx(2.0) for c in result.cells)
 
 
-def test_real_record_with_a_15_percent_slower_round_fails_on_the_pooled_cpu_figure(baseline_run):
+def test_real_record_with_a_15_percent_slower_round_fails_on_the_pooled_cpu_figure_when_gated(baseline_run):
     """The gate's arithmetic on a real record: every cell's CPU speedup as a round 15 % slower makes it
     (baseline decoding unchanged: the ratio falls by 1/1.15) fails on the pooled figure alone; 5 % slower,
     inside the noise the threshold allows, passes. Deterministic: the timing is edited, not measured."""
@@ -259,9 +259,10 @@ def test_real_record_with_a_15_percent_slower_round_fails_on_the_pooled_cpu_figu
             cell["cpu_speedup"] = float(cell["cpu_speedup"]) / factor
         return record
 
-    report = compare(base, slowed(1.15))
+    report = compare(base, slowed(1.15), gate_cpu=True)
     assert [f.key for f in report.regressions] == ["gate/trained/k4/cpu_speedup"], report.regressions
-    assert compare(base, slowed(1.05)).passed
+    assert compare(base, slowed(1.05), gate_cpu=True).passed
+    assert compare(base, slowed(1.15)).passed  # by default reported, not gated
 
 
 @pytest.mark.parametrize("where", ["proposal", "verify"])
@@ -279,7 +280,7 @@ def test_real_slower_round_is_caught_end_to_end(baseline_run, where):
         result = run_bench(_tiny_config(), drafter_factory=slow_proposal(delay))
     else:
         result = run_bench(_tiny_config(), decoder_factory=slow_verify(delay))
-    regressed = compare(base, result.to_json()).regressions
+    regressed = compare(base, result.to_json(), gate_cpu=True).regressions
     assert "gate/trained/k4/cpu_speedup" in {f.key for f in regressed}, [(f.key, f.change) for f in regressed]
     assert not [f for f in regressed if f.kind == "machine_independent"]  # the same rounds, only slower
 
