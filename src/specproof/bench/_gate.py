@@ -54,6 +54,7 @@ from typing import Any, Final
 import attrs
 
 from specproof.bench._acceptance import ACCEPTANCE_KIND, ACCEPTANCE_TOLERANCE, acceptance_figures
+from specproof.bench._consistency import consistency_problem
 from specproof.contract.errors import InvalidSettingError
 from specproof.contract.files import FileTooLargeError
 from specproof.formats import baseline as baseline_format
@@ -259,7 +260,8 @@ def validate_baseline(doc: Any, where: str = "<baseline>") -> dict[str, Any]:
     """Check a parsed baseline document; ``BaselineError`` names the first bad field.
 
     The JSON Schema (specproof/schemas/bench-baseline-2.json) first; then what it cannot
-    say: every gated number finite (Python's JSON reads ``NaN`` and ``Infinity``).
+    say: every gated number finite (Python's JSON reads ``NaN`` and ``Infinity``), and the
+    document consistent with itself (``_consistency``: kinds and directions, counts that add up).
     """
     if not isinstance(doc, dict):
         raise BaselineError(f"baseline {where}: expected a JSON object, got {type(doc).__name__}")
@@ -283,6 +285,10 @@ def validate_baseline(doc: Any, where: str = "<baseline>") -> dict[str, Any]:
             f"baseline {where}: field 'acceptance' and the figures of kind 'acceptance' come together "
             "(a `bench --drafter` baseline has both, a speed baseline neither)"
         )
+    inconsistent = consistency_problem(doc)
+    if inconsistent:
+        field, what = inconsistent
+        raise BaselineError(f"baseline {where}: field {field!r} {what}")
     return doc
 
 
