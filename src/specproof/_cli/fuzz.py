@@ -16,12 +16,14 @@ from specproof.formats import report as report_format
 EPILOG = """Every worker runs the checks `certify` would run with a new random seed per round (a seeded
 certify run: every failure has a reproduce line that works without the database) and saves what it
 finds in the example database; every later `certify` against the same database replays it first.
-Many machines: run `specproof fuzz --db redis://HOST:6379/0` on each. Stops at --for, at
---max-failures, when a shared database goes away (what was found is kept in the local directory), or
-on Ctrl-C; then prints the campaign report. Exit status: 0 no failure, 1 a check failed, 2 usage error
-(nothing run), 3 nothing exercised, a worker died or did not finish (its exit status or signal is in the report),
-or the shared database went away before any failure, 130 Ctrl-C, 143 SIGTERM (both with the partial report).
---workers is at most 4 per CPU and what the available memory holds at about 100 MB each."""
+Many machines: run `specproof fuzz --db redis://HOST:6379/0` on each. Stops at --for, when every
+worker ran its --rounds, at --max-failures, when a shared database goes away (what was found is kept
+in the local directory), or on Ctrl-C; then prints the campaign report. Exit status: 0 no failure,
+1 a check failed, 2 usage error (nothing run), 3 nothing exercised, no round finished, fewer rounds
+than --rounds asked for, a worker died or did not finish (its exit status or signal is in the
+report), or the shared database went away before any failure, 130 Ctrl-C, 143 SIGTERM (both with
+the partial report). --workers is at most 4 per CPU and what the available memory holds at about
+100 MB each."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,8 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="a randomized campaign over the certify checks, on many workers, saving what it finds",
         description=(
             "Fuzz the same subjects and invariants as `certify` (same plug-in specs, --only, tolerances), "
-            "randomized, on --workers processes sharing one example database, for --for DURATION or until "
-            "--max-failures N."
+            "randomized, on --workers processes sharing one example database, for --for DURATION, --rounds N "
+            "per worker, or until --max-failures N (whichever comes first)."
         ),
         epilog=EPILOG,
     )
@@ -47,7 +49,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         dest="duration",
         default=None,
         metavar="DURATION",
-        help="stop after this long: 90, 90s, 10m, 8h (default: until --max-failures, or Ctrl-C)",
+        help="stop after this long: 90, 90s, 10m, 8h (default: until --rounds, --max-failures, or Ctrl-C); what a "
+        "time budget reaches depends on the machine's load: --rounds for a reach that does not",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop when every worker has run N rounds (N >= 1; with --seed S, worker w runs the seeds S + w + W * r, "
+        "r < N: the same campaign at any load); with --for as well, fewer rounds by then is INCONCLUSIVE",
     )
     p.add_argument(
         "--max-failures", type=int, default=None, metavar="N", help="stop when N checks have failed (N >= 1)"
@@ -115,8 +126,9 @@ def run(args: argparse.Namespace) -> int:
     most, why = cli.max_workers()
     if args.workers > most:
         raise UsageError(f"--workers {args.workers}: this machine holds at most {most} ({why})")
-    if args.max_failures is not None and args.max_failures < 1:
-        raise UsageError(f"--max-failures {args.max_failures}: at least 1")
+    for option, number in (("--max-failures", args.max_failures), ("--rounds", args.rounds)):
+        if number is not None and number < 1:
+            raise UsageError(f"{option} {number}: at least 1")
     duration = parse_duration(args.duration) if args.duration is not None else None
     storage = hypothesis_dir(args.hypothesis_dir)
     store = open_db(args, storage)  # unreachable Redis, a bad path: exit 2 now
@@ -130,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         hypothesis_dir=str(storage),
         workers=args.workers,
         duration=duration,
+        rounds=args.rounds,
         max_failures=args.max_failures,
         seed=args.seed,
     )
@@ -141,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"fuzz: {args.workers} worker(s), profile {args.profile}, database {where}"
         + (f", for {duration:g} s" if duration else "")
+        + (f", {args.rounds} round(s) per worker" if args.rounds else "")
         + (f", until {args.max_failures} failure(s)" if args.max_failures else ""),
         markup=False,
         soft_wrap=True,
@@ -179,7 +193,8 @@ def _line(w: Any, seconds: float) -> str:
 
 
 def _run_live(options: Any, run_campaign: Any, console: Any, terminal: bool) -> Any:
-    """A live line per worker on a terminal; in a log, a line per worker per minute and every failure at once."""
+    """A live line per worker on a terminal; in a log, a line per worker at its first round and per minute,
+    and every failure at once."""
     if not terminal:
         last = [time.perf_counter()]
         said_lost = [False]
@@ -198,6 +213,9 @@ def _run_live(options: Any, run_campaign: Any, console: Any, terminal: bool) -> 
                         soft_wrap=True,
                         highlight=False,
                     )
+            if kind == "round" and state.workers[index].rounds == 1:  # it is running: said once, not per minute
+                w = state.workers[index]
+                console.print(f"[{state.seconds:7.1f} s] {_line(w, state.seconds)}", markup=False, soft_wrap=True)
             now = time.perf_counter()
             if now - last[0] >= 60:
                 last[0] = now

@@ -105,7 +105,8 @@ class CampaignOptions:
     db: str | None  # the --db value (None: the default directory)
     hypothesis_dir: str
     workers: int = 1
-    duration: float | None = None  # seconds; None: until max_failures or Ctrl-C
+    duration: float | None = None  # seconds; None: until rounds, max_failures or Ctrl-C
+    rounds: int | None = None  # rounds per worker; None: until duration, max_failures or Ctrl-C
     max_failures: int | None = None
     seed: int | None = None  # base seed: worker w's round r uses seed + w + workers * r
 
@@ -113,7 +114,7 @@ class CampaignOptions:
 @attrs.define
 class WorkerState:
     index: int
-    rounds: int = 0
+    rounds: int = 0  # rounds it finished (a round cut short by the stop is not counted: its checks are)
     examples: int = 0
     failures: int = 0
     paths: Counter[str] = attrs.Factory(Counter)
@@ -172,9 +173,11 @@ class CampaignState:
             return True
         return False
 
-    def absorb_round(self, worker: int, report: dict[str, Any]) -> None:
+    def absorb_round(self, worker: int, report: dict[str, Any], *, complete: bool = True) -> None:
+        """Merge one round's report; ``complete=False``: a round the stop cut short (its checks and
+        coverage count, the round does not)."""
         w = self.workers[worker]
-        w.rounds += 1
+        w.rounds += int(complete)
         if self.skeleton is None:
             self.skeleton = report
         if report.get("database"):
@@ -211,6 +214,23 @@ class CampaignState:
     def failed(self) -> int:
         return len(self.failures)
 
+    @property
+    def rounds(self) -> int:
+        return sum(w.rounds for w in self.workers)
+
+    def short_of_rounds(self) -> str | None:
+        """Why the campaign reached less than it was asked for, in words; None when it did not:
+        no round finished at all, or fewer than ``--rounds`` on a worker that was not lost."""
+        if self.rounds == 0:
+            return f"the campaign finished no round ({self.stopped or 'stopped before its first'})"
+        asked = self.options.rounds
+        if asked is not None and any(w.rounds < asked and not w.lost for w in self.workers):
+            return (
+                f"{self.rounds} of the {asked * self.options.workers} round(s) asked for ran "
+                f"(--rounds {asked} on {self.options.workers} worker(s)): {self.stopped or 'stopped early'}"
+            )
+        return None
+
     def report(self) -> dict[str, Any]:
         """The campaign as a report dict (the certify report's fields, plus ``campaign``)."""
         base = dict(self.skeleton or {})
@@ -222,6 +242,9 @@ class CampaignState:
             verdict, why = "pass", None
         else:
             verdict, why = "inconclusive", "the campaign exercised no check"
+        short = self.short_of_rounds()
+        if short and not failing:  # fewer rounds than asked (or none): what was reached is not what was claimed
+            verdict, why = "inconclusive", short
         if self.lost and not failing:
             verdict, why = "inconclusive", self.lost
         lost = [w for w in self.workers if w.lost]
@@ -245,7 +268,7 @@ class CampaignState:
             database=self.database(),
             campaign={
                 "workers": self.options.workers,
-                "rounds": sum(w.rounds for w in self.workers),
+                "rounds": self.rounds,
                 "examples": self.examples,
                 "seconds": round(self.seconds, 3),
                 "time_to_first_failure": None if self.first_failure is None else round(self.first_failure, 3),
@@ -337,21 +360,21 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
         rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         r = 0
         try:
-            while not stopped():
+            while not stopped() and (options.rounds is None or r < options.rounds):
                 if options.seed is not None:
                     seed = options.seed + index + options.workers * r
                 else:
                     seed = rng.getrandbits(31)
                 send("seed", seed)
                 cert = Certification(attrs.evolve(base, seed=seed))
+                complete = True
                 for item in cert.all_checks():
-                    if stopped():
+                    if stopped() or (store is not None and store.lost):
+                        complete = False
                         break
                     result = cert.run(item)
                     send("check", result.to_json())
-                    if store is not None and store.lost:
-                        break
-                send("round", build_report(cert))
+                send("round" if complete else "partial round", build_report(cert))
                 r += 1
                 if store is not None and store.lost:
                     send("lost", store.lost)
@@ -426,8 +449,10 @@ def run_campaign(
         _stop_workers(channels, state, stop_at if stop_at is not None else time.perf_counter(), grace, on_event)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if not state.stopped:
-        state.stopped = "every worker finished"
+    if not state.stopped:  # (a failure that came with the workers' last reports still names --max-failures)
+        state.stopped = _stop_reason(state, None, time.perf_counter()) or (
+            "every worker finished" if options.rounds is None else f"every worker ran its {options.rounds} round(s)"
+        )
     return state
 
 
@@ -584,6 +609,8 @@ def _absorb(state: CampaignState, kind: str, index: int, payload: Any) -> None:
         state.absorb_check(index, payload)
     elif kind == "round":
         state.absorb_round(index, payload)
+    elif kind == "partial round":
+        state.absorb_round(index, payload, complete=False)
     elif kind == "seed":
         worker.seed = payload
     elif kind == "lost":
