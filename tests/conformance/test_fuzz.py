@@ -51,7 +51,7 @@ def test_help_says_what_every_option_does(capsys: pytest.CaptureFixture[str]) ->
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     fuzz = sub.choices["fuzz"]
     options = [a for a in fuzz._actions if a.option_strings and a.dest != "help"]
-    assert {"--for", "--max-failures", "--workers", "--db", "--only", "--seed", "--report"} <= {
+    assert {"--for", "--rounds", "--max-failures", "--workers", "--db", "--only", "--seed", "--report"} <= {
         s for a in options for s in a.option_strings
     }
     for action in options:
@@ -67,7 +67,9 @@ def test_help_says_what_every_option_does(capsys: pytest.CaptureFixture[str]) ->
         (["--workers", "0"], "--workers"),
         (["--for", "soon"], "--for"),
         (["--for", "0"], "--for"),
-        (["--max-failures", "0"], "--max-failures"),
+        (["--max-failures", "0"], "--max-failures 0: at least 1"),
+        (["--rounds", "0"], "--rounds 0: at least 1"),
+        (["--rounds", "-3"], "--rounds -3: at least 1"),
         (["--only", "engine.nope"], "engine.nope"),
         (["--db", "redis://127.0.0.1:1/0"], "does not answer"),
         (["--tie-tolerance", "-1"], "tie-tolerance"),
@@ -77,7 +79,7 @@ def test_bad_options_are_usage_errors_before_any_work(
     args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report = tmp_path / "r.json"
-    code = main(["fuzz", "engine", "--engine", MEMBER, "--for", "5", *args, "--report", str(report)])
+    code = main(["fuzz", "engine", "--engine", MEMBER, "--rounds", "1", *args, "--report", str(report)])
     assert code == 2
     assert message in capsys.readouterr().err
     assert not report.exists()
@@ -100,8 +102,8 @@ def test_a_campaign_finds_saves_and_the_next_gate_replays(tmp_path: Path) -> Non
             "1",
             "--max-failures",
             "1",
-            "--for",
-            "180s",
+            "--rounds",
+            "1",  # seeds 1 and 2 (one round per worker) find it: a count, the same at any load
             "--report",
             str(report),
             hyp=hyp,
@@ -137,9 +139,10 @@ def test_a_campaign_keeps_the_rare_paths_it_reached_for_the_next_gate(
     report, gate = tmp_path / "campaign.json", tmp_path / "gate.json"
     only = ["engine", "--only", "engine.stop"]
     seed = str(seed_reaching_max_context)
-    code, out = _finish(_specproof("fuzz", *only, "--seed", seed, "--for", "30s", "--report", str(report), hyp=hyp))
+    code, out = _finish(_specproof("fuzz", *only, "--seed", seed, "--rounds", "1", "--report", str(report), hyp=hyp))
     assert code == 0, out
     campaign = json.loads(report.read_text())
+    assert campaign["campaign"]["rounds"] == 1 and "ran its 1 round(s)" in campaign["campaign"]["stopped"]
     assert all(row["clamped_at_max_context"] for row in campaign["path_coverage"].values())
     assert campaign["database"]["covering_saved"].keys() == {"checkpoint", "replay"}
     code, out = _finish(_specproof("certify", *only, "--report", str(gate), hyp=hyp))
@@ -166,8 +169,8 @@ def test_two_machines_share_one_redis_and_a_third_replays(tmp_path: Path, redis_
             str(seed),
             "--max-failures",
             "1",
-            "--for",
-            "180s",
+            "--rounds",
+            "1",
             "--db",
             url,
             "--report",
@@ -218,7 +221,7 @@ def test_a_redis_that_goes_away_stops_the_campaign_with_finds_kept_locally(tmp_p
         "--seed",
         "1",
         "--for",
-        "300s",
+        "600",  # a cap only: the test stops the server once a find is saved, and nothing asserted is timed
         "--db",
         redis_server.url,
         "--report",

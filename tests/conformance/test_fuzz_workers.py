@@ -14,6 +14,7 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,16 +29,29 @@ pytestmark = pytest.mark.slow  # real campaigns of seconds: outside `tox -e quic
 CORRECT = ("drafter", "--only", "drafter.max-length")
 
 
-def _fuzz(*args: str, tmp_path: Path) -> subprocess.Popen[str]:
+class _Campaign(subprocess.Popen[str]):
+    """A ``specproof fuzz`` process whose output a thread reads as it comes (``lines``), so a test can
+    wait for what the campaign says (a worker's first round) instead of sleeping."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        super().__init__(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.stdout or ()), daemon=True)
+        self._reader.start()
+
+    def output(self, timeout: float) -> str:
+        """Wait for the campaign's end (``timeout`` s at most) and return all it printed."""
+        self.wait(timeout=timeout)
+        self._reader.join(timeout=30)
+        return "".join(self.lines)
+
+
+def _fuzz(*args: str, tmp_path: Path) -> _Campaign:
     env = {**os.environ, "SPECPROOF_HYPOTHESIS_DIR": str(tmp_path / "hyp"), "OMP_NUM_THREADS": "1"}
     src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen(
-        [sys.executable, "-m", "specproof", "fuzz", *CORRECT, *args, "--report", str(tmp_path / "r.json")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    return _Campaign(
+        [sys.executable, "-m", "specproof", "fuzz", *CORRECT, *args, "--report", str(tmp_path / "r.json")], env
     )
 
 
@@ -64,7 +78,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _reap(proc: subprocess.Popen[str], workers: list[int]) -> None:
+def _reap(proc: _Campaign, workers: list[int]) -> None:
     """After a test, pass or fail: nothing it started keeps running (a campaign that mishandles the
     signal leaves its workers behind, holding the output pipe)."""
     for pid in [proc.pid, *workers]:
@@ -73,30 +87,30 @@ def _reap(proc: subprocess.Popen[str], workers: list[int]) -> None:
     proc.wait(timeout=30)
 
 
-def _running_rounds(proc: subprocess.Popen[str], tmp_path: Path, n: int) -> list[int]:
-    """Wait until the campaign's n workers are up and have run a round (their database account is
-    written with the first round; a fixed sleep would race a slow start on a loaded machine)."""
-    deadline = time.monotonic() + 180
+def _running_rounds(proc: _Campaign, n: int) -> list[int]:
+    """Wait until each of the campaign's n workers has finished a round (the log's line for a worker's
+    first round; a fixed sleep would race a slow start on a loaded machine): checks have passed, so an
+    accounting that forgot a worker would say PASS."""
+    deadline = time.monotonic() + 300
     while True:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=60)[0]
-        workers = _workers(proc.pid)
-        if len(workers) == n and (tmp_path / "hyp").is_dir():
-            break
+        assert proc.poll() is None and time.monotonic() < deadline, proc.output(timeout=60)
+        said = "".join(proc.lines)
+        if all(f"] worker {i}: round 1 " in said for i in range(n)):
+            workers = _workers(proc.pid)
+            if len(workers) == n:
+                return workers
         time.sleep(0.2)
-    time.sleep(8)  # a few rounds: checks have passed, so today's accounting would say PASS
-    assert proc.poll() is None, proc.communicate()[0]
-    return workers
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the workers through /proc (Linux)")
 @pytest.mark.parametrize("killed", [1, 2], ids=["one-of-two", "both"])
 def test_a_killed_worker_is_reported_and_the_campaign_is_never_pass(tmp_path: Path, killed: int) -> None:
-    proc = _fuzz("--workers", "2", "--for", "25", tmp_path=tmp_path)
-    workers = _running_rounds(proc, tmp_path, 2)
+    proc = _fuzz("--workers", "2", tmp_path=tmp_path)  # no --for: the death stops it
+    workers = _running_rounds(proc, 2)
     try:
         for pid in workers[:killed]:
             os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)
+        out = proc.output(timeout=120)
         survivors = [pid for pid in workers if _alive(pid)]
     finally:
         _reap(proc, workers)
@@ -112,7 +126,7 @@ def test_a_killed_worker_is_reported_and_the_campaign_is_never_pass(tmp_path: Pa
     # a worker killed mid-report cannot block another (no shared lock), nor is it ever terminated
     assert len(lost) == killed, lost
     assert "did not finish" in data["verdict_reason"] and "SIGKILL" in data["verdict_reason"]
-    stopped = data["campaign"]["stopped"]  # the death stops the campaign, not its --for
+    stopped = data["campaign"]["stopped"]  # the death stops the campaign
     assert stopped.startswith("worker ") and "killed by SIGKILL" in stopped, stopped
     assert "verdict: PASS" not in out and "lost: killed by SIGKILL" in out, out[-3000:]
     assert not survivors, f"workers {survivors} outlived their campaign"
@@ -149,8 +163,8 @@ def test_a_worker_killed_mid_report_blocks_no_other(tmp_path: Path) -> None:
     terminated) and left half a message in it (the parent then waits for the rest for ever). With a
     pipe per worker, the half message is the end of the killed worker's pipe, and the survivor
     stops when asked and reports normally."""
-    proc = _fuzz("--workers", "2", "--for", "120", tmp_path=tmp_path)
-    workers = _running_rounds(proc, tmp_path, 2)
+    proc = _fuzz("--workers", "2", tmp_path=tmp_path)  # no --for: the killed worker's end stops it
+    workers = _running_rounds(proc, 2)
     try:
         os.kill(proc.pid, signal.SIGSTOP)
         try:
@@ -164,7 +178,7 @@ def test_a_worker_killed_mid_report_blocks_no_other(tmp_path: Path) -> None:
             os.kill(killed, signal.SIGKILL)
         finally:
             os.kill(proc.pid, signal.SIGCONT)
-        out, _ = proc.communicate(timeout=120)  # (the shared queue: the parent never returns)
+        out = proc.output(timeout=120)  # (the shared queue: the parent never returns)
         survivors = [pid for pid in workers if _alive(pid)]
     finally:
         _reap(proc, workers)
@@ -181,10 +195,10 @@ def test_a_worker_killed_mid_report_blocks_no_other(tmp_path: Path) -> None:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the workers through /proc (Linux)")
 def test_sigterm_stops_the_campaign_like_ctrl_c(tmp_path: Path) -> None:
     proc = _fuzz("--workers", "2", tmp_path=tmp_path)  # no --for: only the signal ends it
-    workers = _running_rounds(proc, tmp_path, 2)
+    workers = _running_rounds(proc, 2)
     try:
         proc.send_signal(signal.SIGTERM)  # to the parent alone, as `kill PID` and CI timeouts do
-        out, _ = proc.communicate(timeout=120)
+        out = proc.output(timeout=120)
         survivors = [pid for pid in workers if _alive(pid)]
     finally:
         _reap(proc, workers)
@@ -206,7 +220,7 @@ def test_more_workers_than_the_machine_holds_is_a_usage_error(
     assert most >= 1 and why
     report = tmp_path / "r.json"
     # (an unknown --only as well: today's code, which has no bound, stops at it instead of spawning)
-    args = ["fuzz", "drafter", "--only", "drafter.nope", "--for", "5", "--report", str(report)]
+    args = ["fuzz", "drafter", "--only", "drafter.nope", "--rounds", "1", "--report", str(report)]
     code = main([*args, "--workers", str(most + 1), "--hypothesis-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and f"--workers {most + 1}: this machine holds at most {most}" in err, err
@@ -240,6 +254,7 @@ def test_a_worker_that_raised_makes_the_campaign_inconclusive() -> None:
         "seconds": 0.1,
     }
     state.absorb_check(0, result)
+    state.absorb_round(0, {})
     state.workers[0].done = True
     assert state.report()["verdict"] == "pass"  # the control: every worker accounted for
     state.workers[1].lost, state.workers[1].exitcode = "killed by SIGKILL after 0 round(s)", -9

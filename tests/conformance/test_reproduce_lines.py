@@ -130,7 +130,7 @@ def test_a_campaign_find_replayed_by_another_worker_reproduces_when_pasted(plugi
     find, miss = _search(lambda s: certify("drafter", drafter=spec, only=only, seed=s, db="none").verdict == "fail")
     db, report = tmp_path / "db", tmp_path / "r.json"
     fuzz = ["fuzz", "drafter", "--drafter", spec, "--only", *only, "--workers", "1", "--db", str(db)]
-    fuzz += ["--max-failures", "1", "--for", "120", "--report", str(report)]
+    fuzz += ["--max-failures", "1", "--rounds", "1", "--report", str(report)]  # the seed's own round: any load
     first = _run([*fuzz, "--seed", str(find)], tmp_path=tmp_path, plugin=plugin)
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
     second = _run([*fuzz, "--seed", str(miss)], tmp_path=tmp_path, plugin=plugin)
