@@ -25,10 +25,10 @@ from typing import Any, Final
 
 from specproof.bench._acceptance import ACCEPTANCE_KIND, acceptance_figures
 
-__all__ = ["consistency_problem"]
+__all__ = ["FIGURE_NAMES", "consistency_problem"]
 
-# figure name (a key's last part) -> the kinds it can be, and which way is better
-_NAMES: Final[dict[str, tuple[frozenset[str], str]]] = {
+#: figure name (a key's last part) -> the kinds it can be, and which way is better (the gate's figures take theirs)
+FIGURE_NAMES: Final[dict[str, tuple[frozenset[str], str]]] = {
     "tokens_per_round": (frozenset({"machine_independent", ACCEPTANCE_KIND}), "higher"),
     "projected_speedup": (frozenset({"machine_independent"}), "higher"),
     "forwards_per_token": (frozenset({"machine_independent"}), "lower"),
@@ -59,7 +59,7 @@ def consistency_problem(doc: Mapping[str, Any]) -> tuple[str, str] | None:
 
 def _figure_problem(key: str, fig: Mapping[str, Any]) -> tuple[str, str] | None:
     name = key.rsplit("/", 1)[-1]
-    expected = _POSITION if name.startswith("position_") else _NAMES.get(name)
+    expected = _POSITION if name.startswith("position_") else FIGURE_NAMES.get(name)
     value = float(fig["value"])
     if value < 0:
         return "value", f"is {value!r}: a count or a ratio is never negative"
