@@ -1,6 +1,6 @@
 """``specproof fuzz --rounds N``: a campaign measured in rounds, not seconds, so a test (or a CI job)
 reaches the same examples at any load; a campaign that finished no round, or fewer than it was asked
-for, is never PASS (issue 35: a plug-in campaign given ``--for 2s`` ran 0 rounds at load 8-16)."""
+for, is never PASS (issue 35: a plug-in campaign given two seconds of ``--for`` ran 0 rounds at load 8-16)."""
 
 from __future__ import annotations
 
