@@ -14,7 +14,8 @@ Loading it in an unrelated pytest run costs an option group and nothing else.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -159,6 +160,40 @@ def failure_text(result: CheckResult) -> str:
     if result.reproduce:
         lines.append(f"reproduce: {result.reproduce}")
     return "\n".join(lines) or result.detail
+
+
+@pytest.hookimpl(tryfirst=True)  # before the terminal reporter formats the traceback
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """A Ctrl-C or SIGTERM can land on an instruction that has no line number (Python 3.11+: the
+    cleanup of an exception handler, e.g. a ``with`` block's ``__exit__`` seeing an exception); its
+    traceback entry's ``tb_lineno`` is then None, and pytest's formatting of the interrupt fails
+    on it (``TypeError`` in ``_pytest/_code/code.py``), which ended the run with a traceback and no
+    report. Those entries, here and in the chained exceptions, are dropped before pytest formats it."""
+    excinfo.traceback = excinfo.traceback.filter(_has_line)
+    seen = {id(excinfo.value)}
+    chained = excinfo.value.__cause__ or excinfo.value.__context__
+    while chained is not None and id(chained) not in seen:  # (pytest formats the chain from __traceback__)
+        seen.add(id(chained))
+        chained.__traceback__ = _with_lines(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
+
+
+def _has_line(entry: Any) -> bool:
+    try:
+        entry.lineno  # noqa: B018  # (what pytest's formatting computes: None - 1 without a line)
+    except TypeError:
+        return False
+    return True
+
+
+def _with_lines(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without its entries at an instruction with no line number."""
+    if tb is None:
+        return None
+    rest = _with_lines(tb.tb_next)
+    if tb.tb_lineno is None:  # type: ignore[comparison-overlap]  # (typeshed: int; None since 3.11)
+        return rest
+    return TracebackType(rest, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
