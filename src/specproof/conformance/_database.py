@@ -247,11 +247,11 @@ def _failure(exc: BaseException) -> str:
 
 
 def _check_writable(path: Path, *, option: str, default: bool = False) -> None:
-    """The directory can hold an example: created, and a probe file written and removed; else a
-    ``UsageError`` naming it. ``default``: the directory is the default one (``examples/`` in
-    Hypothesis' directory, ``--hypothesis-dir``), not one ``option`` named; created with its parents."""
+    """The directory can hold an example (``probe_directory``: nothing is created, nothing left);
+    else a ``UsageError`` naming it. ``default``: the directory is the default one (``examples/`` in
+    Hypothesis' directory, ``--hypothesis-dir``), not one ``option`` named. It is made (with its
+    parents) when the first example is saved there."""
     try:
-        path.mkdir(parents=default, exist_ok=True)
         probe_directory(path)
     except OSError as exc:
         what = (
@@ -263,8 +263,23 @@ def _check_writable(path: Path, *, option: str, default: bool = False) -> None:
 
 
 def probe_directory(path: Path) -> None:
-    """Write a probe file in the directory ``path`` and remove it; ``OSError`` when it cannot be."""
-    _probe(path)
+    """Whether the directory ``path`` can be written, leaving nothing behind (a usage error found
+    later must not leave empty folders): a probe file written in it and removed; where it does not
+    exist yet, a probe directory made in its nearest existing ancestor (and a file in that), both
+    removed. ``OSError`` when it cannot be."""
+    existing = path
+    while not existing.exists() and not existing.is_symlink() and existing.parent != existing:
+        existing = existing.parent
+    if existing == path:
+        _probe(path)
+        return
+    if not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+    made = tempfile.mkdtemp(dir=existing, prefix=".specproof-probe-")
+    try:
+        _probe(Path(made))
+    finally:
+        os.rmdir(made)
 
 
 def _probe(directory: Path | None) -> None:
@@ -280,10 +295,10 @@ def _probe(directory: Path | None) -> None:
 def check_storage(storage: Path, *, option: str = "--hypothesis-dir") -> None:
     """Hypothesis' directory and its ``sessions/`` (where failing session histories are written, as
     files ``--replay-session`` replays) can be written: checked before any work (``UsageError``
-    naming the path); both are created."""
+    naming the path). Neither is created here (``probe_directory``): a usage error found later
+    leaves no folder; each is made when something is first written there."""
     folder = storage / "sessions"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         probe_directory(folder)
     except OSError as exc:
         raise UsageError(
