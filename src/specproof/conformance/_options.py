@@ -201,7 +201,8 @@ OPTIONS: tuple[Option, ...] = (
         plugin="--specproof-db",
         metavar="PATH|redis://HOST:PORT/N|none",
         help="the example database failures (and, from seeded runs, covering examples) are saved in and "
-        "replayed from first (default: examples/ in the Hypothesis directory); redis://HOST:PORT/N shares one "
+        "replayed from first (default: examples/ in the Hypothesis directory); a Redis URL as redis-py reads it "
+        "(redis://HOST:PORT/N, redis://:PASSWORD@HOST/N, redis://[::1]:6379/0, rediss:// for TLS) shares one "
         "across machines (kept beside the local directory); none remembers nothing",
     ),
     Option(
