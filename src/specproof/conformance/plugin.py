@@ -200,6 +200,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     cert = session.config.stash.get(CERTIFICATION, None)
     if cert is not None:
         cert.defer_results = True  # progress goes out after each test, outside pytest's capture
+        from specproof.conformance._waiting import set_sink
+
+        # a check waiting on an engine says so while it waits, outside pytest's capture of the check
+        session.config.stash[_SINK] = set_sink(lambda text: _outside_capture(session.config, text))
+
+
+_SINK = pytest.StashKey[object]()  # the waiting-line sink before this session set its own
+
+
+def _outside_capture(config: pytest.Config, text: str) -> None:
+    import sys
+
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else _nothing():
+        print(text, file=sys.stderr, flush=True)
+
+
+def _nothing() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 @pytest.hookimpl(tryfirst=True)  # a firstresult hook: run before the one that returns the report
@@ -227,3 +248,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             write_markdown_report(markdown_path, report)
     if cert is not None:
         cert.cache.clear()  # the checks are over: nothing may hold the run's models after it
+    if _SINK in session.config.stash:
+        from specproof.conformance._waiting import set_sink
+
+        set_sink(session.config.stash[_SINK])  # type: ignore[arg-type]
