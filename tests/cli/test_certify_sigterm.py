@@ -77,6 +77,47 @@ def test_a_sigterm_on_an_instruction_with_no_line_number_still_writes_the_report
     assert data["verdict"] == "interrupted" and "SIGTERM" in data["verdict_reason"], data
 
 
+def _certify_drafter(tmp_path: Path) -> tuple[int, dict[str, Any]]:
+    report = tmp_path / "r.json"
+    args = ["certify", "drafter", "--only", "drafter.max-length,drafter.token-range", "--db", "none"]
+    code = main([*args, "--hypothesis-dir", str(tmp_path / "hyp"), "--report", str(report)])
+    return code, json.loads(report.read_text())
+
+
+def test_a_sigterm_while_the_engines_stop_lets_the_report_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the checks (the plan closing its subjects, the report being built): exit 143, the whole report."""
+    from specproof.conformance import Plan
+
+    close = Plan.close
+
+    def close_then_signalled(self: Any) -> None:
+        close(self)
+        signal.raise_signal(signal.SIGTERM)  # (raised here, it would end certify with no report)
+
+    monkeypatch.setattr(Plan, "close", close_then_signalled)
+    code, report = _certify_drafter(tmp_path)
+    assert code == 143 and report["verdict"] == "pass", report["verdict_reason"]
+
+
+def test_a_sigterm_before_the_checks_start_stops_the_run_at_the_first_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specproof.conformance._certification import Certification
+
+    init = Certification.__init__
+
+    def init_then_signalled(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)  # (before the pytest run: recorded, raised at the first check's end)
+
+    monkeypatch.setattr(Certification, "__init__", init_then_signalled)
+    code, report = _certify_drafter(tmp_path)
+    assert code == 143 and report["verdict"] == "interrupted", report["verdict"]
+    assert len(report["results"]) <= 1, [r["id"] for r in report["results"]]
+
+
 MARKED_ENGINE = textwrap.dedent(
     """
     import os

@@ -13,6 +13,8 @@ Loading it in an unrelated pytest run costs an option group and nothing else.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -210,17 +212,9 @@ _SINK = pytest.StashKey[object]()  # the waiting-line sink before this session s
 
 
 def _outside_capture(config: pytest.Config, text: str) -> None:
-    import sys
-
     capture = config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture is not None else _nothing():
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
         print(text, file=sys.stderr, flush=True)
-
-
-def _nothing() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 @pytest.hookimpl(tryfirst=True)  # a firstresult hook: run before the one that returns the report
