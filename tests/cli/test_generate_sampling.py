@@ -83,7 +83,7 @@ def test_the_text_summary_names_the_parameters_scheme_and_q(capsys: pytest.Captu
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--sampling", "temperature=abc"], "temperature='abc' must be a number"),
+        (["--sampling", "temperature=abc"], "temperature='abc' must be a finite decimal number"),
         (["--sampling", "temp=1"], "'temp=1' is not NAME=VALUE"),
         (["--sampling", "top_p=0.9"], "give temperature=T"),
         (["--sampling", "temperature=-1"], "temperature=-1.0 must be in"),

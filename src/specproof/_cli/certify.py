@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.junitxml, option="--junitxml")
     storage = _hypothesis_dir(args.hypothesis_dir)  # (and its sessions/ can be written)
     # SIGTERM (what CI timeouts and service managers send) is handled like Ctrl-C from here on
-    with _sigterm_as_interrupt() as terminated:
+    with _sigterm_as_interrupt(stoppable=(Plan.from_options, _pytest_main())) as terminated:
         try:
             plan = Plan.from_options(vars(args))  # (the example database opened: one that cannot be written is exit 2)
         except KeyboardInterrupt:
@@ -101,7 +101,13 @@ def run(args: argparse.Namespace) -> int:
         return _certify(args, plan, storage, certify, terminated)
 
 
-def _certify(args: argparse.Namespace, plan: Any, storage: Path, certify: Any, terminated: threading.Event) -> int:
+def _pytest_main() -> Any:
+    import pytest
+
+    return pytest.main
+
+
+def _certify(args: argparse.Namespace, plan: Any, storage: Path, certify: Any, terminated: _Signalled) -> int:
     """Run the loaded plan; its report written and its verdict printed, interrupted or not."""
     from rich.console import Console
 
@@ -120,7 +126,7 @@ def _certify(args: argparse.Namespace, plan: Any, storage: Path, certify: Any, t
     )
     # on SIGTERM the engines are stopped, the partial report is written, the verdict line printed,
     # and the exit status is 143
-    report = _run_with_progress(plan, certify, console, terminal).to_json()
+    report = _run_with_progress(plan, certify, console, terminal, terminated).to_json()
     if terminated.is_set() and report.get("verdict") == "interrupted":
         report["verdict_reason"] = "interrupted (SIGTERM): the report holds the checks that finished"
     return _finish(args, report, console, 143 if terminated.is_set() else None)
@@ -156,21 +162,38 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM in ``certify``: stopped as Ctrl-C stops it (the in-process pytest run ends as interrupted)."""
 
 
+class _Signalled(threading.Event):
+    """Set when a SIGTERM came; ``pending``: it came where it could not stop the run (raised later)."""
+
+    pending = False
+
+
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[threading.Event]:
-    """While the checks run, the first SIGTERM raises ``_Terminated`` (a ``KeyboardInterrupt``) in the
-    main thread; the event it yields says one came. Another SIGTERM while the run stops and the
-    partial report is written is ignored (it must not cut the report short). Outside the main
-    thread (a caller's thread) nothing is installed."""
-    came = threading.Event()
+def _sigterm_as_interrupt(*, stoppable: tuple[Any, ...] = ()) -> Iterator[_Signalled]:
+    """The first SIGTERM raises ``_Terminated`` (a ``KeyboardInterrupt``) in the main thread where
+    it stops the run cleanly: inside one of the ``stoppable`` functions (loading the plan, and the
+    pytest run, which ends as interrupted and keeps what finished). Anywhere else (between them,
+    while the engines stop, while the report is written) it is only recorded: raised there, it would
+    end ``certify`` with no report; the run stops at the next check's end (``_stop_if_pending``)
+    or, when the checks are over, exits 143 with the whole report. The event it yields says one came.
+    Another SIGTERM is ignored (it must not cut the report short). Outside the main thread (a
+    caller's thread) nothing is installed."""
+    came = _Signalled()
     if threading.current_thread() is not threading.main_thread():
         yield came
         return
+    codes = {getattr(fn, "__code__", None) or fn.__func__.__code__ for fn in stoppable}
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        if not came.is_set():
-            came.set()
-            raise _Terminated()
+        if came.is_set():
+            return
+        came.set()
+        while frame is not None and frame.f_code not in codes:
+            frame = frame.f_back
+        if frame is None:
+            came.pending = True
+            return
+        raise _Terminated()
 
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
@@ -179,7 +202,14 @@ def _sigterm_as_interrupt() -> Iterator[threading.Event]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) -> Any:
+def _stop_if_pending(came: _Signalled) -> None:
+    """A SIGTERM that came before the pytest run started stops it at the first check's end."""
+    if came.pending:
+        came.pending = False
+        raise _Terminated()
+
+
+def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool, terminated: _Signalled) -> Any:
     """A progress bar on a terminal; in a log, one line per finished check as the run goes."""
     if not terminal:
 
@@ -190,6 +220,7 @@ def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) ->
                 markup=False,
                 highlight=False,
             )
+            _stop_if_pending(terminated)
 
         return certify(plan, on_result=line)[1]
 
@@ -210,6 +241,7 @@ def _run_with_progress(plan: Any, certify: Any, console: Any, terminal: bool) ->
 
         def finished(result: Any) -> None:
             progress.update(task, advance=1, description=result.nodeid)
+            _stop_if_pending(terminated)
 
         return certify(plan, on_start=start, on_result=finished)[1]
 

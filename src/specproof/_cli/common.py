@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from specproof.contract.errors import PluginError
+from specproof.contract.errors import InvalidSettingError, PluginError
+from specproof.contract.validation import decimal_int
 from specproof.engine import Target
 from specproof.plugins import load_target
 
@@ -35,10 +36,10 @@ def make_target(spec: str, *, seed: int | None = None) -> Target:
 
 
 def parse_ids(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.replace(",", " ").split()]
-    except ValueError:
-        raise PluginError(f"--ids {text!r}: expected integers separated by commas or spaces") from None
+    try:  # (strict: "1_0" is no token 10)
+        return [decimal_int(part) for part in text.replace(",", " ").split()]
+    except InvalidSettingError:
+        raise PluginError(f"--ids {text!r}: expected decimal integers separated by commas or spaces") from None
 
 
 def encode_prompt(target: Target, text: str) -> list[int]:

@@ -21,6 +21,7 @@ from specproof._cli.common import (
     make_target,
     parse_ids,
 )
+from specproof.contract.validation import integer_argument
 from specproof.formats import generate as generate_format
 from specproof.formats import trace as trace_format
 
@@ -59,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "mtp:trained (feature heads reading the trained target's hidden states; --target then defaults to trained), "
         "or MODULE:ATTR",
     )
-    p.add_argument("-k", type=int, default=4, help="draft length per round (default 4)")
+    p.add_argument("-k", type=integer_argument, default=4, help="draft length per round (default 4)")
     p.add_argument(
         "--rollback",
         choices=("checkpoint", "replay"),
@@ -80,9 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="with --sampling: the lossless acceptance rule, rejection sampling against the drafter's q (default) "
         "or sample-and-match",
     )
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--eos", type=int, default=None, metavar="ID", help="stop at this token id")
-    p.add_argument("--seed", type=int, default=None, help="seed of the reference target's weights")
+    p.add_argument("--max-new-tokens", type=integer_argument, default=64)
+    p.add_argument("--eos", type=integer_argument, default=None, metavar="ID", help="stop at this token id")
+    p.add_argument("--seed", type=integer_argument, default=None, help="seed of the reference target's weights")
     p.add_argument("--compare-greedy", action="store_true", help="also run plain greedy: equality and both wall times")
     p.add_argument("--trace", default=None, metavar="FILE", help=f"write a {trace_format.ID} JSON Lines trace")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of text")

@@ -464,9 +464,10 @@ def _watch_shared(db: str | None, state: CampaignState) -> threading.Event | Non
     PING bounded by the client's timeout, and marks the campaign's database lost when one fails, so
     a frozen or vanished server stops the campaign within seconds even while no worker is calling
     it. The event it returns stops the thread (None: nothing to watch)."""
-    if not db or not db.startswith("redis:"):
+    from specproof.conformance._database import is_shared, redacted, shared_client, shared_database_failure
+
+    if not db or not is_shared(db):
         return None
-    from specproof.conformance._database import shared_client, shared_database_failure
 
     client, done = shared_client(db), threading.Event()
 
@@ -475,7 +476,7 @@ def _watch_shared(db: str | None, state: CampaignState) -> threading.Event | Non
             try:
                 client.ping()
             except Exception as exc:
-                state.lost = state.lost or shared_database_failure(db, exc)
+                state.lost = state.lost or shared_database_failure(redacted(db), exc)
                 return
         client.close()
 

@@ -7,7 +7,9 @@
 
 - a directory (the default is ``examples/`` beside Hypothesis' own files) —
   ``DirectoryBasedExampleDatabase``;
-- ``redis://HOST:PORT/N`` — the local default directory *and* a ``RedisExampleDatabase``
+- a Redis URL as redis-py reads it (``redis://HOST:PORT/N``, ``redis://:PASSWORD@HOST/N``,
+  ``redis://[::1]:6379/0``, ``rediss://`` for TLS, ``unix://PATH``; a password is shown as ``***``)
+  — the local default directory *and* a ``RedisExampleDatabase``
   (``MultiplexedDatabase``): what a run finds is saved locally first, so a Redis server that
   goes away loses nothing found so far;
 - ``none`` — no database (the run remembers nothing; the reproduce line still works).
@@ -69,8 +71,6 @@ __all__ = [
     "storage_dir",
     "replay_only",
 ]
-
-_REDIS = re.compile(r"^redis://(?P<host>[^:/]+)(?::(?P<port>\d+))?(?:/(?P<db>\d+))?/?$")
 
 
 @attrs.define(eq=False)
@@ -167,7 +167,7 @@ def open_database(
     if replay not in ("all", "failures"):
         raise UsageError(f"{option}-replay {replay!r}: one of 'all', 'failures'")
     if spec is not None and not spec.strip():
-        raise UsageError(f"{option} {spec!r}: empty; give a directory, redis://HOST:PORT/N, or 'none'")
+        raise UsageError(f"{option} {spec!r}: empty; give a directory, a Redis URL (redis://HOST:PORT/N), or 'none'")
     if spec is not None and spec.strip().lower() == "none":
         return None
     store = _open(spec, default_dir=default_dir, option=option)
@@ -176,7 +176,7 @@ def open_database(
 
 
 def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
-    if spec is None or not spec.startswith("redis:"):
+    if spec is None or not is_shared(spec):
         path = Path(spec) if spec is not None else default_dir
         if path.exists() and not path.is_dir():
             raise UsageError(f"{option} {str(path)!r}: exists and is not a directory")
@@ -184,31 +184,61 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
             raise UsageError(f"{option} {spec!r}: the directory {str(path.parent)!r} does not exist")
         _check_writable(path, option=option, default=spec is None)
         return _directory_store(str(path), path)
-    match = _REDIS.match(spec)
-    if match is None:
-        raise UsageError(f"{option} {spec!r}: a shared database is redis://HOST:PORT/N (e.g. redis://127.0.0.1:6379/0)")
+    shown = redacted(spec)
     try:
         from hypothesis.extra.redis import RedisExampleDatabase
     except ImportError:  # pragma: no cover - hypothesis[redis] is a dependency
-        raise UsageError(f"{option} {spec!r}: the redis client is missing (pip install 'hypothesis[redis]')") from None
-    client = shared_client(spec)
+        raise UsageError(f"{option} {shown!r}: the redis client is missing (pip install 'hypothesis[redis]')") from None
+    try:
+        client = shared_client(spec)
+    except ValueError as exc:  # redis-py's own parser refused it
+        raise UsageError(f"{option} {shown!r}: not a Redis URL: {exc} ({_SHARED_FORMS})") from None
     try:
         client.ping()
     except Exception as exc:
-        raise UsageError(f"{option} {spec!r}: the Redis server does not answer: {_failure(exc)}") from None
+        raise UsageError(f"{option} {shown!r}: the Redis server does not answer: {_failure(exc)}") from None
     _check_writable(default_dir, option=option, default=True)  # (every find is saved there first)
-    store = _directory_store(spec, default_dir)
-    store.shared = spec
-    store.shared_database = _Guarded(RedisExampleDatabase(client), store, spec)
+    store = _directory_store(shown, default_dir)
+    store.shared = shown
+    store.shared_database = _Guarded(RedisExampleDatabase(client), store, shown)
     store.database = MultiplexedDatabase(store.local_database, store.shared_database)
     return store
+
+
+_SHARED_SCHEMES = ("redis", "rediss", "unix")  # what redis-py's URL parser reads
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_SHARED_FORMS = "e.g. redis://HOST:PORT/N, redis://:PASSWORD@HOST:PORT/N, redis://[::1]:6379/0, rediss://HOST:PORT/N"
+
+
+def is_shared(spec: str) -> bool:
+    """Whether ``--db`` names a shared (Redis) database: a URL (``SCHEME://...``, or ``redis:...``
+    mistyped), which redis-py's parser then reads or refuses; anything else is a directory."""
+    text = spec.strip()
+    return bool(_URL.match(text)) or text.lower().startswith(("redis:", "rediss:"))
+
+
+def redacted(spec: str) -> str:
+    """The URL as reports, warnings and reproduce lines show it: a password replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(spec)
+        if parts.password is None:
+            return spec
+    except ValueError:
+        return spec
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 REDIS_TIMEOUT = 5.0  # seconds one Redis call may take before the server counts as gone (frozen, unreachable)
 
 
 def shared_client(spec: str) -> Any:
-    """A redis-py client for ``redis://HOST:PORT/N`` whose every call ends within ``REDIS_TIMEOUT``.
+    """A redis-py client for the URL ``spec``, read by redis-py's own parser (``Redis.from_url``:
+    a password, an IPv6 host in brackets, TLS with ``rediss://``, a socket with ``unix://``; a bad
+    URL is its ``ValueError``), whose every call ends within ``REDIS_TIMEOUT``.
 
     redis-py's defaults retry a timed-out call 10 times with backoff (a frozen server — SIGSTOP, a
     hung host — took 115 s to notice); here a timeout is never retried, and a dropped connection is
@@ -217,16 +247,14 @@ def shared_client(spec: str) -> Any:
     """
     import redis
     from redis.backoff import NoBackoff
+    from redis.connection import parse_url
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.retry import Retry
 
-    match = _REDIS.match(spec)
-    if match is None:  # pragma: no cover - the callers matched it
-        raise ValueError(spec)
-    return redis.Redis(
-        host=match["host"],
-        port=int(match["port"] or 6379),
-        db=int(match["db"] or 0),
+    if not any(parse_url(spec.strip()).get(where) for where in ("host", "path")):  # (its own ValueError first)
+        raise ValueError("it names no host (redis-py would take localhost:6379 in silence)")
+    return redis.Redis.from_url(
+        spec.strip(),
         socket_connect_timeout=REDIS_TIMEOUT,
         socket_timeout=REDIS_TIMEOUT,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
@@ -247,11 +275,11 @@ def _failure(exc: BaseException) -> str:
 
 
 def _check_writable(path: Path, *, option: str, default: bool = False) -> None:
-    """The directory can hold an example: created, and a probe file written and removed; else a
-    ``UsageError`` naming it. ``default``: the directory is the default one (``examples/`` in
-    Hypothesis' directory, ``--hypothesis-dir``), not one ``option`` named; created with its parents."""
+    """The directory can hold an example (``probe_directory``: nothing is created, nothing left);
+    else a ``UsageError`` naming it. ``default``: the directory is the default one (``examples/`` in
+    Hypothesis' directory, ``--hypothesis-dir``), not one ``option`` named. It is made (with its
+    parents) when the first example is saved there."""
     try:
-        path.mkdir(parents=default, exist_ok=True)
         probe_directory(path)
     except OSError as exc:
         what = (
@@ -263,8 +291,23 @@ def _check_writable(path: Path, *, option: str, default: bool = False) -> None:
 
 
 def probe_directory(path: Path) -> None:
-    """Write a probe file in the directory ``path`` and remove it; ``OSError`` when it cannot be."""
-    _probe(path)
+    """Whether the directory ``path`` can be written, leaving nothing behind (a usage error found
+    later must not leave empty folders): a probe file written in it and removed; where it does not
+    exist yet, a probe directory made in its nearest existing ancestor (and a file in that), both
+    removed. ``OSError`` when it cannot be."""
+    existing = path
+    while not existing.exists() and not existing.is_symlink() and existing.parent != existing:
+        existing = existing.parent
+    if existing == path:
+        _probe(path)
+        return
+    if not existing.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+    made = tempfile.mkdtemp(dir=existing, prefix=".specproof-probe-")
+    try:
+        _probe(Path(made))
+    finally:
+        os.rmdir(made)
 
 
 def _probe(directory: Path | None) -> None:
@@ -280,10 +323,10 @@ def _probe(directory: Path | None) -> None:
 def check_storage(storage: Path, *, option: str = "--hypothesis-dir") -> None:
     """Hypothesis' directory and its ``sessions/`` (where failing session histories are written, as
     files ``--replay-session`` replays) can be written: checked before any work (``UsageError``
-    naming the path); both are created."""
+    naming the path). Neither is created here (``probe_directory``): a usage error found later
+    leaves no folder; each is made when something is first written there."""
     folder = storage / "sessions"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         probe_directory(folder)
     except OSError as exc:
         raise UsageError(

@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from specproof.conformance._profiles import PROFILES
+from specproof.contract.validation import integer_argument, number_argument
 from specproof.formats import report as report_format
 from specproof.formats import session as session_format
 
@@ -93,14 +94,14 @@ OPTIONS: tuple[Option, ...] = (
         dest="tie_tolerance",
         cli="--tie-tolerance",
         plugin="--tie-tolerance",  # (the plugin's name since before the --specproof- prefix)
-        type=float,
+        type=number_argument,
         help="top-2 logit margin under which a divergence from greedy is excused (default: the subject's own, else 0)",
     ),
     Option(
         dest="atol",
         cli="--atol",
         plugin="--atol",
-        type=float,
+        type=number_argument,
         help="absolute tolerance on logits and recurrent state (default: the subject's own, else 0 = exact)",
     ),
     Option(
@@ -127,13 +128,17 @@ OPTIONS: tuple[Option, ...] = (
         "(the sampling checks run only with it; docs/contract.md, Sampling)",
     ),
     Option(
-        dest="seed", cli="--seed", plugin="--specproof-seed", type=int, help="Hypothesis seed (default: derandomized)"
+        dest="seed",
+        cli="--seed",
+        plugin="--specproof-seed",
+        type=integer_argument,
+        help="Hypothesis seed (default: derandomized)",
     ),
     Option(
         dest="max_context",
         cli="--max-context",
         plugin="--specproof-max-context",
-        type=int,
+        type=integer_argument,
         metavar="N",
         help="test an engine at a context capacity of N tokens (default: its max_context, bounded by the "
         f"profile: {_capacities()}); the certificate says which capacity was tested",
@@ -196,7 +201,8 @@ OPTIONS: tuple[Option, ...] = (
         plugin="--specproof-db",
         metavar="PATH|redis://HOST:PORT/N|none",
         help="the example database failures (and, from seeded runs, covering examples) are saved in and "
-        "replayed from first (default: examples/ in the Hypothesis directory); redis://HOST:PORT/N shares one "
+        "replayed from first (default: examples/ in the Hypothesis directory); a Redis URL as redis-py reads it "
+        "(redis://HOST:PORT/N, redis://:PASSWORD@HOST/N, redis://[::1]:6379/0, rediss:// for TLS) shares one "
         "across machines (kept beside the local directory); none remembers nothing",
     ),
     Option(

@@ -80,7 +80,7 @@ class Plan:
         if replay_session is not None:
             from specproof.strategies import SessionHistory
 
-            SessionHistory.load(replay_session)  # a bad file is a usage error before anything runs
+            history = SessionHistory.load(replay_session)  # a bad file is a usage error before anything runs
             if not engine:
                 raise UsageError("--replay-session replays a request history on an engine: give --engine")
         if subject in ("drafter", "target") and engine:
@@ -94,6 +94,14 @@ class Plan:
             atol=tol,
         )
         _bound_capacity(suite, prof, max_context)
+        if replay_session is not None:  # one that does not fit the engine is a usage error too, not a check's
+            for case in suite.engines:
+                history.check_fits(
+                    engine=case.id,
+                    max_context=case.max_context,
+                    vocab_size=case.vocab_size or None,
+                    source=replay_session,
+                )
         plan = cls(
             suite=suite,
             profile=prof,

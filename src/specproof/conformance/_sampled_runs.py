@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from specproof.conformance._sequential import EventTest
+from specproof.conformance._waiting import timed_out, waiting
 from specproof.contract import Generation, Target
 from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
 from specproof.engine import SpecDecoder
@@ -319,9 +320,12 @@ def run_config(
         if drawn >= 2 * len(prompts) and config.primary.min_detectable <= tv_target:
             break
     prompt = prompts[min(1, len(prompts) - 1)]
-    for i in range(CHAIN_LENGTH if chain else 0):
+    hung = any(timed_out(r.error) for r in config.runs)  # (asked again, a hung engine waits as long again)
+    for i in range(CHAIN_LENGTH if chain and not hung else 0):
         run = _one(config, generate, suite_drafter, prompt, first_seed + budget + i, params, CHAIN_TOKENS)
         config.chain.append(score(oracle, run, params))
+        if timed_out(run.error):
+            break
     if seeded and chain:
         for first in config.runs[: min(4, len(config.runs))]:
             if first.generation is None:
@@ -342,7 +346,8 @@ def _one(
     if suite_drafter is not None:
         suite_drafter.calls = []
     try:
-        gen = generate(list(prompt), max_new_tokens, params.with_seed(seed))
+        with waiting(f"a sampled generation ({config.name}, seed {seed})"):
+            gen = generate(list(prompt), max_new_tokens, params.with_seed(seed))
         error = None
     except Exception as exc:  # a generation that raised fails the checks that needed it, with the cause
         gen, error = None, f"{type(exc).__name__}: {exc}"
@@ -421,6 +426,8 @@ def run_sampled_search(
             first_seed=first_seed,
         )
         search.configs.append(config)
+        if any(timed_out(r.error) for r in config.runs):
+            break  # a hung engine: the checks fail on its timeout, not after one more per configuration
         if scheme is not None or config is search.configs[0]:
             _greedy_limit_runs(search, generate, prompts, params, profile.max_new_tokens, suite, name)
     return search

@@ -13,8 +13,11 @@ Loading it in an unrelated pytest run costs an option group and nothing else.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -161,10 +164,57 @@ def failure_text(result: CheckResult) -> str:
     return "\n".join(lines) or result.detail
 
 
+@pytest.hookimpl(tryfirst=True)  # before the terminal reporter formats the traceback
+def pytest_keyboard_interrupt(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """A Ctrl-C or SIGTERM can land on an instruction that has no line number (Python 3.11+: the
+    cleanup of an exception handler, e.g. a ``with`` block's ``__exit__`` seeing an exception); its
+    traceback entry's ``tb_lineno`` is then None, and pytest's formatting of the interrupt fails
+    on it (``TypeError`` in ``_pytest/_code/code.py``), which ended the run with a traceback and no
+    report. Those entries, here and in the chained exceptions, are dropped before pytest formats it."""
+    excinfo.traceback = excinfo.traceback.filter(_has_line)
+    seen = {id(excinfo.value)}
+    chained = excinfo.value.__cause__ or excinfo.value.__context__
+    while chained is not None and id(chained) not in seen:  # (pytest formats the chain from __traceback__)
+        seen.add(id(chained))
+        chained.__traceback__ = _with_lines(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
+
+
+def _has_line(entry: Any) -> bool:
+    try:
+        entry.lineno  # noqa: B018  # (what pytest's formatting computes: None - 1 without a line)
+    except TypeError:
+        return False
+    return True
+
+
+def _with_lines(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without its entries at an instruction with no line number."""
+    if tb is None:
+        return None
+    rest = _with_lines(tb.tb_next)
+    if tb.tb_lineno is None:  # type: ignore[comparison-overlap]  # (typeshed: int; None since 3.11)
+        return rest
+    return TracebackType(rest, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     cert = session.config.stash.get(CERTIFICATION, None)
     if cert is not None:
         cert.defer_results = True  # progress goes out after each test, outside pytest's capture
+        from specproof.conformance._waiting import set_sink
+
+        # a check waiting on an engine says so while it waits, outside pytest's capture of the check
+        session.config.stash[_SINK] = set_sink(lambda text: _outside_capture(session.config, text))
+
+
+_SINK = pytest.StashKey[object]()  # the waiting-line sink before this session set its own
+
+
+def _outside_capture(config: pytest.Config, text: str) -> None:
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(text, file=sys.stderr, flush=True)
 
 
 @pytest.hookimpl(tryfirst=True)  # a firstresult hook: run before the one that returns the report
@@ -192,3 +242,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             write_markdown_report(markdown_path, report)
     if cert is not None:
         cert.cache.clear()  # the checks are over: nothing may hold the run's models after it
+    if _SINK in session.config.stash:
+        from specproof.conformance._waiting import set_sink
+
+        set_sink(session.config.stash[_SINK])  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ import attrs
 import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
+from specproof.contract.validation import decimal_int, decimal_number
 
 __all__ = [
     "SAMPLING_SCHEMES",
@@ -137,11 +138,10 @@ def parse_sampling(text: str) -> SamplingParams:
             )
         if name in values:
             raise InvalidSettingError(f"sampling: {name} is given twice")
-        try:
-            values[name] = int(raw) if name in ("top_k", "seed") else float(raw)
-        except ValueError:
-            kind = "an integer" if name in ("top_k", "seed") else "a number"
-            raise InvalidSettingError(f"sampling {name}={raw.strip()!r} must be {kind}") from None
+        try:  # strict: "temperature=1_0" is no 10, "nan" and "inf" no temperature
+            values[name] = decimal_int(raw) if name in ("top_k", "seed") else decimal_number(raw)
+        except InvalidSettingError as err:
+            raise InvalidSettingError(f"sampling {name}={raw.strip()!r} must be {err}") from None
     if "temperature" not in values:
         raise InvalidSettingError("sampling: give temperature=T (temperature=0 is greedy)")
     return SamplingParams(**values)  # type: ignore[arg-type]

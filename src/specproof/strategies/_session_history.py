@@ -22,7 +22,18 @@ from specproof.formats import SchemaProblem
 from specproof.formats import session as session_format
 from specproof.strategies._rounds import PlannedRound, RoundPlan
 
-__all__ = ["DRAFTER_CHOICES", "REQUEST_KINDS", "SESSION_FORMAT", "SessionFileError", "SessionHistory", "SessionRequest"]
+__all__ = [
+    "DRAFTER_CHOICES",
+    "MAX_NEW_TOKENS",
+    "MAX_PLAN_ROUNDS",
+    "MAX_PROMPT_TOKENS",
+    "MAX_REQUESTS",
+    "REQUEST_KINDS",
+    "SESSION_FORMAT",
+    "SessionFileError",
+    "SessionHistory",
+    "SessionRequest",
+]
 
 SESSION_FORMAT = session_format.ID
 SCHEMA_FILE = session_format.SCHEMA_FILE
@@ -35,6 +46,49 @@ DRAFTER_CHOICES: tuple[str, ...] = ("scripted", "engine")
 
 class SessionFileError(UsageError):
     """A session history (file or JSON object) is malformed; the message names the field."""
+
+
+# What one history may hold (docs/contract.md, sessions), checked before the schema looks at it: a
+# well-formed history is read and replayed in bounded time (the schema reads about 50k ids a second).
+# The session machine records far less: requests, the profile's stateful steps; every prompt and
+# budget within the engine's max_context (checked against the engine too: ``check_fits``).
+MAX_REQUESTS = 10_000
+MAX_PROMPT_TOKENS = 1 << 17  # one prompt's tokens (twice the release profile's largest context)
+MAX_HISTORY_TOKENS = 1 << 18  # every prompt's tokens together
+MAX_NEW_TOKENS = 1 << 20  # one request's budget
+MAX_PLAN_ROUNDS = 1 << 12  # one scripted plan's rounds
+_LIMITS = "docs/contract.md, sessions"
+
+
+def _check_size(obj: Mapping[str, object], source: str) -> None:
+    """The counts that bound the reading, before the schema walks the history (a 5M-token prompt or a
+    million requests is refused at once, naming the field and the limit)."""
+
+    def too_many(where: str, what: str, count: int, limit: int) -> SessionFileError:
+        return _field_error(source, where, f"has {count} {what}, more than a session history may hold "
+                            f"({limit}; {_LIMITS})")  # fmt: skip
+
+    requests = obj.get("requests")
+    if not isinstance(requests, list):
+        return  # (the schema names it)
+    if len(requests) > MAX_REQUESTS:
+        raise too_many("requests", "requests", len(requests), MAX_REQUESTS)
+    total = 0
+    for i, request in enumerate(requests):
+        if not isinstance(request, Mapping):
+            continue
+        prompt, plan, budget = request.get("prompt"), request.get("plan"), request.get("max_new_tokens")
+        if isinstance(prompt, list):
+            if len(prompt) > MAX_PROMPT_TOKENS:
+                raise too_many(f"requests[{i}].prompt", "tokens", len(prompt), MAX_PROMPT_TOKENS)
+            total += len(prompt)
+            if total > MAX_HISTORY_TOKENS:
+                raise too_many(f"requests[:{i + 1}] (their prompts)", "tokens", total, MAX_HISTORY_TOKENS)
+        if isinstance(plan, list) and len(plan) > MAX_PLAN_ROUNDS:
+            raise too_many(f"requests[{i}].plan", "rounds", len(plan), MAX_PLAN_ROUNDS)
+        if isinstance(budget, int) and not isinstance(budget, bool) and budget > MAX_NEW_TOKENS:
+            more = f"= {budget} is more than a request may ask ({MAX_NEW_TOKENS}; {_LIMITS})"
+            raise _field_error(source, f"requests[{i}].max_new_tokens", more)
 
 
 # --------------------------------------------------------------------------- the history record
@@ -219,6 +273,7 @@ class SessionHistory:
         """Validate and build; a ``SessionFileError`` names the offending field (``requests[2].prompt[5]``)."""
         if not isinstance(obj, Mapping):
             raise SessionFileError(f"{source}: a session history is a JSON object, got {type(obj).__name__}")
+        _check_size(obj, source)
         found = session_format.FORMAT.problems(dict(obj))
         if found:
             raise _schema_error(source, found, obj)
@@ -233,6 +288,26 @@ class SessionHistory:
         if failing is not None:
             failing = _int_field(failing, source=source, where="failing_request", maximum=len(requests))
         return cls(requests=requests, vocab_size=vocab, engine=engine, failing_request=failing)
+
+    def check_fits(self, *, engine: str, max_context: int | None, vocab_size: int | None, source: str) -> None:
+        """The history can be replayed on this engine: every request's prompt and ``max_new_tokens``
+        fit its ``max_context`` (as the session machine records them) and every id is below its
+        ``vocab_size``; else a ``SessionFileError`` (a usage error, before any work) naming the request."""
+        for i, req in enumerate(self.requests):
+            if req.kind == "reset":
+                continue
+            ids = [*req.prompt, *(() if req.eos_token_id is None else (req.eos_token_id,))]
+            if vocab_size is not None and ids and max(ids) >= vocab_size:
+                raise SessionFileError(
+                    f"{source}: requests[{i}] has token id {max(ids)}, but engine {engine} has vocab_size={vocab_size}"
+                )
+            need = len(req.prompt) + req.max_new_tokens
+            if max_context is not None and need > max_context:
+                raise SessionFileError(
+                    f"{source}: requests[{i}] does not fit engine {engine}: its prompt of {len(req.prompt)} tokens "
+                    f"and max_new_tokens={req.max_new_tokens} need a context of {need} tokens, and the engine's "
+                    f"max_context is {max_context}"
+                )
 
     @classmethod
     def from_example(cls, example: Mapping[str, object], *, vocab_size: int | None = None) -> SessionHistory:

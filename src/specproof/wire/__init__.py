@@ -2,7 +2,8 @@
 
 - ``ExecEngine`` / ``TcpEngine``: an external engine as a specproof engine (the engine
   contract the suite consumes), both ``WireEngine`` s; ``engine_from_spec("exec:CMD ARGS" |
-  "tcp:HOST:PORT")`` makes either;
+  "tcp:HOST:PORT")`` makes either, each message awaited at most ``$SPECPROOF_WIRE_TIMEOUT`` seconds
+  (default ``DEFAULT_TIMEOUT``);
 - ``EngineProtocolError`` (the engine broke the protocol) and ``EngineRequestError`` (it answered
   a request with ``error``);
 - ``load_schema`` / ``validate_message`` / ``message_errors``: the JSON Schema of every message
@@ -21,7 +22,7 @@
 
 from specproof.wire._digest import encode_digest
 from specproof.wire._drafts import drafter_generator
-from specproof.wire._engine import WireEngine
+from specproof.wire._engine import DEFAULT_TIMEOUT, WireEngine
 from specproof.wire._engines import ExecEngine, TcpEngine, engine_from_spec
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._lifetime import die_with_parent, exit_with_parent
@@ -29,6 +30,7 @@ from specproof.wire._q_rows import decode_q_rows, encode_q_rows
 from specproof.wire._schemas import field_tables, load_schema, message_errors, validate_message
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
     "EngineProtocolError",
     "EngineRequestError",
     "ExecEngine",
