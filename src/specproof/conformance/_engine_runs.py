@@ -26,6 +26,7 @@ from specproof.conformance._judges import JudgeMemo
 from specproof.conformance._probes import NoDrafter, StateProbe
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
+from specproof.conformance.checks.generation import token_id_problem
 from specproof.contract import arrays_differ
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
@@ -60,7 +61,7 @@ class EngineRun:
     """One generation of one engine case: the record the engine invariants judge, and its paths.
 
     ``record`` is None when the generation did not complete; ``error`` then names the
-    component that raised and why.
+    component that raised and why (or, with ``invalid``, the emitted id that is not a token).
     """
 
     example: dict[str, object]
@@ -68,6 +69,7 @@ class EngineRun:
     error: str | None = None
     paths: Counter[str] = attrs.Factory(Counter)
     refused: str | None = None  # the engine refused a hostile draft (allowed): why, as it said
+    invalid: bool = False  # it completed with an output that is not token ids (``error`` says which)
 
     @property
     def completed(self) -> bool:
@@ -479,6 +481,11 @@ def run_plugin(
     if not isinstance(gen, Generation):
         bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
         return cache.runs.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
+    bad_token = token_id_problem(gen.tokens, case.vocab_size)
+    if bad_token is not None:  # judged before any model is fed the output (an IndexError names nothing)
+        example["tokens"] = list(gen.tokens)
+        why = f"the engine {case.name} emitted an id outside the vocabulary: {bad_token[2]}"
+        return cache.runs.remember(key, EngineRun(example=example, error=why, invalid=True))  # type: ignore[no-any-return]
     if live is not None and case.live_confirmed is None and gen.tokens:
         live, probe = _confirm_live(case, probe, moved=_fingerprint(live) != before, atol=atol, cache=cache)
     expected, margins = case_greedy(case, None, list(prompt), max_new_tokens, eos, horizon=horizon, cache=cache)

@@ -170,7 +170,7 @@ class Invariant:
         if run.record is None:
             # A generation that did not complete passes nothing: it fails every check that was asked
             # about it, naming the component that broke it.
-            why = f"the generation did not complete: {run.error}"
+            why = run.error if run.invalid else f"the generation did not complete: {run.error}"
             text = why if self.completes else f"{why} (so {self.id} could not be checked)"
             return Outcome([self.violation(text, example=dict(run.example))], exercised=1)
         outcome = self.judge_record(run.record)
@@ -655,7 +655,7 @@ REGISTRY: tuple[Invariant, ...] = (
         driver="engine-case",
         on_record=_lossless,
         completes=True,
-        zoo=("stale_state_after_zero_draft", "raises_every_call"),
+        zoo=("stale_state_after_zero_draft", "raises_every_call", "leaks_placeholder_id"),
         also=(
             "chunked_forward_differs",
             "restore_forgets_conv",
@@ -886,7 +886,13 @@ REGISTRY: tuple[Invariant, ...] = (
         check=_sampling_check(
             lambda inv, j: sampling_checks.check_sampled_support(inv, j.search, tolerance=j.case.atol)
         ),
-        zoo=("residual_from_p", "unfiltered_sampling", "unnormalized_residual", "bonus_from_wrong_row"),
+        zoo=(
+            "residual_from_p",
+            "unfiltered_sampling",
+            "unnormalized_residual",
+            "bonus_from_wrong_row",
+            "samples_padded_vocab",
+        ),
     ),
     Invariant(
         id="engine.sampled-rounds",

@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from specproof.conformance._sequential import EventTest
+from specproof.conformance.checks.generation import token_id_problem
 from specproof.contract import Generation, Target
 from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
 from specproof.engine import SpecDecoder
@@ -141,6 +142,8 @@ class SampledRun:
     p: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
     logits: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
     calls: tuple[DraftCall, ...] = ()
+    # the first emitted id that is not a token: (index, id, why); the run is not scored (engine.sampled-support)
+    bad_token: tuple[int, object, str] | None = None
 
 
 @attrs.define
@@ -173,6 +176,7 @@ class SampledSearch:
     configs: list[SampledConfig]
     greedy_runs: list[tuple[str, SampledRun]] = attrs.Factory(list)  # (the parameters' name, run)
     seeded: bool = False  # the engine promises one output per seed (capability ``seeded``)
+    engine: str = ""  # the engine's name, for the examples
     why_not: str | None = None  # why nothing ran (not sampling, no oracle model)
 
 
@@ -195,6 +199,9 @@ def score(model: Target, run: SampledRun, params: SamplingParams) -> SampledRun:
     gen = run.generation
     if gen is None or not gen.tokens:
         return run
+    bad = token_id_problem(gen.tokens, int(model.vocab_size))
+    if bad is not None:  # never fed to the oracle: a violation naming the token, not an IndexError
+        return attrs.evolve(run, bad_token=bad)
     model.reset()
     fed = [*run.prompt, *gen.tokens[:-1]]
     rows = np.asarray(model.forward(fed), dtype=np.float64)[len(run.prompt) - 1 :]
@@ -314,7 +321,7 @@ def run_config(
         config.runs.append(run)
         add_events(config, run)
         drawn += 1
-        if run.error is not None or any(t.rejected for t in config.tests.values()):
+        if run.error is not None or run.bad_token is not None or any(t.rejected for t in config.tests.values()):
             break
         if drawn >= 2 * len(prompts) and config.primary.min_detectable <= tv_target:
             break
@@ -346,6 +353,8 @@ def _one(
         error = None
     except Exception as exc:  # a generation that raised fails the checks that needed it, with the cause
         gen, error = None, f"{type(exc).__name__}: {exc}"
+    if gen is not None and not isinstance(gen, Generation):
+        gen, error = None, f"generate returned {type(gen).__name__}, not a specproof.engine.Generation"
     calls = tuple(suite_drafter.calls) if suite_drafter is not None else ()
     return SampledRun(
         config=config.name,
@@ -389,7 +398,7 @@ def run_sampled_search(
     else:
         make_reference = case.make_reference
         samples, seeded = engine_samples(case.engine)
-    search = SampledSearch(params=params, configs=[], seeded=seeded)
+    search = SampledSearch(params=params, configs=[], seeded=seeded, engine=case.name)
     if not samples:
         search.why_not = "the engine does not declare the capability `sampling` (docs/contract.md, Sampling)"
         return search

@@ -48,12 +48,36 @@ def _example(run: SampledRun, **extra: object) -> dict[str, object]:
 
 
 def _errors(inv: Invariant, search: SampledSearch) -> list[Violation]:
-    """A sampled generation that raised fails every sampling check, naming the cause (the first one)."""
-    failed = next((run for config in search.configs for run in config.runs if run.error is not None), None)
+    """A sampled generation that raised, or emitted an id that is not a token, fails every sampling check,
+    naming the cause (the first one); ``engine.sampled-support`` gives the bad id's own violation."""
+    runs = [run for config in search.configs for run in (*config.runs, *config.chain)]
+    failed = next((run for run in runs if run.error is not None or run.bad_token is not None), None)
     if failed is None:
         return []
+    if failed.bad_token is not None:
+        why = f"{failed.config}: the generation with seed {failed.seed} emitted an id outside the vocabulary"
+        return [inv.violation(f"{why} ({failed.bad_token[2]})", example=_example(failed, engine=search.engine))]
     why = f"{failed.config}: the generation with seed {failed.seed} did not complete: {failed.error}"
-    return [inv.violation(why, example=_example(failed))]
+    return [inv.violation(why, example=_example(failed, engine=search.engine))]
+
+
+def _bad_tokens(inv: Invariant, search: SampledSearch) -> list[Violation]:
+    """The first emitted id that is not a token (an integer in ``[0, vocab)``), with its request."""
+    for config in search.configs:
+        for run in (*config.runs, *config.chain):
+            if run.bad_token is None:
+                continue
+            index, token, why = run.bad_token
+            return [
+                inv.violation(
+                    f"{config.name}: the engine {search.engine} emitted an id outside the vocabulary on the "
+                    f"request with seed {run.seed}: {why}",
+                    expected="a token id with p > 0",
+                    actual=token,
+                    example=_example(run, engine=search.engine, index=index, token=token),
+                )
+            ]
+    return []
 
 
 def check_sampled_distribution(inv: Invariant, search: SampledSearch, *, tv_target: float) -> Checked:
@@ -114,9 +138,9 @@ def _support_tolerance(logits_row: np.ndarray, token: int, p_row: np.ndarray, to
 def check_sampled_support(inv: Invariant, search: SampledSearch, *, tolerance: float) -> Checked:
     """``engine.sampled-support``: every emitted token has probability > 0 under p (top-k, top-p and
     min-p cut nothing an engine may emit), and a round's replacement token differs from the draft
-    token it replaced."""
-    out = _errors(inv, search)
-    exercised = 0
+    token it replaced. An emitted id that is not a token at all is this check's violation too."""
+    out = _bad_tokens(inv, search) or _errors(inv, search)
+    exercised = sum(1 for config in search.configs for run in (*config.runs, *config.chain) if run.bad_token)
     for config in search.configs:
         for run in config.runs:
             gen = run.generation

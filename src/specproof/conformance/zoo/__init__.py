@@ -47,6 +47,7 @@ from specproof.conformance.zoo._engines import (
     ForgetsRecurrentRestore,
     GreedyOnlyEngine,
     IgnoresSuiteDrafts,
+    LeaksPlaceholderId,
     LengthCapHidesEosInBlock,
     OracleOnlyEngine,
     OwnCopyEngine,
@@ -111,6 +112,7 @@ from specproof.conformance.zoo._sampling_engines import (
     QOfNextPosition,
     ResidualFromP,
     SampledCountsReplacement,
+    SamplesPaddedVocab,
     SamplingZooEngine,
     SharedRngStream,
     UnfilteredSampling,
@@ -403,6 +405,8 @@ _MEMBERS: dict[str, MemberEntry] = {
     "q_of_next_position": ("engine", QOfNextPosition),
     "greedy_limit_samples": ("engine", GreedyLimitSamples),
     "sampled_counts_replacement": ("engine", SampledCountsReplacement),
+    "samples_padded_vocab": ("engine", SamplesPaddedVocab),
+    "leaks_placeholder_id": ("engine", LeaksPlaceholderId),
     "q_from_raw_logits": ("drafter", QFromRawLogits),
 }
 

@@ -35,6 +35,7 @@ __all__ = [
     "QOfNextPosition",
     "ResidualFromP",
     "SampledCountsReplacement",
+    "SamplesPaddedVocab",
     "SamplingZooEngine",
     "SharedRngStream",
     "UnfilteredSampling",
@@ -342,3 +343,23 @@ class QFromRawLogits(DraftSampler):
     def _rows(self, row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
         raw = np.exp(np.asarray(row, dtype=np.float64) - np.max(row))
         return target_distribution(row, params), raw / raw.sum()
+
+
+class SamplesPaddedVocab(SamplingZooEngine):
+    """``engine.sampled-support``: draws a sampled request's last token on a fast path over its LM head padded to
+    twice the vocabulary (the padding rows tile the real ones, and the path skips the vocabulary mask): about
+    half the time that id is ``>= vocab_size``, an id outside the vocabulary."""
+
+    def generate(  # type: ignore[override]
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        gen = super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id, sampling=sampling)
+        request = self._request
+        if request is None or not gen.tokens or request.rng.random() < 0.5:
+            return gen
+        return attrs.evolve(gen, tokens=(*gen.tokens[:-1], gen.tokens[-1] + self.vocab_size))
