@@ -170,7 +170,7 @@ class Invariant:
         if run.record is None:
             # A generation that did not complete passes nothing: it fails every check that was asked
             # about it, naming the component that broke it.
-            why = run.error if run.invalid else f"the generation did not complete: {run.error}"
+            why = str(run.error) if run.invalid else f"the generation did not complete: {run.error}"
             text = why if self.completes else f"{why} (so {self.id} could not be checked)"
             return Outcome([self.violation(text, example=dict(run.example))], exercised=1)
         outcome = self.judge_record(run.record)
