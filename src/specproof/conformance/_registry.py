@@ -874,7 +874,7 @@ REGISTRY: tuple[Invariant, ...] = (
             ),
             shortfall=True,
         ),
-        zoo=("argmax_verification", "q_of_next_position"),
+        zoo=("argmax_verification", "q_of_next_position", "matches_argmax_at_last_position"),
         also=("residual_from_p",),
     ),
     Invariant(
@@ -915,7 +915,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_SAMPLING_DRAWS,
         driver="sampling",
         check=_sampling_check(lambda inv, j: sampling_checks.check_seeds(inv, j.search)),
-        zoo=("shared_rng_stream", "broadcast_seed"),
+        zoo=("shared_rng_stream", "broadcast_seed", "unseeded_drafter_rng", "drafter_ignores_rng"),
         also=("argmax_verification",),
     ),
     Invariant(

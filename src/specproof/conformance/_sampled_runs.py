@@ -49,6 +49,8 @@ EVENTS: dict[str, str] = {
     "head": "the emitted token is among the top tokens holding half of p's mass (probability p(head))",
     "tail": "the emitted token is among the bottom tokens holding a tenth of p's mass (probability p(tail))",
     "replacement": "after a rejected draft token d, the token is the top of p without d (probability p'(top))",
+    "last": "at the last position of a suite draft whose earlier tokens were all kept, the token is p's top token "
+    "(probability max p)",
 }
 """The events each scored token is tested on (``EventTest`` s, one per event and configuration)."""
 
@@ -56,17 +58,22 @@ EVENTS: dict[str, str] = {
 class SuiteSamplingDrafter(ModelDrafter):
     """Deterministic drafts read off the oracle model, at one catch-up forward per call.
 
-    ``draft[0]`` is the token of rank 0, 1 or 2+ (by logit, lower id first) in the oracle's row after
-    the context, chosen by a hash of the context length and last token; each later token is what
-    followed the previous one at its latest earlier occurrence in the context (an n-gram guess), else
-    one of that row's top four tokens, so every round drafts ``k`` tokens and rounds end at every
-    position. It logs every call (``calls``), so the draft at each
+    Two kinds of call, chosen by a hash of the context (so a draft is a function of its context: its
+    ``q`` is one-hot). With ``params``, half the calls draw every draft token from the oracle's ``p``
+    itself (the row after the context and the draft so far, one one-token forward per token, each
+    draw's uniform seeded by the context): such drafts are kept whole often, so every draft position
+    is reached and full blocks are common. The others: ``draft[0]`` is the token of rank 0, 1 or 2+
+    (by logit, lower id first) in the oracle's row after the context, chosen by a hash of the context
+    length and last token; each later token is what followed the previous one at its latest earlier
+    occurrence in the context (an n-gram guess), else one of that row's top four tokens, so rounds
+    end early and rejections are common. It logs every call (``calls``), so the draft at each
     position is known for black-box engines too.
     """
 
-    def __init__(self, model: Target, *, sampled: bool = False) -> None:
+    def __init__(self, model: Target, *, sampled: bool = False, params: SamplingParams | None = None) -> None:
         super().__init__(model, name="specproof.SuiteSamplingDrafter")
         self.calls: list[DraftCall] = []
+        self.params = params  # the request's parameters: the p that half the calls draw from
         if not sampled:  # a deterministic drafter has no propose_sampled: the engine's q is one-hot
             self.propose_sampled = None  # type: ignore[method-assign, assignment]
 
@@ -86,8 +93,8 @@ class SuiteSamplingDrafter(ModelDrafter):
         draft = self._suite_draft(context, k, sampling, rng)
         q = np.zeros((len(draft), vocab))
         q[np.arange(len(draft)), draft] = 1.0
-        if draft:
-            q[0] = self.calls[-1].q0  # type: ignore[assignment]
+        if draft and self.calls[-1].q0 is not None:  # a call that drew from p has one-hot rows only
+            q[0] = self.calls[-1].q0
         return SampledDraft(draft, q)
 
     def _suite_draft(
@@ -96,7 +103,9 @@ class SuiteSamplingDrafter(ModelDrafter):
         n = len(context)
         draft: list[int] = []
         q0: np.ndarray | None = None
-        if 0 < k and 0 < n <= self.max_context:
+        if 0 < k and 0 < n <= self.max_context and self.params is not None and _draws_from_p(context):
+            draft = [token for token, _ in self._draft(context, k, _p_pick(context, self.params))]
+        elif 0 < k and 0 < n <= self.max_context:
             self._catch_up(context)
             assert self._row is not None
             row = np.asarray(self._row, dtype=np.float64)
@@ -117,6 +126,27 @@ class SuiteSamplingDrafter(ModelDrafter):
                 draft.append(int(follow) if follow is not None else int(ranked[(n + len(draft)) % 4]))
         self.calls.append(DraftCall(n, tuple(draft), q0))
         return draft
+
+
+def _draws_from_p(context: Sequence[int]) -> bool:
+    """Whether the suite drafter draws this call's whole draft from ``p`` (half the contexts, by a hash)."""
+    return (len(context) * 13 + int(context[-1]) * 5) % 4 < 3
+
+
+def _p_pick(context: Sequence[int], params: SamplingParams) -> Callable[[np.ndarray], tuple[int, None]]:
+    """Draws each draft token from ``p`` of its logits row, with uniforms seeded by the context (a deterministic
+    draft: the engine's generator never sees them)."""
+    uniforms = np.random.default_rng([len(context), *(int(t) for t in context[-8:])])
+
+    def pick(row: np.ndarray) -> tuple[int, None]:
+        p = processed_distribution(np.asarray(row, dtype=np.float64), params)
+        cdf = np.cumsum(p)
+        token = min(int(np.searchsorted(cdf, uniforms.random() * cdf[-1], side="right")), len(p) - 1)
+        while p[token] <= 0.0:  # on a flat stretch's edge: back to a token with mass
+            token -= 1
+        return token, None
+
+    return pick
 
 
 @attrs.frozen
@@ -159,6 +189,9 @@ class SampledConfig:
     runs: list[SampledRun] = attrs.Factory(list)
     repeats: list[tuple[SampledRun, SampledRun]] = attrs.Factory(list)  # (first, again with its seed)
     chain: list[SampledRun] = attrs.Factory(list)  # short generations on one prompt, seeds 5000, 5001, ...
+    # per draft position m: suite drafts with a token there, and those whose tokens before m were all emitted
+    drafted: list[int] = attrs.Factory(list)
+    reached: list[int] = attrs.Factory(list)
 
     @property
     def primary(self) -> EventTest:
@@ -221,6 +254,7 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
     tokens = list(gen.tokens)
     sequence = [*run.prompt, *tokens]
     drafted = _draft_at_positions(run.calls, sequence, len(run.prompt)) if config.drafts != "own" else {}
+    last = _last_draft_positions(run.calls, sequence) if config.drafts != "own" else set()
     for i, token in enumerate(tokens):
         row = p[i]
         top = int(np.argmax(row))
@@ -228,6 +262,8 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
         head, tail = head_and_tail(row)
         config.tests["head"].add(bool(head[token]), float(row[head].sum()))
         config.tests["tail"].add(bool(tail[token]), float(row[tail].sum()))
+        if len(run.prompt) + i in last:  # a full block's last slot: the position a short draft never reaches
+            config.tests["last"].add(token == top, row[top])
         found = drafted.get(len(run.prompt) + i)
         if found is None:
             continue
@@ -242,6 +278,27 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
         if token != draft and residual is not None:
             best = int(np.argmax(residual))
             config.tests["replacement"].add(token == best, residual[best])
+
+
+def count_reach(config: SampledConfig, run: SampledRun) -> None:
+    """Add ``run``'s suite drafts to the configuration's per-position reach: a draft position is reached when
+    every draft token before it was emitted and the output goes on to it (the ``draft`` event scores it)."""
+    gen = run.generation
+    if gen is None:
+        return
+    sequence = [*run.prompt, *gen.tokens]
+    for call in run.calls:
+        for m, token in enumerate(call.draft):
+            while len(config.drafted) <= m:
+                config.drafted.append(0)
+                config.reached.append(0)
+            config.drafted[m] += 1
+            position = call.context_length + m
+            if position >= len(sequence):
+                break
+            config.reached[m] += 1
+            if sequence[position] != token:
+                break
 
 
 def _without(row: np.ndarray, token: int) -> np.ndarray | None:
@@ -283,8 +340,19 @@ def _draft_at_positions(
     return out
 
 
+def _last_draft_positions(calls: Sequence[DraftCall], sequence: Sequence[int]) -> set[int]:
+    """Sequence positions of each call's last draft token (drafts of two or more), where every earlier draft
+    token of the call was emitted and the output reaches that position."""
+    out: set[int] = set()
+    for call in calls:
+        c, n = call.context_length, len(call.draft)
+        if n >= 2 and c + n - 1 < len(sequence) and list(sequence[c : c + n - 1]) == list(call.draft[:-1]):
+            out.add(c + n - 1)
+    return out
+
+
 def new_config(name: str, *, scheme: str | None, drafts: str, alpha: float) -> SampledConfig:
-    events = [e for e in EVENTS if drafts != "own" or e not in ("draft", "replacement")]
+    events = [e for e in EVENTS if drafts != "own" or e not in ("draft", "replacement", "last")]
     return SampledConfig(
         name=name,
         scheme=scheme,
@@ -309,9 +377,9 @@ def run_config(
     first_seed: int = 0,
 ) -> None:
     """Draw seeded generations until the primary test detects ``tv_target``, rejects, or ``budget`` is spent;
-    then (with ``chain``: the case's first configuration) the seed tests' runs: a chain of short
-    generations on one prompt, and, for a ``seeded`` engine, a few of the seeds again (after the
-    others, so a shared or continuing stream shows)."""
+    then the seed tests' runs: for a ``seeded`` engine (every configuration), a few of the seeds again
+    (after the others, so a shared or continuing stream shows, the drafter's included), and with
+    ``chain`` a chain of short generations on one prompt (different seeds, independent outputs)."""
     oracle = make_reference()  # one copy per configuration, reset before each scoring forward
     drawn = 0
     while drawn < budget:
@@ -320,6 +388,7 @@ def run_config(
         run = score(oracle, run, params)
         config.runs.append(run)
         add_events(config, run)
+        count_reach(config, run)
         drawn += 1
         if run.error is not None or run.bad_token is not None or any(t.rejected for t in config.tests.values()):
             break
@@ -329,7 +398,7 @@ def run_config(
     for i in range(CHAIN_LENGTH if chain else 0):
         run = _one(config, generate, suite_drafter, prompt, first_seed + budget + i, params, CHAIN_TOKENS)
         config.chain.append(score(oracle, run, params))
-    if seeded and chain:
+    if seeded:
         for first in config.runs[: min(4, len(config.runs))]:
             if first.generation is None:
                 continue
@@ -413,7 +482,11 @@ def run_sampled_search(
     first_seed = 0 if seed == 0 else int(np.random.default_rng([seed, 29]).integers(0, 2**40))
     for name, scheme, drafts in plans:
         config = new_config(name, scheme=scheme, drafts=drafts, alpha=alpha_each)
-        suite = SuiteSamplingDrafter(make_reference(), sampled=drafts == "suite-sampled") if drafts != "own" else None
+        suite = (
+            SuiteSamplingDrafter(make_reference(), sampled=drafts == "suite-sampled", params=params)
+            if drafts != "own"
+            else None
+        )
         generate = _generator(case, target, drafter_subject, scheme, suite)
         run_config(
             config,
@@ -426,7 +499,8 @@ def run_sampled_search(
             tv_target=profile.sampling_tv,
             budget=profile.sampling_generations,
             seeded=seeded,
-            chain=not search.configs,
+            # the chain on the first configuration and where a drafter draws with the request's generator
+            chain=not search.configs or drafts != "suite",
             first_seed=first_seed,
         )
         search.configs.append(config)

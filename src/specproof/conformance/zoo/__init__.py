@@ -106,8 +106,10 @@ from specproof.conformance.zoo._sampling_engines import (
     ArgmaxVerification,
     BonusFromWrongRow,
     BroadcastSeed,
+    DrafterIgnoresRng,
     DraftSampler,
     GreedyLimitSamples,
+    MatchesArgmaxAtLastPosition,
     QFromRawLogits,
     QOfNextPosition,
     ResidualFromP,
@@ -117,6 +119,7 @@ from specproof.conformance.zoo._sampling_engines import (
     SharedRngStream,
     UnfilteredSampling,
     UnnormalizedResidual,
+    UnseededDrafterRng,
 )
 from specproof.conformance.zoo._session_engines import (
     NeverReusesPrefix,
@@ -406,6 +409,9 @@ _MEMBERS: dict[str, MemberEntry] = {
     "greedy_limit_samples": ("engine", GreedyLimitSamples),
     "sampled_counts_replacement": ("engine", SampledCountsReplacement),
     "samples_padded_vocab": ("engine", SamplesPaddedVocab),
+    "unseeded_drafter_rng": ("engine", UnseededDrafterRng),
+    "matches_argmax_at_last_position": ("engine", MatchesArgmaxAtLastPosition),
+    "drafter_ignores_rng": ("drafter", DrafterIgnoresRng),
     "leaks_placeholder_id": ("engine", LeaksPlaceholderId),
     "q_from_raw_logits": ("drafter", QFromRawLogits),
 }
