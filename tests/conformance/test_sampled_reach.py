@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 
@@ -44,7 +45,7 @@ def test_an_out_of_vocabulary_id_is_a_support_violation_naming_engine_request_an
     oracle = load_target("reference")
     vocab = oracle.vocab_size
     token = vocab if bad == 64 else -1
-    run = _run(lambda prompt, n, params: Generation(tokens=[5, token, 6], stop_reason="max_new_tokens"))
+    run = _run(lambda prompt, n, params, eos: Generation(tokens=[5, token, 6], stop_reason="max_new_tokens"))
     scored = score(oracle, run, PARAMS)  # never fed to the oracle: no IndexError
     assert scored.bad_token is not None and scored.bad_token[:2] == (1, token) and scored.p is None
     config = _config()
@@ -66,12 +67,12 @@ def test_an_out_of_vocabulary_id_is_a_support_violation_naming_engine_request_an
 
 
 def test_a_result_that_is_not_a_generation_is_named() -> None:
-    run = _run(lambda prompt, n, params: {"tokens": [1, 2]})
+    run = _run(lambda prompt, n, params, eos: {"tokens": [1, 2]})
     assert run.generation is None and run.error == "generate returned dict, not a specproof.engine.Generation"
 
 
 def test_a_non_integer_id_fails_the_sampled_checks_naming_it() -> None:
-    run = _run(lambda prompt, n, params: Generation(tokens=[1, 2.5], stop_reason="max_new_tokens"))
+    run = _run(lambda prompt, n, params, eos: Generation(tokens=[1, 2.5], stop_reason="max_new_tokens"))
     assert run.error == "ValueError: token 1 is 2.5, not an integer token id"
 
 
@@ -86,3 +87,99 @@ def test_a_greedy_out_of_vocabulary_id_is_a_lossless_violation_naming_engine_req
     assert "emitted an id outside the vocabulary: token" in v["explanation"]
     assert "of the output is -1, not a token id in [0, 64)" in v["explanation"]
     assert {"prompt", "max_new_tokens", "eos_token_id", "tokens"} <= set(v["example"])
+
+
+# ------------------------------------------------------------------ EOS ids on sampled runs
+
+
+def test_the_eos_id_is_a_token_kept_inside_a_drafted_block() -> None:
+    from specproof.conformance._sampled_runs import DraftCall, eos_for
+
+    config = _config()
+    # round 0 drafted [7, 9, 2] at context length 3: 7 and 9 kept (each followed by more of the round), 2 not
+    gen = Generation(tokens=(7, 9, 5, 9), stop_reason="max_new_tokens")
+    config.runs.append(
+        SampledRun(
+            config="c", prompt=(3, 1, 4), seed=0, max_new_tokens=4, generation=gen, calls=(DraftCall(3, (7, 9, 2)),)
+        )
+    )
+    assert eos_for(config, [3, 1, 4]) == 7  # the first kept one (ties: the first counted)
+    assert eos_for(config, [1]) is None  # no generation on that prompt yet
+    bare = _config()
+    bare.runs.append(SampledRun(config="c", prompt=(1,), seed=0, max_new_tokens=4, generation=gen))
+    assert eos_for(bare, [1]) == 9  # no drafts, no steps: the engine's most frequent token
+
+
+def test_the_stop_rule_is_judged_on_sampled_runs_given_an_eos_id() -> None:
+    from specproof.contract import Step
+
+    config = _config()
+    step = Step(base=2, draft=(7, 9), argmax=(7, 9, 4), accepted=(7, 9, 4), processed=5)
+    after_eos = Generation(tokens=(7, 9, 4), stop_reason="eos", steps=(step,))
+    config.runs.append(SampledRun(config="c", prompt=(3, 1, 4), seed=3, max_new_tokens=8, generation=after_eos, eos=7))
+    search = SampledSearch(params=PARAMS, configs=[config], engine="e")
+    rounds = registry.get("engine.sampled-rounds")
+    violations, exercised, notes = sampling_checks.check_sampled_rounds(rounds, search, k=4, rollback=None)
+    assert exercised == 1 and violations
+    assert "follow the first EOS (7)" in violations[0].explanation
+    assert violations[0].example["eos_token_id"] == 7 and violations[0].example["seed"] == 3
+    assert (
+        "the stop rule judged on 1 generations given an EOS id; EOS emitted in 1, kept inside a drafted "
+        "block (more of its round after it) in 1 rounds" in notes[0]
+    )
+    # the correct cut: nothing after the EOS, stop reason eos
+    config.runs[0] = attrs.evolve(
+        config.runs[0], generation=Generation(tokens=(7,), stop_reason="eos", steps=(attrs.evolve(step, processed=3),))
+    )
+    violations, _, _ = sampling_checks.check_sampled_rounds(rounds, search, k=4, rollback=None)
+    assert violations == []
+
+
+# ------------------------------------------------------------------ drafts that reach every position
+
+
+def test_suite_drafts_from_p_are_a_function_of_the_context() -> None:
+    """A draft drawn from p with uniforms seeded by the context is the same whenever the context is: its q is
+    one-hot, so the draft event's probability stays p(d)."""
+    from specproof.conformance._sampled_runs import SuiteSamplingDrafter, _draws_from_p
+
+    contexts = [[*[5, 9, 2, 7][:n], t] for n in range(1, 4) for t in range(8)]
+    from_p = [c for c in contexts if _draws_from_p(c)]
+    assert 0.5 < len(from_p) / len(contexts) < 0.9
+    one = SuiteSamplingDrafter(load_target("reference"), params=PARAMS)
+    two = SuiteSamplingDrafter(load_target("reference"), params=PARAMS)
+    first = [one.propose(c, 4) for c in from_p]
+    assert first == [two.propose(c, 4) for c in reversed(from_p)][::-1]
+    assert all(len(d) == 4 for d in first)
+
+
+def test_reach_counts_each_draft_position_whose_earlier_tokens_were_kept() -> None:
+    from specproof.conformance._sampled_runs import DraftCall, _last_draft_positions, count_reach
+
+    config = _config()
+    gen = Generation(tokens=(7, 9, 2, 8, 6), stop_reason="max_new_tokens")
+    run = SampledRun(
+        config="c",
+        prompt=(3,),
+        seed=0,
+        max_new_tokens=5,
+        generation=gen,
+        # a full block [7, 9, 2] (then the bonus 8), and a draft [5, 1] rejected at 0 (6 emitted)
+        calls=(DraftCall(1, (7, 9, 2)), DraftCall(5, (5, 1))),
+    )
+    count_reach(config, run)
+    assert config.drafted == [2, 2, 1] and config.reached == [2, 1, 1]
+    assert _last_draft_positions(run.calls, [3, *gen.tokens]) == {3}
+
+
+@pytest.mark.slow
+def test_the_builtin_stack_reaches_the_last_draft_position_and_eos_inside_blocks() -> None:
+    report = certify(only=("engine.sampled-rounds",), sampling=SAMPLING, profile="quick").to_json()
+    notes = " ".join(n for r in report["results"] for n in r["notes"])
+    assert report["verdict"] == "pass"
+    import re
+
+    last = [int(m) for m in re.findall(r"were reached in 100%, \d+%, \d+%, (\d+)%", notes)]
+    assert last and min(last) >= 10, notes
+    inside = [int(m) for m in re.findall(r"kept inside a drafted block \(more of its round after it\) in (\d+)", notes)]
+    assert inside and min(inside) > 0, notes

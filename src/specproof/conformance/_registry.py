@@ -906,7 +906,7 @@ REGISTRY: tuple[Invariant, ...] = (
                 inv, j.search, k=j.case.k or (4 if j.case.kind == "builtin" else None), rollback=j.case.rollback
             )
         ),
-        zoo=("sampled_counts_replacement",),
+        zoo=("sampled_counts_replacement", "bonus_after_accepted_eos"),
     ),
     Invariant(
         id="engine.seeds",

@@ -18,6 +18,7 @@ the oracle model, so the event "the emitted token equals the draft token" has pr
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -172,6 +173,7 @@ class SampledRun:
     p: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
     logits: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
     calls: tuple[DraftCall, ...] = ()
+    eos: int | None = None  # the EOS id the generation was given
     # the first emitted id that is not a token: (index, id, why); the run is not scored (engine.sampled-support)
     bad_token: tuple[int, object, str] | None = None
 
@@ -216,7 +218,7 @@ class SampledSearch:
 CHAIN_LENGTH = 20  # generations the seed-independence test compares, each with the one before
 CHAIN_TOKENS = 16
 
-Generate = Callable[[list[int], int, SamplingParams], Generation]
+Generate = Callable[[list[int], int, SamplingParams, "int | None"], Generation]  # (prompt, n, params, eos)
 
 
 def sample_prompts(vocab_size: int, *, longest: int, seed: int) -> list[list[int]]:
@@ -288,11 +290,12 @@ def count_reach(config: SampledConfig, run: SampledRun) -> None:
         return
     sequence = [*run.prompt, *gen.tokens]
     for call in run.calls:
-        for m, token in enumerate(call.draft):
-            while len(config.drafted) <= m:
-                config.drafted.append(0)
-                config.reached.append(0)
+        while len(config.drafted) < len(call.draft):
+            config.drafted.append(0)
+            config.reached.append(0)
+        for m in range(len(call.draft)):
             config.drafted[m] += 1
+        for m, token in enumerate(call.draft):
             position = call.context_length + m
             if position >= len(sequence):
                 break
@@ -384,7 +387,10 @@ def run_config(
     drawn = 0
     while drawn < budget:
         seed = first_seed + drawn
-        run = _one(config, generate, suite_drafter, prompts[drawn % len(prompts)], seed, params, max_new_tokens)
+        prompt = prompts[drawn % len(prompts)]
+        # every other generation after the first pass stops at an EOS its prompt's earlier drafts kept
+        eos = eos_for(config, prompt) if drawn >= len(prompts) and drawn % 2 else None
+        run = _one(config, generate, suite_drafter, prompt, seed, params, max_new_tokens, eos=eos)
         run = score(oracle, run, params)
         config.runs.append(run)
         add_events(config, run)
@@ -402,7 +408,9 @@ def run_config(
         for first in config.runs[: min(4, len(config.runs))]:
             if first.generation is None:
                 continue
-            again = _one(config, generate, suite_drafter, list(first.prompt), first.seed, params, max_new_tokens)
+            again = _one(
+                config, generate, suite_drafter, list(first.prompt), first.seed, params, max_new_tokens, eos=first.eos
+            )
             config.repeats.append((first, again))
 
 
@@ -414,11 +422,13 @@ def _one(
     seed: int,
     params: SamplingParams,
     max_new_tokens: int,
+    *,
+    eos: int | None = None,
 ) -> SampledRun:
     if suite_drafter is not None:
         suite_drafter.calls = []
     try:
-        gen = generate(list(prompt), max_new_tokens, params.with_seed(seed))
+        gen = generate(list(prompt), max_new_tokens, params.with_seed(seed), eos)
         error = None
     except Exception as exc:  # a generation that raised fails the checks that needed it, with the cause
         gen, error = None, f"{type(exc).__name__}: {exc}"
@@ -433,7 +443,33 @@ def _one(
         generation=gen,
         error=error,
         calls=calls,
+        eos=eos,
     )
+
+
+def eos_for(config: SampledConfig, prompt: Sequence[int]) -> int | None:
+    """An EOS id for a generation on ``prompt``: the token most often kept *inside* a drafted block by the
+    configuration's earlier generations on it (a kept draft token is always followed by another token of its
+    round, so stopping there cuts a block short); from the engine's own steps when the suite did not draft,
+    else its most frequent token. None before any generation on ``prompt`` completed."""
+    kept: Counter[int] = Counter()
+    emitted: Counter[int] = Counter()
+    for run in config.runs:
+        gen = run.generation
+        if gen is None or run.prompt != tuple(prompt) or run.bad_token is not None:
+            continue
+        sequence = [*run.prompt, *gen.tokens]
+        emitted.update(gen.tokens)
+        for call in run.calls:
+            for m, token in enumerate(call.draft):
+                at = call.context_length + m
+                if at + 1 >= len(sequence) or sequence[at] != token:
+                    break
+                kept[token] += 1
+        if not run.calls:
+            kept.update(t for step in gen.steps or () for t in step.accepted[:-1])
+    found = (kept or emitted).most_common(1)
+    return int(found[0][0]) if found else None
 
 
 def engine_samples(engine: object) -> tuple[bool, bool]:
@@ -534,7 +570,7 @@ def _configurations(case: Any, drafter_subject: Any) -> list[tuple[str, str | No
 def _generator(
     case: Any, target: Any, drafter_subject: Any, scheme: str | None, suite: SuiteSamplingDrafter | None
 ) -> Generate:
-    """``generate(prompt, n, params)`` for one configuration of the case."""
+    """``generate(prompt, n, params, eos)`` for one configuration of the case."""
     if case.kind == "builtin":
         drafter = suite if suite is not None else drafter_subject.make()
         decoder = SpecDecoder(
@@ -544,11 +580,15 @@ def _generator(
             rollback=case.rollback,
             scheme=scheme,  # type: ignore[arg-type]
         )
-        return lambda prompt, n, params: decoder.generate(prompt, n, sampling=params)
+        return lambda prompt, n, params, eos: decoder.generate(prompt, n, sampling=params, eos_token_id=eos)
     engine = case.make_engine() if case.make_engine is not None else case.engine
     if suite is not None:
         engine.drafter = suite
-    return lambda prompt, n, params: engine.generate(prompt, n, sampling=params)
+    return lambda prompt, n, params, eos: (
+        engine.generate(prompt, n, sampling=params)
+        if eos is None
+        else engine.generate(prompt, n, sampling=params, eos_token_id=eos)
+    )
 
 
 def _greedy_limit_runs(

@@ -104,6 +104,7 @@ from specproof.conformance.zoo._reaching_drafters import (
 )
 from specproof.conformance.zoo._sampling_engines import (
     ArgmaxVerification,
+    BonusAfterAcceptedEos,
     BonusFromWrongRow,
     BroadcastSeed,
     DrafterIgnoresRng,
@@ -410,6 +411,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "sampled_counts_replacement": ("engine", SampledCountsReplacement),
     "samples_padded_vocab": ("engine", SamplesPaddedVocab),
     "unseeded_drafter_rng": ("engine", UnseededDrafterRng),
+    "bonus_after_accepted_eos": ("engine", BonusAfterAcceptedEos),
     "matches_argmax_at_last_position": ("engine", MatchesArgmaxAtLastPosition),
     "drafter_ignores_rng": ("drafter", DrafterIgnoresRng),
     "leaks_placeholder_id": ("engine", LeaksPlaceholderId),

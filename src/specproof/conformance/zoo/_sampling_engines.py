@@ -36,6 +36,7 @@ __all__ = [
     "ResidualFromP",
     "SampledCountsReplacement",
     "UnseededDrafterRng",
+    "BonusAfterAcceptedEos",
     "MatchesArgmaxAtLastPosition",
     "DrafterIgnoresRng",
     "SamplesPaddedVocab",
@@ -410,3 +411,14 @@ class MatchesArgmaxAtLastPosition(SamplingZooEngine):
     def _match_sample(self, i: int, drafted: int, p_row: np.ndarray, rng: np.random.Generator) -> int:
         token = _draw(p_row, rng)  # the same draws as the control: only the last slot's token differs
         return int(np.argmax(p_row)) if i == drafted - 1 else token
+
+
+class BonusAfterAcceptedEos(SamplingZooEngine):
+    """``engine.sampled-rounds``: in a sampled round that keeps the EOS id as a draft token, it still emits the
+    token drawn after it (SGLang #33758: the bonus token sampled after an accepted EOS), then stops with
+    ``eos``: a token after the first EOS. Greedy rounds cut at EOS correctly."""
+
+    def _emit(self, accepted: list[int], remaining: int, eos: int | None) -> list[int]:
+        if self._request is None or eos is None or eos not in accepted[:-1]:
+            return super()._emit(accepted, remaining, eos)
+        return accepted[: accepted.index(eos) + 2][:remaining]
