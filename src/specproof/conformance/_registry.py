@@ -463,8 +463,10 @@ _ENGINE_DRAWS = (
 
 _SAMPLING_DRAWS = (
     "with --sampling: seeded generations (seeds 0, 1, ...) on four fixed prompts, the suite's deterministic "
-    "drafts read off the oracle (or the engine's own), until the event tests reach the profile's sensitivity; "
-    "a few seeds again; two prompts at temperature 0 and at top_k 1"
+    "drafts read off the oracle (most drawn from p, so full blocks are common; or the engine's own), every "
+    "other one after the first pass given an EOS id kept inside a drafted block, until the event tests reach "
+    "the profile's sensitivity; a few seeds again on every configuration; two prompts at temperature 0 and "
+    "at top_k 1"
 )
 _SAMPLING_DRAFTER_DRAWS = (
     "with --sampling: propose_sampled on fixed contexts with seeded generators, until the event tests reach "

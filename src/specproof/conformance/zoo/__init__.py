@@ -423,7 +423,8 @@ _MEMBERS: dict[str, MemberEntry] = {
 # derandomized quick profile is not promised to reject them; the example database replays them after
 _FOUND_BY_SEARCH: frozenset[str] = frozenset()  # members only a randomized search finds
 # members whose deviation is below the quick profile's sensitivity (a TV of 0.2): ci rejects them
-_FOUND_AT_CI: frozenset[str] = frozenset({"q_of_next_position"})
+# (matches_argmax_at_last_position: its deviation lives at the last slot of full blocks, a quarter of rounds)
+_FOUND_AT_CI: frozenset[str] = frozenset({"q_of_next_position", "matches_argmax_at_last_position"})
 
 
 class ZooRegistryError(ValueError):
