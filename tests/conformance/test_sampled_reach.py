@@ -183,3 +183,24 @@ def test_the_builtin_stack_reaches_the_last_draft_position_and_eos_inside_blocks
     assert last and min(last) >= 10, notes
     inside = [int(m) for m in re.findall(r"kept inside a drafted block \(more of its round after it\) in (\d+)", notes)]
     assert inside and min(inside) > 0, notes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["specproof.conformance.zoo:sampling_drafter", "model:trained-small"])
+def test_sampling_drafters_that_draw_with_the_rng_they_are_given_pass_the_seed_check(drafter: str) -> None:
+    """The control of ``drafter_ignores_rng``: the seeds are asked again on the drafter's own configuration."""
+    target = "trained" if drafter.startswith("model:") else None
+    report = certify("drafter", drafter=drafter, target=target, only=("engine.seeds",), sampling=SAMPLING).to_json()
+    assert report["verdict"] == "pass", [r["detail"] for r in report["results"]]
+    notes = " ".join(n for r in report["results"] for n in r["notes"])
+    assert "rejection/own-drafts" in notes
+    assert all(r["exercised"] > 0 for r in report["results"])
+
+
+@pytest.mark.slow
+def test_an_engine_handing_its_drafter_the_request_rng_passes_the_seed_check_on_sampled_drafts() -> None:
+    """The control of ``unseeded_drafter_rng``: the same engine with the request's generator."""
+    spec = "specproof.conformance.zoo:sampling_engine"
+    report = certify("engine", engine=spec, only=("engine.seeds",), sampling=SAMPLING).to_json()
+    (result,) = report["results"]
+    assert result["status"] == "pass" and "suite-sampled-drafts" in " ".join(result["notes"])

@@ -535,8 +535,8 @@ def run_sampled_search(
             tv_target=profile.sampling_tv,
             budget=profile.sampling_generations,
             seeded=seeded,
-            # the chain on the first configuration and where a drafter draws with the request's generator
-            chain=not search.configs or drafts != "suite",
+            # the chain on the first configuration and on a drafter not the suite's (its own seeding)
+            chain=not search.configs or drafts == "own",
             first_seed=first_seed,
         )
         search.configs.append(config)

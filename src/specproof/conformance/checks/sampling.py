@@ -268,6 +268,10 @@ def check_seeds(inv: Invariant, search: SampledSearch) -> Checked:
     exercised = 0
     notes: list[str] = []
     for config in search.configs:
+        if config.repeats:
+            notes.append(
+                f"{config.name}: {len(config.repeats)} seeds asked again after the configuration's other requests"
+            )
         for first, again in config.repeats:
             exercised += 1
             a = first.generation.tokens if first.generation is not None else None
