@@ -478,14 +478,9 @@ def run_plugin(
     finally:
         if drafter is not None:
             engine.drafter = case.own_drafter
-    if not isinstance(gen, Generation):
-        bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
-        return cache.runs.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
-    bad_token = token_id_problem(gen.tokens, case.vocab_size)
-    if bad_token is not None:  # judged before any model is fed the output (an IndexError names nothing)
-        example["tokens"] = list(gen.tokens)
-        why = f"the engine {case.name} emitted an id outside the vocabulary: {bad_token[2]}"
-        return cache.runs.remember(key, EngineRun(example=example, error=why, invalid=True))  # type: ignore[no-any-return]
+    unusable = _unusable_output(case, example, gen)
+    if unusable is not None:
+        return cache.runs.remember(key, unusable)  # type: ignore[no-any-return]
     if live is not None and case.live_confirmed is None and gen.tokens:
         live, probe = _confirm_live(case, probe, moved=_fingerprint(live) != before, atol=atol, cache=cache)
     expected, margins = case_greedy(case, None, list(prompt), max_new_tokens, eos, horizon=horizon, cache=cache)
@@ -513,6 +508,20 @@ def run_plugin(
         vocab_size=case.vocab_size,
     )
     return cache.runs.remember(key, run)  # type: ignore[no-any-return]
+
+
+def _unusable_output(case: Any, example: dict[str, object], gen: object) -> EngineRun | None:
+    """The run of an output no judge may be fed: not a ``Generation``, or an id outside the vocabulary (judged
+    before any model sees it, so the violation names the token, never an ``IndexError``)."""
+    if not isinstance(gen, Generation):
+        bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
+        return _incomplete(example, bad, f"the engine {case.name}")
+    bad_token = token_id_problem(gen.tokens, case.vocab_size)
+    if bad_token is None:
+        return None
+    example["tokens"] = list(gen.tokens)
+    why = f"the engine {case.name} emitted an id outside the vocabulary: {bad_token[2]}"
+    return EngineRun(example=example, error=why, invalid=True)
 
 
 def _plugin_probe(case: Any, drafter: Drafter | None, *, atol: float, cache: RunCache) -> StateProbe:
