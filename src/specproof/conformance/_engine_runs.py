@@ -26,6 +26,7 @@ from specproof.conformance._judges import JudgeMemo
 from specproof.conformance._probes import NoDrafter, StateProbe
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
+from specproof.conformance.checks.generation import token_id_problem
 from specproof.contract import arrays_differ
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
@@ -60,7 +61,7 @@ class EngineRun:
     """One generation of one engine case: the record the engine invariants judge, and its paths.
 
     ``record`` is None when the generation did not complete; ``error`` then names the
-    component that raised and why.
+    component that raised and why (or, with ``invalid``, the emitted id that is not a token).
     """
 
     example: dict[str, object]
@@ -68,6 +69,7 @@ class EngineRun:
     error: str | None = None
     paths: Counter[str] = attrs.Factory(Counter)
     refused: str | None = None  # the engine refused a hostile draft (allowed): why, as it said
+    invalid: bool = False  # it completed with an output that is not token ids (``error`` says which)
 
     @property
     def completed(self) -> bool:
@@ -476,9 +478,9 @@ def run_plugin(
     finally:
         if drafter is not None:
             engine.drafter = case.own_drafter
-    if not isinstance(gen, Generation):
-        bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
-        return cache.runs.remember(key, _incomplete(example, bad, f"the engine {case.name}"))  # type: ignore[no-any-return]
+    unusable = _unusable_output(case, example, gen)
+    if unusable is not None:
+        return cache.runs.remember(key, unusable)  # type: ignore[no-any-return]
     if live is not None and case.live_confirmed is None and gen.tokens:
         live, probe = _confirm_live(case, probe, moved=_fingerprint(live) != before, atol=atol, cache=cache)
     expected, margins = case_greedy(case, None, list(prompt), max_new_tokens, eos, horizon=horizon, cache=cache)
@@ -506,6 +508,20 @@ def run_plugin(
         vocab_size=case.vocab_size,
     )
     return cache.runs.remember(key, run)  # type: ignore[no-any-return]
+
+
+def _unusable_output(case: Any, example: dict[str, object], gen: object) -> EngineRun | None:
+    """The run of an output no judge may be fed: not a ``Generation``, or an id outside the vocabulary (judged
+    before any model sees it, so the violation names the token, never an ``IndexError``)."""
+    if not isinstance(gen, Generation):
+        bad = TypeError(f"generate returned {type(gen).__name__}, not a specproof.engine.Generation")
+        return _incomplete(example, bad, f"the engine {case.name}")
+    bad_token = token_id_problem(gen.tokens, case.vocab_size)
+    if bad_token is None:
+        return None
+    example["tokens"] = list(gen.tokens)
+    why = f"the engine {case.name} emitted an id outside the vocabulary: {bad_token[2]}"
+    return EngineRun(example=example, error=why, invalid=True)
 
 
 def _plugin_probe(case: Any, drafter: Drafter | None, *, atol: float, cache: RunCache) -> StateProbe:

@@ -170,7 +170,7 @@ class Invariant:
         if run.record is None:
             # A generation that did not complete passes nothing: it fails every check that was asked
             # about it, naming the component that broke it.
-            why = f"the generation did not complete: {run.error}"
+            why = str(run.error) if run.invalid else f"the generation did not complete: {run.error}"
             text = why if self.completes else f"{why} (so {self.id} could not be checked)"
             return Outcome([self.violation(text, example=dict(run.example))], exercised=1)
         outcome = self.judge_record(run.record)
@@ -463,8 +463,10 @@ _ENGINE_DRAWS = (
 
 _SAMPLING_DRAWS = (
     "with --sampling: seeded generations (seeds 0, 1, ...) on four fixed prompts, the suite's deterministic "
-    "drafts read off the oracle (or the engine's own), until the event tests reach the profile's sensitivity; "
-    "a few seeds again; two prompts at temperature 0 and at top_k 1"
+    "drafts read off the oracle (most drawn from p, so full blocks are common; or the engine's own), every "
+    "other one after the first pass given an EOS id kept inside a drafted block, until the event tests reach "
+    "the profile's sensitivity; a few seeds again on every configuration; two prompts at temperature 0 and "
+    "at top_k 1"
 )
 _SAMPLING_DRAFTER_DRAWS = (
     "with --sampling: propose_sampled on fixed contexts with seeded generators, until the event tests reach "
@@ -655,7 +657,7 @@ REGISTRY: tuple[Invariant, ...] = (
         driver="engine-case",
         on_record=_lossless,
         completes=True,
-        zoo=("stale_state_after_zero_draft", "raises_every_call"),
+        zoo=("stale_state_after_zero_draft", "raises_every_call", "leaks_placeholder_id"),
         also=(
             "chunked_forward_differs",
             "restore_forgets_conv",
@@ -874,7 +876,7 @@ REGISTRY: tuple[Invariant, ...] = (
             ),
             shortfall=True,
         ),
-        zoo=("argmax_verification", "q_of_next_position"),
+        zoo=("argmax_verification", "q_of_next_position", "matches_argmax_at_last_position"),
         also=("residual_from_p",),
     ),
     Invariant(
@@ -886,7 +888,13 @@ REGISTRY: tuple[Invariant, ...] = (
         check=_sampling_check(
             lambda inv, j: sampling_checks.check_sampled_support(inv, j.search, tolerance=j.case.atol)
         ),
-        zoo=("residual_from_p", "unfiltered_sampling", "unnormalized_residual", "bonus_from_wrong_row"),
+        zoo=(
+            "residual_from_p",
+            "unfiltered_sampling",
+            "unnormalized_residual",
+            "bonus_from_wrong_row",
+            "samples_padded_vocab",
+        ),
     ),
     Invariant(
         id="engine.sampled-rounds",
@@ -900,7 +908,7 @@ REGISTRY: tuple[Invariant, ...] = (
                 inv, j.search, k=j.case.k or (4 if j.case.kind == "builtin" else None), rollback=j.case.rollback
             )
         ),
-        zoo=("sampled_counts_replacement",),
+        zoo=("sampled_counts_replacement", "bonus_after_accepted_eos"),
     ),
     Invariant(
         id="engine.seeds",
@@ -909,7 +917,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_SAMPLING_DRAWS,
         driver="sampling",
         check=_sampling_check(lambda inv, j: sampling_checks.check_seeds(inv, j.search)),
-        zoo=("shared_rng_stream", "broadcast_seed"),
+        zoo=("shared_rng_stream", "broadcast_seed", "unseeded_drafter_rng", "drafter_ignores_rng"),
         also=("argmax_verification",),
     ),
     Invariant(

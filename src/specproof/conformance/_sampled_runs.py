@@ -18,6 +18,7 @@ the oracle model, so the event "the emitted token equals the draft token" has pr
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from specproof.conformance._sequential import EventTest
 from specproof.conformance._waiting import timed_out, waiting
+from specproof.conformance.checks.generation import token_id_problem
 from specproof.contract import Generation, Target
 from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
 from specproof.engine import SpecDecoder
@@ -49,6 +51,8 @@ EVENTS: dict[str, str] = {
     "head": "the emitted token is among the top tokens holding half of p's mass (probability p(head))",
     "tail": "the emitted token is among the bottom tokens holding a tenth of p's mass (probability p(tail))",
     "replacement": "after a rejected draft token d, the token is the top of p without d (probability p'(top))",
+    "last": "at the last position of a suite draft whose earlier tokens were all kept, the token is p's top token "
+    "(probability max p)",
 }
 """The events each scored token is tested on (``EventTest`` s, one per event and configuration)."""
 
@@ -56,17 +60,22 @@ EVENTS: dict[str, str] = {
 class SuiteSamplingDrafter(ModelDrafter):
     """Deterministic drafts read off the oracle model, at one catch-up forward per call.
 
-    ``draft[0]`` is the token of rank 0, 1 or 2+ (by logit, lower id first) in the oracle's row after
-    the context, chosen by a hash of the context length and last token; each later token is what
-    followed the previous one at its latest earlier occurrence in the context (an n-gram guess), else
-    one of that row's top four tokens, so every round drafts ``k`` tokens and rounds end at every
-    position. It logs every call (``calls``), so the draft at each
+    Two kinds of call, chosen by a hash of the context (so a draft is a function of its context: its
+    ``q`` is one-hot). With ``params``, half the calls draw every draft token from the oracle's ``p``
+    itself (the row after the context and the draft so far, one one-token forward per token, each
+    draw's uniform seeded by the context): such drafts are kept whole often, so every draft position
+    is reached and full blocks are common. The others: ``draft[0]`` is the token of rank 0, 1 or 2+
+    (by logit, lower id first) in the oracle's row after the context, chosen by a hash of the context
+    length and last token; each later token is what followed the previous one at its latest earlier
+    occurrence in the context (an n-gram guess), else one of that row's top four tokens, so rounds
+    end early and rejections are common. It logs every call (``calls``), so the draft at each
     position is known for black-box engines too.
     """
 
-    def __init__(self, model: Target, *, sampled: bool = False) -> None:
+    def __init__(self, model: Target, *, sampled: bool = False, params: SamplingParams | None = None) -> None:
         super().__init__(model, name="specproof.SuiteSamplingDrafter")
         self.calls: list[DraftCall] = []
+        self.params = params  # the request's parameters: the p that half the calls draw from
         if not sampled:  # a deterministic drafter has no propose_sampled: the engine's q is one-hot
             self.propose_sampled = None  # type: ignore[method-assign, assignment]
 
@@ -86,8 +95,8 @@ class SuiteSamplingDrafter(ModelDrafter):
         draft = self._suite_draft(context, k, sampling, rng)
         q = np.zeros((len(draft), vocab))
         q[np.arange(len(draft)), draft] = 1.0
-        if draft:
-            q[0] = self.calls[-1].q0  # type: ignore[assignment]
+        if draft and self.calls[-1].q0 is not None:  # a call that drew from p has one-hot rows only
+            q[0] = self.calls[-1].q0
         return SampledDraft(draft, q)
 
     def _suite_draft(
@@ -96,7 +105,9 @@ class SuiteSamplingDrafter(ModelDrafter):
         n = len(context)
         draft: list[int] = []
         q0: np.ndarray | None = None
-        if 0 < k and 0 < n <= self.max_context:
+        if 0 < k and 0 < n <= self.max_context and self.params is not None and _draws_from_p(context):
+            draft = [token for token, _ in self._draft(context, k, _p_pick(context, self.params))]
+        elif 0 < k and 0 < n <= self.max_context:
             self._catch_up(context)
             assert self._row is not None
             row = np.asarray(self._row, dtype=np.float64)
@@ -117,6 +128,27 @@ class SuiteSamplingDrafter(ModelDrafter):
                 draft.append(int(follow) if follow is not None else int(ranked[(n + len(draft)) % 4]))
         self.calls.append(DraftCall(n, tuple(draft), q0))
         return draft
+
+
+def _draws_from_p(context: Sequence[int]) -> bool:
+    """Whether the suite drafter draws this call's whole draft from ``p`` (half the contexts, by a hash)."""
+    return (len(context) * 13 + int(context[-1]) * 5) % 4 < 3
+
+
+def _p_pick(context: Sequence[int], params: SamplingParams) -> Callable[[np.ndarray], tuple[int, None]]:
+    """Draws each draft token from ``p`` of its logits row, with uniforms seeded by the context (a deterministic
+    draft: the engine's generator never sees them)."""
+    uniforms = np.random.default_rng([len(context), *(int(t) for t in context[-8:])])
+
+    def pick(row: np.ndarray) -> tuple[int, None]:
+        p = processed_distribution(np.asarray(row, dtype=np.float64), params)
+        cdf = np.cumsum(p)
+        token = min(int(np.searchsorted(cdf, uniforms.random() * cdf[-1], side="right")), len(p) - 1)
+        while p[token] <= 0.0:  # on a flat stretch's edge: back to a token with mass
+            token -= 1
+        return token, None
+
+    return pick
 
 
 @attrs.frozen
@@ -142,6 +174,9 @@ class SampledRun:
     p: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
     logits: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
     calls: tuple[DraftCall, ...] = ()
+    eos: int | None = None  # the EOS id the generation was given
+    # the first emitted id that is not a token: (index, id, why); the run is not scored (engine.sampled-support)
+    bad_token: tuple[int, object, str] | None = None
 
 
 @attrs.define
@@ -157,6 +192,9 @@ class SampledConfig:
     runs: list[SampledRun] = attrs.Factory(list)
     repeats: list[tuple[SampledRun, SampledRun]] = attrs.Factory(list)  # (first, again with its seed)
     chain: list[SampledRun] = attrs.Factory(list)  # short generations on one prompt, seeds 5000, 5001, ...
+    # per draft position m: suite drafts with a token there, and those whose tokens before m were all emitted
+    drafted: list[int] = attrs.Factory(list)
+    reached: list[int] = attrs.Factory(list)
 
     @property
     def primary(self) -> EventTest:
@@ -174,13 +212,14 @@ class SampledSearch:
     configs: list[SampledConfig]
     greedy_runs: list[tuple[str, SampledRun]] = attrs.Factory(list)  # (the parameters' name, run)
     seeded: bool = False  # the engine promises one output per seed (capability ``seeded``)
+    engine: str = ""  # the engine's name, for the examples
     why_not: str | None = None  # why nothing ran (not sampling, no oracle model)
 
 
 CHAIN_LENGTH = 20  # generations the seed-independence test compares, each with the one before
 CHAIN_TOKENS = 16
 
-Generate = Callable[[list[int], int, SamplingParams], Generation]
+Generate = Callable[[list[int], int, SamplingParams, "int | None"], Generation]  # (prompt, n, params, eos)
 
 
 def sample_prompts(vocab_size: int, *, longest: int, seed: int) -> list[list[int]]:
@@ -196,6 +235,9 @@ def score(model: Target, run: SampledRun, params: SamplingParams) -> SampledRun:
     gen = run.generation
     if gen is None or not gen.tokens:
         return run
+    bad = token_id_problem(gen.tokens, int(model.vocab_size))
+    if bad is not None:  # never fed to the oracle: a violation naming the token, not an IndexError
+        return attrs.evolve(run, bad_token=bad)
     model.reset()
     fed = [*run.prompt, *gen.tokens[:-1]]
     rows = np.asarray(model.forward(fed), dtype=np.float64)[len(run.prompt) - 1 :]
@@ -215,6 +257,7 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
     tokens = list(gen.tokens)
     sequence = [*run.prompt, *tokens]
     drafted = _draft_at_positions(run.calls, sequence, len(run.prompt)) if config.drafts != "own" else {}
+    last = _last_draft_positions(run.calls, sequence) if config.drafts != "own" else set()
     for i, token in enumerate(tokens):
         row = p[i]
         top = int(np.argmax(row))
@@ -222,6 +265,8 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
         head, tail = head_and_tail(row)
         config.tests["head"].add(bool(head[token]), float(row[head].sum()))
         config.tests["tail"].add(bool(tail[token]), float(row[tail].sum()))
+        if len(run.prompt) + i in last:  # a full block's last slot: the position a short draft never reaches
+            config.tests["last"].add(token == top, row[top])
         found = drafted.get(len(run.prompt) + i)
         if found is None:
             continue
@@ -236,6 +281,28 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
         if token != draft and residual is not None:
             best = int(np.argmax(residual))
             config.tests["replacement"].add(token == best, residual[best])
+
+
+def count_reach(config: SampledConfig, run: SampledRun) -> None:
+    """Add ``run``'s suite drafts to the configuration's per-position reach: a draft position is reached when
+    every draft token before it was emitted and the output goes on to it (the ``draft`` event scores it)."""
+    gen = run.generation
+    if gen is None:
+        return
+    sequence = [*run.prompt, *gen.tokens]
+    for call in run.calls:
+        while len(config.drafted) < len(call.draft):
+            config.drafted.append(0)
+            config.reached.append(0)
+        for m in range(len(call.draft)):
+            config.drafted[m] += 1
+        for m, token in enumerate(call.draft):
+            position = call.context_length + m
+            if position >= len(sequence):
+                break
+            config.reached[m] += 1
+            if sequence[position] != token:
+                break
 
 
 def _without(row: np.ndarray, token: int) -> np.ndarray | None:
@@ -277,8 +344,19 @@ def _draft_at_positions(
     return out
 
 
+def _last_draft_positions(calls: Sequence[DraftCall], sequence: Sequence[int]) -> set[int]:
+    """Sequence positions of each call's last draft token (drafts of two or more), where every earlier draft
+    token of the call was emitted and the output reaches that position."""
+    out: set[int] = set()
+    for call in calls:
+        c, n = call.context_length, len(call.draft)
+        if n >= 2 and c + n - 1 < len(sequence) and list(sequence[c : c + n - 1]) == list(call.draft[:-1]):
+            out.add(c + n - 1)
+    return out
+
+
 def new_config(name: str, *, scheme: str | None, drafts: str, alpha: float) -> SampledConfig:
-    events = [e for e in EVENTS if drafts != "own" or e not in ("draft", "replacement")]
+    events = [e for e in EVENTS if drafts != "own" or e not in ("draft", "replacement", "last")]
     return SampledConfig(
         name=name,
         scheme=scheme,
@@ -303,19 +381,23 @@ def run_config(
     first_seed: int = 0,
 ) -> None:
     """Draw seeded generations until the primary test detects ``tv_target``, rejects, or ``budget`` is spent;
-    then (with ``chain``: the case's first configuration) the seed tests' runs: a chain of short
-    generations on one prompt, and, for a ``seeded`` engine, a few of the seeds again (after the
-    others, so a shared or continuing stream shows)."""
+    then the seed tests' runs: for a ``seeded`` engine (every configuration), a few of the seeds again
+    (after the others, so a shared or continuing stream shows, the drafter's included), and with
+    ``chain`` a chain of short generations on one prompt (different seeds, independent outputs)."""
     oracle = make_reference()  # one copy per configuration, reset before each scoring forward
     drawn = 0
     while drawn < budget:
         seed = first_seed + drawn
-        run = _one(config, generate, suite_drafter, prompts[drawn % len(prompts)], seed, params, max_new_tokens)
+        prompt = prompts[drawn % len(prompts)]
+        # every other generation after the first pass stops at an EOS its prompt's earlier drafts kept
+        eos = eos_for(config, prompt) if drawn >= len(prompts) and drawn % 2 else None
+        run = _one(config, generate, suite_drafter, prompt, seed, params, max_new_tokens, eos=eos)
         run = score(oracle, run, params)
         config.runs.append(run)
         add_events(config, run)
+        count_reach(config, run)
         drawn += 1
-        if run.error is not None or any(t.rejected for t in config.tests.values()):
+        if run.error is not None or run.bad_token is not None or any(t.rejected for t in config.tests.values()):
             break
         if drawn >= 2 * len(prompts) and config.primary.min_detectable <= tv_target:
             break
@@ -325,12 +407,15 @@ def run_config(
         run = _one(config, generate, suite_drafter, prompt, first_seed + budget + i, params, CHAIN_TOKENS)
         config.chain.append(score(oracle, run, params))
         if timed_out(run.error):
+            hung = True
             break
-    if seeded and chain:
+    if seeded and not hung:
         for first in config.runs[: min(4, len(config.runs))]:
             if first.generation is None:
                 continue
-            again = _one(config, generate, suite_drafter, list(first.prompt), first.seed, params, max_new_tokens)
+            again = _one(
+                config, generate, suite_drafter, list(first.prompt), first.seed, params, max_new_tokens, eos=first.eos
+            )
             config.repeats.append((first, again))
 
 
@@ -342,15 +427,19 @@ def _one(
     seed: int,
     params: SamplingParams,
     max_new_tokens: int,
+    *,
+    eos: int | None = None,
 ) -> SampledRun:
     if suite_drafter is not None:
         suite_drafter.calls = []
     try:
         with waiting(f"a sampled generation ({config.name}, seed {seed})"):
-            gen = generate(list(prompt), max_new_tokens, params.with_seed(seed))
+            gen = generate(list(prompt), max_new_tokens, params.with_seed(seed), eos)
         error = None
     except Exception as exc:  # a generation that raised fails the checks that needed it, with the cause
         gen, error = None, f"{type(exc).__name__}: {exc}"
+    if gen is not None and not isinstance(gen, Generation):
+        gen, error = None, f"generate returned {type(gen).__name__}, not a specproof.engine.Generation"
     calls = tuple(suite_drafter.calls) if suite_drafter is not None else ()
     return SampledRun(
         config=config.name,
@@ -360,7 +449,33 @@ def _one(
         generation=gen,
         error=error,
         calls=calls,
+        eos=eos,
     )
+
+
+def eos_for(config: SampledConfig, prompt: Sequence[int]) -> int | None:
+    """An EOS id for a generation on ``prompt``: the token most often kept *inside* a drafted block by the
+    configuration's earlier generations on it (a kept draft token is always followed by another token of its
+    round, so stopping there cuts a block short); from the engine's own steps when the suite did not draft,
+    else its most frequent token. None before any generation on ``prompt`` completed."""
+    kept: Counter[int] = Counter()
+    emitted: Counter[int] = Counter()
+    for run in config.runs:
+        gen = run.generation
+        if gen is None or run.prompt != tuple(prompt) or run.bad_token is not None:
+            continue
+        sequence = [*run.prompt, *gen.tokens]
+        emitted.update(gen.tokens)
+        for call in run.calls:
+            for m, token in enumerate(call.draft):
+                at = call.context_length + m
+                if at + 1 >= len(sequence) or sequence[at] != token:
+                    break
+                kept[token] += 1
+        if not run.calls:
+            kept.update(t for step in gen.steps or () for t in step.accepted[:-1])
+    found = (kept or emitted).most_common(1)
+    return int(found[0][0]) if found else None
 
 
 def engine_samples(engine: object) -> tuple[bool, bool]:
@@ -394,7 +509,7 @@ def run_sampled_search(
     else:
         make_reference = case.make_reference
         samples, seeded = engine_samples(case.engine)
-    search = SampledSearch(params=params, configs=[], seeded=seeded)
+    search = SampledSearch(params=params, configs=[], seeded=seeded, engine=case.name)
     if not samples:
         search.why_not = "the engine does not declare the capability `sampling` (docs/contract.md, Sampling)"
         return search
@@ -409,7 +524,11 @@ def run_sampled_search(
     first_seed = 0 if seed == 0 else int(np.random.default_rng([seed, 29]).integers(0, 2**40))
     for name, scheme, drafts in plans:
         config = new_config(name, scheme=scheme, drafts=drafts, alpha=alpha_each)
-        suite = SuiteSamplingDrafter(make_reference(), sampled=drafts == "suite-sampled") if drafts != "own" else None
+        suite = (
+            SuiteSamplingDrafter(make_reference(), sampled=drafts == "suite-sampled", params=params)
+            if drafts != "own"
+            else None
+        )
         generate = _generator(case, target, drafter_subject, scheme, suite)
         run_config(
             config,
@@ -422,7 +541,8 @@ def run_sampled_search(
             tv_target=profile.sampling_tv,
             budget=profile.sampling_generations,
             seeded=seeded,
-            chain=not search.configs,
+            # the chain on the first configuration and on a drafter not the suite's (its own seeding)
+            chain=not search.configs or drafts == "own",
             first_seed=first_seed,
         )
         search.configs.append(config)
@@ -458,7 +578,7 @@ def _configurations(case: Any, drafter_subject: Any) -> list[tuple[str, str | No
 def _generator(
     case: Any, target: Any, drafter_subject: Any, scheme: str | None, suite: SuiteSamplingDrafter | None
 ) -> Generate:
-    """``generate(prompt, n, params)`` for one configuration of the case."""
+    """``generate(prompt, n, params, eos)`` for one configuration of the case."""
     if case.kind == "builtin":
         drafter = suite if suite is not None else drafter_subject.make()
         decoder = SpecDecoder(
@@ -468,11 +588,15 @@ def _generator(
             rollback=case.rollback,
             scheme=scheme,  # type: ignore[arg-type]
         )
-        return lambda prompt, n, params: decoder.generate(prompt, n, sampling=params)
+        return lambda prompt, n, params, eos: decoder.generate(prompt, n, sampling=params, eos_token_id=eos)
     engine = case.make_engine() if case.make_engine is not None else case.engine
     if suite is not None:
         engine.drafter = suite
-    return lambda prompt, n, params: engine.generate(prompt, n, sampling=params)
+    return lambda prompt, n, params, eos: (
+        engine.generate(prompt, n, sampling=params)
+        if eos is None
+        else engine.generate(prompt, n, sampling=params, eos_token_id=eos)
+    )
 
 
 def _greedy_limit_runs(

@@ -14,7 +14,13 @@ STOP_REASONS: tuple[str, ...] = ("max_new_tokens", "eos", "context_full", "error
 
 
 def _int_tuple(values: object) -> tuple[int, ...]:
-    return tuple(int(v) for v in values)  # type: ignore[attr-defined]
+    """Token ids as ints; an id with a fractional part is refused (``int`` would truncate it silently)."""
+    given = list(values)  # type: ignore[call-overload]
+    out = tuple(int(v) for v in given)
+    for i, (v, n) in enumerate(zip(given, out, strict=True)):
+        if v != n:
+            raise ValueError(f"token {i} is {v!r}, not an integer token id")
+    return out
 
 
 @attrs.frozen(kw_only=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from specproof.contract import STOP_REASONS, Generation, Stats, Step, Violation
 from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
@@ -33,11 +35,24 @@ __all__ = [
     "check_trace_consistency",
     "emitted_per_round",
     "round_of_index",
+    "token_id_problem",
 ]
 
 
 def _need_optional_int(value: object, *, name: str, minimum: int) -> int | None:
     return None if value is None else int_at_least(value, name=name, minimum=minimum)
+
+
+def token_id_problem(tokens: Sequence[object], vocab_size: int | None) -> tuple[int, object, str] | None:
+    """The first emitted id that is not an integer in ``[0, vocab_size)``: ``(index, token, why)``
+    (None: every id is one). Checked before any model is fed the output, so a bad id is a violation
+    naming the token, never an ``IndexError`` in a judge."""
+    for i, token in enumerate(tokens):
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+            return i, token, f"token {i} of the output is {token!r} ({type(token).__name__}), not an integer token id"
+        if vocab_size is not None and not 0 <= int(token) < vocab_size:
+            return i, int(token), f"token {i} of the output is {int(token)}, not a token id in [0, {vocab_size})"
+    return None
 
 
 def _short(tokens: Sequence[int], limit: int = 12) -> str:

@@ -21,7 +21,7 @@ from specproof.contract.lossless import compare_lossless
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
-    from specproof.conformance._sampled_runs import SampledRun, SampledSearch
+    from specproof.conformance._sampled_runs import SampledConfig, SampledRun, SampledSearch
     from specproof.conformance._sequential import EventTest
 
 __all__ = [
@@ -42,18 +42,43 @@ def _example(run: SampledRun, **extra: object) -> dict[str, object]:
         "prompt": list(run.prompt),
         "seed": run.seed,
         "max_new_tokens": run.max_new_tokens,
+        **({"eos_token_id": run.eos} if run.eos is not None else {}),
         **({"tokens": list(gen.tokens)} if gen is not None else {}),
         **extra,
     }
 
 
 def _errors(inv: Invariant, search: SampledSearch) -> list[Violation]:
-    """A sampled generation that raised fails every sampling check, naming the cause (the first one)."""
-    failed = next((run for config in search.configs for run in config.runs if run.error is not None), None)
+    """A sampled generation that raised, or emitted an id that is not a token, fails every sampling check,
+    naming the cause (the first one); ``engine.sampled-support`` gives the bad id's own violation."""
+    runs = [run for config in search.configs for run in (*config.runs, *config.chain)]
+    failed = next((run for run in runs if run.error is not None or run.bad_token is not None), None)
     if failed is None:
         return []
+    if failed.bad_token is not None:
+        why = f"{failed.config}: the generation with seed {failed.seed} emitted an id outside the vocabulary"
+        return [inv.violation(f"{why} ({failed.bad_token[2]})", example=_example(failed, engine=search.engine))]
     why = f"{failed.config}: the generation with seed {failed.seed} did not complete: {failed.error}"
-    return [inv.violation(why, example=_example(failed))]
+    return [inv.violation(why, example=_example(failed, engine=search.engine))]
+
+
+def _bad_tokens(inv: Invariant, search: SampledSearch) -> list[Violation]:
+    """The first emitted id that is not a token (an integer in ``[0, vocab)``), with its request."""
+    for config in search.configs:
+        for run in (*config.runs, *config.chain):
+            if run.bad_token is None:
+                continue
+            index, token, why = run.bad_token
+            return [
+                inv.violation(
+                    f"{config.name}: the engine {search.engine} emitted an id outside the vocabulary on the "
+                    f"request with seed {run.seed}: {why}",
+                    expected="a token id with p > 0",
+                    actual=token,
+                    example=_example(run, engine=search.engine, index=index, token=token),
+                )
+            ]
+    return []
 
 
 def check_sampled_distribution(inv: Invariant, search: SampledSearch, *, tv_target: float) -> Checked:
@@ -114,9 +139,9 @@ def _support_tolerance(logits_row: np.ndarray, token: int, p_row: np.ndarray, to
 def check_sampled_support(inv: Invariant, search: SampledSearch, *, tolerance: float) -> Checked:
     """``engine.sampled-support``: every emitted token has probability > 0 under p (top-k, top-p and
     min-p cut nothing an engine may emit), and a round's replacement token differs from the draft
-    token it replaced."""
-    out = _errors(inv, search)
-    exercised = 0
+    token it replaced. An emitted id that is not a token at all is this check's violation too."""
+    out = _bad_tokens(inv, search) or _errors(inv, search)
+    exercised = sum(1 for config in search.configs for run in (*config.runs, *config.chain) if run.bad_token)
     for config in search.configs:
         for run in config.runs:
             gen = run.generation
@@ -155,10 +180,14 @@ def check_sampled_support(inv: Invariant, search: SampledSearch, *, tolerance: f
 
 def check_sampled_rounds(inv: Invariant, search: SampledSearch, *, k: int | None, rollback: str | None) -> Checked:
     """``engine.sampled-rounds``: the greedy contract's round bounds, KV length, stop rule and costs hold
-    on every sampled generation that reports its rounds."""
+    on every sampled generation that reports its rounds; the stop rule (nothing after the first EOS, stop
+    reason ``eos``) on the generations given an EOS id. The notes say how far the EOS ids and the suite's
+    drafts reached."""
     out = _errors(inv, search)
     exercised = 0
+    notes: list[str] = []
     for config in search.configs:
+        notes.extend(_reach_notes(config))
         for run in config.runs:
             gen = run.generation
             if gen is None or gen.steps is None:
@@ -173,7 +202,7 @@ def check_sampled_rounds(inv: Invariant, search: SampledSearch, *, k: int | None
                 gen.tokens,
                 gen.stop_reason,
                 max_new_tokens=run.max_new_tokens,
-                eos_token_id=None,
+                eos_token_id=run.eos,
                 prompt_length=len(run.prompt),
             )
             if gen.stats is not None:
@@ -181,7 +210,32 @@ def check_sampled_rounds(inv: Invariant, search: SampledSearch, *, k: int | None
             if found:
                 out.append(attrs.evolve(found[0], example={**_example(run), **found[0].example}))
                 break
-    return out[:3], exercised, []
+    return out[:3], exercised, notes
+
+
+def _reach_notes(config: SampledConfig) -> list[str]:
+    """What a configuration's runs reached: the EOS ids (given, emitted, kept inside a drafted block with more
+    of the block after it) and the suite's draft positions (rounds reaching each, of the rounds drafted)."""
+    given = [run for run in config.runs if run.eos is not None]
+    notes: list[str] = []
+    if given:
+        stopped = sum(1 for run in given if run.generation is not None and run.eos in run.generation.tokens)
+        inside = sum(_eos_inside_block(run) for run in given)
+        notes.append(
+            f"{config.name}: the stop rule judged on {len(given)} generations given an EOS id; EOS emitted in "
+            f"{stopped}, kept inside a drafted block (more of its round after it) in {inside} rounds"
+        )
+    if config.drafted:
+        rounds = config.drafted[0]
+        reach = ", ".join(f"{100 * n / rounds:.0f}%" for n in config.reached)
+        notes.append(f"{config.name}: of {rounds} suite drafts, the draft positions 0.. were reached in {reach}")
+    return notes
+
+
+def _eos_inside_block(run: SampledRun) -> int:
+    """Rounds of ``run`` that kept its EOS id as a draft token (the round goes on after it)."""
+    steps = run.generation.steps if run.generation is not None else None
+    return sum(1 for step in steps or () if run.eos in step.accepted[:-1])
 
 
 def seed_collisions(chain: Sequence[SampledRun], *, alpha: float = 1e-6) -> EventTest:
@@ -214,6 +268,10 @@ def check_seeds(inv: Invariant, search: SampledSearch) -> Checked:
     exercised = 0
     notes: list[str] = []
     for config in search.configs:
+        if config.repeats:
+            notes.append(
+                f"{config.name}: {len(config.repeats)} seeds asked again after the configuration's other requests"
+            )
         for first, again in config.repeats:
             exercised += 1
             a = first.generation.tokens if first.generation is not None else None

@@ -47,6 +47,7 @@ from specproof.conformance.zoo._engines import (
     ForgetsRecurrentRestore,
     GreedyOnlyEngine,
     IgnoresSuiteDrafts,
+    LeaksPlaceholderId,
     LengthCapHidesEosInBlock,
     OracleOnlyEngine,
     OwnCopyEngine,
@@ -103,18 +104,23 @@ from specproof.conformance.zoo._reaching_drafters import (
 )
 from specproof.conformance.zoo._sampling_engines import (
     ArgmaxVerification,
+    BonusAfterAcceptedEos,
     BonusFromWrongRow,
     BroadcastSeed,
+    DrafterIgnoresRng,
     DraftSampler,
     GreedyLimitSamples,
+    MatchesArgmaxAtLastPosition,
     QFromRawLogits,
     QOfNextPosition,
     ResidualFromP,
     SampledCountsReplacement,
+    SamplesPaddedVocab,
     SamplingZooEngine,
     SharedRngStream,
     UnfilteredSampling,
     UnnormalizedResidual,
+    UnseededDrafterRng,
 )
 from specproof.conformance.zoo._session_engines import (
     NeverReusesPrefix,
@@ -403,6 +409,12 @@ _MEMBERS: dict[str, MemberEntry] = {
     "q_of_next_position": ("engine", QOfNextPosition),
     "greedy_limit_samples": ("engine", GreedyLimitSamples),
     "sampled_counts_replacement": ("engine", SampledCountsReplacement),
+    "samples_padded_vocab": ("engine", SamplesPaddedVocab),
+    "unseeded_drafter_rng": ("engine", UnseededDrafterRng),
+    "bonus_after_accepted_eos": ("engine", BonusAfterAcceptedEos),
+    "matches_argmax_at_last_position": ("engine", MatchesArgmaxAtLastPosition),
+    "drafter_ignores_rng": ("drafter", DrafterIgnoresRng),
+    "leaks_placeholder_id": ("engine", LeaksPlaceholderId),
     "q_from_raw_logits": ("drafter", QFromRawLogits),
 }
 
@@ -411,7 +423,8 @@ _MEMBERS: dict[str, MemberEntry] = {
 # derandomized quick profile is not promised to reject them; the example database replays them after
 _FOUND_BY_SEARCH: frozenset[str] = frozenset()  # members only a randomized search finds
 # members whose deviation is below the quick profile's sensitivity (a TV of 0.2): ci rejects them
-_FOUND_AT_CI: frozenset[str] = frozenset({"q_of_next_position"})
+# (matches_argmax_at_last_position: its deviation lives at the last slot of full blocks, a quarter of rounds)
+_FOUND_AT_CI: frozenset[str] = frozenset({"q_of_next_position", "matches_argmax_at_last_position"})
 
 
 class ZooRegistryError(ValueError):

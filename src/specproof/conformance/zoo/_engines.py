@@ -47,6 +47,7 @@ __all__ = [
     "ForgetsRecurrentRestore",
     "GreedyOnlyEngine",
     "IgnoresSuiteDrafts",
+    "LeaksPlaceholderId",
     "OracleDrafter",
     "OracleOnlyEngine",
     "OwnCopyEngine",
@@ -686,3 +687,16 @@ class RaisesEveryCall(ZooEngine):
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
         raise RuntimeError("engine crashed (zoo: RaisesEveryCall)")
+
+
+class LeaksPlaceholderId(ZooEngine):
+    """``engine.lossless``: after an EOS stop it returns one slot past its output, still holding the placeholder
+    id ``-1`` its output buffer was filled with (vLLM's ``PLACEHOLDER_TOKEN_ID``): an id outside the vocabulary."""
+
+    bug = "an output slot holding the placeholder id -1 after an EOS stop"
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        gen = super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id)
+        if gen.stop_reason != "eos":
+            return gen
+        return attrs.evolve(gen, tokens=(*gen.tokens, -1))

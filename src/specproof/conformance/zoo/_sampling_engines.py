@@ -35,6 +35,11 @@ __all__ = [
     "QOfNextPosition",
     "ResidualFromP",
     "SampledCountsReplacement",
+    "UnseededDrafterRng",
+    "BonusAfterAcceptedEos",
+    "MatchesArgmaxAtLastPosition",
+    "DrafterIgnoresRng",
+    "SamplesPaddedVocab",
     "SamplingZooEngine",
     "SharedRngStream",
     "UnfilteredSampling",
@@ -120,6 +125,10 @@ class SamplingZooEngine(ZooEngine):
     def _rng(self, sampling: SamplingParams) -> np.random.Generator:
         return np.random.default_rng(sampling.seed)
 
+    def _drafter_rng(self, request: _Request) -> np.random.Generator:
+        """The generator a sampling drafter draws with: the request's."""
+        return request.rng
+
     def _p(self, row: np.ndarray, params: SamplingParams) -> np.ndarray:
         """p as the rule draws from it (residuals, the bonus, match's samples)."""
         return target_distribution(row, params)
@@ -147,6 +156,10 @@ class SamplingZooEngine(ZooEngine):
 
     def _count(self, tally: _Tally, draft: list[int], accepted: list[int]) -> None:
         tally.count(draft, accepted)
+
+    def _match_sample(self, i: int, drafted: int, p_row: np.ndarray, rng: np.random.Generator) -> int:
+        """Sample-and-match: the target's own sample at draft position ``i`` (of ``drafted``)."""
+        return _draw(p_row, rng)
 
     # ------------------------------------------------------------------ generation
 
@@ -206,7 +219,7 @@ class SamplingZooEngine(ZooEngine):
             return [], np.zeros((0, self.vocab_size))
         sampled = getattr(drafter, "propose_sampled", None)
         if callable(sampled):
-            proposal = sampled(ctx, k_eff, sampling=request.params, rng=request.rng)
+            proposal = sampled(ctx, k_eff, sampling=request.params, rng=self._drafter_rng(request))
             return list(proposal.tokens), np.asarray(proposal.q, dtype=np.float64)
         draft = self._take(drafter.propose(ctx, k_eff), k_eff)
         q = np.zeros((len(draft), self.vocab_size))
@@ -219,7 +232,7 @@ class SamplingZooEngine(ZooEngine):
         p_accept = np.stack([self._p_accept(row, params) for row in logits])
         for i, x in enumerate(draft):
             if self.scheme == "match":
-                token = _draw(self._draw_from(p[i], logits[i], params), rng)
+                token = self._match_sample(i, len(draft), self._draw_from(p[i], logits[i], params), rng)
                 if token == x:
                     continue
                 return [*draft[:i], token]
@@ -342,3 +355,70 @@ class QFromRawLogits(DraftSampler):
     def _rows(self, row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
         raw = np.exp(np.asarray(row, dtype=np.float64) - np.max(row))
         return target_distribution(row, params), raw / raw.sum()
+
+
+class SamplesPaddedVocab(SamplingZooEngine):
+    """``engine.sampled-support``: draws a sampled request's last token on a fast path over its LM head padded to
+    twice the vocabulary (the padding rows tile the real ones, and the path skips the vocabulary mask): about
+    half the time that id is ``>= vocab_size``, an id outside the vocabulary."""
+
+    def generate(  # type: ignore[override]
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        gen = super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id, sampling=sampling)
+        request = self._request
+        if request is None or not gen.tokens or request.rng.random() < 0.5:
+            return gen
+        return attrs.evolve(gen, tokens=(*gen.tokens[:-1], gen.tokens[-1] + self.vocab_size))
+
+
+class UnseededDrafterRng(SamplingZooEngine):
+    """``engine.seeds``: hands its sampling drafter a fresh unseeded generator (``default_rng()``) instead of the
+    request's: the draft, and so the output, changes when a seed is asked again, though the engine declares
+    ``seeded``."""
+
+    def _drafter_rng(self, request: _Request) -> np.random.Generator:
+        return np.random.default_rng()
+
+
+class DrafterIgnoresRng(DraftSampler):
+    """``engine.seeds`` (a drafter): ignores the ``rng`` it is given and draws from a generator of its own, seeded
+    from the operating system when it is made: an engine using it no longer gives one output per seed."""
+
+    def __init__(self, model: Target | None = None) -> None:
+        super().__init__(model)
+        self._own = np.random.default_rng()
+
+    def propose_sampled(
+        self, context: Sequence[int], k: int, *, sampling: SamplingParams, rng: np.random.Generator | None
+    ) -> SampledDraft:
+        return super().propose_sampled(context, k, sampling=sampling, rng=self._own)
+
+
+class MatchesArgmaxAtLastPosition(SamplingZooEngine):
+    """``engine.sampled-distribution``: sample-and-match that, at the last draft position only, compares the draft
+    token with the target's argmax instead of its sample (a greedy fast path left in the verify kernel's last
+    slot): reached only when every earlier draft token was kept, it is greedy there."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**{"scheme": "match", **options})
+
+    def _match_sample(self, i: int, drafted: int, p_row: np.ndarray, rng: np.random.Generator) -> int:
+        token = _draw(p_row, rng)  # the same draws as the control: only the last slot's token differs
+        return int(np.argmax(p_row)) if i == drafted - 1 else token
+
+
+class BonusAfterAcceptedEos(SamplingZooEngine):
+    """``engine.sampled-rounds``: in a sampled round that keeps the EOS id as a draft token, it still emits the
+    token drawn after it (SGLang #33758: the bonus token sampled after an accepted EOS), then stops with
+    ``eos``: a token after the first EOS. Greedy rounds cut at EOS correctly."""
+
+    def _emit(self, accepted: list[int], remaining: int, eos: int | None) -> list[int]:
+        if self._request is None or eos is None or eos not in accepted[:-1]:
+            return super()._emit(accepted, remaining, eos)
+        return accepted[: accepted.index(eos) + 2][:remaining]
