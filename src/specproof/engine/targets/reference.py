@@ -19,10 +19,17 @@ and neither is a sum whose length depends on ``q``. So every row goes through th
 same calls whatever ``q`` is: projections are stacked ``[1, d] @ [d, v]`` products
 (one identical BLAS call per row), reductions run along the contiguous last axis of
 per-row arrays, the conv taps are summed elementwise in a fixed order, transcendental
-functions only see fresh contiguous arrays, and attention row i runs exactly the calls
-of a one-token forward at position ``base + i`` (same shapes, same cache views). The
-delta-rule recurrence is a per-token loop anyway. Hence one forward of q tokens returns,
-bit for bit, the rows of q one-token forwards (and of any other chunking).
+functions only see fresh contiguous arrays, and an attention row over ``n`` keys sums
+over ``key_width(n)`` cache slots (``n`` rounded up to 64; the slots past ``n`` weighted
+``exp(-inf) == 0``) with per-row ``[group, hd] @ [hd, width]`` and ``[group, width] @
+[width, hd]`` products: the shapes of a one-token forward at that position, so the rows
+of one width share one batched call. The delta-rule recurrence is a per-token loop
+anyway. Hence one forward of q tokens returns, bit for bit, the rows of q one-token
+forwards (and of any other chunking); only a nan's sign bit may differ, as numpy's vector
+``exp`` does not keep it across array lengths.
+
+Copies (``copy.deepcopy``) share the read-only weights and copy the states; a copy is
+another instance, so it refuses the original's snapshots.
 """
 
 from __future__ import annotations
