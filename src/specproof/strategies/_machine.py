@@ -411,7 +411,8 @@ class _Judging:
     def _feed_reference(self, tokens: list[int]) -> None:
         """Bring the reference to having processed exactly ``tokens`` (incrementally when it can)."""
         fed = self._ref_fed
-        if len(fed) <= len(tokens) and tokens[: len(fed)] == fed:
+        # from nothing, the judges' memo feeds it: it may hold the prompt already, and keeps it for the oracle
+        if fed and len(fed) <= len(tokens) and tokens[: len(fed)] == fed:
             delta = tokens[len(fed) :]
             if delta:
                 self.reference.forward(list(delta))

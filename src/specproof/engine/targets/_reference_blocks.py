@@ -69,17 +69,21 @@ class DenseFfn:
 
 
 class MoeFfn:
-    """Mixture of SwiGLU experts: softmax router, top-k (ties to the lower index), renormalised."""
+    """Mixture of SwiGLU experts: softmax router, top-k (ties to the lower index), renormalised.
 
-    __slots__ = ("experts", "gate_t", "k", "last")
+    Stateless like every block (copies of a model share their blocks): ``route`` returns the
+    experts each row chose beside the output.
+    """
+
+    __slots__ = ("experts", "gate_t", "k")
 
     def __init__(self, gate: FloatArray, experts: list[DenseFfn], k: int) -> None:
         self.gate_t = np.ascontiguousarray(gate.T)
         self.experts = experts
         self.k = k
-        self.last: npt.NDArray[np.int64] = np.zeros((0, k), np.int64)
 
-    def __call__(self, x: _Arr) -> _Arr:
+    def route(self, x: _Arr) -> tuple[_Arr, npt.NDArray[np.int64]]:
+        """The output rows and the read-only ``[q, k]`` expert ids each row chose."""
         logits = _linear(x, self.gate_t)
         e = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probs = e / np.add.reduce(e, axis=-1, keepdims=True)
@@ -98,8 +102,7 @@ class MoeFfn:
             out += ys[:, s] * w[:, s : s + 1]
         chosen = chosen.astype(np.int64)
         chosen.flags.writeable = False
-        self.last = chosen
-        return out
+        return out, chosen
 
 
 Ffn = DenseFfn | MoeFfn
@@ -219,7 +222,12 @@ class AttnBlock:
         self.perm = np.concatenate((np.arange(half, head_dim), np.arange(half)))
         self.scale = _F32(1.0 / math.sqrt(head_dim))
 
-    def mix(self, x: _Arr, base: int, cos: _Arr, sin: _Arr, key_cache: _Arr, value_cache: _Arr) -> _Arr:
+    def mix(self, x: _Arr, base: int, cos: _Arr, sin: _Arr, keys_t: _Arr, value_cache: _Arr) -> _Arr:
+        """Attention of the ``q`` rows of ``x`` (positions ``base ..``) over the cache, after appending theirs.
+
+        ``keys_t`` holds the keys transposed (``[layers, kv, hd, max_context]``), so a row's scores are a
+        product with a row-major ``[hd, width]`` matrix.
+        """
         q = x.shape[0]
         n_h, n_kv, hd = self.n_h, self.n_kv, self.hd
         total = base + q
@@ -227,23 +235,73 @@ class AttnBlock:
         nqk = (n_h + n_kv) * hd
         qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), self.qk_norm, self.eps)
         qk = qk * cos + qk[..., self.perm] * sin  # RoPE, rotate-half convention
-        kc = key_cache[self.slot]  # [kv, max_context, hd]
-        vc = value_cache[self.slot]
-        kc[:, base:total] = qk[:, n_h:].transpose(1, 0, 2)
+        kt = keys_t[self.slot]  # [kv, hd, max_context]
+        vc = value_cache[self.slot]  # [kv, max_context, hd]
+        kt[:, :, base:total] = qk[:, n_h:].transpose(1, 2, 0)
         vc[:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
         qg = (qk[:, :n_h] * self.scale).reshape(q, n_kv, n_h // n_kv, hd)
         o = np.empty((q, n_kv, n_h // n_kv, hd), _F32)
-        # Row i attends to keys 0 .. base + i with exactly the calls (same shapes, same cache
-        # views) a one-token forward at that position makes, so it is bit-identical to it.
-        # A vectorised masked version would sum over base + q keys, and BLAS and pairwise
-        # sums group a longer reduction differently.
-        for i in range(q):
-            n = base + i + 1
-            s = np.matmul(qg[i], kc[:, :n].transpose(0, 2, 1))  # [kv, group, n]
-            s -= s.max(axis=-1, keepdims=True)
-            e = np.exp(s)
-            np.divide(np.matmul(e, vc[:, :n]), np.add.reduce(e, axis=-1, keepdims=True), out=o[i])
+        runs = key_runs(base, q)
+        if np.isfinite(vc[:, base + 1 : runs[-1][2]]).all():
+            # the rows of one width in one call: per row, the calls a one-token forward makes
+            for lo, hi, width in runs:
+                _attend(qg[lo:hi], kt[:, :, :width], vc[:, :width], base + lo + 1, out=o[lo:hi])
+        else:
+            # a non-finite value would not vanish under its zero weight: zero the padding for real, row by row
+            for lo, hi, width in runs:
+                for i in range(lo, hi):
+                    values = vc[:, :width].copy()
+                    values[:, base + i + 1 :] = 0.0
+                    _attend(qg[i : i + 1], kt[:, :, :width], values, base + i + 1, out=o[i : i + 1])
         return _linear(o.reshape(q, n_h * hd), self.out_t)
+
+
+KEY_BLOCK: Final = 64
+"""A row attending to ``n`` keys sums over ``key_width(n)`` cache slots, the ones past ``n`` weighted 0."""
+
+
+def key_width(attend: int) -> int:
+    """How many cache slots a row attending to ``attend`` keys sums over: ``attend`` rounded up to a
+    multiple of ``KEY_BLOCK``, a function of ``attend`` alone (not of the batch, nor of ``max_context``).
+
+    This is what lets the rows of one forward share one call: a row's products and sums have the same
+    shapes, so the same rounding, whatever the batch. The caches hold ``key_width(max_context)`` slots.
+    """
+    return -(-attend // KEY_BLOCK) * KEY_BLOCK
+
+
+def key_runs(base: int, q: int) -> list[tuple[int, int, int]]:
+    """``(lo, hi, width)``: rows ``lo .. hi - 1`` of a ``q``-row forward from ``base`` share ``key_width``."""
+    runs = []
+    lo = 0
+    while lo < q:
+        width = key_width(base + lo + 1)
+        hi = min(q, width - base)  # row i attends to base + i + 1 keys
+        runs.append((lo, hi, width))
+        lo = hi
+    return runs
+
+
+_PADDING: Final = np.arange(KEY_BLOCK)[None, :] >= np.arange(KEY_BLOCK)[:, None]
+
+
+def _attend(qg: _Arr, keys_t: _Arr, values: _Arr, first: int, *, out: _Arr) -> None:
+    """Softmax attention of rows ``qg`` ``[r, kv, group, hd]`` over ``keys_t`` ``[kv, hd, width]`` and
+    ``values`` ``[kv, width, hd]``; row ``j`` attends to the first ``first + j`` keys.
+
+    The other keys of ``width`` get ``exp(-inf) == 0``, exact zeros in the row's sums. Every product
+    is a ``[group, hd] @ [hd, width]`` or ``[group, width] @ [width, hd]`` BLAS call and every sum
+    runs along one contiguous row of ``width``: a row's bits depend on its inputs and ``width``, not on ``r``.
+    """
+    s = np.matmul(qg, keys_t)  # [r, kv, group, width]
+    # every row attends to the first `first` keys; of the (< KEY_BLOCK) columns after them,
+    # row j pads column first + c when c >= j
+    tail = keys_t.shape[-1] - first
+    if tail:
+        np.copyto(s[..., first:], -np.inf, where=_PADDING[: qg.shape[0], None, None, :tail])
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    np.divide(np.matmul(s, values), np.add.reduce(s, axis=-1, keepdims=True), out=out)
 
 
 class GdnBlock:

@@ -19,14 +19,22 @@ and neither is a sum whose length depends on ``q``. So every row goes through th
 same calls whatever ``q`` is: projections are stacked ``[1, d] @ [d, v]`` products
 (one identical BLAS call per row), reductions run along the contiguous last axis of
 per-row arrays, the conv taps are summed elementwise in a fixed order, transcendental
-functions only see fresh contiguous arrays, and attention row i runs exactly the calls
-of a one-token forward at position ``base + i`` (same shapes, same cache views). The
-delta-rule recurrence is a per-token loop anyway. Hence one forward of q tokens returns,
-bit for bit, the rows of q one-token forwards (and of any other chunking).
+functions only see fresh contiguous arrays, and an attention row over ``n`` keys sums
+over ``key_width(n)`` cache slots (``n`` rounded up to 64; the slots past ``n`` weighted
+``exp(-inf) == 0``) with per-row ``[group, hd] @ [hd, width]`` and ``[group, width] @
+[width, hd]`` products: the shapes of a one-token forward at that position, so the rows
+of one width share one batched call. The delta-rule recurrence is a per-token loop
+anyway. Hence one forward of q tokens returns, bit for bit, the rows of q one-token
+forwards (and of any other chunking); only a nan's sign bit may differ, as numpy's vector
+``exp`` does not keep it across array lengths.
+
+Copies (``copy.deepcopy``) share the read-only weights and copy the states; a copy is
+another instance, so it refuses the original's snapshots.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,6 +62,7 @@ from specproof.engine.targets._reference_blocks import (
     _linear,
     _rms_norm,
     build_ffn,
+    key_width,
     rope_tables,
 )
 from specproof.engine.targets._reference_blocks import _silu as _silu  # re-exported for engine.drafters.heads
@@ -363,6 +372,10 @@ class ReferenceSnapshot:
 # --------------------------------------------------------------------------- the model
 
 _INSTANCE_IDS = itertools.count(1)
+# what a ReferenceHybrid never writes after construction, so its deep copies may share it
+_SHARED_BY_COPIES: Final = frozenset(
+    {"config", "_weights", "_blocks", "_moe", "_embed", "_final_norm", "_head_t", "_cos", "_sin_signed"}
+)
 
 
 def _check_feature_layers(layers: object, n_layers: int, *, who: str) -> tuple[int, ...]:
@@ -407,6 +420,10 @@ def _token_array(tokens: Sequence[int], v: int) -> npt.NDArray[np.intp]:
         if not 0 <= t < v:
             raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(t)} is outside [0, {v})")
     return np.array(seq, dtype=np.intp) if seq else np.zeros(0, np.intp)
+
+
+def _no_routing(k: int) -> npt.NDArray[np.int64]:
+    return np.zeros((0, k), np.int64)
 
 
 def _build_blocks(cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> tuple[Block, ...]:
@@ -476,6 +493,7 @@ class ReferenceHybrid:
     def _build_blocks(self, cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> None:
         self._blocks: tuple[Block, ...] = _build_blocks(cfg, w)
         self._moe: tuple[MoeFfn, ...] = tuple(blk.ffn for blk in self._blocks if isinstance(blk.ffn, MoeFfn))
+        self._routing: list[npt.NDArray[np.int64]] = [_no_routing(ffn.k) for ffn in self._moe]
         self._embed = w["model.embed_tokens.weight"]
         self._final_norm = w["model.embedding_norm.weight"]
         head = self._embed if cfg.tie_embeddings else w["lm_head.weight"]
@@ -486,8 +504,11 @@ class ReferenceHybrid:
         self._cos, self._sin_signed = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_context)
 
     def _allocate_states(self, cfg: ReferenceConfig) -> None:
-        self._key_cache = np.zeros((cfg.n_attn_layers, cfg.n_kv_heads, cfg.max_context, cfg.head_dim), _F32)
-        self._value_cache = np.zeros_like(self._key_cache)
+        # keys stored transposed ([layers, kv, hd, slots]): attention multiplies by row-major [hd, n] blocks;
+        # slots past max_context (up to a whole KEY_BLOCK) are only ever summed with weight 0
+        slots = key_width(cfg.max_context)
+        self._keys_t = np.zeros((cfg.n_attn_layers, cfg.n_kv_heads, cfg.head_dim, slots), _F32)
+        self._value_cache = np.zeros((cfg.n_attn_layers, cfg.n_kv_heads, slots, cfg.head_dim), _F32)
         self._conv_state = np.zeros((cfg.n_conv_layers, cfg.conv_channels, cfg.conv_kernel - 1), _F32)
         self._rec_state = np.zeros((cfg.n_gdn_layers, cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim), _F32)
         # stale-snapshot detection: the id of the forward that last wrote each KV slot
@@ -510,12 +531,12 @@ class ReferenceHybrid:
     @property
     def last_routing(self) -> tuple[npt.NDArray[np.int64], ...]:
         """Per MoE layer, the expert ids ``[q, experts_per_token]`` each position of the last forward chose."""
-        return tuple(ffn.last for ffn in self._moe)
+        return tuple(self._routing)
 
     @property
     def last_experts_touched(self) -> tuple[frozenset[int], ...]:
         """Per MoE layer, the set of experts the last forward read."""
-        return tuple(frozenset(np.unique(ffn.last).tolist()) for ffn in self._moe)
+        return tuple(frozenset(np.unique(chosen).tolist()) for chosen in self._routing)
 
     def forward(self, tokens: Sequence[int]) -> FloatArray:
         """Feed ``tokens`` after the processed ones; return their logits ``[len(tokens), vocab_size]``.
@@ -630,18 +651,34 @@ class ReferenceHybrid:
         self._clock += 1
         self._stamps.fill(self._clock)
         self._processed = 0
-        for ffn in self._moe:
-            ffn.last = np.zeros((0, ffn.k), np.int64)
+        self._routing = [_no_routing(ffn.k) for ffn in self._moe]
 
     def state_arrays(self) -> dict[str, FloatArray]:
         """Copies of the four device states, KV caches cut to the valid prefix."""
         n = self._processed
         return {
-            "key_cache": self._key_cache[:, :, :n].copy(),
+            "key_cache": self._keys_t[..., :n].transpose(0, 1, 3, 2).copy(),
             "value_cache": self._value_cache[:, :, :n].copy(),
             "conv_state": self._conv_state.copy(),
             "rec_state": self._rec_state.copy(),
         }
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReferenceHybrid:
+        """A new instance (its own id, so neither takes the other's snapshots) with copies of the states.
+
+        The weights, blocks and tables are read-only and shared: a copy costs the states, not the model.
+        """
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name in _SHARED_BY_COPIES:
+                new.__dict__[name] = value
+            elif name == "_routing":  # read-only arrays
+                new.__dict__[name] = list(value)
+            else:
+                new.__dict__[name] = copy.deepcopy(value, memo)
+        new._id = next(_INSTANCE_IDS)
+        return new
 
     # ----------------------------------------------------------------- info
 
@@ -700,8 +737,7 @@ class ReferenceHybrid:
             conv_ck = np.zeros((q, *self._conv_state.shape), _F32)
             rec_ck = np.zeros((q, *self._rec_state.shape), _F32)
         if q == 0:
-            for ffn in self._moe:
-                ffn.last = np.zeros((0, ffn.k), np.int64)
+            self._routing = [_no_routing(ffn.k) for ffn in self._moe]
             conv_ck.flags.writeable = False
             rec_ck.flags.writeable = False
             return np.zeros((0, self.vocab_size), _F32), conv_ck, rec_ck
@@ -711,6 +747,7 @@ class ReferenceHybrid:
         eps = self._eps
         conv_rec = conv_ck if record else None
         rec_rec = rec_ck if record else None
+        routing: list[npt.NDArray[np.int64]] = []
         with np.errstate(over="ignore"):  # silu/sigmoid of large negatives overflow exp harmlessly
             h = self._embed[toks]
             for index, blk in enumerate(self._blocks):
@@ -718,13 +755,19 @@ class ReferenceHybrid:
                 if isinstance(blk, ConvBlock):
                     h += blk.mix(x, self._conv_state, conv_rec)
                 elif isinstance(blk, AttnBlock):
-                    h += blk.mix(x, base, cos, sin, self._key_cache, self._value_cache)
+                    h += blk.mix(x, base, cos, sin, self._keys_t, self._value_cache)
                 else:
                     h += blk.mix(x, self._conv_state, self._rec_state, conv_rec, rec_rec)
-                h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
+                if isinstance(blk.ffn, MoeFfn):
+                    y, chosen = blk.ffn.route(_rms_norm(h, blk.ffn_norm, eps))
+                    routing.append(chosen)
+                    h += y
+                else:
+                    h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
                 if features is not None and index in features:
                     features[index] = h.copy()
             logits = _linear(_rms_norm(h, self._final_norm, eps), self._head_t)
+        self._routing = routing
         self._clock += 1
         self._stamps[base:total] = self._clock
         self._processed = total
