@@ -230,11 +230,12 @@ def test_the_report_gives_the_checks_bound_split_per_configuration() -> None:
             assert config["false_fail_bound"] == pytest.approx(sum(t["alpha"] for t in config["tests"]))
             (pit,) = [t for t in config["tests"] if t["kind"] == "pit"]
             assert pit["n"] > 0 and not pit["rejected"] and pit["kolmogorov_distance"] < pit["threshold"]
-        assert (
-            "false-fail bound 1e-06 for this check (on this engine case), split over its 3 configurations"
-            in (result["notes"][0])
-        )
-        assert all("this configuration's false-fail bound 3.3e-07 (6 tests)" in n for n in result["notes"][1:])
+        assert len(result["notes"]) == 3
+        assert all("this configuration's false-fail bound 3.3e-07 (6 tests)" in n for n in result["notes"])
     text = render_markdown(report)
-    assert "false-fail bound 1e-06 for the check on this engine case, split over its configurations:" in text
-    assert "false-fail bound 1e-06 for the check\n" not in text
+    assert (
+        "- `engine.sampled-distribution` (checkpoint): false-fail bound 1e-06 for the check on this engine case, "
+        "split over its configurations: rejection/suite-drafts 3.3e-07, match/suite-drafts 3.3e-07, "
+        "rejection/suite-sampled-drafts 3.3e-07"
+    ) in text
+    assert "for this check" not in text

@@ -869,7 +869,10 @@ REGISTRY: tuple[Invariant, ...] = (
     Invariant(
         id="engine.sampled-distribution",
         subject="engine",
-        summary="sampled output has plain sampling's distribution (event tests, false-fail bound 1e-6)",
+        summary=(
+            "sampled output has plain sampling's distribution (event tests and an all-token PIT test; "
+            "false-fail bound 1e-6 per engine case)"
+        ),
         draws=_SAMPLING_DRAWS,
         driver="sampling",
         check=_sampling_check(
