@@ -135,6 +135,35 @@ def test_checkpoints_and_thresholds() -> None:
     assert test.tested == max(checkpoint(j) for j in range(CHECKPOINTS) if checkpoint(j) <= 100)
 
 
+def test_a_deviation_no_event_sees_is_rejected_by_the_pit() -> None:
+    """``p`` uniform on 10 tokens; the engine moves 0.08 from token 1 to token 4. The top token (0), the head
+    (tokens 0-4) and the tail (token 9) keep their mass, so the event tests, at the same level, stay within
+    their bounds over 5000 tokens; the PIT's law moves by 0.08 between 0.2 and 0.4 and is rejected."""
+    from specproof.conformance._sampled_runs import head_and_tail
+    from specproof.conformance._sequential import EventTest
+
+    p = np.full(10, 0.1)
+    engine = p.copy()
+    engine[1], engine[4] = 0.02, 0.18
+    head, tail = head_and_tail(p)
+    rng = np.random.default_rng(45)
+    tokens = rng.choice(10, size=5000, p=engine)
+    events = {
+        "top": (np.arange(10) == 0, 0.1),
+        "head": (head, float(p[head].sum())),
+        "tail": (tail, float(p[tail].sum())),
+    }
+    for name, (mask, pi) in events.items():
+        test = EventTest(name=name, summary=name, alpha=1e-7)
+        for token in tokens:
+            test.add(bool(mask[token]), pi)
+        assert not test.rejected, name
+    pit = PitTest(name="pit", alpha=1e-7)
+    for start in range(0, 5000, 40):  # generations of 40 tokens
+        pit.add(pit_values(np.tile(p, (40, 1)), tokens[start : start + 40], seed=start))
+    assert pit.rejected and pit.distance == pytest.approx(0.08, abs=0.03)
+
+
 # ------------------------------------------------------------------------------ the deviations
 
 
