@@ -103,21 +103,25 @@ def oracle_rows(sampling: str) -> Any:
     return np.concatenate([r.p for c in search.configs for r in c.runs if r.p is not None])
 
 
-def simulated_run(pool: Any, profile: str, delta: float, shape: str | None, seed: int) -> dict[str, Any]:
+def simulated_run(
+    pool: Any, profile: str, delta: float, shape: str | None, seed: int, *, old_rule: bool = False
+) -> dict[str, Any]:
     """One simulated run of the check at ``profile`` on an engine that samples from ``deviate(p)`` (``p`` if
     ``shape`` is None): two configurations (a plug-in engine's), each the profile's budget of generations of
     ``max_new_tokens`` positions drawn from ``pool``, judged by the check's own thresholds (the top, head
-    and tail events' Freedman test, looked at after every generation, and ``PitTest``); no draft events."""
+    and tail events' Freedman test, looked at after every generation, and ``PitTest``); no draft events.
+    ``old_rule``: the check before issue 35 (events only, each configuration stopped once its top event
+    detected the profile's TV, at least 8 generations in)."""
     import numpy as np
 
     from specproof.conformance._pit import PitTest, pit_values
     from specproof.conformance._profiles import get_profile
     from specproof.conformance._sampled_runs import TESTS_PER_CONFIGURATION, head_and_tail
-    from specproof.conformance._sequential import freedman_threshold
+    from specproof.conformance._sequential import POWER_Z, freedman_threshold
     from specproof.conformance.zoo._sampling_deviations import deviate
 
     prof = get_profile(profile)
-    alpha = 1e-6 / (2 * TESTS_PER_CONFIGURATION)
+    alpha = 1e-6 / (2 * (TESTS_PER_CONFIGURATION - 1 if old_rule else TESTS_PER_CONFIGURATION))
     tops = pool.argmax(axis=1)
     masks = [np.eye(pool.shape[1], dtype=bool)[tops], *(np.stack(m) for m in zip(*map(head_and_tail, pool)))]
     emitted = pool if shape is None else np.stack([deviate(row, delta, shape) for row in pool])
@@ -128,8 +132,14 @@ def simulated_run(pool: Any, profile: str, delta: float, shape: str | None, seed
         rows = rng.integers(0, len(pool), size=n)
         tokens = (rng.random((n, 1)) > np.cumsum(emitted[rows], axis=1)).sum(axis=1)
         tokens = np.minimum(tokens, pool.shape[1] - 1)
-        out["tokens"] += n
         ends = np.arange(length, n + 1, length)
+        if old_rule:  # where the top event first detected the profile's TV: the former stopping point
+            pi = (pool[rows] * masks[0][rows]).sum(axis=1)
+            variance = np.cumsum(pi * (1 - pi))[ends - 1]
+            sized = [(freedman_threshold(v, alpha) + POWER_Z * np.sqrt(v)) / e for v, e in zip(variance, ends)]
+            stop = next((g for g, d in enumerate(sized) if g >= 7 and d <= prof.sampling_tv), len(ends) - 1)
+            ends = ends[: stop + 1]
+        out["tokens"] += int(ends[-1])
         for mask in masks:
             pi = (pool[rows] * mask[rows]).sum(axis=1)
             total = np.cumsum(mask[rows, tokens] - pi)[ends - 1]
@@ -137,7 +147,7 @@ def simulated_run(pool: Any, profile: str, delta: float, shape: str | None, seed
             if any(abs(s) >= freedman_threshold(v, alpha) for s, v in zip(total, variance, strict=True)):
                 out["by_events"] = True
         pit = PitTest(name="sim", alpha=alpha)
-        for g, end in enumerate(ends):
+        for g, end in enumerate([] if old_rule else ends):
             pit.add(pit_values(pool[rows[end - length : end]], tokens[end - length : end], seed=seed * 100003 + g))
         out["by_pit"] = out["by_pit"] or pit.rejected
     out["rejected"] = out["by_events"] or out["by_pit"]
@@ -157,12 +167,15 @@ def simulate(args: argparse.Namespace) -> int:
         cells: list[tuple[str, float, str | None]] = [("correct (from p)", 0.0, None)]
         cells += [(f"{shape} {d:g}", d, shape) for shape in args.shapes for d in args.deltas]
         for label, delta, shape in cells:
-            done = [simulated_run(pool, profile, delta, shape, seed) for seed in range(1, runs + 1)]
+            done = [
+                simulated_run(pool, profile, delta, shape, seed, old_rule=args.old_rule) for seed in range(1, runs + 1)
+            ]
             room = np.where(top >= 1.0, 0.0, 1.0 - top if shape == "sharper" else top)
             k = sum(r["rejected"] for r in done)
             low, high = clopper_pearson(k, runs)
             row = {
                 "profile": profile,
+                "rule": "before issue 35" if args.old_rule else "current",
                 "engine": label,
                 "runs": runs,
                 "rejected": k,
@@ -206,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--simulate",
         action="store_true",
         help="simulate the check's tests on the oracle's rows instead of running the engines (seconds a cell)",
+    )
+    parser.add_argument(
+        "--old-rule", action="store_true", help="with --simulate: the check before issue 35, for comparison"
     )
     args = parser.parse_args(argv)
     runs = dict(zip(args.profiles, args.runs + [args.runs[-1]] * len(args.profiles), strict=False))
