@@ -35,6 +35,8 @@ class Profile:
     # under it to chance)
     sampling_tv: float
     sampling_generations: int
+    # the most propose_sampled calls drafter.proposal-distribution makes (it stops at its sensitivity)
+    sampling_proposals: int
 
     def hypothesis_settings(
         self, *, seed: int | None, max_examples: int | None = None, database: ExampleDatabase | None = None
@@ -66,6 +68,7 @@ PROFILES: dict[str, Profile] = {
             name="quick",
             sampling_tv=0.2,
             sampling_generations=16,
+            sampling_proposals=4800,
             max_examples=12,
             capacity_examples=1,
             stateful_examples=4,
@@ -78,6 +81,7 @@ PROFILES: dict[str, Profile] = {
             name="ci",
             sampling_tv=0.05,
             sampling_generations=200,
+            sampling_proposals=60000,
             max_examples=40,
             capacity_examples=2,
             stateful_examples=8,
@@ -90,6 +94,7 @@ PROFILES: dict[str, Profile] = {
             name="release",
             sampling_tv=0.02,
             sampling_generations=600,
+            sampling_proposals=480000,
             max_examples=300,
             capacity_examples=6,
             stateful_examples=60,

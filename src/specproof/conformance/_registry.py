@@ -506,7 +506,7 @@ def _drafter_sampling_check(inv: Invariant, driver: Any, subject: Any) -> Outcom
         longest=plan.profile.max_prompt,
         # proposals cost no target forward: the drafter is held to a quarter of the engine's deviation
         tv_target=plan.profile.sampling_tv / 4,
-        budget=plan.profile.sampling_generations * 40,
+        budget=plan.profile.sampling_proposals,
         alpha=FALSE_FAIL_BOUND,
     )
     return Outcome(violations, exercised=exercised, note="\n".join(notes))
