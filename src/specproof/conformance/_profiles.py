@@ -30,9 +30,13 @@ class Profile:
     # declares a larger max_context is tested at this capacity, and the certificate says so
     max_capacity: int
     # the sampling checks (--sampling): the total-variation deviation each configuration's primary event
-    # test must be able to detect (power 0.99), and the most seeded generations it may draw for it
+    # test must be able to detect (power 0.99), and the seeded generations each configuration draws (all
+    # of them unless a test rejects: a run that stopped at the sensitivity would leave deviations just
+    # under it to chance)
     sampling_tv: float
     sampling_generations: int
+    # the most propose_sampled calls drafter.proposal-distribution makes (it stops at its sensitivity)
+    sampling_proposals: int
 
     def hypothesis_settings(
         self, *, seed: int | None, max_examples: int | None = None, database: ExampleDatabase | None = None
@@ -63,7 +67,8 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="quick",
             sampling_tv=0.2,
-            sampling_generations=120,
+            sampling_generations=16,
+            sampling_proposals=4800,
             max_examples=12,
             capacity_examples=1,
             stateful_examples=4,
@@ -75,7 +80,8 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="ci",
             sampling_tv=0.05,
-            sampling_generations=1500,
+            sampling_generations=200,
+            sampling_proposals=60000,
             max_examples=40,
             capacity_examples=2,
             stateful_examples=8,
@@ -87,7 +93,8 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="release",
             sampling_tv=0.02,
-            sampling_generations=12000,
+            sampling_generations=600,
+            sampling_proposals=480000,
             max_examples=300,
             capacity_examples=6,
             stateful_examples=60,

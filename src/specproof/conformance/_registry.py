@@ -89,6 +89,7 @@ class Outcome:
     exercised: int = 1
     note: str = ""  # why nothing was exercised, when exercised == 0; else what held
     excused: tuple[float | None, ...] = ()
+    statistics: dict[str, Any] | None = None  # a statistical check's bounds per configuration (the report's)
 
 
 Check = Callable[["Invariant", Any, Any], Outcome]
@@ -478,16 +479,19 @@ def _sampling_check(
     judge: Callable[[Invariant, Any], tuple[list[Violation], int, list[str]]], *, shortfall: bool = False
 ) -> Check:
     """An engine sampling invariant's check: ``judge(inv, judged)`` over the case's sampled search
-    (``drivers._sampling``); with ``shortfall``, a run that could not reach the profile's sensitivity
-    is a skip that says so, never a pass."""
+    (``drivers._sampling``); with ``shortfall`` (the statistical distribution check), a run that could not
+    reach the profile's sensitivity is a skip that says so, never a pass, and the result carries the
+    bounds and sample sizes of each configuration (the report's ``statistics``)."""
 
     def check(inv: Invariant, driver: Any, judged: Any) -> Outcome:
         violations, exercised, notes = judge(inv, judged)
+        tv = judged.plan.profile.sampling_tv
+        statistics = sampling_checks.distribution_statistics(judged.search, tv_target=tv) if shortfall else None
         if shortfall and not violations:
-            why = sampling_checks.sensitivity_shortfall(judged.search, tv_target=judged.plan.profile.sampling_tv)
+            why = sampling_checks.sensitivity_shortfall(judged.search, tv_target=tv)
             if why is not None:
-                return Outcome([], exercised=0, note="\n".join([why, *notes]))
-        return Outcome(violations, exercised=exercised, note="\n".join(notes))
+                return Outcome([], exercised=0, note="\n".join([why, *notes]), statistics=statistics)
+        return Outcome(violations, exercised=exercised, note="\n".join(notes), statistics=statistics)
 
     return check
 
@@ -504,7 +508,7 @@ def _drafter_sampling_check(inv: Invariant, driver: Any, subject: Any) -> Outcom
         longest=plan.profile.max_prompt,
         # proposals cost no target forward: the drafter is held to a quarter of the engine's deviation
         tv_target=plan.profile.sampling_tv / 4,
-        budget=plan.profile.sampling_generations * 40,
+        budget=plan.profile.sampling_proposals,
         alpha=FALSE_FAIL_BOUND,
     )
     return Outcome(violations, exercised=exercised, note="\n".join(notes))
@@ -867,7 +871,10 @@ REGISTRY: tuple[Invariant, ...] = (
     Invariant(
         id="engine.sampled-distribution",
         subject="engine",
-        summary="sampled output has plain sampling's distribution (event tests, false-fail bound 1e-6)",
+        summary=(
+            "sampled output has plain sampling's distribution (event tests and an all-token PIT test; "
+            "false-fail bound 1e-6 per engine case)"
+        ),
         draws=_SAMPLING_DRAWS,
         driver="sampling",
         check=_sampling_check(

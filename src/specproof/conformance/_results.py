@@ -47,6 +47,8 @@ class CheckResult:
     expected_failure: str | None = None  # the declared reason, when --expect-fail names this invariant
     # the checks of another subject whose failure caused this one's (status "consequence"): told once, there
     consequence_of: tuple[str, ...] = ()
+    # a statistical check's bounds and sample sizes, per configuration (``engine.sampled-distribution``)
+    statistics: dict[str, Any] | None = None
 
     def fail(self, violations: list[Violation]) -> None:
         self.status = "fail"
@@ -88,6 +90,8 @@ class CheckResult:
 
     def to_json(self) -> dict[str, object]:
         extra: dict[str, object] = {"consequence_of": list(self.consequence_of)} if self.consequence_of else {}
+        if self.statistics is not None:
+            extra["statistics"] = self.statistics
         return {
             "id": self.nodeid,
             "invariant": self.invariant,

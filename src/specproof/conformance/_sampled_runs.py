@@ -4,10 +4,12 @@ One ``SampledSearch`` per engine case is shared by every sampling invariant (doc
 "Sampling"): for each configuration (the built-in decoder: both schemes; drafts from the suite or
 from the engine's own sampling drafter) it draws generations with seeds ``s, s + 1, ...`` (``s = 0``
 derandomized; drawn from ``--seed`` otherwise) on a few
-fixed prompts until the configuration's primary event test can detect the profile's
-total-variation deviation (``Profile.sampling_tv``) or its generation budget is spent, stopping
-early at the first rejection. Each emitted token is scored with one teacher-forced forward of the
-oracle (the prompt and the emitted tokens), giving the ``p`` it should have been drawn from.
+fixed prompts until the profile's generation budget (``Profile.sampling_generations``) is spent,
+stopping early only at the first rejection (the check then says whether the configuration reached
+the profile's total-variation sensitivity, ``Profile.sampling_tv``). Each emitted token is scored
+with one teacher-forced forward of the oracle (the prompt and the emitted tokens), giving the
+``p`` it should have been drawn from; the event tests (``_sequential``) and the all-token PIT test
+(``_pit``) read it.
 
 The suite drafts with ``SuiteSamplingDrafter``: deterministic (its ``q`` is one-hot) and read off
 the oracle model, so the event "the emitted token equals the draft token" has probability exactly
@@ -25,6 +27,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from specproof.conformance._pit import PitTest, pit_values
 from specproof.conformance._sequential import EventTest
 from specproof.conformance._waiting import timed_out, waiting
 from specproof.conformance.checks.generation import token_id_problem
@@ -55,6 +58,10 @@ EVENTS: dict[str, str] = {
     "(probability max p)",
 }
 """The events each scored token is tested on (``EventTest`` s, one per event and configuration)."""
+
+TESTS_PER_CONFIGURATION = len(EVENTS) + 1
+"""The event tests and the all-token PIT test (``_pit``): a check's false-fail bound is split evenly over
+its configurations and these."""
 
 
 class SuiteSamplingDrafter(ModelDrafter):
@@ -190,11 +197,22 @@ class SampledConfig:
     drafts: str
     tests: dict[str, EventTest]
     runs: list[SampledRun] = attrs.Factory(list)
+    pit: PitTest | None = None  # the all-token test (``_pit``); None for a configuration without events
     repeats: list[tuple[SampledRun, SampledRun]] = attrs.Factory(list)  # (first, again with its seed)
     chain: list[SampledRun] = attrs.Factory(list)  # short generations on one prompt, seeds 5000, 5001, ...
     # per draft position m: suite drafts with a token there, and those whose tokens before m were all emitted
     drafted: list[int] = attrs.Factory(list)
     reached: list[int] = attrs.Factory(list)
+
+    @property
+    def rejected(self) -> bool:
+        """Some test of the configuration rejected (the run stops drawing)."""
+        return any(t.rejected for t in self.tests.values()) or (self.pit is not None and self.pit.rejected)
+
+    @property
+    def false_fail_bound(self) -> float:
+        """The configuration's share of its check's false-fail bound: the sum of its tests' levels."""
+        return sum(t.alpha for t in self.tests.values()) + (self.pit.alpha if self.pit is not None else 0.0)
 
     @property
     def primary(self) -> EventTest:
@@ -255,6 +273,8 @@ def add_events(config: SampledConfig, run: SampledRun) -> None:
     if gen is None or p is None:
         return
     tokens = list(gen.tokens)
+    if config.pit is not None and tokens:
+        config.pit.add(pit_values(p, tokens, seed=run.seed))
     sequence = [*run.prompt, *tokens]
     drafted = _draft_at_positions(run.calls, sequence, len(run.prompt)) if config.drafts != "own" else {}
     last = _last_draft_positions(run.calls, sequence) if config.drafts != "own" else set()
@@ -356,12 +376,14 @@ def _last_draft_positions(calls: Sequence[DraftCall], sequence: Sequence[int]) -
 
 
 def new_config(name: str, *, scheme: str | None, drafts: str, alpha: float) -> SampledConfig:
+    """A configuration whose event tests and all-token PIT test are each given ``alpha``."""
     events = [e for e in EVENTS if drafts != "own" or e not in ("draft", "replacement", "last")]
     return SampledConfig(
         name=name,
         scheme=scheme,
         drafts=drafts,
         tests={e: EventTest(name=f"{name}: {e}", summary=EVENTS[e], alpha=alpha) for e in events},
+        pit=PitTest(name=f"{name}: pit", alpha=alpha),
     )
 
 
@@ -374,16 +396,15 @@ def run_config(
     prompts: list[list[int]],
     params: SamplingParams,
     max_new_tokens: int,
-    tv_target: float,
     budget: int,
     seeded: bool,
     chain: bool = True,
     first_seed: int = 0,
 ) -> None:
-    """Draw seeded generations until the primary test detects ``tv_target``, rejects, or ``budget`` is spent;
-    then the seed tests' runs: for a ``seeded`` engine (every configuration), a few of the seeds again
-    (after the others, so a shared or continuing stream shows, the drafter's included), and with
-    ``chain`` a chain of short generations on one prompt (different seeds, independent outputs)."""
+    """Draw ``budget`` seeded generations (fewer only when a test rejects, a generation raises or emits an id
+    that is not a token); then the seed tests' runs: for a ``seeded`` engine (every configuration), a few of
+    the seeds again (after the others, so a shared or continuing stream shows, the drafter's included), and
+    with ``chain`` a chain of short generations on one prompt (different seeds, independent outputs)."""
     oracle = make_reference()  # one copy per configuration, reset before each scoring forward
     drawn = 0
     while drawn < budget:
@@ -397,9 +418,9 @@ def run_config(
         add_events(config, run)
         count_reach(config, run)
         drawn += 1
-        if run.error is not None or run.bad_token is not None or any(t.rejected for t in config.tests.values()):
-            break
-        if drawn >= 2 * len(prompts) and config.primary.min_detectable <= tv_target:
+        # the whole budget is spent unless a test rejects: stopping once the profile's sensitivity is reached
+        # would leave deviations just under it to chance; every test's bound holds under this stopping rule
+        if run.error is not None or run.bad_token is not None or config.rejected:
             break
     prompt = prompts[min(1, len(prompts) - 1)]
     hung = any(timed_out(r.error) for r in config.runs)  # (asked again, a hung engine waits as long again)
@@ -517,7 +538,7 @@ def run_sampled_search(
         search.why_not = "sampled output is scored against p, which needs a model (`oracle` or `target`), not greedy()"
         return search
     plans = _configurations(case, drafter_subject)
-    alpha_each = alpha / (len(plans) * len(EVENTS))
+    alpha_each = alpha / (len(plans) * TESTS_PER_CONFIGURATION)
     longest = max(1, min(profile.max_prompt, (case.capacity or case.max_context or 64) - profile.max_new_tokens - 1))
     prompts = sample_prompts(case.vocab_size, longest=longest, seed=seed)
     # derandomized (seed 0): generation seeds 0, 1, ...; a --seed moves them all (runs with other seeds)
@@ -538,7 +559,6 @@ def run_sampled_search(
             prompts=prompts,
             params=params,
             max_new_tokens=profile.max_new_tokens,
-            tv_target=profile.sampling_tv,
             budget=profile.sampling_generations,
             seeded=seeded,
             # the chain on the first configuration and on a drafter not the suite's (its own seeding)

@@ -354,12 +354,27 @@ def sampling_lines(report: dict[str, Any]) -> list[str]:
     if not params:
         return []
     shown = ",".join(f"{k}={v}" for k, v in params.items() if v is not None)
-    out = ["", f"## Sampling ({shown})", ""]
+    out = ["", f"## Sampling ({shown})", "", *_statistical_bound_lines(report)]
     for r in report["results"]:
         if r["invariant"] in SAMPLING_INVARIANTS and r.get("notes"):
             out.append(f"- `{r['invariant']}` ({r['case']}, {r['status']}):")
             out += [f"  - {n}" for n in r["notes"]]
     return out
+
+
+def _statistical_bound_lines(report: dict[str, Any]) -> list[str]:
+    """Each statistical check's false-fail bound, said to be the check's on its engine case and split over
+    its configurations (a result's ``statistics``)."""
+    out = []
+    for r in report["results"]:
+        stats = r.get("statistics")
+        if stats:
+            shares = ", ".join(f"{c['name']} {c['false_fail_bound']:.2g}" for c in stats["configurations"])
+            out.append(
+                f"- `{r['invariant']}` ({r['case']}): false-fail bound {stats['false_fail_bound']:.2g} for the check "
+                f"on this engine case, split over its configurations: {shares}"
+            )
+    return [*out, ""] if out else []
 
 
 def _tolerances_in_force(report: dict[str, Any]) -> str:

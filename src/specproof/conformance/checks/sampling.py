@@ -2,13 +2,14 @@
 
 Each returns ``(violations, exercised, notes)``: what broke, how much reached the check (tokens
 scored, rounds checked, seeds compared; zero makes the check a skip) and what the run could see
-(its sensitivity, for the statistical ones). The false-fail bound of the statistical checks is
-``_sequential``'s (Freedman's inequality, at the sample sizes used).
+(its sensitivity, for the statistical ones). The false-fail bounds of the statistical checks are
+``_sequential``'s (Freedman's inequality) and ``_pit``'s (DKW-Massart), at the sample sizes used.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ __all__ = [
     "check_sampled_rounds",
     "check_sampled_support",
     "check_seeds",
+    "distribution_statistics",
 ]
 
 Checked = tuple[list[Violation], int, list[str]]
@@ -82,25 +84,23 @@ def _bad_tokens(inv: Invariant, search: SampledSearch) -> list[Violation]:
 
 
 def check_sampled_distribution(inv: Invariant, search: SampledSearch, *, tv_target: float) -> Checked:
-    """``engine.sampled-distribution``: every event test of every configuration stays within its
-    Freedman bound; the notes give each configuration's sensitivity (the smallest TV it detects)."""
+    """``engine.sampled-distribution``: every event test (Freedman) and the all-token PIT test (DKW-Massart)
+    of every configuration stays within its bound. The notes give each configuration's share of the check's
+    false-fail bound, sample sizes and sensitivity (the smallest TV each test detects); the check's bound on
+    the engine case is in ``distribution_statistics``, the report's."""
     out = _errors(inv, search)
-    notes: list[str] = []
+    notes: list[str] = []  # the check's bound and its split: ``distribution_statistics``, in the report
     exercised = 0
     for config in search.configs:
         tokens = sum(len(r.generation.tokens) for r in config.runs if r.generation is not None)
         exercised += tokens
-        primary = config.primary
-        notes.append(
-            f"{config.name}: {len(config.runs)} seeded generations, {tokens} tokens scored; "
-            f"{primary.name.split(': ')[-1]} event on {primary.n} tokens detects a TV deviation of "
-            f"{primary.min_detectable:.3f} (target {tv_target:g}) with power 0.99; false-fail bound "
-            f"{sum(t.alpha for t in config.tests.values()) * len(search.configs):.0e} for the check"
-        )
+        notes.append(_configuration_note(config, tokens, tv_target))
+        if not config.rejected:
+            continue
+        first, last = config.runs[0], config.runs[-1]
         for test in config.tests.values():
             if not test.rejected:
                 continue
-            first, last = config.runs[0], config.runs[-1]
             out.append(
                 inv.violation(
                     f"{config.name}: the event '{test.summary}' happened {test.hits} times in {test.n} "
@@ -112,13 +112,90 @@ def check_sampled_distribution(inv: Invariant, search: SampledSearch, *, tv_targ
                     example=_example(last, event=test.name, seeds=[first.seed, last.seed]),
                 )
             )
+        pit = config.pit
+        if pit is not None and pit.rejected:
+            out.append(
+                inv.violation(
+                    f"{config.name}: the randomized PIT of the first {pit.tested} emitted tokens is at "
+                    f"Kolmogorov distance {pit.distance:.4f} from uniform, above the DKW-Massart threshold "
+                    f"{pit.threshold:.4f} (a lossless engine crosses it with probability <= {pit.alpha:.1e}): "
+                    f"{pit.direction()}; seeds {first.seed}..{last.seed}",
+                    expected=f"Kolmogorov distance <= {pit.threshold:.4f}",
+                    actual=round(pit.distance, 4),
+                    example=_example(last, event="pit", seeds=[first.seed, last.seed]),
+                )
+            )
     return out, exercised, notes
+
+
+def _configuration_note(config: SampledConfig, tokens: int, tv_target: float) -> str:
+    primary = config.primary
+    pit = config.pit
+    parts = [
+        f"{config.name}: {len(config.runs)} seeded generations, {tokens} tokens scored; "
+        f"{primary.name.split(': ')[-1]} event on {primary.n} tokens detects a TV deviation of "
+        f"{primary.min_detectable:.3f} (target {tv_target:g}) with power 0.99"
+    ]
+    if pit is not None:
+        parts.append(pit.describe())
+    tests = len(config.tests) + (pit is not None)
+    parts.append(f"this configuration's false-fail bound {config.false_fail_bound:.2g} ({tests} tests)")
+    return "; ".join(parts)
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) else round(value, 6)
+
+
+def distribution_statistics(search: SampledSearch, *, tv_target: float) -> dict[str, object]:
+    """The report's ``statistics`` of ``engine.sampled-distribution`` on one engine case: the check's
+    false-fail bound (the sum of its configurations') and, per configuration, its share, sample sizes and
+    what each test detects (docs/contract.md, "Sampling"; ``schemas/report-2.json``)."""
+    configurations = []
+    for config in search.configs:
+        pit = config.pit
+        configurations.append(
+            {
+                "name": config.name,
+                "false_fail_bound": config.false_fail_bound,
+                "generations": len(config.runs),
+                "tokens": sum(len(r.generation.tokens) for r in config.runs if r.generation is not None),
+                "event_tv_detectable": _finite(config.primary.min_detectable),
+                "tests": [
+                    {"test": name, "kind": "event", "alpha": t.alpha, "n": t.n, "rejected": t.rejected}
+                    for name, t in config.tests.items()
+                ]
+                + (
+                    [
+                        {
+                            "test": "pit",
+                            "kind": "pit",
+                            "alpha": pit.alpha,
+                            "n": pit.tested,
+                            "rejected": pit.rejected,
+                            "kolmogorov_distance": round(pit.distance, 6),
+                            "threshold": _finite(pit.threshold),
+                            "detectable": _finite(pit.min_detectable),
+                        }
+                    ]
+                    if pit is not None
+                    else []
+                ),
+            }
+        )
+    return {
+        "scope": "check",  # the bound is this check's on this engine case, the sum of its configurations'
+        "false_fail_bound": sum(c.false_fail_bound for c in search.configs),
+        "tv_target": tv_target,
+        "power": 0.99,
+        "configurations": configurations,
+    }
 
 
 def sensitivity_shortfall(search: SampledSearch, *, tv_target: float) -> str | None:
     """Why the run could not reach the profile's sensitivity (None when every configuration did)."""
     for config in search.configs:
-        if config.primary.min_detectable > tv_target and not any(t.rejected for t in config.tests.values()):
+        if config.primary.min_detectable > tv_target and not config.rejected:
             return (
                 f"{config.name}: after {len(config.runs)} generations (the profile's budget) the "
                 f"{config.primary.name.split(': ')[-1]} event detects only a TV deviation of "

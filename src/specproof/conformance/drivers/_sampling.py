@@ -75,6 +75,7 @@ class SamplingDriver(Driver):
                 return
             outcome = inv.check(self, _Judged(item.engine, search, self))
         result.examples += max(outcome.exercised, 1)
+        result.statistics = outcome.statistics
         result.exercised += outcome.exercised
         if outcome.note:
             result.notes.extend(outcome.note.split("\n"))
