@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from specproof.conformance._pit import CHECKPOINTS, PitTest, checkpoint, kolmogorov_distance, pit_values, threshold
+from specproof.conformance._sampled_runs import TESTS_PER_CONFIGURATION
 from specproof.conformance.zoo._sampling_deviations import deviate
 
 ALPHA = 0.05  # large, so false fails are observable (the check uses 1e-6 split over its tests)
@@ -260,7 +261,8 @@ def test_the_report_gives_the_checks_bound_split_per_configuration() -> None:
             (pit,) = [t for t in config["tests"] if t["kind"] == "pit"]
             assert pit["n"] > 0 and not pit["rejected"] and pit["kolmogorov_distance"] < pit["threshold"]
         assert len(result["notes"]) == 3
-        assert all("this configuration's false-fail bound 3.3e-07 (6 tests)" in n for n in result["notes"])
+        tests = f"({TESTS_PER_CONFIGURATION} tests)"
+        assert all(f"this configuration's false-fail bound 3.3e-07 {tests}" in n for n in result["notes"])
     text = render_markdown(report)
     assert (
         "- `engine.sampled-distribution` (checkpoint): false-fail bound 1e-06 for the check on this engine case, "

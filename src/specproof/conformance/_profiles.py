@@ -67,7 +67,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="quick",
             sampling_tv=0.2,
-            sampling_generations=16,
+            sampling_generations=32,
             sampling_proposals=4800,
             max_examples=12,
             capacity_examples=1,
