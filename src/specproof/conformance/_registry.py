@@ -532,7 +532,7 @@ REGISTRY: tuple[Invariant, ...] = (
         draws=_DRAFTER_DRAWS,
         check=_check_max_length,
         draw=_draw_drafter_example,
-        zoo=("too_long",),
+        zoo=("too_long", "depth_grows_over_requests", "draft_cache_ignores_k"),
         also=("returns_generator",),
     ),
     Invariant(
@@ -569,8 +569,10 @@ REGISTRY: tuple[Invariant, ...] = (
             "head_keeps_chain_after_full_accept",
             "head_lazy_reset_keeps_longer",
             "raises_on_shorter_request",
+            "reset_keeps_index_pointer",
+            "early_edit_keeps_index",
         ),
-        also=("head_keeps_chain",),
+        also=("head_keeps_chain", "depth_grows_over_requests", "draft_cache_ignores_k"),
     ),
     Invariant(
         id="drafter.no-mutation",
@@ -855,6 +857,7 @@ REGISTRY: tuple[Invariant, ...] = (
             "overclaims_prefix_reuse",
             "prefix_hit_zero_features",
             "prefix_hit_stale_features",
+            "block_cache_without_prefix",
         ),
         also=(
             "forgets_recurrent_restore",

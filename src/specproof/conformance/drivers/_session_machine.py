@@ -110,6 +110,7 @@ class SessionMachineDriver(Driver):
         except SessionFailure as exc:
             _note_unjudged_reuse(machine, result)
             _note_features(machine, result)
+            _note_relations(machine, result)
             history = SessionHistory.from_example(exc.example, vocab_size=case.vocab_size)
             history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
             shorter = shrink_history(history, **judge)  # on the reset instance (cheap: no engine is built)
@@ -117,6 +118,7 @@ class SessionMachineDriver(Driver):
             raise ViolationError(_session_violations(item, failures)) from exc
         _note_unjudged_reuse(machine, result)
         _note_features(machine, result)
+        _note_relations(machine, result)
 
     def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
         """Replay the failing session histories the database holds for this check (before any search)."""
@@ -241,6 +243,12 @@ def _note_features(machine: Any, result: CheckResult) -> None:
             f"features judged at {proposals} proposal(s) of {requests} request(s) with a feature drafter, "
             f"{hits} of them on a prefix the engine served from its caches"
         )
+
+
+def _note_relations(machine: Any, result: CheckResult) -> None:
+    """The requests by their relation to the one before (every applicable relation listed, 0 = never reached:
+    the check is then inconclusive). The engine's ``k`` is its own, so the k relations do not apply."""
+    result.relations.update(machine.relations_reached())
 
 
 def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violation]:

@@ -101,6 +101,13 @@ from specproof.conformance.zoo._reaching_drafters import (
     RaisesOnShorterRequest,
     SessionLookup,
 )
+from specproof.conformance.zoo._relation_drafters import (
+    DepthGrowsOverRequests,
+    DraftCacheIgnoresK,
+    EarlyEditKeepsIndex,
+    IncrementalLookup,
+    ResetKeepsIndexPointer,
+)
 from specproof.conformance.zoo._sampling_engines import (
     ArgmaxVerification,
     BonusFromWrongRow,
@@ -117,6 +124,7 @@ from specproof.conformance.zoo._sampling_engines import (
     UnnormalizedResidual,
 )
 from specproof.conformance.zoo._session_engines import (
+    BlockCacheWithoutPrefix,
     NeverReusesPrefix,
     OverclaimsPrefixReuse,
     SnapshotOnlyLastCall,
@@ -276,6 +284,11 @@ def feature_head_lazy_reset() -> HeadDrafter:
     return head_drafter(HeadLazyReset)
 
 
+def incremental_lookup() -> IncrementalLookup:
+    """Correct: prompt lookup over an index kept between calls, cut back to the common prefix on every request."""
+    return IncrementalLookup()
+
+
 def session_lookup() -> SessionLookup:
     """Correct: a declared history-dependent lookup over the current and the earlier requests of a session."""
     return SessionLookup()
@@ -404,6 +417,11 @@ _MEMBERS: dict[str, MemberEntry] = {
     "greedy_limit_samples": ("engine", GreedyLimitSamples),
     "sampled_counts_replacement": ("engine", SampledCountsReplacement),
     "q_from_raw_logits": ("drafter", QFromRawLogits),
+    "depth_grows_over_requests": ("drafter", DepthGrowsOverRequests),
+    "draft_cache_ignores_k": ("drafter", DraftCacheIgnoresK),
+    "reset_keeps_index_pointer": ("drafter", ResetKeepsIndexPointer),
+    "early_edit_keeps_index": ("drafter", EarlyEditKeepsIndex),
+    "block_cache_without_prefix": ("engine", BlockCacheWithoutPrefix),
 }
 
 
@@ -493,6 +511,7 @@ CORRECT_DRAFTERS: dict[str, str] = {
         "feature_head_reprefills",
         "feature_head_lazy_reset",
         "session_lookup",
+        "incremental_lookup",
         "declared_prompt_only_lookup",
         "suffix_drafter",
         "sampling_drafter",
