@@ -615,15 +615,15 @@ def check_no_mutation(
     for i, at in enumerate(walk):
         if at.changed is None:
             continue
-        whose, want, held = at.changed
+        whose, was, now = at.changed
         which = "the context it was given" if not whose else f"the context of an earlier request ({whose})"
-        first = _first_change(want, held)
+        first = _first_change(was, now)
         return [
             inv.violation(
                 explanation=f"propose changed {which} {_where(at)} (first change at index {first}, "
-                f"length {len(want)} -> {len(held)})",
-                expected=list(want[-16:]),
-                actual=list(held[-16:]),
+                f"length {len(was)} -> {len(now)})",
+                expected=list(was[-16:]),
+                actual=list(now[-16:]),
                 example=_walk_example(walk, i),
             )
         ], number + i + 1
