@@ -74,7 +74,13 @@ def _walk_example(walk: Sequence[WalkCall], i: int) -> dict[str, object]:
         "step": at.call.request,
         "relation": list(at.tags),
         "walk": [
-            {"call": c.call.number, "step": c.call.request, "length": c.call.length, "k": c.call.k}
+            {
+                "call": c.call.number,
+                "step": c.call.request,
+                "length": c.call.length,
+                "k": c.call.k,
+                "relation": list(c.tags),
+            }
             for c in walk[max(0, i - _SHOWN_STEPS + 1) : i + 1]
         ],
     }
