@@ -107,6 +107,8 @@ class SessionMachineDriver(Driver):
             # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
             # shrink_history replays the found history on fresh engines instead (well under a second)
             self.context.replay.run_machine(Counted, item, shrink=False)
+            if not all(machine.relations_reached().values()):
+                _tour(Counted.toured())  # one example touring every relation the run left unreached
         except SessionFailure as exc:
             _note_unjudged_reuse(machine, result)
             _note_features(machine, result)
@@ -243,6 +245,28 @@ def _note_features(machine: Any, result: CheckResult) -> None:
             f"features judged at {proposals} proposal(s) of {requests} request(s) with a feature drafter, "
             f"{hits} of them on a prefix the engine served from its caches"
         )
+
+
+def _tour(machine: Any) -> None:
+    """One derandomized example of ``machine`` (a toured session), unshrunk and unsaved: what it reaches is
+    counted in the configured machine's ``observed``; a failure raises as the search's would."""
+    import hypothesis
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from specproof.strategies import release_machine
+
+    settings = hypothesis.settings(
+        max_examples=1,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[hypothesis.Phase.generate],
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    try:
+        run_state_machine_as_test(machine, settings=settings)
+    finally:
+        release_machine(machine)
 
 
 def _note_relations(machine: Any, result: CheckResult) -> None:
