@@ -22,11 +22,11 @@ The machine holds ONE engine instance for a whole run and issues requests to it:
 - ``reset``: ``engine.reset()``, where the engine has one (never straight after a cold start,
   and no ``new_prompt`` there either: a one-request session tests what a fresh engine does);
 - ``relate``: a request with a drawn relation to the last one (the coverage model of requests,
-  ``_request_relations``), one this example has not reached yet while there is one; one example
-  in four starts with a tour of every relation (a regenerate and a user turn after ``reset()``,
-  an equal block after a different prefix, early and late edits...), and ``toured()`` is the
-  machine whose every example does: the session driver runs one example of it where a run left
-  a relation unreached, so each is reached at quick.
+  ``_request_relations``), one this example has not reached yet while there is one; ``toured()``
+  is the machine whose every example starts with a tour of every relation (a regenerate and a
+  user turn after ``reset()``, an equal block after a different prefix, early and late edits...):
+  the session driver runs one example of it where a run left a relation unreached, so each is
+  reached at quick.
 
 Every request's relation to the one before is counted in ``observed`` (``RELATION_TAG``).
 
@@ -93,7 +93,6 @@ __all__ = ["RELATION_TAG", "REUSE_UNREPORTED", "SessionMachine", "run_session_ma
 #: the ``observed`` tag of a request's relation to the one before (``RELATION_TAG + tag``)
 RELATION_TAG = "relation:"
 _EXAMPLES = "machine: examples"
-_TOURS = ("no tour", "tour", "no tour", "no tour")
 # the order a tour reaches the relations in: an equal block after a different prefix first (right after the
 # first request, whose whole prompt the engine prefilled: where block caches take their states), shortening last
 _TOUR = (
@@ -489,9 +488,9 @@ class SessionMachine(RuleBasedStateMachine):
         self.disabled = frozenset(off)
         prompt, note = self._fresh_prompt(data)
         self._request(data, "new_prompt", prompt, note)
-        # a tour of every relation in one example in four ("no tour" first: a failure shrinks away from it), and
-        # in every example of a machine that forces it (the run the certificate's coverage falls back on)
-        if self.force_tour or data.draw(st.sampled_from(_TOURS), label="tour of the relations") == "tour":
+        # a tour of every relation in every example of a machine that forces it (``toured()``: what the
+        # certificate's coverage falls back on); otherwise the relate rule draws them
+        if self.force_tour:
             for relation in self._missing():
                 self._relate(data, relation)
 
