@@ -465,7 +465,10 @@ def _consistency(inv: Invariant, r: RunRecord) -> list[Violation]:
 
 _DRAFTER_DRAWS = (
     "an unrelated context (drawn first, up to 3x the prompt length), then a context and the k of each call; "
-    "the drafter is called on growing prefixes as a decoder calls it"
+    "the drafter is called on growing prefixes as a decoder calls it, and every call of a relation walk is "
+    "judged (every relation of a request to the one before: the same prompt at a larger, equal and smaller k, "
+    "extended by its draft, decoder rounds, a shared block after a different prefix, late and early edits, a "
+    "shorter prefix, an unrelated prompt, a regenerate and a user turn after reset())"
 )
 _TARGET_DRAWS = "a prefix (adversarial contexts) and 1-9 tokens fed after it"
 _ENGINE_DRAWS = (
