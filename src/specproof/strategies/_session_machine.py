@@ -635,8 +635,10 @@ class SessionMachine(RuleBasedStateMachine):
     @classmethod
     def toured(cls) -> type[SessionMachine]:
         """This machine with a tour of every relation at the start of every example (sharing ``observed``):
-        run for one example where a run left a relation unreached."""
-        return type(f"{cls.__name__}Toured", (cls,), {"force_tour": True})
+        run for one example where a run left a relation unreached. It carries its own copy of the
+        configuration (made before the run: ``release_machine`` drops the run's when it is over)."""
+        own = {"_session_config": cls._session_config, "_config_names": ("_session_config",)}
+        return type(f"{cls.__name__}Toured", (cls,), {"force_tour": True, **own})
 
     @staticmethod
     def applicable_relations(can_reset: bool) -> tuple[str, ...]:

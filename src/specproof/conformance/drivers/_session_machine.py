@@ -74,7 +74,14 @@ class SessionMachineDriver(Driver):
         }
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
-        from specproof.strategies import SessionFailure, SessionHistory, SessionMachine, replay_session, shrink_history
+        from specproof.strategies import (
+            SessionFailure,
+            SessionHistory,
+            SessionMachine,
+            release_machine,
+            replay_session,
+            shrink_history,
+        )
 
         case = item.engine
         assert case is not None and case.make_engine is not None
@@ -106,9 +113,12 @@ class SessionMachineDriver(Driver):
         try:
             # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
             # shrink_history replays the found history on fresh engines instead (well under a second)
+            toured = Counted.toured()  # (made before the run, which releases Counted's configuration)
             self.context.replay.run_machine(Counted, item, shrink=False)
             if not all(machine.relations_reached().values()):
-                _tour(Counted.toured())  # one example touring every relation the run left unreached
+                _tour(toured)  # one example touring every relation the run left unreached
+            else:
+                release_machine(toured)
         except SessionFailure as exc:
             _note_unjudged_reuse(machine, result)
             _note_features(machine, result)
