@@ -299,8 +299,12 @@ def test_drafters_that_never_mutate_pass_every_call(make: Callable[[], Any]) -> 
 # ------------------------------------------------------------------------------- through certify, at quick
 
 MEMBERS = {
-    "head_keeps_chain_after_full_accept": ("drafter.deterministic", "called as a decoder does"),
-    "head_lazy_reset_keeps_longer": ("drafter.deterministic", "after an unrelated generation and reset()"),
+    # the relation walk's decoder rounds reach it too, and on a simpler example
+    "head_keeps_chain_after_full_accept": ("drafter.deterministic", ("called as a decoder does", "a decoder round")),
+    "head_lazy_reset_keeps_longer": (
+        "drafter.deterministic",
+        ("after an unrelated generation and reset()", "a user turn, after reset()", "again, after reset()"),
+    ),
     "raises_on_shorter_request": ("drafter.deterministic", "on a shorter prefix of an earlier request"),
     "mutates_on_later_request": ("drafter.no-mutation", "propose changed the context"),
 }
@@ -314,7 +318,8 @@ def test_certify_quick_rejects_the_member_on_its_path(name: str) -> None:
     assert (member.invariant, member.found_by) == (invariant, "quick")
     result = by_invariant(certify("drafter", drafter=member.spec, profile="quick", only=(invariant,)))[invariant]
     assert result["status"] == "fail", explain(result)
-    assert phrase in result["violations"][0]["explanation"], explain(result)
+    phrases = (phrase,) if isinstance(phrase, str) else phrase
+    assert any(p in result["violations"][0]["explanation"] for p in phrases), explain(result)
 
 
 @pytest.mark.slow

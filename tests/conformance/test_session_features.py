@@ -82,3 +82,28 @@ def test_engine_features_still_blames_the_handoff_when_the_target_is_right(tmp_p
     assert result["status"] == "fail", result
     assert "target state" not in result["detail"]
     assert "it is the feature of draft token" in result["detail"], result["detail"]
+
+
+def test_a_stale_row_from_a_request_no_judge_watched_is_named_stale() -> None:
+    """The first request installs no feature drafter, so no judge sees it; its rows handed again on an edit
+    are still recognised as stale rows from another request (not "matches nothing")."""
+    from specproof.conformance.zoo import small_reference
+    from specproof.conformance.zoo._feature_sessions import FeatureSessionEngine, PrefixHitStaleFeatures
+    from specproof.strategies import SessionHistory, SessionRequest, replay_session, target_greedy
+
+    first = tuple((7 * i + 3) % 64 for i in range(20))
+    edited = first[:6] + tuple((5 * i + 1) % 64 for i in range(10))
+    history = SessionHistory(
+        requests=(
+            SessionRequest(kind="new_prompt", prompt=first, max_new_tokens=6, drafter="engine"),
+            SessionRequest(kind="edit", prompt=edited, max_new_tokens=6, drafter="engine", feature_layers=(1, 3)),
+        )
+    )
+    judge = {"greedy": target_greedy(small_reference()), "vocab_size": 64, "reference_factory": small_reference}
+    assert replay_session(history, engine_factory=FeatureSessionEngine, **judge) == []
+    [failure] = replay_session(history, engine_factory=PrefixHitStaleFeatures, **judge)
+    assert failure.explanation.endswith(
+        "features[1] row 6 (position 6 of the 15 accepted, token 1) is not the target's feature at that position: "
+        "it is position 6's feature in an earlier context (25 tokens, which differs from this one from position 6 "
+        "on): stale rows from another request; position 6 is in the prompt (16 tokens, positions 0-15)"
+    ), failure.explanation

@@ -99,10 +99,12 @@ def test_buggy_session_engine_fails_with_its_history(factory, phases, tmp_path):
     assert replay_session(loaded, engine_factory=zoo.session_engine, greedy=oracle(), vocab_size=VOCAB) == []
 
 
-def test_the_stale_prefix_cache_shrinks_to_the_same_prompt_twice():
+def test_the_stale_prefix_cache_shrinks_to_two_requests_sharing_a_prefix():
+    """A prompt, then a prompt that hits a prefix of its context shorter than the cache (a regenerate, or
+    the first prompt token and another: which one the shrinker settles on depends on the machine's rules)."""
     history = SessionHistory.from_example(caught(zoo.stale_prefix_cache, tuple(NO_EXPLAIN)).example)
-    first, second = history.requests  # a prompt, then the same prompt again (a regenerate, however drawn)
-    assert first.kind == "new_prompt" and second.prompt == first.prompt
+    first, second = history.requests
+    assert first.kind == "new_prompt" and second.prompt[: len(first.prompt)] == first.prompt
 
 
 @pytest.mark.parametrize("factory", [zoo.stale_prefix_cache, zoo.snapshot_only_last_call])

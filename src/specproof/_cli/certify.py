@@ -328,6 +328,7 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
         for case, row in coverage.items():
             cov.add_row(case, *(str(row[c]) for c in ("generations", "completed", *paths)))
         console.print(cov)
+    _print_request_coverage(console, report)
     for e in subj.get("engines") or ():
         for note in e.get("notes") or ():
             console.print(f"note ({e['case']}): {note}", markup=False)
@@ -361,3 +362,24 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
         f"verdict: [bold]{report['verdict'].upper()}[/] ({summary}) in {report['seconds']:.1f} s{reason}",
         soft_wrap=True,
     )
+
+
+def _print_request_coverage(console: Any, report: dict[str, Any]) -> None:
+    """The request-coverage table on screen (0 = never reached: the check is inconclusive)."""
+    from rich.table import Table
+
+    from specproof.conformance.reports import request_coverage_lines, request_coverage_rows
+
+    columns, rows = request_coverage_rows(report)
+    if not rows:
+        return
+    table = Table(title="request coverage (calls or requests by relation to the one before; 0 = never reached)")
+    table.add_column("check", no_wrap=True)
+    for col in columns:
+        table.add_column(col.replace("_", " "), justify="right")
+    for check, cells in rows:
+        table.add_row(check, *cells)
+    console.print(table)
+    for line in request_coverage_lines(report)[len(rows) + 5 :]:  # the never-reached line, if any
+        if line:
+            console.print(line, markup=False)

@@ -157,9 +157,15 @@ class CampaignState:
         merged = self.checks.get(result["id"])
         if merged is None:
             merged = self.checks[result["id"]] = {**result, "examples": 0, "exercised": 0, "seconds": 0.0}
+            merged.pop("request_coverage", None)
             merged["status"] = "skip" if result["status"] == "skip" else "pass"
         merged["examples"] += int(result["examples"])
         merged["exercised"] += int(result["exercised"])
+        if result.get("request_coverage"):  # the request relations reached, summed over the rounds
+            reached = merged.get("request_coverage") or {}
+            merged["request_coverage"] = {
+                tag: int(reached.get(tag, 0)) + int(n) for tag, n in result["request_coverage"].items()
+            }
         merged["seconds"] = round(float(merged["seconds"]) + float(result["seconds"]), 3)
         if result["status"] == "pass" and merged["status"] == "skip":
             merged["status"], merged["detail"] = "pass", ""

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from difflib import get_close_matches
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -54,7 +55,7 @@ from specproof.conformance.checks import target as target_checks
 from specproof.conformance.checks.generation import round_of_index
 from specproof.contract import Generation, Step, UsageError, Violation
 from specproof.contract.errors import InvalidSettingError
-from specproof.strategies import contexts
+from specproof.strategies import REQUEST_RELATIONS, contexts
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._engine_runs import EngineRun
@@ -90,6 +91,8 @@ class Outcome:
     note: str = ""  # why nothing was exercised, when exercised == 0; else what held
     excused: tuple[float | None, ...] = ()
     statistics: dict[str, Any] | None = None  # a statistical check's bounds per configuration (the report's)
+    # the request relations a drafter walk reached (``REQUEST_COVERAGE`` tags; applicable ones at 0 when missed)
+    relations: Mapping[str, int] = attrs.Factory(dict)
 
 
 Check = Callable[["Invariant", Any, Any], Outcome]
@@ -211,39 +214,52 @@ def _draw_drafter_example(data: st.DataObject, case: Any, profile: Profile) -> d
     return {"context": ctx, "ks": ks, "other": other, "called": calls, "prompt": prompt, "accepts": accepts}
 
 
-def _drafter_check(fn: Callable[..., list[Violation]]) -> Check:
-    def check(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
-        return Outcome(fn(inv, case.make(), ex["context"], ex["ks"]))
+def _walk_options(case: Any, ex: dict[str, Any]) -> dict[str, Any]:
+    """The drawn example's options of a drafter check's relation walk."""
+    return {"other": ex["other"], "prompt": ex["prompt"], "accepts": ex["accepts"], "vocab_size": case.vocab_size}
 
-    return check
+
+def _calls(reached: Counter[str]) -> int:
+    """The calls a relation walk made (each has exactly one relation)."""
+    return sum(reached[r] for r in REQUEST_RELATIONS)
+
+
+def _check_max_length(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    reached: Counter[str] = Counter()
+    vs = drafter_checks.check_max_length(
+        inv, case.make(), ex["context"], ex["ks"], **_walk_options(case, ex), coverage=reached
+    )
+    return Outcome(vs, exercised=_calls(reached), relations=reached)
 
 
 def _check_token_range(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
-    return Outcome(
-        drafter_checks.check_token_range(inv, case.make(), ex["context"], ex["ks"], vocab_size=case.vocab_size)
+    reached: Counter[str] = Counter()
+    vs = drafter_checks.check_token_range(
+        inv, case.make(), ex["context"], ex["ks"], **_walk_options(case, ex), coverage=reached
     )
+    return Outcome(vs, exercised=_calls(reached), relations=reached)
 
 
 def _check_deterministic(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    reached: Counter[str] = Counter()
     vs, compared = drafter_checks.check_deterministic(
         inv,
         case.make,
         ex["context"],
         ex["ks"],
-        other=ex["other"],
         called=ex["called"],
-        accepts=ex["accepts"],
-        prompt=ex["prompt"],
-        vocab_size=case.vocab_size,
+        **_walk_options(case, ex),
+        coverage=reached,
     )
-    return Outcome(vs, exercised=compared, note="" if compared else "no call could be compared")
+    return Outcome(vs, exercised=compared, note="" if compared else "no call could be compared", relations=reached)
 
 
 def _check_no_mutation(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    reached: Counter[str] = Counter()
     vs, checked = drafter_checks.check_no_mutation(
-        inv, case.make(), ex["context"], ex["ks"], other=ex["other"], prompt=ex["prompt"]
+        inv, case.make(), ex["context"], ex["ks"], **_walk_options(case, ex), coverage=reached
     )
-    return Outcome(vs, exercised=checked, note="" if checked else "no call was made")
+    return Outcome(vs, exercised=checked, note="" if checked else "no call was made", relations=reached)
 
 
 def _draw_features_example(data: st.DataObject, case: Any, profile: Profile) -> dict[str, Any]:
@@ -450,7 +466,10 @@ def _consistency(inv: Invariant, r: RunRecord) -> list[Violation]:
 
 _DRAFTER_DRAWS = (
     "an unrelated context (drawn first, up to 3x the prompt length), then a context and the k of each call; "
-    "the drafter is called on growing prefixes as a decoder calls it"
+    "the drafter is called on growing prefixes as a decoder calls it, and every call of a relation walk is "
+    "judged (every relation of a request to the one before: the same prompt at a larger, equal and smaller k, "
+    "extended by its draft, decoder rounds, a shared block after a different prefix, late and early edits, a "
+    "shorter prefix, an unrelated prompt, a regenerate and a user turn after reset())"
 )
 _TARGET_DRAWS = "a prefix (adversarial contexts) and 1-9 tokens fed after it"
 _ENGINE_DRAWS = (
@@ -520,9 +539,9 @@ REGISTRY: tuple[Invariant, ...] = (
         subject="drafter",
         summary="`len(draft) <= k`; `k == 0` gives `[]`",
         draws=_DRAFTER_DRAWS,
-        check=_drafter_check(drafter_checks.check_max_length),
+        check=_check_max_length,
         draw=_draw_drafter_example,
-        zoo=("too_long",),
+        zoo=("too_long", "depth_grows_over_requests", "draft_cache_ignores_k"),
         also=("returns_generator",),
     ),
     Invariant(
@@ -559,8 +578,10 @@ REGISTRY: tuple[Invariant, ...] = (
             "head_keeps_chain_after_full_accept",
             "head_lazy_reset_keeps_longer",
             "raises_on_shorter_request",
+            "reset_keeps_index_pointer",
+            "early_edit_keeps_index",
         ),
-        also=("head_keeps_chain",),
+        also=("head_keeps_chain", "depth_grows_over_requests", "draft_cache_ignores_k"),
     ),
     Invariant(
         id="drafter.no-mutation",
@@ -845,6 +866,7 @@ REGISTRY: tuple[Invariant, ...] = (
             "overclaims_prefix_reuse",
             "prefix_hit_zero_features",
             "prefix_hit_stale_features",
+            "block_cache_without_prefix",
         ),
         also=(
             "forgets_recurrent_restore",

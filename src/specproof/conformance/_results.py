@@ -42,6 +42,8 @@ class CheckResult:
     excused: int = 0
     excused_margins: list[float] = attrs.Factory(list)
     paths: Counter[str] = attrs.Factory(Counter)
+    # the request relations reached (``REQUEST_COVERAGE`` tags; an applicable one never reached is at 0)
+    relations: Counter[str] = attrs.Factory(Counter)
     notes: list[str] = attrs.Factory(list)
     reproduce: str = ""
     expected_failure: str | None = None  # the declared reason, when --expect-fail names this invariant
@@ -60,9 +62,13 @@ class CheckResult:
         self.detail = reason
 
     def settle(self) -> None:
-        """A check that found nothing wrong: pass (or excused) if it exercised something, else skip."""
+        """A check that found nothing wrong: pass (or excused) if it exercised something, else skip; a check
+        that tracks request relations and never reached one of them is a skip too (inconclusive, never a pass)."""
+        never = [tag for tag, n in self.relations.items() if not n]
         if not self.exercised:
             self.skip(self.detail or "no example reached this check")
+        elif never:
+            self.skip(f"inconclusive: request relations never reached: {', '.join(never)}")
         elif self.excused:
             self.status = "excused"
             lo, hi = min(self.excused_margins, default=0), max(self.excused_margins, default=0)
@@ -92,6 +98,8 @@ class CheckResult:
         extra: dict[str, object] = {"consequence_of": list(self.consequence_of)} if self.consequence_of else {}
         if self.statistics is not None:
             extra["statistics"] = self.statistics
+        if self.relations:
+            extra["request_coverage"] = dict(self.relations)
         return {
             "id": self.nodeid,
             "invariant": self.invariant,

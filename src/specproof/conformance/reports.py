@@ -142,7 +142,51 @@ def _verdict_of_results(cert: Certification, results: list[dict[str, Any]]) -> t
             f"the engine drafts for itself (the suite cannot set its drafter) and never took these rollback "
             f"paths, so nothing checked them: {where}"
         )
+    never_related = unreached_relations(results)
+    if never_related:
+        where = "; ".join(f"{check}: {', '.join(tags)}" for check, tags in never_related.items())
+        return "inconclusive", f"request relations never reached, so nothing checked them: {where}"
     return "pass", ""
+
+
+def unreached_relations(results: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per check that drives requests: the request relations (``request_coverage``) it never reached."""
+    out: dict[str, list[str]] = {}
+    for r in results:
+        never = [tag for tag, n in (r.get("request_coverage") or {}).items() if not n]
+        if never and r["status"] not in ("fail", "error"):
+            out[r["id"]] = never
+    return out
+
+
+def request_coverage_rows(report: dict[str, Any]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """The request-coverage table: its columns (``REQUEST_COVERAGE`` order) and one row of cells per check
+    that drives requests ("n/a" where a tag does not apply to that check's subject)."""
+    from specproof.strategies import REQUEST_COVERAGE
+
+    rows = [(r["id"], r["request_coverage"]) for r in report["results"] if r.get("request_coverage")]
+    if not rows:
+        return [], []
+    columns = [tag for tag in REQUEST_COVERAGE if any(tag in counts for _, counts in rows)]
+    return columns, [(check, [str(counts.get(tag, "n/a")) for tag in columns]) for check, counts in rows]
+
+
+def request_coverage_lines(report: dict[str, Any]) -> list[str]:
+    """The certificate's request-coverage table (markdown), like the path-coverage table: calls or requests
+    by their relation to the one before; a relation at 0 makes its check inconclusive."""
+    columns, rows = request_coverage_rows(report)
+    if not rows:
+        return []
+    out = ["", "## Request coverage (calls or requests by relation to the one before)", ""]
+    out += ["| check | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    out += [f"| {check} | " + " | ".join(cells) + " |" for check, cells in rows]
+    never = unreached_relations(list(report["results"]))
+    if never:
+        out += [
+            "",
+            "Never reached (inconclusive): " + "; ".join(f"{c}: {', '.join(t)}" for c, t in never.items()) + ".",
+        ]
+    return out
 
 
 def _unapplied_declarations(declared: dict[str, str], results: list[dict[str, Any]]) -> str:
@@ -324,6 +368,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         never = sorted({p for row in coverage.values() for p in paths if not row[p]})
         if never:
             lines += ["", f"Never exercised: {', '.join(never)}."]
+    lines += request_coverage_lines(report)
     for case, missing in (report.get("unreached_paths") or {}).items():
         lines += [
             "",

@@ -14,6 +14,9 @@
   the model fed the accepted context by plain ``forward_with_features``) and the judge of what an
   engine hands a feature drafter, with the cause of a wrong row; the session machine installs
   feature drafters and judges them across requests, and ``engine.features`` uses the same judge;
+- ``relation_of`` / ``RelationTracker`` / ``REQUEST_COVERAGE``: the coverage model of requests (how a
+  request relates to the one before it: fresh, the same prompt again, extended, continued, edited early or
+  late, shortened, a shared block, unrelated; after reset() or not; k larger, equal or smaller);
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -30,6 +33,11 @@ from specproof.strategies._machine import (
     release_machine,
     run_rollback_machine,
 )
+from specproof.strategies._request_relations import COVERAGE as REQUEST_COVERAGE
+from specproof.strategies._request_relations import DESCRIPTIONS as RELATION_DESCRIPTIONS
+from specproof.strategies._request_relations import RELATIONS as REQUEST_RELATIONS
+from specproof.strategies._request_relations import RelationTracker, relation_of
+from specproof.strategies._request_relations import unreached as unreached_relations
 from specproof.strategies._rounds import (
     ROUND_KINDS,
     PlannedRound,
@@ -57,6 +65,12 @@ from specproof.strategies._settings import (
 )
 
 __all__ = [
+    "RELATION_DESCRIPTIONS",
+    "REQUEST_COVERAGE",
+    "REQUEST_RELATIONS",
+    "RelationTracker",
+    "relation_of",
+    "unreached_relations",
     "REUSE_UNREPORTED",
     "CONTEXT_KINDS",
     "PROMPT_PLACEMENTS",

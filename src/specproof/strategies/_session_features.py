@@ -12,6 +12,7 @@ request's facts (was the position one the engine reported serving from its cache
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from numbers import Integral
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 from specproof.strategies._feature_judge import FeatureJudge, feature_layers_of
 
 __all__ = ["FeatureWatch", "SessionFeatures"]
+
+_UNWATCHED = 8  # unwatched requests remembered (as many as the judge's oracle remembers earlier contexts)
 
 
 class FeatureWatch:
@@ -81,6 +84,8 @@ class SessionFeatures:
         self.requests = 0  # requests with a feature drafter whose handed features were judged
         self.proposals = 0  # proposals judged
         self.prefix_hits = 0  # requests among them on a prefix the engine reported serving from its caches
+        # the contexts of the latest requests no judge watched (no feature drafter): their rows may come back stale
+        self._unwatched: deque[tuple[int, ...]] = deque(maxlen=_UNWATCHED)
 
     def counts(self) -> tuple[int, int, int]:
         """(requests judged, proposals judged, requests judged on a prefix hit) so far."""
@@ -105,6 +110,7 @@ class SessionFeatures:
         judge = self._judges.get(layers)
         if judge is None:
             judge = self._judges[layers] = FeatureJudge(self.reference, layers, atol=self.atol, live=self.live)
+            judge.reference.earlier.extend(self._unwatched)
         judge.found.clear()
         judge.checks = 0
         self.watch = FeatureWatch(drafter, layers, judge)
@@ -114,6 +120,10 @@ class SessionFeatures:
         """What the judge found in the request just run (its counts kept), as a sentence; None when nothing."""
         watch, self.watch = self.watch, None
         if watch is None:
+            # a request no judge watched still fills the engine's caches: remembered, a stale row from it is named
+            self._unwatched.append(tuple([*prompt, *(int(t) for t in getattr(gen, "tokens", ()))][:-1]))
+            for judge in self._judges.values():
+                judge.reference.earlier.append(self._unwatched[-1])
             return None
         judge = watch.judge
         reused = getattr(getattr(gen, "stats", None), "prefix_reused", None)
@@ -135,11 +145,30 @@ class SessionFeatures:
                     f"; position {position} is one the engine served from its caches (it reported reusing the "
                     f"first {reused} of the prompt's {len(prompt) - 1} processed tokens)"
                 )
-            elif position < len(prompt) - 1:
-                where = f"; position {position} is in the prompt ({len(prompt)} tokens)"
             else:
-                where = f"; position {position} is one this request generated (the prompt has {len(prompt)} tokens)"
+                where = "; " + _position_in_request(position, len(prompt))
         return (
             f"the features the engine handed its feature drafter (layers {list(watch.feature_layers)}) are wrong: "
             f"{found['explanation']}{where}"
         )
+
+
+def _position_in_request(position: int, prompt: int) -> str:
+    """Where ``position`` lies in a request whose prompt has ``prompt`` tokens (positions ``0..prompt-1``)."""
+    if position < prompt - 1:
+        return f"position {position} is in the prompt ({prompt} tokens, positions 0-{prompt - 1})"
+    if position == prompt - 1:
+        return (
+            f"position {position} is the prompt's last token (the prompt has {prompt} tokens, positions "
+            f"0-{prompt - 1}): the pending token, which this request's first verify forward processed"
+        )
+    nth = position - prompt + 1
+    return (
+        f"position {position} holds the {_ordinal(nth)} token this request generated (the prompt has {prompt} "
+        f"tokens, positions 0-{prompt - 1})"
+    )
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

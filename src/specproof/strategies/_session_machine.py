@@ -20,7 +20,15 @@ The machine holds ONE engine instance for a whole run and issues requests to it:
 - ``earlier_prefix``: a prefix of an *earlier* context (most often exactly an earlier
   request's prompt), so the engine must reach further back than the last call's snapshots;
 - ``reset``: ``engine.reset()``, where the engine has one (never straight after a cold start,
-  and no ``new_prompt`` there either: a one-request session tests what a fresh engine does).
+  and no ``new_prompt`` there either: a one-request session tests what a fresh engine does);
+- ``relate``: a request with a drawn relation to the last one (the coverage model of requests,
+  ``_request_relations``), one this example has not reached yet while there is one; ``toured()``
+  is the machine whose every example starts with a tour of every relation (a regenerate and a
+  user turn after ``reset()``, an equal block after a different prefix, early and late edits...):
+  the session driver runs one example of it where a run left a relation unreached, so each is
+  reached at quick.
+
+Every request's relation to the one before is counted in ``observed`` (``RELATION_TAG``).
 
 Each request draws its ``max_new_tokens`` and an EOS (none, among the greedy
 continuation's tokens, or — most often — among its last ``k + 1`` tokens before the
@@ -68,11 +76,38 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._machine import check_tolerance, configured_machine
+from specproof.strategies._request_relations import (
+    DESCRIPTIONS,
+    RELATIONS,
+    RESET_TAGS,
+    SESSION_KIND,
+    SHARED_BLOCK,
+    RelationTracker,
+)
 from specproof.strategies._rounds import RoundPlan, round_plans
 from specproof.strategies._session_history import DRAFTER_CHOICES, SessionHistory, SessionRequest
 from specproof.strategies._session_runner import GreedyOracle, SessionFailure, SetDrafter, _SessionRunner
 
-__all__ = ["REUSE_UNREPORTED", "SessionMachine", "run_session_machine"]
+__all__ = ["RELATION_TAG", "REUSE_UNREPORTED", "SessionMachine", "run_session_machine"]
+
+#: the ``observed`` tag of a request's relation to the one before (``RELATION_TAG + tag``)
+RELATION_TAG = "relation:"
+_EXAMPLES = "machine: examples"
+# the order a tour reaches the relations in: an equal block after a different prefix first (right after the
+# first request, whose whole prompt the engine prefilled: where block caches take their states), shortening last
+_TOUR = (
+    "shared_block",
+    "continuation",
+    "same",
+    "extension",
+    "edit_late",
+    "edit_early",
+    "shorter",
+    "unrelated",
+    "same_after_reset",
+    "continuation_after_reset",
+)
+_CAN_RESET = "machine: the engine has reset()"
 
 #: the ``observed`` tag of a request whose engine declares a cache but reported no ``prefix_reused``
 REUSE_UNREPORTED = "prefix_reused not reported"
@@ -83,6 +118,7 @@ _FEATURE_TAGS = ("features judged: requests", "features judged: proposals", "fea
 # Rules a run may switch off (swarm testing: a run with new_prompt and reset off is one long session).
 _SWITCHABLE: tuple[str, ...] = (
     "branch_back",
+    "relate",
     "new_prompt",
     "regenerate",
     "edit",
@@ -290,6 +326,8 @@ class SessionMachine(RuleBasedStateMachine):
 
     _session_config: ClassVar[_SessionConfig | None] = None
     observed: ClassVar[Counter[str]] = Counter()
+    #: every example starts with a tour of the relations (``toured()``)
+    force_tour: ClassVar[bool] = False
 
     @classmethod
     def configure(
@@ -376,11 +414,15 @@ class SessionMachine(RuleBasedStateMachine):
         max_context = _resolve_max_context(cfg, engine)
         self.prompt_limit = max_context - cfg.max_new_tokens  # every prompt fits with its whole budget
         self.runner = _runner(cfg, engine)
+        # (observed is shared with subclasses: what applies is kept there, not in a class attribute)
+        type(self).observed[_EXAMPLES] += 1
+        type(self).observed[_CAN_RESET] = int(self.runner.can_reset)
         self.disabled: frozenset[str] = frozenset()
         self.contexts: list[list[int]] = []  # every context (prompt + output) so far, oldest first
         self.prompt_lengths: list[int] = []  # the prompt length of each context
         self.since_cold = 0  # requests since the last reset or unrelated prompt
         self.last_prompt: list[int] = []
+        self.relations = RelationTracker()  # each request's relation to the one before
 
     # ----------------------------------------------------------------- requests
 
@@ -414,6 +456,8 @@ class SessionMachine(RuleBasedStateMachine):
             type(self).observed[tag] += now - was
         if failure is not None:
             _raise(failure)
+        for tag in self.relations.call(prompt, tokens):
+            type(self).observed[RELATION_TAG + tag] += 1
         self.contexts.append([*prompt, *tokens])
         self.prompt_lengths.append(len(prompt))
         self.last_prompt = list(prompt)
@@ -444,6 +488,11 @@ class SessionMachine(RuleBasedStateMachine):
         self.disabled = frozenset(off)
         prompt, note = self._fresh_prompt(data)
         self._request(data, "new_prompt", prompt, note)
+        # a tour of every relation in every example of a machine that forces it (``toured()``: what the
+        # certificate's coverage falls back on); otherwise the relate rule draws them
+        if self.force_tour:
+            for relation in self._missing():
+                self._relate(data, relation)
 
     # not straight after a cold start either: sessions of a single request test nothing a fresh engine does not
     @precondition(lambda self: "new_prompt" not in self.disabled and self.since_cold >= 2)
@@ -571,11 +620,134 @@ class SessionMachine(RuleBasedStateMachine):
     @rule()
     def reset(self) -> None:
         """``engine.reset()``: the engine must forget its caches (the next request starts cold)."""
+        self._reset()
+
+    def _reset(self) -> None:
         self._count("request:reset")
         _, failure = self.runner.run(SessionRequest(kind="reset"))
         if failure is not None:
             _raise(failure)
+        self.relations.reset()
         self.since_cold = 0
+
+    # ----------------------------------------------------------------- relations
+
+    @classmethod
+    def toured(cls) -> type[SessionMachine]:
+        """This machine with a tour of every relation at the start of every example (sharing ``observed``):
+        run for one example where a run left a relation unreached. It carries its own copy of the
+        configuration (made before the run: ``release_machine`` drops the run's when it is over)."""
+        own = {"_session_config": cls._session_config, "_config_names": ("_session_config",)}
+        return type(f"{cls.__name__}Toured", (cls,), {"force_tour": True, **own})
+
+    @staticmethod
+    def applicable_relations(can_reset: bool) -> tuple[str, ...]:
+        """The relations a run must reach: every one, and those after ``reset()`` where the engine has one."""
+        return (*RELATIONS, *(RESET_TAGS if can_reset else ()))
+
+    @classmethod
+    def relations_reached(cls) -> dict[str, int]:
+        """The requests of this run by relation to the one before, every applicable relation listed (0 = never
+        reached); empty when no example ran."""
+        if not cls.observed[_EXAMPLES]:
+            return {}
+        return {
+            tag: cls.observed[RELATION_TAG + tag] for tag in cls.applicable_relations(bool(cls.observed[_CAN_RESET]))
+        }
+
+    def _missing(self) -> list[str]:
+        """The relations (and after-reset ones) this example has not reached yet, in tour order.
+
+        Per example, never per run: what an example draws must not depend on the examples before it
+        (Hypothesis replays an example and expects the same draws)."""
+        seen = self.relations.counts
+        wanted = set(self.applicable_relations(self.runner.can_reset))
+        return [tag for tag in _TOUR if tag in wanted and not seen[tag]]
+
+    def _related_prompt(self, data: Any, relation: str) -> list[int] | None:
+        """A prompt with ``relation`` to the last request (its prompt, and its context: prompt + output),
+        within the prompt limit; None where the last request leaves no room for it."""
+        cfg, limit = self.cfg, self.prompt_limit
+        prompt, ctx = self.last_prompt, self.contexts[-1]
+        g, output = len(prompt), ctx[len(prompt) :]
+        relation = relation.removesuffix("_after_reset")
+        vocab = cfg.vocab_size
+        if relation == "same":
+            return list(prompt)
+        if relation == "extension" and output and g < limit:
+            m = data.draw(st.integers(1, min(len(output), limit - g)), label="generated tokens kept")
+            return [*prompt, *output[:m]]
+        if relation == "continuation" and len(ctx) < limit:
+            return [*ctx, *_draw_turn(data, cfg, room=limit - len(ctx))]
+        if relation in ("edit_early", "edit_late") and g >= (3 if relation == "edit_early" else 2):
+            lo, hi = (1, (g - 1) // 2) if relation == "edit_early" else ((g + 1) // 2, min(g - 1, limit - 1))
+            if lo > hi:
+                return None
+            cut = data.draw(st.integers(lo, hi), label="edit point")
+            suffix = _draw_turn(data, cfg, room=min(3, limit - cut))
+            suffix[0] = (prompt[cut] + 1) % vocab if suffix[0] == prompt[cut] else suffix[0]
+            return [*prompt[:cut], *suffix]
+        if relation == "shorter" and g >= 2:
+            return list(prompt[: data.draw(st.integers(1, g - 1), label="prefix length")])
+        if relation == "shared_block" and min(len(ctx), limit) >= SHARED_BLOCK + 1:
+            # the block from the prompt (what the engine prefilled) where it holds two, else from the whole context
+            end = min(g if g >= 2 * SHARED_BLOCK + 1 else len(ctx), limit)
+            # most often a prefix of whole blocks, so the shared block is aligned as block caches key theirs
+            aligned = list(range(SHARED_BLOCK, end - SHARED_BLOCK + 1, SHARED_BLOCK))
+            if aligned and data.draw(st.sampled_from((True, True, False)), label="block-aligned shared block"):
+                split = data.draw(st.sampled_from(aligned), label="different prefix length")
+            else:
+                split = data.draw(st.integers(1, end - SHARED_BLOCK), label="different prefix length")
+            head = [(t + 1 + data.draw(st.integers(0, vocab - 2), label="token shift")) % vocab for t in ctx[:1]]
+            head += [(t + 1) % vocab for t in ctx[1:split]]
+            return [*head, *ctx[split:end]]
+        if relation == "unrelated":
+            fresh, _ = self._fresh_prompt(data)
+            return fresh if fresh[0] != ctx[0] else [(fresh[0] + 1) % vocab, *fresh[1:]]
+        return None
+
+    def _long_prompt(self, data: Any) -> None:
+        """A new prompt of at least two blocks and a token (where the limits allow), sharing no first token."""
+        cfg = self.cfg
+        top = min(cfg.max_prompt, self.prompt_limit)
+        low = 2 * SHARED_BLOCK + 2
+        if top < low:
+            return
+        prompt = data.draw(
+            contexts(cfg.vocab_size, min_size=low, max_size=top, kinds=cfg.context_kinds), label="prompt"
+        )
+        prompt = [int(t) for t in prompt]
+        if prompt[0] == self.contexts[-1][0]:
+            prompt[0] = (prompt[0] + 1) % cfg.vocab_size
+        self._request(data, "new_prompt", prompt, f"a new prompt of {_count_of(len(prompt), 'token')} (whole blocks)")
+
+    def _relate(self, data: Any, relation: str) -> None:
+        """A request whose relation to the last one is ``relation`` (after ``reset()`` for the after-reset ones);
+        nothing where the last request leaves no room for it."""
+        after_reset = relation.endswith("_after_reset")
+        if after_reset and not self.runner.can_reset:
+            return
+        if relation == "shared_block" and len(self.last_prompt) < 2 * SHARED_BLOCK + 1:
+            self._long_prompt(data)  # a prompt the engine prefills whole blocks of, to share one with
+        prompt = self._related_prompt(data, relation)
+        if prompt is None:
+            return
+        if after_reset:
+            self._reset()
+        base = relation.removesuffix("_after_reset")
+        self._count(f"relate:{relation}")
+        note = DESCRIPTIONS[relation] + f" ({_count_of(len(prompt), 'token')})"
+        self._request(data, SESSION_KIND[base], prompt, note)
+
+    @precondition(lambda self: "relate" not in self.disabled)
+    @rule(data=st.data())
+    def relate(self, data: Any) -> None:
+        """A request with a drawn relation to the last one: one this example has not reached yet, while there is one."""
+        missing = self._missing()
+        pool = missing or [
+            r for r in self.applicable_relations(self.runner.can_reset) if r not in ("fresh", "after_reset")
+        ]
+        self._relate(data, data.draw(st.sampled_from(pool), label="relation to the last request"))
 
 
 def run_session_machine(

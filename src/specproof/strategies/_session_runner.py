@@ -35,6 +35,8 @@ from specproof.contract.validation import int_at_least
 from specproof.engine import greedy_with_margins
 from specproof.engine.plugin_modules import takes_suite_drafts
 from specproof.strategies._machine import check_tolerance
+from specproof.strategies._request_relations import DESCRIPTIONS as RELATION_DESCRIPTIONS
+from specproof.strategies._request_relations import SESSION_KIND, relation_of
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
 from specproof.strategies._session_features import SessionFeatures
 from specproof.strategies._session_history import SessionHistory, SessionRequest
@@ -548,39 +550,38 @@ def shrink_history(
 def _renote(
     requests: Sequence[SessionRequest], continuation: Callable[[Sequence[int], int], list[int]]
 ) -> list[SessionRequest]:
-    """Notes that say how each request relates to the one before it in the *shrunk* history.
+    """Kinds and notes that say how each request relates to the one before it in the *shrunk* history.
 
-    The recorded notes name contexts of the original run ("context 4 of 6"), which the
-    shrunk history no longer has; the previous context is the previous prompt plus its
-    plain-greedy output (what a correct engine emitted).
+    The recorded kinds and notes describe the original run ("multi_turn" on a user turn, "context 4
+    of 6"), which the shrunk history no longer has: a dropped request can make a user turn an edit of
+    what now comes before it. Each request is relabelled from its relation to the previous context
+    (``relation_of``: the coverage model of requests), the previous context being the previous prompt
+    plus its plain-greedy output (what a correct engine emitted); across a ``reset`` the relation is
+    to the context before it, and the note says the reset came between.
     """
     out: list[SessionRequest] = []
     previous: list[int] | None = None
-    prev_prompt: tuple[int, ...] = ()
+    given = 0
+    after_reset = False
     for req in requests:
         if req.kind == "reset":
             out.append(attrs.evolve(req, note="the engine forgets its caches"))
-            previous = None
+            after_reset = previous is not None
             continue
         prompt = list(req.prompt)
-        if previous is None:
-            note = "a cold start" if out else "the first request"
-        else:
-            common = next(
-                (i for i, (a, b) in enumerate(zip(previous, prompt)) if a != b), min(len(previous), len(prompt))
-            )
-            if req.prompt == prev_prompt:
-                note = "the previous prompt again"
-            elif common == 0:
-                note = "shares nothing with the previous context"
-            else:
-                note = f"shares its first {common} tokens with the previous context ({len(prev_prompt)} prompt + "
-                note += f"{len(previous) - len(prev_prompt)} output tokens)"
-        out.append(attrs.evolve(req, note=note))
+        relation = relation_of(previous, prompt, given=given)
+        note = RELATION_DESCRIPTIONS[relation]
+        if previous is not None and relation not in ("same", "unrelated"):
+            common = _shared_prefix(previous, prompt)
+            note += f" (shares its first {common} tokens with the previous context: {given} prompt + "
+            note += f"{len(previous) - given} output tokens)"
+        if after_reset:
+            note += ", after reset()"
+        out.append(attrs.evolve(req, kind=SESSION_KIND[relation], note=note))
         output = continuation(prompt, req.max_new_tokens)
         if req.eos_token_id is not None and req.eos_token_id in output:
             output = output[: output.index(req.eos_token_id) + 1]
-        previous, prev_prompt = [*prompt, *output], req.prompt
+        previous, given, after_reset = [*prompt, *output], len(prompt), False
     return out
 
 

@@ -64,12 +64,18 @@ def _canonical(tok: object) -> object:
     return int(tok) if isinstance(tok, Integral) else repr(tok)
 
 
-def propose_once(drafter: Drafter, live: list[int], k: int) -> tuple[object, str | None, list[int]]:
-    """``drafter.propose(live, k)``: the comparable draft, the error's repr (or None), and its valid int tokens."""
+def propose_raw(drafter: Drafter, live: list[int], k: int) -> tuple[object, str | None]:
+    """``drafter.propose(live, k)`` as returned, and the repr of what it raised (or None)."""
     try:
-        raw = drafter.propose(live, k)
+        return drafter.propose(live, k), None
     except Exception as exc:  # a drafter that raises breaks every invariant it is asked about
-        return ("raised", repr(exc)), repr(exc), []
+        return None, repr(exc)
+
+
+def comparable(raw: object, error: str | None) -> tuple[object, str | None, list[int]]:
+    """A proposal as ``propose_once`` gives it: the comparable draft, the error, and its valid int tokens."""
+    if error is not None:
+        return ("raised", error), error, []
     if draft_sequence_problem(raw) is not None:
         return ("not a sequence", type(raw).__name__), None, []
     tokens = list(raw)  # type: ignore[call-overload]
@@ -79,6 +85,11 @@ def propose_once(drafter: Drafter, live: list[int], k: int) -> tuple[object, str
             break
         ints.append(int(tok))
     return [_canonical(t) for t in tokens], None, ints
+
+
+def propose_once(drafter: Drafter, live: list[int], k: int) -> tuple[object, str | None, list[int]]:
+    """``drafter.propose(live, k)``: the comparable draft, the error's repr (or None), and its valid int tokens."""
+    return comparable(*propose_raw(drafter, live, k))
 
 
 def walk_positions(

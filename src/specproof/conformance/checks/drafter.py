@@ -9,7 +9,9 @@ sessions of requests of ``_drafter_walks`` and judge every call they make.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 from numbers import Integral
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,7 @@ from specproof.conformance.checks._drafter_walks import (
     walk_positions,
     walk_session,
 )
+from specproof.conformance.checks._relation_walk import WalkCall, relation_walk
 from specproof.contract import Violation
 from specproof.engine import Drafter
 from specproof.engine.conventions import draft_sequence_problem
@@ -53,13 +56,6 @@ def drafter_history(context: Sequence[int], ks: Sequence[int]) -> list[tuple[int
     return [(length, ks[i % len(ks)]) for i, length in enumerate(lengths)]
 
 
-def _propose(drafter: Drafter, context: list[int], k: int) -> tuple[object, Exception | None]:
-    try:
-        return drafter.propose(context, k), None
-    except Exception as exc:  # a drafter that raises breaks every invariant it is asked about
-        return None, exc
-
-
 def _as_list(draft: object) -> list[object] | None:
     """The draft as a list, or None where the decoder would reject its shape (generator, None, str)."""
     return None if draft_sequence_problem(draft) is not None else list(draft)  # type: ignore[call-overload]
@@ -69,70 +65,153 @@ def _example(context: Sequence[int], k: int) -> dict[str, object]:
     return {"context": list(context), "k": k}
 
 
-def check_max_length(inv: Invariant, drafter: Drafter, context: Sequence[int], ks: Sequence[int]) -> list[Violation]:
-    out: list[Violation] = []
-    for length, k in drafter_history(context, [*ks, 0]):
-        prefix = list(context[:length])
-        draft, exc = _propose(drafter, prefix, k)
-        if exc is not None:
-            out.append(inv.violation(explanation=f"propose raised {exc!r}", example=_example(prefix, k)))
-            break
-        tokens = _as_list(draft)
+def _walk_example(walk: Sequence[WalkCall], i: int) -> dict[str, object]:
+    """A call's example: its context and k, what the walk did there, and the calls before it (what led there)."""
+    at = walk[i]
+    return {
+        **_example(at.context, at.call.k),
+        "call": at.call.number,
+        "step": at.call.request,
+        "relation": list(at.tags),
+        "walk": [
+            {
+                "call": c.call.number,
+                "step": c.call.request,
+                "length": c.call.length,
+                "k": c.call.k,
+                "relation": list(c.tags),
+            }
+            for c in walk[max(0, i - _SHOWN_STEPS + 1) : i + 1]
+        ],
+    }
+
+
+def _where(at: WalkCall) -> str:
+    return (
+        f"at call {at.call.number} of a walk of requests ({at.call.request}; context length {at.call.length}, "
+        f"k={at.call.k}; {', '.join(at.tags)})"
+    )
+
+
+def _walk(
+    drafter: Drafter,
+    context: Sequence[int],
+    ks: Sequence[int],
+    *,
+    other: Sequence[int],
+    prompt: int | None,
+    accepts: Sequence[int],
+    vocab_size: int | None,
+    coverage: Counter[str] | None,
+) -> list[WalkCall]:
+    n = len(context)
+    calls, counts = relation_walk(
+        drafter,
+        context,
+        other,
+        prompt=prompt if prompt is not None else (n + 1) // 2,
+        ks=ks,
+        accepts=accepts,
+        vocab_size=vocab_size,
+    )
+    if coverage is not None:
+        coverage.update(counts)
+    return calls
+
+
+def check_max_length(
+    inv: Invariant,
+    drafter: Drafter,
+    context: Sequence[int],
+    ks: Sequence[int],
+    *,
+    other: Sequence[int] = (),
+    prompt: int | None = None,
+    accepts: Sequence[int] = (),
+    vocab_size: int | None = None,
+    coverage: Counter[str] | None = None,
+) -> list[Violation]:
+    """``len(draft) <= k`` (``[]`` for ``k == 0``) at every call of a relation walk (``_relation_walk``): a
+    drafter whose depth grows over requests, or whose cache is not cut to a smaller ``k``, is caught where
+    it happens. ``coverage`` (optional) is updated with the relation tags the walk reached."""
+    if not context or not ks:
+        return []
+    walk = _walk(
+        drafter, context, ks, other=other, prompt=prompt, accepts=accepts, vocab_size=vocab_size, coverage=coverage
+    )
+    for i, at in enumerate(walk):
+        call = at.call
+        if call.error is not None:
+            return [
+                inv.violation(explanation=f"propose raised {call.error} {_where(at)}", example=_walk_example(walk, i))
+            ]
+        tokens = _as_list(at.raw)
         if tokens is None:
-            out.append(
+            return [
                 inv.violation(
-                    explanation=f"propose returned {type(draft).__name__}, not a sequence of ids",
-                    actual=repr(draft)[:80],
-                    example=_example(prefix, k),
+                    explanation=f"propose returned {type(at.raw).__name__}, not a sequence of ids, {_where(at)}",
+                    actual=repr(at.raw)[:80],
+                    example=_walk_example(walk, i),
                 )
-            )
-        elif len(tokens) > k:
-            out.append(
+            ]
+        if len(tokens) > call.k:
+            return [
                 inv.violation(
-                    explanation=f"asked for at most k={k} tokens, proposed {len(tokens)}",
-                    expected=f"<= {k} tokens",
-                    actual=tokens,
-                    example=_example(prefix, k),
+                    explanation=f"asked for at most k={call.k} tokens, proposed {len(tokens)}, {_where(at)}",
+                    expected=f"<= {call.k} tokens",
+                    actual=call.draft,
+                    example=_walk_example(walk, i),
                 )
-            )
-        if out:
-            break
-    return out
+            ]
+    return []
 
 
 def check_token_range(
-    inv: Invariant, drafter: Drafter, context: Sequence[int], ks: Sequence[int], *, vocab_size: int
+    inv: Invariant,
+    drafter: Drafter,
+    context: Sequence[int],
+    ks: Sequence[int],
+    *,
+    vocab_size: int,
+    other: Sequence[int] = (),
+    prompt: int | None = None,
+    accepts: Sequence[int] = (),
+    coverage: Counter[str] | None = None,
 ) -> list[Violation]:
-    out: list[Violation] = []
-    for length, k in drafter_history(context, ks):
-        prefix = list(context[:length])
-        draft, exc = _propose(drafter, prefix, k)
-        if exc is not None:
-            out.append(inv.violation(explanation=f"propose raised {exc!r}", example=_example(prefix, k)))
-            break
-        tokens = _as_list(draft)
-        if tokens is None:
-            out.append(
+    """Every draft of every call of a relation walk is a sequence of int ids in ``[0, vocab_size)``."""
+    if not context or not ks:
+        return []
+    walk = _walk(
+        drafter, context, ks, other=other, prompt=prompt, accepts=accepts, vocab_size=vocab_size, coverage=coverage
+    )
+    for i, at in enumerate(walk):
+        if at.call.error is not None:
+            return [
                 inv.violation(
-                    explanation=f"propose {draft_sequence_problem(draft)} (the decoder rejects it)",
-                    expected="a list, tuple or 1-D array of int ids",
-                    actual=repr(draft)[:80],
-                    example=_example(prefix, k),
+                    explanation=f"propose raised {at.call.error} {_where(at)}", example=_walk_example(walk, i)
                 )
-            )
-            return out
-        for i, tok in enumerate(tokens):
+            ]
+        tokens = _as_list(at.raw)
+        if tokens is None:
+            return [
+                inv.violation(
+                    explanation=f"propose {draft_sequence_problem(at.raw)} (the decoder rejects it), {_where(at)}",
+                    expected="a list, tuple or 1-D array of int ids",
+                    actual=repr(at.raw)[:80],
+                    example=_walk_example(walk, i),
+                )
+            ]
+        for j, tok in enumerate(tokens):
             if not isinstance(tok, Integral) or isinstance(tok, (bool, np.bool_)) or not 0 <= int(tok) < vocab_size:
-                out.append(
+                return [
                     inv.violation(
-                        explanation=f"draft[{i}]={tok!r} is not an int id in [0, {vocab_size})",
+                        explanation=f"draft[{j}]={tok!r} is not an int id in [0, {vocab_size}), {_where(at)}",
                         expected=f"int in [0, {vocab_size})",
                         actual=repr(tok),
-                        example=_example(prefix, k),
+                        example=_walk_example(walk, i),
                     )
-                )
-                return out
-    return out
+                ]
+    return []
 
 
 HOW_TO_DECLARE = (
@@ -142,6 +221,7 @@ HOW_TO_DECLARE = (
 )
 
 _SHOWN_CALLS = 64  # call positions an example lists
+_SHOWN_STEPS = 12  # calls of a relation walk an example lists (the last ones, up to the failing call)
 
 
 def _tokens(n: int) -> str:
@@ -199,6 +279,7 @@ def check_deterministic(
     accepts: Sequence[int] = (),
     prompt: int | None = None,
     vocab_size: int | None = None,
+    coverage: Counter[str] | None = None,
 ) -> tuple[list[Violation], int]:
     """The draft depends only on the context passed in and k (docs/contract.md, "drafters").
 
@@ -217,7 +298,10 @@ def check_deterministic(
       one: engines call it at the start of every generation), then start with a whole prompt,
       one longer and one shorter than the context they held, then grow it by one token per
       call: state kept across generations, a lazy reset, a cache keyed on less than the
-      whole history (``(len(context), k)``) or a buffer read past the context are caught.
+      whole history (``(len(context), k)``) or a buffer read past the context are caught;
+    - one driven through a relation walk (``_relation_walk``: every relation of the coverage
+      model of requests, k larger, equal and smaller at one length, regenerates and user turns
+      after ``reset()``), each call against a fresh drafter asked once at its context and k.
 
     The k of a call is a function of the position (``ks[L % len(ks)]``), so a cache keyed on
     ``(len(context), k)`` meets the same key in ``other`` and in ``context``. A call that
@@ -234,8 +318,15 @@ def check_deterministic(
         return int(ks[length % len(ks)])
 
     first_prompt = max(1, min(n, prompt if prompt is not None else (n + 1) // 2))
+    walk = partial(
+        relation_walk, context=context, other=other, prompt=first_prompt, ks=ks, accepts=accepts, vocab_size=vocab_size
+    )
     if getattr(make(), "history_dependent", False) is True:
-        return _check_history_dependent(inv, make, context, other, k_at, first_prompt)
+        found, compared = _check_history_dependent(inv, make, context, other, k_at, first_prompt)
+        if not found:
+            found, more = _replayed_walk(inv, make, walk, coverage)
+            compared += more
+        return found, compared
 
     walked, decoder_calls = decoder_walk(make(), context, first_prompt, accepts, k_at, vocab_size=vocab_size)
     size = len(walked)
@@ -264,7 +355,77 @@ def check_deterministic(
         )
     if not out and other:
         out = _after_reset(inv, make, walked, other, first_prompt, k_at, judge)
+    if not out:
+        calls, counts = walk(make())
+        if coverage is not None:
+            coverage.update(counts)
+        compared += len(calls)
+        out = _walk_against_fresh(inv, make, calls)
     return out, compared
+
+
+def _walk_against_fresh(inv: Invariant, make: Callable[[], Drafter], walk: Sequence[WalkCall]) -> list[Violation]:
+    """The first call of a relation walk whose draft is not a fresh drafter's asked once at its context and k."""
+    for i, at in enumerate(walk):
+        want, fresh_error, _ = propose_once(make(), list(at.context), at.call.k)
+        if at.call.error is not None:
+            return [
+                inv.violation(
+                    explanation=_raised(at.call, f"on a walk of requests ({at.call.request})", fresh_error),
+                    actual=at.call.draft,
+                    example=_walk_example(walk, i),
+                )
+            ]
+        if at.call.draft != want:
+            fresh_said = f" (which raised {fresh_error})" if fresh_error is not None else ""
+            return [
+                inv.violation(
+                    explanation=f"{_where(at)}, it proposed differently than a fresh drafter asked once at the same "
+                    f"context and k{fresh_said}{HOW_TO_DECLARE}",
+                    expected=want,
+                    actual=at.call.draft,
+                    example=_walk_example(walk, i),
+                )
+            ]
+    return []
+
+
+def _replayed_walk(
+    inv: Invariant,
+    make: Callable[[], Drafter],
+    walk: Callable[[Drafter], tuple[list[WalkCall], Counter[str]]],
+    coverage: Counter[str] | None,
+) -> tuple[list[Violation], int]:
+    """A declared history-dependent drafter on a relation walk: no call raises, and a fresh instance driven
+    through the same walk proposes the same drafts, call for call (its drafts may depend on earlier calls,
+    never on anything else)."""
+    recorded, counts = walk(make())
+    if coverage is not None:
+        coverage.update(counts)
+    for i, at in enumerate(recorded):
+        if at.call.error is not None:
+            return [
+                inv.violation(
+                    explanation=_raised(
+                        at.call, f"a history-dependent drafter, on a walk of requests ({at.call.request})"
+                    ),
+                    actual=at.call.draft,
+                    example=_walk_example(recorded, i),
+                )
+            ], i + 1
+    replayed, _ = walk(make())
+    for i, (got, want) in enumerate(zip(replayed, recorded)):
+        if got.call.draft != want.call.draft or got.context != want.context:
+            return [
+                inv.violation(
+                    explanation="a history-dependent drafter replayed the same walk of requests on a fresh instance "
+                    f"and proposed differently {_where(got)} (not replayable)",
+                    expected=want.call.draft,
+                    actual=got.call.draft,
+                    example=_walk_example(recorded, i),
+                )
+            ], 2 * (i + 1)
+    return [], 2 * len(recorded)
 
 
 def _after_reset(
@@ -399,14 +560,18 @@ def check_no_mutation(
     *,
     other: Sequence[int] = (),
     prompt: int | None = None,
+    accepts: Sequence[int] = (),
+    vocab_size: int | None = None,
+    coverage: Counter[str] | None = None,
 ) -> tuple[list[Violation], int]:
-    """The context passed in is unchanged, at every call of a session of requests.
+    """The context passed in is unchanged, at every call of a session of requests and of a relation walk.
 
     The drafter is driven through ``session_requests`` (a new prompt, another, an edit, a
     shorter prefix, a user turn appended; ``reset()`` before each request unless it declares
     ``history_dependent``, as engines do), one list per request extended in place; after
     every call that list, and every earlier request's list, must be what it was before.
-    Returns the violations and the number of calls checked.
+    Then the same drafter is driven through a relation walk (``_relation_walk``), judged the
+    same way at every call. Returns the violations and the number of calls checked.
     """
     if not context or not ks:
         return [], 0
@@ -450,4 +615,22 @@ def check_no_mutation(
                         },
                     )
                 ], number
-    return [], number
+    walk = _walk(
+        drafter, context, ks, other=other, prompt=prompt, accepts=accepts, vocab_size=vocab_size, coverage=coverage
+    )
+    for i, at in enumerate(walk):
+        if at.changed is None:
+            continue
+        whose, was, now = at.changed
+        which = "the context it was given" if not whose else f"the context of an earlier request ({whose})"
+        first = _first_change(was, now)
+        return [
+            inv.violation(
+                explanation=f"propose changed {which} {_where(at)} (first change at index {first}, "
+                f"length {len(was)} -> {len(now)})",
+                expected=list(was[-16:]),
+                actual=list(now[-16:]),
+                example=_walk_example(walk, i),
+            )
+        ], number + i + 1
+    return [], number + len(walk)

@@ -86,6 +86,7 @@ class ExamplesDriver(Driver):
             result.examples += 1
             outcome = inv.check(case, inv.draw(data, case, profile))  # type: ignore[misc]
             result.exercised += outcome.exercised
+            result.relations.update(outcome.relations)
             if outcome.note:
                 notes.append(outcome.note)
             if outcome.violations:

@@ -74,7 +74,14 @@ class SessionMachineDriver(Driver):
         }
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
-        from specproof.strategies import SessionFailure, SessionHistory, SessionMachine, replay_session, shrink_history
+        from specproof.strategies import (
+            SessionFailure,
+            SessionHistory,
+            SessionMachine,
+            release_machine,
+            replay_session,
+            shrink_history,
+        )
 
         case = item.engine
         assert case is not None and case.make_engine is not None
@@ -106,10 +113,16 @@ class SessionMachineDriver(Driver):
         try:
             # Hypothesis' shrinking of a request sequence replays whole sessions (7-9 s at quick);
             # shrink_history replays the found history on fresh engines instead (well under a second)
+            toured = Counted.toured()  # (made before the run, which releases Counted's configuration)
             self.context.replay.run_machine(Counted, item, shrink=False)
+            if not all(machine.relations_reached().values()):
+                _tour(toured)  # one example touring every relation the run left unreached
+            else:
+                release_machine(toured)
         except SessionFailure as exc:
             _note_unjudged_reuse(machine, result)
             _note_features(machine, result)
+            _note_relations(machine, result)
             history = SessionHistory.from_example(exc.example, vocab_size=case.vocab_size)
             history = attrs.evolve(history, engine=self.plan.specs.get("engine"))
             shorter = shrink_history(history, **judge)  # on the reset instance (cheap: no engine is built)
@@ -117,6 +130,7 @@ class SessionMachineDriver(Driver):
             raise ViolationError(_session_violations(item, failures)) from exc
         _note_unjudged_reuse(machine, result)
         _note_features(machine, result)
+        _note_relations(machine, result)
 
     def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
         """Replay the failing session histories the database holds for this check (before any search)."""
@@ -241,6 +255,34 @@ def _note_features(machine: Any, result: CheckResult) -> None:
             f"features judged at {proposals} proposal(s) of {requests} request(s) with a feature drafter, "
             f"{hits} of them on a prefix the engine served from its caches"
         )
+
+
+def _tour(machine: Any) -> None:
+    """One derandomized example of ``machine`` (a toured session), unshrunk and unsaved: what it reaches is
+    counted in the configured machine's ``observed``; a failure raises as the search's would."""
+    import hypothesis
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from specproof.strategies import release_machine
+
+    settings = hypothesis.settings(
+        max_examples=1,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[hypothesis.Phase.generate],
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    try:
+        run_state_machine_as_test(machine, settings=settings)
+    finally:
+        release_machine(machine)
+
+
+def _note_relations(machine: Any, result: CheckResult) -> None:
+    """The requests by their relation to the one before (every applicable relation listed, 0 = never reached:
+    the check is then inconclusive). The engine's ``k`` is its own, so the k relations do not apply."""
+    result.relations.update(machine.relations_reached())
 
 
 def _session_violations(item: CheckItem, failures: Sequence[Any]) -> list[Violation]:

@@ -102,6 +102,13 @@ from specproof.conformance.zoo._reaching_drafters import (
     RaisesOnShorterRequest,
     SessionLookup,
 )
+from specproof.conformance.zoo._relation_drafters import (
+    DepthGrowsOverRequests,
+    DraftCacheIgnoresK,
+    EarlyEditKeepsIndex,
+    IncrementalLookup,
+    ResetKeepsIndexPointer,
+)
 from specproof.conformance.zoo._sampling_engines import (
     ArgmaxVerification,
     BonusAfterAcceptedEos,
@@ -123,6 +130,7 @@ from specproof.conformance.zoo._sampling_engines import (
     UnseededDrafterRng,
 )
 from specproof.conformance.zoo._session_engines import (
+    BlockCacheWithoutPrefix,
     NeverReusesPrefix,
     OverclaimsPrefixReuse,
     SnapshotOnlyLastCall,
@@ -282,6 +290,11 @@ def feature_head_lazy_reset() -> HeadDrafter:
     return head_drafter(HeadLazyReset)
 
 
+def incremental_lookup() -> IncrementalLookup:
+    """Correct: prompt lookup over an index kept between calls, cut back to the common prefix on every request."""
+    return IncrementalLookup()
+
+
 def session_lookup() -> SessionLookup:
     """Correct: a declared history-dependent lookup over the current and the earlier requests of a session."""
     return SessionLookup()
@@ -416,6 +429,11 @@ _MEMBERS: dict[str, MemberEntry] = {
     "drafter_ignores_rng": ("drafter", DrafterIgnoresRng),
     "leaks_placeholder_id": ("engine", LeaksPlaceholderId),
     "q_from_raw_logits": ("drafter", QFromRawLogits),
+    "depth_grows_over_requests": ("drafter", DepthGrowsOverRequests),
+    "draft_cache_ignores_k": ("drafter", DraftCacheIgnoresK),
+    "reset_keeps_index_pointer": ("drafter", ResetKeepsIndexPointer),
+    "early_edit_keeps_index": ("drafter", EarlyEditKeepsIndex),
+    "block_cache_without_prefix": ("engine", BlockCacheWithoutPrefix),
 }
 
 
@@ -506,6 +524,7 @@ CORRECT_DRAFTERS: dict[str, str] = {
         "feature_head_reprefills",
         "feature_head_lazy_reset",
         "session_lookup",
+        "incremental_lookup",
         "declared_prompt_only_lookup",
         "suffix_drafter",
         "sampling_drafter",

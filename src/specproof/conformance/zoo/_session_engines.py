@@ -14,6 +14,8 @@ The members break exactly that reuse, the way real engines did:
 - ``StalePrefixCache``: on a prefix hit shorter than the cache it moves the KV pointer
   back (``processed = common prefix``) but keeps the conv/rec state from the end of the
   last call (prefix caching for hybrid models that treated the recurrent state like KV);
+- ``BlockCacheWithoutPrefix``: keeps the recurrent state after every 4-token block keyed by
+  the block alone, so an equal block after a different prefix is served another prefix's state;
 - ``SnapshotOnlyLastCall``: keeps recurrent snapshots only from the last request; a hit
   on a snapshot position of an older request (two call boundaries back) is served with the
   latest recurrent state it still has, ``processed`` cut to the hit (recurrent-state caches
@@ -48,6 +50,7 @@ from specproof.engine import (
 from specproof.engine.conventions import check_prompt, component_name
 
 __all__ = [
+    "BlockCacheWithoutPrefix",
     "ContinuationOnlySessionEngine",
     "GreedyOnlySessionEngine",
     "NeverReusesPrefix",
@@ -296,6 +299,57 @@ class SnapshotOnlyLastCall(SessionEngine):
         self.target.restore(attrs.evolve(latest, processed=hit))
         self._drop_after(hit)
         return hit
+
+
+_BLOCK = 4  # the block a BlockCacheWithoutPrefix keys its states by
+
+
+class BlockCacheWithoutPrefix(SessionEngine):
+    """Caches the recurrent state after every block of 4 prompt tokens keyed by the block alone, not its prefix.
+
+    Shipped as: a hidden-state (recurrent-state) block cache whose block hash covers the
+    block's own tokens and position but not the chain of blocks before it: the KV of a prompt
+    is computed (or paged in) right, but the conv/rec state after a block is served from the
+    cache whenever an equal block was seen at that position. A prompt sharing its prefix with
+    the one that filled the cache gets the state it would compute anyway; only an equal block
+    after a *different* prefix meets another prefix's state.
+    """
+
+    bug = "recurrent states cached per 4-token block keyed without the block's prefix"
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._blocks: dict[tuple[int, tuple[int, ...]], ReferenceSnapshot] = {}
+        super().__init__(**kwargs)
+
+    def reset(self) -> None:
+        super().reset()
+        self._blocks.clear()
+
+    def _feed(self, tokens: Sequence[int]) -> int:
+        """Feed ``tokens`` block by block; after each whole block, its cached state if any (the bug), else
+        cache the state it reached; a snapshot at every multiple of ``_CHUNK`` as the control does."""
+        forwards = 0
+        start = self.target.processed
+        fed = [*self._cached[:start], *(int(t) for t in tokens)]
+        i = 0
+        while i < len(tokens):
+            pos = self.target.processed
+            stop = min(len(tokens), i + _BLOCK - pos % _BLOCK)
+            self.target.forward(list(tokens[i:stop]))
+            forwards += 1
+            i = stop
+            end = self.target.processed
+            if end % _BLOCK == 0:
+                key = (end, tuple(fed[end - _BLOCK : end]))
+                hit = self._blocks.get(key)
+                if hit is None:
+                    self._blocks[key] = self.target.snapshot()
+                else:
+                    now = self.target.snapshot()
+                    self.target.restore(attrs.evolve(now, conv_state=hit.conv_state, rec_state=hit.rec_state))
+            if end % _CHUNK == 0:
+                self._snap()
+        return forwards
 
 
 class NeverReusesPrefix(SessionEngine):
