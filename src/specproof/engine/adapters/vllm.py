@@ -53,6 +53,7 @@ import attrs
 from specproof.contract import Generation, SamplingParams, Stats, StopReason
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
+from specproof.engine.adapters import known_causes
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -399,6 +400,13 @@ class VLLMEngine:
         self.name = f"{settings.describe()} on {settings.model_dir}"
         self.llm = _llm_for(settings, config)
         self._vllm = require_vllm()
+
+    def known_cause(self, invariant: str) -> str | None:
+        """The known upstream cause (and workaround) of a failure of ``invariant`` on these settings, if the
+        table of ``known_causes`` (docs/real-engines.md, "Known causes") has one: the certification adds it
+        to the failure message."""
+        row = known_causes.known_cause("vllm", self.settings, invariant)
+        return row.sentence() if row is not None else None
 
     def __repr__(self) -> str:
         return f"VLLMEngine({self.name})"
