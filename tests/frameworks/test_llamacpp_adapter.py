@@ -114,3 +114,62 @@ def test_the_command_line_names_the_extra_when_a_package_is_missing(tmp_path: Pa
     assert done.returncode == 2, done.stdout + done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert "specproof[llamacpp]" in line and "Traceback" not in done.stderr, done.stderr
+
+
+# --------------------------------------------------------------------------- the capacity agrees with the oracle's
+
+
+class _Oracle:
+    vocab_size = 256
+
+    def __init__(self, max_context: object) -> None:
+        self.max_context = max_context
+
+
+def test_n_ctx_defaults_to_the_oracles_capacity_and_may_name_it(tmp_path: Path) -> None:
+    from specproof.engine.adapters.llamacpp import resolve_n_ctx
+
+    assert resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf"), _Oracle(4096)) == 4096
+    assert resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf,n_ctx=4097"), _Oracle(4096)) == 4096
+
+
+@pytest.mark.parametrize("n_ctx", [1024, 4096, 8192])
+def test_an_n_ctx_unlike_the_oracles_capacity_is_refused_naming_both_ways_out(tmp_path: Path, n_ctx: int) -> None:
+    from specproof.engine.adapters.llamacpp import resolve_n_ctx
+
+    with pytest.raises(InvalidSettingError) as info:
+        resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf,n_ctx={n_ctx}"), _Oracle(4096))
+    assert str(info.value) == (
+        f"llamacpp option n_ctx={n_ctx}: the engine would hold {n_ctx - 1} tokens but its oracle holds 4096, so "
+        "plain greedy would not stop where llama.cpp does; drop n_ctx (default 4097) or name an oracle of that "
+        f"capacity: oracle=TARGET:max_context={n_ctx - 1}"
+    )
+    with pytest.raises(InvalidSettingError, match="the oracle states no max_context"):
+        resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf"), _Oracle(None))
+
+
+def test_the_engine_refuses_the_capacity_before_llama_cpp_loads(tmp_path: Path, monkeypatch) -> None:
+    from specproof.engine.adapters import llamacpp as adapter
+
+    def not_here() -> None:
+        raise AssertionError("llama.cpp was loaded before the capacity was checked")
+
+    monkeypatch.setattr(adapter, "require_llama_cpp", not_here)
+    with pytest.raises(InvalidSettingError, match=r"n_ctx=1024: the engine would hold 1023"):
+        adapter.LlamaCppEngine(parse_llamacpp_spec(f"{tmp_path}/m.gguf,n_ctx=1024"), oracle=_Oracle(4096))
+
+
+def test_the_cli_refuses_the_capacity_as_a_usage_error_before_any_work(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    from specproof.engine.targets.lfm2_gguf import save_lfm2_gguf
+    from specproof.fixtures import load_trained_target
+
+    model = save_lfm2_gguf(load_trained_target(), tmp_path / "trained.gguf", source="trained")
+    done = subprocess.run(
+        [sys.executable, "-m", "specproof", "certify", "engine", "--engine", f"llamacpp:{model},n_ctx=1024",
+         "--profile", "quick", "--db", "none"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "n_ctx=1024: the engine would hold 1023 tokens but its oracle holds 4096" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
