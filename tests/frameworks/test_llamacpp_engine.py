@@ -22,6 +22,7 @@ the llama.cpp environment (``tox -e llamacpp``).
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from _real_engine_doc import GGUF_DOC_MODEL, check_quoted, quoted_outputs
 
 try:
     import llama_cpp
@@ -82,6 +85,8 @@ def test_prompt_lookup_without_enough_rollback_snapshots_fails(model: Path, tmp_
         )
     assert row["status"] == "fail", output[-4000:]
     assert "llama_decode returned -1" in row["detail"] and "set n_rs_seq=4" in row["detail"], row["detail"]
+    assert "known cause (docs/real-engines.md, llama.cpp finding 1)" in row["detail"], row["detail"]
+    assert "workaround: `n_rs_seq=K`" in row["detail"]
     assert rc == 1 and report["verdict"] == "fail"
 
 
@@ -92,6 +97,68 @@ def test_prompt_lookup_with_n_rs_seq_at_the_draft_length_is_lossless(model: Path
         row = status(report, invariant)
         assert row["status"] == "pass" and row["exercised"] > 0, f"{invariant}: {row}\n{output[-4000:]}"
     assert report["verdict"] == "pass" and rc == 0, output[-4000:]
+    # the certificate shows that it speculated: drafted and accepted counts, and acceptance per draft position
+    (row,) = report["speculation"].values()
+    assert row["with_stats"] == row["generations"] > 0 and 0 < row["accepted"] <= row["drafted"], row
+    assert len(row["by_position"]) == k and sum(p["attempts"] for p in row["by_position"]) == row["drafted"]
+    assert f"{row['drafted']} drafted, {row['accepted']} accepted" in output
+    assert "acceptance by draft position: 0: " in output
+
+
+def test_plain_greedy_declares_it_does_not_speculate(model: Path, tmp_path: Path) -> None:
+    rc, report, output = certify(model, "", tmp_path)
+    assert rc == 0 and report["verdict"] == "pass", output[-4000:]
+    assert report["speculation"] == {}  # speculative = False: nothing to count, and no "0 drafted"
+
+
+SAMPLED = "engine.sampled*,engine.seeds,engine.greedy-limit"
+
+
+def certify_sampled(model: Path, options: str, tmp_path: Path) -> tuple[int, dict[str, Any], str]:
+    """``certify`` with ``--sampling temperature=0.8,top_p=0.95`` and only the sampling checks (quick)."""
+    report = tmp_path / "report.json"
+    spec = f"llamacpp:{model}" + (f",{options}" if options else "")
+    argv = [sys.executable, "-m", "specproof", "certify", "engine", "--engine", spec, "--profile", "quick"]
+    argv += ["--sampling", "temperature=0.8,top_p=0.95", "--only", SAMPLED, "--db", "none", "--report", str(report)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    output = done.stdout + done.stderr
+    assert report.is_file(), f"certify wrote no report (rc {done.returncode}):\n{output[-4000:]}"
+    return done.returncode, json.loads(report.read_text()), output
+
+
+@pytest.mark.parametrize("options", ["", "speculative=lookup:4,n_rs_seq=4"])
+def test_sampling_through_llama_cpps_chain_follows_the_contracts_distribution(
+    model: Path, tmp_path: Path, options: str
+) -> None:
+    # sample-and-match over llama.cpp's own prompt-lookup drafts, through its sampler chain (the adapter divides
+    # by the temperature first, as the contract does)
+    rc, report, output = certify_sampled(model, options, tmp_path)
+    for invariant in ("engine.sampled-distribution", "engine.sampled-support", "engine.seeds", "engine.greedy-limit"):
+        row = status(report, invariant)
+        assert row["status"] == "pass" and row["exercised"] > 0, (invariant, output[-4000:])
+    assert status(report, "engine.sampled-rounds")["status"] == "skip"  # black box: no rounds
+    assert rc == 0 and report["verdict"] == "pass", output[-4000:]
+
+
+def test_sampling_without_rollback_snapshots_fails(model: Path, tmp_path: Path) -> None:
+    # the broken setting of finding 1, sampled: the sampling checks reject it (the generation breaks)
+    rc, report, output = certify_sampled(model, "speculative=lookup:4", tmp_path)
+    assert rc == 1 and report["verdict"] == "fail", output[-4000:]
+    assert "llama.cpp finding 1" in output
+
+
+@pytest.mark.parametrize("name", ["llamacpp-lookup4", "llamacpp-reuse"])
+def test_the_docs_quoted_output_is_this_runs(tmp_path: Path, name: str) -> None:
+    """docs/real-engines.md's failure block, against the run its own reproduce line names (on the model written
+    where the page puts it: the derandomized examples depend on the engine spec)."""
+    save_lfm2_gguf(load_trained_target(), GGUF_DOC_MODEL, source="trained")
+    block = quoted_outputs()[name]
+    command = shlex.split(block.rsplit("    reproduce: ", 1)[1].splitlines()[0])
+    assert command[:2] == ["specproof", "certify"] and str(GGUF_DOC_MODEL) in command[4], command
+    argv = [sys.executable, "-m", *command, "--db", "none"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, check=False, cwd=tmp_path)
+    invariant = command[command.index("--only") + 1]
+    check_quoted(name, done.stdout, invariant)
 
 
 def test_prefix_reuse_across_calls_fails_engine_session(model: Path, tmp_path: Path) -> None:
@@ -103,6 +170,7 @@ def test_prefix_reuse_across_calls_fails_engine_session(model: Path, tmp_path: P
             "the stale rollback snapshot looks fixed; update docs/real-engines.md and make this test expect PASS"
         )
     assert row["status"] == "fail" and "differs from plain greedy" in row["detail"], row["detail"]
+    assert "known cause (docs/real-engines.md, llama.cpp finding 2)" in row["detail"], row["detail"]
     assert status(report, "engine.lossless")["status"] == "pass", output[-4000:]  # each call alone is right
     assert rc == 1 and report["verdict"] == "fail"
 

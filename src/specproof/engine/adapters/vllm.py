@@ -31,7 +31,8 @@ prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLL
 its rounds nor its drafts, so ``steps`` is None and only the end-to-end invariants apply
 (``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``, and with
 ``--sampling`` the distribution checks); with speculation, the per-request drafted/accepted counts
-(``per_request_spec_decode_metrics``) go into ``Generation.stats``.
+(``per_request_spec_decode_metrics="detailed"``) go into ``Generation.stats``, with the acceptance per
+draft position from its per-step counts.
 
 **One LLM per process.** vLLM cannot build a second ``LLM`` in a process (the second fails
 deep in its op registry), so the first one is cached here and reused for the same settings;
@@ -137,7 +138,8 @@ class VLLMSettings:
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+            # "detailed": the per-step drafted/accepted counts, for the acceptance per draft position
+            kwargs["per_request_spec_decode_metrics"] = "detailed"
         return kwargs
 
     def short_name(self) -> str:
@@ -469,8 +471,14 @@ class VLLMEngine:
         if metrics is None:
             return None
         summary: Mapping[str, Any] = metrics.to_dict()
+        drafted_per_step = [int(n) for n in summary.get("per_step_drafted") or ()]
+        accepted_per_step = [int(n) for n in summary.get("per_step_accepted") or ()]
+        depth = max(drafted_per_step, default=0)
         return Stats(
             emitted=emitted,
             drafted=int(summary.get("num_draft_tokens", 0)),
             accepted=int(summary.get("num_accepted_draft_tokens", 0)),
+            # a step that drafted n tokens and kept j: positions < n attempted, positions < j accepted
+            position_attempts=tuple(sum(n > i for n in drafted_per_step) for i in range(depth)),
+            position_accepts=tuple(sum(j > i for j in accepted_per_step) for i in range(depth)),
         )
