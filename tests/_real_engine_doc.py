@@ -2,8 +2,8 @@
 
 Each failure block the page quotes is marked ``<!-- output: NAME ... -->`` before its fenced block. The
 real-engine tests (tests/frameworks/test_vllm_engine.py, test_llamacpp_engine.py) run the certification
-the block's ``reproduce`` line names, on a model written where the page says (``/tmp/vllm-trained``,
-``/tmp/trained.gguf``: the derandomized examples depend on the engine spec, its path included), cut the
+the block's ``reproduce`` line names, on a model written where the page says (``/tmp/vllm-trained``: the
+derandomized examples depend on the engine spec, its path included), cut the
 same block out of the run's screen output (``failure_block``) and compare: a stale quote fails with the
 block to paste. tests/frameworks/test_real_engines_doc.py checks the marks without any engine.
 """
@@ -16,8 +16,7 @@ from pathlib import Path
 DOC = Path(__file__).resolve().parents[1] / "docs" / "real-engines.md"
 
 # where the page's commands put the models: the doc-output runs write them there too
-VLLM_DOC_MODEL = Path("/tmp/vllm-trained")
-GGUF_DOC_MODEL = Path("/tmp/trained.gguf")
+VLLM_DOC_MODEL = Path("/tmp/vllm-trained")  # (the llama.cpp blocks are not marked yet: no run regenerated them)
 
 _MARK = re.compile(r"^<!-- output: (?P<name>[\w-]+)[^\n]*-->\n```\n(?P<body>.*?)\n```$", re.M | re.S)
 

@@ -173,3 +173,43 @@ def test_the_cli_refuses_the_capacity_as_a_usage_error_before_any_work(tmp_path:
     assert done.returncode == 2, done.stdout + done.stderr
     assert "n_ctx=1024: the engine would hold 1023 tokens but its oracle holds 4096" in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------- sampled decoding, mapped
+
+
+@pytest.mark.parametrize(
+    ("params", "temp", "divides_by"),
+    [
+        ({"temperature": 0.0}, 0.0, None),  # greedy: llama.cpp's greedy sampler
+        ({"temperature": 0.8, "top_k": 1}, 0.0, None),  # top_k=1 is greedy too (the contract's rule 1)
+        ({"temperature": 0.8, "top_k": 5}, 0.8, None),  # top-k commutes with the temperature
+        ({"temperature": 1.0, "top_p": 0.9, "min_p": 0.1}, 1.0, None),  # temperature 1: any order
+        ({"temperature": 0.8, "top_p": 0.95}, 1.0, 0.8),  # top-p after the temperature: the adapter divides
+        ({"temperature": 2.0, "min_p": 0.05}, 1.0, 2.0),
+    ],
+)
+def test_sampling_maps_onto_llama_cpps_chain_in_the_contracts_order(
+    params: dict, temp: float, divides_by: float | None
+) -> None:
+    import numpy as np
+
+    from specproof.contract import SamplingParams, processed_distribution
+    from specproof.engine.adapters.llamacpp import _sampling_kwargs
+
+    sampling = SamplingParams(**params)
+    kwargs = _sampling_kwargs(sampling)
+    assert kwargs["temp"] == temp and kwargs["repeat_penalty"] == 1.0 and kwargs["typical_p"] == 1.0
+    processors = kwargs.get("logits_processor")
+    if divides_by is None:
+        assert processors is None
+        return
+    (divide,) = processors
+    logits = np.array([2.0, 1.5, 0.2, -1.0], dtype=np.float32)
+    scaled = divide(np.zeros(0, dtype=np.intc), logits)
+    np.testing.assert_allclose(scaled, logits / divides_by, rtol=1e-6)
+    # llama.cpp's chain on the divided logits at temperature 1 (top-k, top-p, min-p) is the contract's p
+    chain = SamplingParams(temperature=1.0, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p)
+    np.testing.assert_allclose(
+        processed_distribution(scaled.astype(np.float64), chain), processed_distribution(logits, sampling), atol=1e-6
+    )

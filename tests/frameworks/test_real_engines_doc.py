@@ -86,17 +86,17 @@ def test_every_row_is_told_under_a_heading_of_the_page() -> None:
 
 
 def test_the_quoted_outputs_are_marked_and_carry_their_known_cause() -> None:
+    # the blocks regenerated from a real run and held to it (the llama.cpp ones are not yet: their runs need a
+    # llama-cpp-python build, docs/real-engines.md says so beside them)
     quoted = quoted_outputs()
-    assert set(quoted) == {"vllm-ngram4", "llamacpp-lookup4", "llamacpp-reuse"}
-    vllm_row = known_cause("vllm", _vllm(method="ngram", num_speculative_tokens=4), "engine.lossless")
-    lookup_row = known_cause("llamacpp", _llama(lookup=4), "engine.lossless")
-    reuse_row = known_cause("llamacpp", _llama(lookup=4, n_rs_seq=4, reuse=True), "engine.session")
-    assert vllm_row is not None and lookup_row is not None and reuse_row is not None
-    for name, row in (("vllm-ngram4", vllm_row), ("llamacpp-lookup4", lookup_row), ("llamacpp-reuse", reuse_row)):
-        assert row.sentence() in quoted[name], name
-        # a run prints the tolerance in force and never elides: the quotes are what a run printed
-        assert "tie tolerance 0)" not in quoted[name] and ",...]" not in quoted[name] and " ...:" not in quoted[name]
-        assert "    reproduce: specproof certify engine --engine " in quoted[name]
+    assert set(quoted) == {"vllm-ngram4"}
+    row = known_cause("vllm", _vllm(method="ngram", num_speculative_tokens=4), "engine.lossless")
+    assert row is not None
+    block = quoted["vllm-ngram4"]
+    assert row.sentence() in block
+    # a run prints the tolerance in force and never elides: the quote is what a run printed
+    assert "tie tolerance 0)" not in block and ",...]" not in block and " ...:" not in block
+    assert "    reproduce: specproof certify engine --engine vllm:/tmp/vllm-trained," in block
 
 
 SCREEN = """\

@@ -256,19 +256,17 @@ def resolve_n_ctx(settings: LlamaCppSettings, oracle: Any) -> int:
 
 def _sampling_kwargs(sampling: SamplingParams | None) -> dict[str, Any]:
     """``Llama.generate``'s sampler arguments for ``sampling``: greedy (``temp=0``, llama.cpp's greedy
-    sampler) or the chain top-k, top-p, min-p, temperature 1 after the adapter's own division by the
-    temperature (``_Temperature``), which is the contract's order; typical-p and every penalty off."""
+    sampler), or its chain top-k, top-p, min-p, temperature: as is where top-p and min-p are off (top-k
+    commutes with the temperature) or the temperature is 1, else with temperature 1 after the adapter's
+    own division by the temperature (``_Temperature``), the contract's order; typical-p and penalties off."""
     off = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "typical_p": 1.0}
     if sampling is None or sampling.greedy:
         return {"temp": 0.0, **off}
-    return {
-        "temp": 1.0,
-        "top_k": sampling.top_k,  # 0: off in both
-        "top_p": sampling.top_p,
-        "min_p": sampling.min_p,
-        "logits_processor": [_Temperature(sampling.temperature)],
-        **off,
-    }
+    kept = {"top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p}  # 0, 1, 0: off in both
+    if (sampling.top_p >= 1.0 and sampling.min_p <= 0.0) or sampling.temperature == 1.0:
+        # top-k commutes with the temperature: llama.cpp's own order gives the contract's p
+        return {"temp": float(sampling.temperature), **kept, **off}
+    return {"temp": 1.0, **kept, "logits_processor": [_Temperature(sampling.temperature)], **off}
 
 
 class _Temperature:
