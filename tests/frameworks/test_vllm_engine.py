@@ -127,8 +127,10 @@ def test_ngram_speculation_is_lossy_on_the_hybrid(checkpoint: Path, tmp_path: Pa
     assert rc == 1 and report["verdict"] == "fail"
     # the certificate shows that vLLM speculated: its drafted and accepted counts (vLLM's per-request metrics)
     (counts,) = report["speculation"].values()
-    assert counts["with_stats"] == counts["generations"] > 0 and counts["drafted"] > 0, counts
+    # (vLLM returns no metrics for a request that ran no speculative step, e.g. one new token: "stats on N of M")
+    assert 0 < counts["with_stats"] <= counts["generations"] and counts["drafted"] > 0, counts
     assert f"{counts['drafted']} drafted, {counts['accepted']} accepted" in output
+    assert len(counts["by_position"]) == k and "acceptance by draft position: 0: " in output
 
 
 def test_the_eager_rotary_kernel_is_lossy(checkpoint: Path, tmp_path: Path) -> None:
