@@ -162,6 +162,7 @@ def _llamacpp_engine_factory(spec: str, flag: str) -> Callable[[], object]:
             )
         oracle = load_target(source)
         vocab = adapter.gguf_vocab_size(meta)
+        adapter.resolve_n_ctx(settings, oracle)  # a capacity unlike the oracle's: refused before llama.cpp loads
         adapter.require_llama_cpp()
     except SpecproofError as exc:
         raise PluginError(f"{flag} {spec!r}: {exc}") from exc

@@ -114,3 +114,102 @@ def test_the_command_line_names_the_extra_when_a_package_is_missing(tmp_path: Pa
     assert done.returncode == 2, done.stdout + done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert "specproof[llamacpp]" in line and "Traceback" not in done.stderr, done.stderr
+
+
+# --------------------------------------------------------------------------- the capacity agrees with the oracle's
+
+
+class _Oracle:
+    vocab_size = 256
+
+    def __init__(self, max_context: object) -> None:
+        self.max_context = max_context
+
+
+def test_n_ctx_defaults_to_the_oracles_capacity_and_may_name_it(tmp_path: Path) -> None:
+    from specproof.engine.adapters.llamacpp import resolve_n_ctx
+
+    assert resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf"), _Oracle(4096)) == 4096
+    assert resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf,n_ctx=4097"), _Oracle(4096)) == 4096
+
+
+@pytest.mark.parametrize("n_ctx", [1024, 4096, 8192])
+def test_an_n_ctx_unlike_the_oracles_capacity_is_refused_naming_both_ways_out(tmp_path: Path, n_ctx: int) -> None:
+    from specproof.engine.adapters.llamacpp import resolve_n_ctx
+
+    with pytest.raises(InvalidSettingError) as info:
+        resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf,n_ctx={n_ctx}"), _Oracle(4096))
+    assert str(info.value) == (
+        f"llamacpp option n_ctx={n_ctx}: the engine would hold {n_ctx - 1} tokens but its oracle holds 4096, so "
+        "plain greedy would not stop where llama.cpp does; drop n_ctx (default 4097) or name an oracle of that "
+        f"capacity: oracle=TARGET:max_context={n_ctx - 1}"
+    )
+    with pytest.raises(InvalidSettingError, match="the oracle states no max_context"):
+        resolve_n_ctx(parse_llamacpp_spec(f"{tmp_path}/m.gguf"), _Oracle(None))
+
+
+def test_the_engine_refuses_the_capacity_before_llama_cpp_loads(tmp_path: Path, monkeypatch) -> None:
+    from specproof.engine.adapters import llamacpp as adapter
+
+    def not_here() -> None:
+        raise AssertionError("llama.cpp was loaded before the capacity was checked")
+
+    monkeypatch.setattr(adapter, "require_llama_cpp", not_here)
+    with pytest.raises(InvalidSettingError, match=r"n_ctx=1024: the engine would hold 1023"):
+        adapter.LlamaCppEngine(parse_llamacpp_spec(f"{tmp_path}/m.gguf,n_ctx=1024"), oracle=_Oracle(4096))
+
+
+def test_the_cli_refuses_the_capacity_as_a_usage_error_before_any_work(tmp_path: Path) -> None:
+    pytest.importorskip("gguf")
+    from specproof.engine.targets.lfm2_gguf import save_lfm2_gguf
+    from specproof.fixtures import load_trained_target
+
+    model = save_lfm2_gguf(load_trained_target(), tmp_path / "trained.gguf", source="trained")
+    done = subprocess.run(
+        [sys.executable, "-m", "specproof", "certify", "engine", "--engine", f"llamacpp:{model},n_ctx=1024",
+         "--profile", "quick", "--db", "none"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "n_ctx=1024: the engine would hold 1023 tokens but its oracle holds 4096" in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------- sampled decoding, mapped
+
+
+@pytest.mark.parametrize(
+    ("params", "temp", "divides_by"),
+    [
+        ({"temperature": 0.0}, 0.0, None),  # greedy: llama.cpp's greedy sampler
+        ({"temperature": 0.8, "top_k": 1}, 0.0, None),  # top_k=1 is greedy too (the contract's rule 1)
+        ({"temperature": 0.8, "top_k": 5}, 0.8, None),  # top-k commutes with the temperature
+        ({"temperature": 1.0, "top_p": 0.9, "min_p": 0.1}, 1.0, None),  # temperature 1: any order
+        ({"temperature": 0.8, "top_p": 0.95}, 1.0, 0.8),  # top-p after the temperature: the adapter divides
+        ({"temperature": 2.0, "min_p": 0.05}, 1.0, 2.0),
+    ],
+)
+def test_sampling_maps_onto_llama_cpps_chain_in_the_contracts_order(
+    params: dict, temp: float, divides_by: float | None
+) -> None:
+    import numpy as np
+
+    from specproof.contract import SamplingParams, processed_distribution
+    from specproof.engine.adapters.llamacpp import _sampling_kwargs
+
+    sampling = SamplingParams(**params)
+    kwargs = _sampling_kwargs(sampling)
+    assert kwargs["temp"] == temp and kwargs["repeat_penalty"] == 1.0 and kwargs["typical_p"] == 1.0
+    processors = kwargs.get("logits_processor")
+    if divides_by is None:
+        assert processors is None
+        return
+    (divide,) = processors
+    logits = np.array([2.0, 1.5, 0.2, -1.0], dtype=np.float32)
+    scaled = divide(np.zeros(0, dtype=np.intc), logits)
+    np.testing.assert_allclose(scaled, logits / divides_by, rtol=1e-6)
+    # llama.cpp's chain on the divided logits at temperature 1 (top-k, top-p, min-p) is the contract's p
+    chain = SamplingParams(temperature=1.0, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p)
+    np.testing.assert_allclose(
+        processed_distribution(scaled.astype(np.float64), chain), processed_distribution(logits, sampling), atol=1e-6
+    )

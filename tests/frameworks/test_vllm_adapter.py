@@ -51,7 +51,7 @@ def test_ngram_options_pass_through(checkpoint: Path) -> None:
     }
     assert kwargs["enable_prefix_caching"] is True and kwargs["enforce_eager"] is False
     assert "compilation_config" not in kwargs and "hf_overrides" not in kwargs
-    assert kwargs["per_request_spec_decode_metrics"] == "summary"
+    assert kwargs["per_request_spec_decode_metrics"] == "detailed"
     assert s.short_name() == "vllm-ngram4-prefix-caching-rotary-kernel-compiled"
     assert parse_vllm_spec(f"{checkpoint},speculative=ngram:2").speculative_config() == {
         "method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2,
@@ -121,3 +121,33 @@ def test_export_command_writes_a_checkpoint_the_spec_accepts(tmp_path: Path) -> 
         timeout=120,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+
+
+class _Metrics:
+    """vLLM's RequestSpecDecodeMetrics.to_dict() at the "detailed" level (vllm/v1/metrics/stats.py)."""
+
+    def __init__(self, drafted: list[int], accepted: list[int]) -> None:
+        self.drafted, self.accepted = drafted, accepted
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "num_draft_tokens": sum(self.drafted),
+            "num_accepted_draft_tokens": sum(self.accepted),
+            "per_step_drafted": self.drafted,
+            "per_step_accepted": self.accepted,
+        }
+
+
+def test_stats_carry_the_acceptance_per_draft_position() -> None:
+    from types import SimpleNamespace
+
+    from specproof.engine.adapters.vllm import VLLMEngine
+
+    # three verify steps: 4 drafted 2 kept, 4 drafted 4 kept, 1 drafted 0 kept
+    completion = SimpleNamespace(spec_decode_metrics=_Metrics([4, 4, 1], [2, 4, 0]))
+    stats = VLLMEngine._stats(None, completion, 9)  # type: ignore[arg-type]
+    assert (stats.drafted, stats.accepted, stats.emitted) == (9, 6, 9)
+    assert stats.position_attempts == (3, 2, 2, 2) and stats.position_accepts == (2, 2, 1, 1)
+    assert sum(stats.position_attempts) == stats.drafted and sum(stats.position_accepts) == stats.accepted
+    # no speculation: no metrics, no stats (the engine is certified as plain greedy)
+    assert VLLMEngine._stats(None, SimpleNamespace(), 3) is None  # type: ignore[arg-type]

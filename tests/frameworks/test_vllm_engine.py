@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _real_engine_doc import VLLM_DOC_MODEL, check_quoted, quoted_outputs
 
 try:
     import vllm  # the module under test; importing it checks the torch builds too
@@ -120,7 +123,14 @@ def test_ngram_speculation_is_lossy_on_the_hybrid(checkpoint: Path, tmp_path: Pa
         )
     assert row["status"] == "fail", output[-4000:]
     assert "differs from plain greedy" in row["detail"], row["detail"]
+    assert "known cause (docs/real-engines.md, vLLM finding 1)" in row["detail"], row["detail"]
     assert rc == 1 and report["verdict"] == "fail"
+    # the certificate shows that vLLM speculated: its drafted and accepted counts (vLLM's per-request metrics)
+    (counts,) = report["speculation"].values()
+    # (vLLM returns no metrics for a request that ran no speculative step, e.g. one new token: "stats on N of M")
+    assert 0 < counts["with_stats"] <= counts["generations"] and counts["drafted"] > 0, counts
+    assert f"{counts['drafted']} drafted, {counts['accepted']} accepted" in output
+    assert len(counts["by_position"]) == k and "acceptance by draft position: 0: " in output
 
 
 def test_the_eager_rotary_kernel_is_lossy(checkpoint: Path, tmp_path: Path) -> None:
@@ -132,6 +142,7 @@ def test_the_eager_rotary_kernel_is_lossy(checkpoint: Path, tmp_path: Path) -> N
             "update docs/real-engines.md and make this test expect PASS"
         )
     assert row["status"] == "fail" and "differs from plain greedy" in row["detail"], output[-4000:]
+    assert "known cause (docs/real-engines.md, vLLM finding 2)" in row["detail"], row["detail"]
     assert rc == 1
 
 
@@ -146,6 +157,10 @@ def test_prefix_caching_with_ngram_speculation_is_refused_naming_the_option(chec
     assert row["status"] == "fail", output[-4000:]
     assert "prefix_caching=0" in row["detail"] and "mamba_utils.py" in row["detail"], row["detail"]
     assert rc == 1
+    # every request crashes: told once, with the checks it stopped (not once per check), naming the known cause
+    failed = [r for r in report["results"] if r["status"] == "fail"]
+    assert len(failed) > 1 and output.count("──── one failure stopped") == 1, output[-4000:]
+    assert output.count("known cause (docs/real-engines.md, vLLM finding 3)") == len(failed) + 1  # rows + block
 
 
 def test_acceptance_counts_reach_the_generation_stats(checkpoint: Path, tmp_path: Path) -> None:
@@ -207,3 +222,16 @@ def test_sampling_with_ngram_speculation_is_lossy_on_the_hybrid(checkpoint: Path
     assert certain == {"engine.sampled-support": "fail", "engine.greedy-limit": "fail"}, output[-4000:]
     assert "has probability 0 under p" in status(report, "engine.sampled-support")["detail"]
     assert rc == 1 and report["verdict"] == "fail"
+
+
+def test_the_docs_quoted_output_is_this_runs(tmp_path: Path) -> None:
+    """docs/real-engines.md's failure block of finding 1, against the run its own reproduce line names (on the
+    checkpoint written where the page puts it: the derandomized examples depend on the engine spec)."""
+    save_vllm_lfm2(load_trained_target(), str(VLLM_DOC_MODEL), source="trained")
+    block = quoted_outputs()["vllm-ngram4"]
+    command = shlex.split(block.rsplit("    reproduce: ", 1)[1].splitlines()[0])
+    assert command[:2] == ["specproof", "certify"] and str(VLLM_DOC_MODEL) in command[4], command
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    argv = [sys.executable, "-m", *command, "--db", "none"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=TIMEOUT, check=False, cwd=tmp_path)
+    check_quoted("vllm-ngram4", done.stdout, command[command.index("--only") + 1])

@@ -290,11 +290,28 @@ _STATUS_STYLE = {
 }
 
 
+def _print_shared_failure(console: Any, cause: str, group: list[dict[str, Any]]) -> None:
+    from specproof.conformance.reports import stopped_checks
+
+    header = f"one failure stopped {len(group)} checks"
+    if console.is_terminal:
+        console.rule(f"[bold red]{header}")
+    else:
+        console.print(f"──── {header} ────", markup=False)
+    console.print(cause, markup=False)
+    console.print(f"    checks it stopped: {stopped_checks(group)}", markup=False)
+    example = next((v["example"] for r in group for v in r.get("violations") or () if v.get("example")), None)
+    if example:
+        console.print(f"    minimal example: {json.dumps(example, default=str)[:3000]}", markup=False)
+    if group[0].get("reproduce"):
+        console.print(f"    reproduce: {group[0]['reproduce']}", markup=False, soft_wrap=True, highlight=False)
+
+
 def _print_table(console: Any, report: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from specproof.conformance.reports import sampling_lines
+    from specproof.conformance.reports import failure_groups, sampling_lines, speculation_lines
 
     subj = report["subjects"]
     parts = [
@@ -334,9 +351,15 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
             console.print(f"note ({e['case']}): {note}", markup=False)
     for u in subj.get("used") or ():
         console.print(f"used, not certified: {u}", markup=False)
+    for line in speculation_lines(report)[1:]:  # drafted and accepted counts of each speculating engine case
+        console.print(line.replace("### ", ""), markup=False)
     for line in sampling_lines(report)[1:]:  # the sampling checks' sizes, bound and sensitivity
         console.print(line.replace("## ", "").replace("`", ""), markup=False)
-    for r in [r for r in report["results"] if r["status"] in ("fail", "error")]:
+    for cause, group in failure_groups([r for r in report["results"] if r["status"] in ("fail", "error")]):
+        if cause is not None:  # one failure (every request crashed) told once, with the checks it stopped
+            _print_shared_failure(console, cause, group)
+            continue
+        (r,) = group
         if console.is_terminal:
             console.rule(f"[bold red]{r['invariant']} ({r['case']})")
         else:  # a log: a short header, not a rule as wide as the (unbounded) log width

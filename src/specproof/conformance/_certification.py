@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+import attrs
+
 from specproof.conformance import _registry as registry
 from specproof.conformance._checks import generate_checks
 from specproof.conformance._engine_runs import PATHS, EngineRun, RunCache, rounds_by_path
@@ -22,6 +24,7 @@ from specproof.conformance._plan import Plan
 from specproof.conformance._replay import Replay
 from specproof.conformance._reproduce import reproduce_command
 from specproof.conformance._results import CheckResult
+from specproof.conformance._speculation import declares_not_speculative
 from specproof.conformance._subjects import EngineCase
 from specproof.conformance.drivers import CheckItem, Driver, DriverContext, driver_class
 from specproof.contract import ViolationError
@@ -112,12 +115,25 @@ class Certification:
         if result.status == "pending":
             result.settle()
         if result.status in ("fail", "error"):
+            self._name_known_cause(item, result)
+        if result.status in ("fail", "error"):
             result.reproduce = reproduce_command(self.plan, result, driver_args=driver.reproduce_args(result))
         reason = self.plan.expected_failures.get(inv.id)
         if reason is not None:
             result.expect_failure(reason)
         self._hand_on(result)
         return result
+
+    def _name_known_cause(self, item: CheckItem, result: CheckResult) -> None:
+        """A failure an engine knows the upstream cause of (its ``known_cause(invariant)``: the real-engine
+        adapters' table, docs/real-engines.md) says it, with the workaround, in every violation and the detail."""
+        case = next((c for c in self.plan.suite.engines if c.id == item.case_id), None)
+        explain = getattr(case.engine, "known_cause", None) if case is not None else None
+        known = explain(item.invariant.id) if callable(explain) else None
+        if not isinstance(known, str) or not known:
+            return
+        result.violations = [attrs.evolve(v, explanation=f"{v.explanation} — {known}") for v in result.violations]
+        result.detail = f"{result.detail} — {known}"
 
     def _hand_on(self, result: CheckResult) -> None:
         if self.on_result is not None:
@@ -178,4 +194,47 @@ class Certification:
             missing = [p for p in OWN_DRAFT_PATHS if not total[p]]
             if missing:
                 out[case.id] = missing
+        return out
+
+    # ---- speculation counts ------------------------------------------------------------
+
+    def speculation_counts(self) -> dict[str, dict[str, object]]:
+        """Per engine case that does not declare ``speculative = False``: what its generations' ``stats`` say
+        it drafted and accepted over its one search (a black-box engine shows its speculation only there).
+
+        ``with_stats`` counts the completed generations that returned ``stats`` at all; ``by_position`` is the
+        acceptance per draft position where the engine reports ``position_attempts`` (None where none does).
+        """
+        out: dict[str, dict[str, object]] = {}
+        for case in self.plan.suite.engines:
+            if declares_not_speculative(case.engine):
+                continue
+            records = [run.record for run in self.runs_of(case) if run.record is not None]
+            if not records:
+                continue
+            stats = [r.generation.stats for r in records if r.generation.stats is not None]
+            attempts: list[int] = []
+            accepts: list[int] = []
+            for st in stats:
+                for counts, row in ((attempts, st.position_attempts), (accepts, st.position_accepts)):
+                    counts.extend([0] * (len(row) - len(counts)))
+                    for i, n in enumerate(row):
+                        counts[i] += int(n)
+            drafted = sum(st.drafted for st in stats)
+            accepted = sum(st.accepted for st in stats)
+            out[case.id] = {
+                "generations": len(records),
+                "with_stats": len(stats),
+                "drafted": drafted,
+                "accepted": accepted,
+                "acceptance": round(accepted / drafted, 4) if drafted else None,
+                "by_position": (
+                    [
+                        {"attempts": n, "accepted": a, "rate": round(a / n, 4) if n else None}
+                        for n, a in zip(attempts, [*accepts, *[0] * (len(attempts) - len(accepts))])
+                    ]
+                    if any(attempts)
+                    else None
+                ),
+            }
         return out

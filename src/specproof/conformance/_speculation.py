@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._certification import Certification
 
-__all__ = ["DRAFTING_PATHS", "declares_not_speculative", "not_speculative_notes", "unspeculated_cases"]
+__all__ = [
+    "DRAFTING_PATHS",
+    "declares_not_speculative",
+    "not_speculative_notes",
+    "unspeculated_cases",
+    "what_was_seen",
+]
 
 DRAFTING_PATHS: Final = ("all_accepted", "partial", "rejected_at_0", "eos_in_accepted")
 
@@ -39,15 +45,24 @@ def unspeculated_cases(cert: Certification) -> dict[str, str]:
             continue
         if any(row[p] for p in DRAFTING_PATHS):
             continue
-        drafted = sum(
-            run.record.generation.stats.drafted
-            for run in cert.runs_of(case)
-            if run.record is not None and run.record.generation.stats is not None
-        )
-        if drafted:
+        generations = [run.record.generation for run in cert.runs_of(case) if run.record is not None]
+        stats = [g.stats for g in generations if g.stats is not None]
+        if sum(st.drafted for st in stats):
             continue
-        out[case.id] = f"{row['completed']} generations, 0 rounds with a draft, 0 drafted tokens in its stats"
+        out[case.id] = what_was_seen(row["completed"], with_steps=any(g.steps for g in generations), stats=len(stats))
     return out
+
+
+def what_was_seen(completed: int, *, with_steps: bool, stats: int) -> str:
+    """What an unspeculated case showed: its rounds if it reports steps, else its stats, or that it has neither
+    (a black box without stats is not told "0 drafted tokens": it reported none, so say what to add)."""
+    rounds = "0 rounds with a draft" if with_steps else "no rounds (it returns no steps)"
+    if stats:
+        return f"{completed} generations, {rounds}, 0 drafted tokens in the stats of {stats}"
+    return (
+        f"{completed} generations, {rounds} and no stats (Generation.stats is None); return "
+        "Stats(drafted=..., accepted=...) from generate to show what it drafted"
+    )
 
 
 def not_speculative_notes(cert: Certification) -> dict[str, str]:

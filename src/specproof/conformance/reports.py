@@ -32,6 +32,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -55,8 +56,10 @@ __all__ = [
     "FORMAT",
     "build_report",
     "check_output_path",
+    "failure_groups",
     "render_junit",
     "render_markdown",
+    "speculation_lines",
     "write_json_report",
     "write_markdown_report",
     "write_text_file",
@@ -304,6 +307,8 @@ def build_report(cert: Certification) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - cert.started, 3),
         "path_coverage": cert.path_coverage(),
         "unreached_paths": cert.unreached_paths(),
+        # what each speculating engine case's generations say they drafted and accepted (a black box: its stats)
+        "speculation": cert.speculation_counts(),
         # the example database: where failures are saved, what was replayed from it, its warnings
         "database": plan.database.describe() if plan.database is not None else None,
         "results": results,
@@ -374,9 +379,21 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
             f"Engine case {case} drafts for itself; paths it never took (not checked): {', '.join(missing)}.",
         ]
+    lines += [line.replace("### ", "## ", 1) for line in speculation_lines(report)]
     lines += sampling_lines(report)
     lines += _consequence_lines(report["results"])
-    for r in [r for r in report["results"] if r["status"] in ("fail", "error", "xfail", "xpass")]:
+    shown = [r for r in report["results"] if r["status"] in ("fail", "error", "xfail", "xpass")]
+    for cause, group in failure_groups(shown):
+        if cause is not None:
+            lines += ["", f"## One failure stopped {len(group)} checks — {group[0]['status']}", ""]
+            lines += [f"- {cause}", f"- checks it stopped: {stopped_checks(group)}"]
+            example = _first_example(group)
+            if example:
+                lines += ["", "  ```json", "  " + json.dumps(example, default=str)[:4000], "  ```"]
+            if group[0].get("reproduce"):
+                lines += ["", f"Reproduce: `{group[0]['reproduce']}`"]
+            continue
+        (r,) = group
         lines += ["", f"## {r['invariant']} ({r['case']}) — {r['status']}", ""]
         for v in r.get("violations") or []:
             lines.append(f"- round {v['round']}: {v['explanation']}")
@@ -387,6 +404,105 @@ def render_markdown(report: dict[str, Any]) -> str:
         if r.get("reproduce"):
             lines += ["", f"Reproduce: `{r['reproduce']}`"]
     return "\n".join(lines) + "\n"
+
+
+def speculation_lines(report: dict[str, Any]) -> list[str]:
+    """The certificate's speculation section: per speculating engine case, the drafted and accepted counts its
+    generations reported (``stats``), and the acceptance per draft position where the engine reports it."""
+    rows = report.get("speculation") or {}
+    if not rows:
+        return []
+    out = ["", "### Speculation (drafted and accepted tokens, from the generations' stats)", ""]
+    for case, row in rows.items():
+        out.append(f"- {case}: {speculation_summary(row)}")
+        positions = row.get("by_position")
+        if positions:
+            cells = ", ".join(
+                f"{i}: {p['accepted']}/{p['attempts']}" + (f" ({p['rate']:.0%})" if p["rate"] is not None else "")
+                for i, p in enumerate(positions)
+            )
+            out.append(f"  - acceptance by draft position: {cells}")
+    return out
+
+
+def speculation_summary(row: dict[str, Any]) -> str:
+    """One case's counts in words; a case without stats is told it has none, not "0 drafted"."""
+    generations, with_stats = row["generations"], row["with_stats"]
+    if not with_stats:
+        return (
+            f"{generations} generations, no stats (Generation.stats is None): what it drafted is unknown; return "
+            "Stats(drafted=..., accepted=...) from generate to show it"
+        )
+    rate = f" ({row['acceptance']:.1%} accepted)" if row.get("acceptance") is not None else ""
+    partial = f" (stats on {with_stats} of {generations} generations)" if with_stats != generations else ""
+    return f"{row['drafted']} drafted, {row['accepted']} accepted{rate} over {generations} generations{partial}"
+
+
+# a check stopped by a failure of the subject (a crash), not by its own judgement: "... raised X: why"
+# followed by what the check adds ("(so engine.stop could not be checked)", "[greedy stops at ...]")
+# and the known upstream cause the certification names (" — known cause (...): ...")
+_RAISED = re.compile(
+    r"\braised (?P<cause>.+?)(?: \(so [\w.-]+ could not be checked\))?(?: \[[^\]]*\])?(?P<known> — known cause .*)?$"
+)
+
+
+def _cause_of(result: dict[str, Any]) -> str | None:
+    """What stopped this check, when it is a raise every violation names alike (None: its own finding)."""
+    if result["status"] == "error":
+        return str(result.get("detail") or "") or None
+    causes = set()
+    for v in result.get("violations") or ():
+        found = _RAISED.search(str(v.get("explanation") or ""))
+        if found is None:
+            return None
+        causes.add(found["cause"])
+    return causes.pop() if len(causes) == 1 else None
+
+
+def failure_groups(results: list[dict[str, Any]]) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The failures to print, in order: ``(None, [result])`` for a check's own failure, and
+    ``(cause, [results...])`` once for a failure that stopped several checks alike (every request crashed):
+    the cause is the first's explanation, less what it says of its own check."""
+    by_cause: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        cause = _cause_of(r)
+        if cause is not None:
+            by_cause.setdefault(cause, []).append(r)
+    out: list[tuple[str | None, list[dict[str, Any]]]] = []
+    told: set[str] = set()
+    for r in results:
+        cause = _cause_of(r)
+        if cause is None or len(by_cause[cause]) < 2:
+            out.append((None, [r]))
+        elif cause not in told:
+            told.add(cause)
+            out.append((_shared_text(by_cause[cause][0]), by_cause[cause]))
+    return out
+
+
+def _shared_text(result: dict[str, Any]) -> str:
+    if result["status"] == "error":
+        return f"error: {result.get('detail')}"
+    text = str(result["violations"][0]["explanation"])
+    found = _RAISED.search(text)
+    assert found is not None
+    return text[: found.start("cause")] + found["cause"] + (found["known"] or "")
+
+
+def stopped_checks(group: list[dict[str, Any]]) -> str:
+    """``engine.lossless, engine.stop (case)``: the checks a shared failure stopped, by case."""
+    cases: dict[str, list[str]] = {}
+    for r in group:
+        cases.setdefault(r["case"], []).append(r["invariant"])
+    return "; ".join(f"{', '.join(ids)} ({case})" for case, ids in cases.items())
+
+
+def _first_example(group: list[dict[str, Any]]) -> Any:
+    for r in group:
+        for v in r.get("violations") or ():
+            if v.get("example"):
+                return v["example"]
+    return None
 
 
 SAMPLING_INVARIANTS = frozenset(inv.id for inv in REGISTRY if inv.driver == "sampling")

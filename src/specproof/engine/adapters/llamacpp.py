@@ -17,7 +17,8 @@ where ``FILE`` is a GGUF file, e.g. the one ``specproof export gguf DIR`` writes
   ``0`` resets the ``Llama`` before every call;
 - ``n_ctx=N`` (default: the oracle's ``max_context + 1``, so that the engine and its oracle have the same
   capacity, which ``engine.lossless`` assumes near a full context): the engine's ``max_context`` is
-  ``N - 1`` (a smaller ``n_ctx`` needs an oracle of that capacity, e.g. ``oracle=trained:max_context=N-1``);
+  ``N - 1``, which must equal the oracle's (``resolve_n_ctx``: another ``n_ctx`` is refused, naming
+  ``oracle=TARGET:max_context=N-1``, as the ``vllm:`` engine refuses another ``max_model_len``);
   the ``Llama`` gets ``N`` rounded up to a multiple of 256, the size llama.cpp pads its context to;
 - ``threads=N`` (default 1): ``n_threads`` and ``n_threads_batch``;
 - ``kv_type=f32`` (default) | ``f16`` (llama.cpp's default): the KV cache's ``type_k`` / ``type_v``; with
@@ -25,7 +26,14 @@ where ``FILE`` is a GGUF file, e.g. the one ``specproof export gguf DIR`` writes
 - ``oracle=TARGET``: the target spec of the same model (default: the ``specproof.source`` the export
   recorded in the file).
 
-Decoding is greedy (``temp=0``, repeat penalty 1) on token ids (``Llama.generate``); the adapter
+Decoding is greedy (``temp=0``, repeat penalty 1) on token ids (``Llama.generate``), or sampled with
+``generate(..., sampling=SamplingParams(...))`` through llama.cpp's own sampler chain (the engine declares
+``sampling`` and ``seeded``; ``--sampling`` certifies it): ``Llama.generate`` samples every position of a
+verified draft with that chain and keeps a draft token only when it equals the sample (sample-and-match).
+llama.cpp's chain runs top-k, top-p and min-p *before* its temperature; the contract divides by the
+temperature first, so the adapter divides the logits itself (a logits processor, the chain's first
+stage) and gives the chain ``temp=1``: the same ``p`` as the contract's. The seed is the request's
+(``Llama.set_seed``), a fresh random one for an unseeded request. The adapter
 stops at ``max_new_tokens`` or at the ``eos_token_id`` it is asked for, never at the model's own EOS.
 llama-cpp-python reports neither rounds nor drafts, so ``steps`` is None and only the end-to-end
 invariants apply (``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``).
@@ -42,15 +50,17 @@ another order than the reference); ``--tie-tolerance`` overrides it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from specproof.contract import Generation, Stats, StopReason
+from specproof.contract import Generation, SamplingParams, Stats, StopReason
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
+from specproof.engine.adapters import known_causes
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -61,6 +71,7 @@ __all__ = [
     "check_gguf_file",
     "parse_llamacpp_spec",
     "require_llama_cpp",
+    "resolve_n_ctx",
 ]
 
 INSTALL_HINT = (
@@ -217,6 +228,58 @@ def require_llama_cpp() -> Any:
     return llama_cpp
 
 
+def resolve_n_ctx(settings: LlamaCppSettings, oracle: Any) -> int:
+    """The engine's ``max_context`` for ``settings`` with this ``oracle``: the oracle's; an explicit ``n_ctx``
+    must hold exactly that (``n_ctx - 1`` tokens), or ``InvalidSettingError`` names the two ways out.
+
+    ``engine.lossless`` compares the engine with plain greedy decoding in the oracle's context: an engine
+    that holds fewer tokens stops full where greedy runs on, one that holds more runs on where the oracle
+    cannot follow, and either fails on the rare prompt near the end (docs/real-engines.md, the vLLM
+    capacity finding)."""
+    capacity = getattr(oracle, "max_context", None)
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise InvalidSettingError(
+            f"llamacpp:{settings.model_path}: the oracle states no max_context ({capacity!r}), so llama.cpp's "
+            "capacity cannot match it; name a Target of the same model with oracle=TARGET"
+        )
+    if settings.n_ctx is None:
+        return capacity
+    if settings.n_ctx - 1 != capacity:
+        n = settings.n_ctx
+        raise InvalidSettingError(
+            f"llamacpp option n_ctx={n}: the engine would hold {n - 1} tokens but its oracle holds {capacity}, "
+            f"so plain greedy would not stop where llama.cpp does; drop n_ctx (default {capacity + 1}) "
+            f"or name an oracle of that capacity: oracle=TARGET:max_context={n - 1}"
+        )
+    return capacity
+
+
+def _sampling_kwargs(sampling: SamplingParams | None) -> dict[str, Any]:
+    """``Llama.generate``'s sampler arguments for ``sampling``: greedy (``temp=0``, llama.cpp's greedy
+    sampler), or its chain top-k, top-p, min-p, temperature: as is where top-p and min-p are off (top-k
+    commutes with the temperature) or the temperature is 1, else with temperature 1 after the adapter's
+    own division by the temperature (``_Temperature``), the contract's order; typical-p and penalties off."""
+    off = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "typical_p": 1.0}
+    if sampling is None or sampling.greedy:
+        return {"temp": 0.0, **off}
+    kept = {"top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p}  # 0, 1, 0: off in both
+    if (sampling.top_p >= 1.0 and sampling.min_p <= 0.0) or sampling.temperature == 1.0:
+        # top-k commutes with the temperature: llama.cpp's own order gives the contract's p
+        return {"temp": float(sampling.temperature), **kept, **off}
+    return {"temp": 1.0, **kept, "logits_processor": [_Temperature(sampling.temperature)], **off}
+
+
+class _Temperature:
+    """The contract's first step, ``z = logits / temperature``, as llama-cpp-python's logits processor
+    (the first stage of the sampler chain it builds, before top-k/top-p/min-p)."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = float(temperature)
+
+    def __call__(self, input_ids: Any, logits: Any) -> Any:
+        return logits / self.temperature
+
+
 class _CountingDraft:
     """Wraps llama-cpp-python's draft model: the drafts it made, each ``(position, tokens)``, as
     ``Llama.generate`` uses them (cut to the room left in the context)."""
@@ -286,7 +349,9 @@ class LlamaCppEngine:
     plain greedy decoding of that model.
     """
 
-    capabilities: frozenset[str] = frozenset()  # black box: no suite drafts, no state
+    # black box: no suite drafts, no state; it samples through llama.cpp's sampler chain (sample-and-match
+    # over its own drafts) with a per-request seed (``Llama.set_seed``: one output per seed)
+    capabilities: frozenset[str] = frozenset({"sampling", "seeded"})
 
     def __init__(self, settings: LlamaCppSettings, *, oracle: Any, vocab_size: int | None = None) -> None:
         if not isinstance(settings, LlamaCppSettings):
@@ -299,16 +364,12 @@ class LlamaCppEngine:
                 f"llamacpp:{settings.model_path}: the oracle's vocab_size {vocab!r} is not the file's "
                 f"{vocab_size!r}; name the right model with oracle=TARGET"
             )
+        self.max_context: int = resolve_n_ctx(settings, oracle)  # before llama.cpp loads anything
         llama_cpp = require_llama_cpp()
         self.settings = settings
         self.oracle = oracle
         self.tie_tolerance: float = default_tie_tolerance("float32")
         self.vocab_size: int = vocab
-        oracle_context = getattr(oracle, "max_context", None)
-        if settings.n_ctx is None and not isinstance(oracle_context, int):
-            raise InvalidSettingError(f"llamacpp:{settings.model_path}: the oracle states no max_context; set n_ctx=N")
-        capacity = settings.n_ctx - 1 if settings.n_ctx is not None else oracle_context
-        self.max_context: int = int(capacity)  # type: ignore[arg-type]
         # llama.cpp pads the context to a multiple of 256 and Llama.generate cuts drafts to that padded size,
         # but Llama sizes its input_ids buffer by the n_ctx it was given: ask for the padded size, or a draft
         # near the end of the context overflows the buffer ("could not broadcast", docs/real-engines.md)
@@ -349,6 +410,13 @@ class LlamaCppEngine:
 
         self.llm._ctx.kv_cache_seq_rm = seq_rm_watched
 
+    def known_cause(self, invariant: str) -> str | None:
+        """The known upstream cause (and workaround) of a failure of ``invariant`` on these settings, if the
+        table of ``known_causes`` (docs/real-engines.md, "Known causes") has one: the certification adds it
+        to the failure message."""
+        row = known_causes.known_cause("llamacpp", self.settings, invariant)
+        return row.sentence() if row is not None else None
+
     def __repr__(self) -> str:
         return f"LlamaCppEngine({self.name})"
 
@@ -360,14 +428,24 @@ class LlamaCppEngine:
     def close(self) -> None:
         self.llm.close()
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
-        """Decode greedily with ``Llama.generate``; ``stop_reason`` from the tokens it yielded."""
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        """Decode with ``Llama.generate``: greedily, or sampled at ``sampling`` through llama.cpp's sampler
+        chain seeded with the request's ``seed``; ``stop_reason`` from the tokens it yielded."""
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="llamacpp engine")
         if eos_token_id is not None and not (
             isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
         ):
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
         n_eff = min(n, self.max_context + 1 - len(ctx))
         if n_eff <= 0:
             self._first_eval_at = None
@@ -383,7 +461,12 @@ class LlamaCppEngine:
         self._refused.clear()
         tokens: list[int] = []
         stop = "max_new_tokens"
-        stream = self.llm.generate(ctx, temp=0.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
+        if sampling is not None and not sampling.greedy:
+            # llama.cpp's dist sampler takes its 32-bit seed when generate builds the chain; an unseeded request
+            # gets a fresh one. Reduced modulo 2**32 - 1: 0xFFFFFFFF is LLAMA_DEFAULT_SEED, "draw a random seed"
+            seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(4), "little")
+            self.llm.set_seed(int(seed) % 0xFFFFFFFF)
+        stream = self.llm.generate(ctx, **_sampling_kwargs(sampling))
         try:
             for token in stream:
                 tokens.append(int(token))
@@ -438,18 +521,23 @@ class LlamaCppEngine:
                 break
             shared += 1
         reused = min(self._first_eval_at or 0, shared)
-        drafted = accepted = 0
+        attempts: list[int] = []
+        accepts: list[int] = []
         if self._draft is not None:
             full = [*ctx, *tokens]
             for at, draft in self._draft.rounds:
-                drafted += len(draft)
+                attempts.extend([0] * (len(draft) - len(attempts)))
+                accepts.extend([0] * (len(draft) - len(accepts)))
+                kept = True
                 for offset, token in enumerate(draft):
-                    if at + offset >= len(full) or full[at + offset] != token:
-                        break
-                    accepted += 1
+                    attempts[offset] += 1
+                    kept = kept and at + offset < len(full) and full[at + offset] == token
+                    accepts[offset] += kept
         return Stats(
             emitted=len(tokens),
-            drafted=drafted,
-            accepted=accepted,
+            drafted=sum(attempts),
+            accepted=sum(accepts),
+            position_attempts=tuple(attempts),
+            position_accepts=tuple(accepts),
             prefix_reused=reused,
         )

@@ -31,7 +31,8 @@ prompts (``TokensPrompt``, ``skip_tokenizer_init=True``, ``dtype=float32``). vLL
 its rounds nor its drafts, so ``steps`` is None and only the end-to-end invariants apply
 (``engine.lossless`` against the ``oracle``, ``engine.stop``, ``engine.session``, and with
 ``--sampling`` the distribution checks); with speculation, the per-request drafted/accepted counts
-(``per_request_spec_decode_metrics``) go into ``Generation.stats``.
+(``per_request_spec_decode_metrics="detailed"``) go into ``Generation.stats``, with the acceptance per
+draft position from its per-step counts.
 
 **One LLM per process.** vLLM cannot build a second ``LLM`` in a process (the second fails
 deep in its op registry), so the first one is cached here and reused for the same settings;
@@ -53,6 +54,7 @@ import attrs
 from specproof.contract import Generation, SamplingParams, Stats, StopReason
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
+from specproof.engine.adapters import known_causes
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -136,7 +138,8 @@ class VLLMSettings:
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+            # "detailed": the per-step drafted/accepted counts, for the acceptance per draft position
+            kwargs["per_request_spec_decode_metrics"] = "detailed"
         return kwargs
 
     def short_name(self) -> str:
@@ -400,6 +403,13 @@ class VLLMEngine:
         self.llm = _llm_for(settings, config)
         self._vllm = require_vllm()
 
+    def known_cause(self, invariant: str) -> str | None:
+        """The known upstream cause (and workaround) of a failure of ``invariant`` on these settings, if the
+        table of ``known_causes`` (docs/real-engines.md, "Known causes") has one: the certification adds it
+        to the failure message."""
+        row = known_causes.known_cause("vllm", self.settings, invariant)
+        return row.sentence() if row is not None else None
+
     def __repr__(self) -> str:
         return f"VLLMEngine({self.name})"
 
@@ -461,8 +471,14 @@ class VLLMEngine:
         if metrics is None:
             return None
         summary: Mapping[str, Any] = metrics.to_dict()
+        drafted_per_step = [int(n) for n in summary.get("per_step_drafted") or ()]
+        accepted_per_step = [int(n) for n in summary.get("per_step_accepted") or ()]
+        depth = max(drafted_per_step, default=0)
         return Stats(
             emitted=emitted,
             drafted=int(summary.get("num_draft_tokens", 0)),
             accepted=int(summary.get("num_accepted_draft_tokens", 0)),
+            # a step that drafted n tokens and kept j: positions < n attempted, positions < j accepted
+            position_attempts=tuple(sum(n > i for n in drafted_per_step) for i in range(depth)),
+            position_accepts=tuple(sum(j > i for j in accepted_per_step) for i in range(depth)),
         )
