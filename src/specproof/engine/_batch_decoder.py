@@ -28,6 +28,7 @@ from specproof.contract import (
     RequestOutput,
     Step,
     StopReason,
+    Target,
     run_alone,
 )
 from specproof.contract.errors import InvalidSettingError, SpecproofError
@@ -43,6 +44,7 @@ from specproof.engine._batch_requests import (
     propose,
     record_round,
     result_of,
+    scheduled,
 )
 from specproof.engine._decoder import (
     ROLLBACK_STRATEGIES,
@@ -128,6 +130,20 @@ class BatchSpecDecoder:
         )
         self._order.append(request.request_id)
 
+    @property
+    def vocab_size(self) -> int:
+        return self.pool.vocab_size
+
+    @property
+    def oracle(self) -> Target:
+        """The model the pool's slots copy (never decoded on): the suite's oracle, as for any engine."""
+        return self.pool.template
+
+    def reset(self) -> None:
+        """Cancel every request (their slots are freed)."""
+        for request_id in list(self._order):
+            self.abort_request(request_id)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
@@ -159,7 +175,7 @@ class BatchSpecDecoder:
 
     def step(self, *, only: Collection[str] | None = None) -> list[RequestOutput]:
         """One verify round for the scheduled running requests (admitting waiting ones first)."""
-        wanted = self._scheduled(only)
+        wanted = scheduled(self._requests, self._order, only)
         outputs: list[RequestOutput] = []
         for req in wanted:
             if req.phase != "running" and self.pool.free_slots:
@@ -201,16 +217,6 @@ class BatchSpecDecoder:
             return self._requests[request_id]
         except KeyError:
             raise InvalidSettingError(f"no request {request_id!r} in the engine") from None
-
-    def _scheduled(self, only: Collection[str] | None) -> list[RequestState]:
-        if only is None:
-            return [self._requests[i] for i in self._order]
-        if isinstance(only, str):
-            raise InvalidSettingError(f"step(only=) takes a collection of request ids, not the string {only!r}")
-        for request_id in only:
-            self._get(request_id)
-        picked = set(only)
-        return [self._requests[i] for i in self._order if i in picked]
 
     def _admit(self, req: RequestState) -> RequestOutput | None:
         """Give ``req`` a slot: restore its swapped memory, or prefill its context but the last token.
@@ -268,7 +274,7 @@ class BatchSpecDecoder:
         except BaseException as exc:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
-            raise abort_error(rows, exc, self._restore_before) from exc
+            raise abort_error(rows, exc, self.pool) from exc
         for b, row in enumerate(rows):
             outputs.append(self._settle(row, b, forward))
         return outputs
@@ -350,7 +356,3 @@ class BatchSpecDecoder:
         generation = result_of(req, stop)
         self._free(req)
         return RequestOutput(request_id=req.id, step=step, new_tokens=new, finished=generation, slot=slot)
-
-    def _restore_before(self, row: BatchRow) -> None:
-        assert row.req.slot is not None
-        self.pool.device(row.req.slot).restore(row.req.before)

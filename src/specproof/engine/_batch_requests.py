@@ -3,7 +3,7 @@ parts of a round (proposal, record, result) that do not depend on the other rows
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
 import attrs
@@ -19,7 +19,7 @@ from specproof.contract import (
 from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.engine._decoder import ContextView, Verdict, _Sampler, _StatsCounter
 from specproof.engine.conventions import check_draft, check_prompt, check_proposal_rows, component_name
-from specproof.engine.targets._reference_batch import BatchForward, SwappedSlot
+from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
 
 __all__ = [
     "BatchRow",
@@ -31,6 +31,7 @@ __all__ = [
     "propose",
     "record_round",
     "result_of",
+    "scheduled",
 ]
 
 Phase = Literal["queued", "running", "preempted"]
@@ -99,6 +100,21 @@ def check_mask(forward: BatchForward, rows: Sequence[BatchRow]) -> None:
             )
 
 
+def scheduled(
+    requests: Mapping[str, RequestState], order: Sequence[str], only: Collection[str] | None
+) -> list[RequestState]:
+    """The requests a step schedules, in arrival order: all, or those named in ``only``."""
+    if only is None:
+        return [requests[i] for i in order]
+    if isinstance(only, str):
+        raise InvalidSettingError(f"step(only=) takes a collection of request ids, not the string {only!r}")
+    unknown = [i for i in only if i not in requests]
+    if unknown:
+        raise InvalidSettingError(f"step(only=): no request {unknown[0]!r} in the engine")
+    picked = set(only)
+    return [requests[i] for i in order if i in picked]
+
+
 def check_batch_drafter(drafter: object, *, where: str) -> None:
     """A drafter the batched decoder can call: ``propose`` and no feature layers (it passes no features)."""
     if not callable(getattr(drafter, "propose", None)):
@@ -158,13 +174,14 @@ def result_of(req: RequestState, stop: StopReason) -> Generation:
     return Generation(tokens=req.out, stop_reason=stop, steps=tuple(req.steps), stats=req.counter.freeze())
 
 
-def abort_error(rows: Sequence[BatchRow], exc: BaseException, restore: Callable[[BatchRow], None]) -> DecodeError:
+def abort_error(rows: Sequence[BatchRow], exc: BaseException, pool: ReferenceSlotPool) -> DecodeError:
     """The ``DecodeError`` for a failed verify step, after putting every row's slot back as before it
-    (``restore(row)`` puts one back)."""
+    (its snapshot taken before the step)."""
     restored = "every row's slot was restored to its state before the round"
     for row in rows:
         try:
-            restore(row)
+            assert row.req.slot is not None
+            pool.device(row.req.slot).restore(row.req.before)
         except Exception as restore_exc:  # a slot broken beyond repair: say so
             restored = f"restoring request {row.req.id!r}'s slot failed too ({restore_exc!r})"
     return DecodeError(

@@ -14,6 +14,9 @@
   the model fed the accepted context by plain ``forward_with_features``) and the judge of what an
   engine hands a feature drafter, with the cause of a wrong row; the session machine installs
   feature drafters and judges them across requests, and ``engine.features`` uses the same judge;
+- ``BatchSchedule`` / ``batch_schedules(...)``: requests for a batched engine (arrivals, shared
+  prefixes, per-row draft plans, EOS mid-block, seeds) and the preemptions and cancellations
+  between its steps (docs/contract.md, "Batches");
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -21,6 +24,7 @@
 This module is the public facade; the implementation lives in private modules.
 """
 
+from specproof.strategies._batch_schedules import BatchSchedule, ScheduledRequest, ScheduleEvent, batch_schedules
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
 from specproof.strategies._feature_judge import FeatureJudge, FeatureRows, feature_layers_of
 from specproof.strategies._machine import (
@@ -57,6 +61,10 @@ from specproof.strategies._settings import (
 )
 
 __all__ = [
+    "BatchSchedule",
+    "ScheduleEvent",
+    "ScheduledRequest",
+    "batch_schedules",
     "REUSE_UNREPORTED",
     "CONTEXT_KINDS",
     "PROMPT_PLACEMENTS",

@@ -73,6 +73,11 @@ class ReferenceSlotPool:
     def __repr__(self) -> str:
         return f"ReferenceSlotPool(slots={self.slots}, free={len(self._free)})"
 
+    @property
+    def template(self) -> ReferenceHybrid:
+        """The target whose config and weights every slot copies (no slot decodes on it)."""
+        return self._template
+
     def _fresh_device(self) -> ReferenceHybrid:
         return ReferenceHybrid(self._template.config, weights=self._template.weights)
 
