@@ -77,7 +77,7 @@ REJECTS = [
     ("batch_stale_zero_draft", "batch.per-slot-state", MIXED),
     ("batch_retries_rejected_row", "batch.liveness", MIXED),
 ]
-CORRECT_ENGINES = [zoo.BatchZooEngine, zoo.BatchReplayEngine, zoo.BatchFifoOneRow]
+CORRECT_ENGINES = [zoo.BatchZooEngine, zoo.BatchReplayEngine, zoo.BatchFifoTwoRows]
 
 
 @pytest.mark.parametrize(("member", "invariant", "schedule"), REJECTS, ids=[r[0] for r in REJECTS])

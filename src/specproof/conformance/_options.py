@@ -134,8 +134,8 @@ OPTIONS: tuple[Option, ...] = (
         cli="--batches",
         plugin="--specproof-batches",
         flag=True,
-        help="also {verb} a batched engine's batches: the batch.* checks run only with it (they add about "
-        "twice quick's CPU time on the built-in stack; docs/contract.md, Batches)",
+        help="also {verb} a batched engine's batches: the batch.* checks run only with it (at quick they add "
+        "64-82%% to the built-in stack's CPU time; docs/contract.md, Batches)",
     ),
     Option(
         dest="seed", cli="--seed", plugin="--specproof-seed", type=int, help="Hypothesis seed (default: derandomized)"

@@ -11,7 +11,7 @@ protocol an engine may implement beside it, declared by ``batch_capabilities``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from numbers import Integral
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -22,8 +22,6 @@ from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.contract.sampling import SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
-
     from specproof.contract._protocols import Drafter
 
 __all__ = [
@@ -34,7 +32,6 @@ __all__ = [
     "RequestOutput",
     "run_alone",
     "run_batch",
-    "slot_state_of",
 ]
 
 PreemptionMode = Literal["snapshot", "recompute"]
@@ -208,9 +205,3 @@ def run_alone(engine: BatchEngine, request: BatchRequest, *, max_steps: int) -> 
             if out.request_id == request.request_id and out.finished is not None:
                 return out.finished
     raise SpecproofError(f"request {request.request_id!r} did not finish within max_steps={max_steps} steps")
-
-
-def slot_state_of(engine: object, request_id: str) -> Mapping[str, np.ndarray] | None:
-    """The running request's device state where the engine exposes it (``per_slot_state``), else None."""
-    read = getattr(engine, "slot_state", None)
-    return read(request_id) if callable(read) else None

@@ -27,7 +27,7 @@ import attrs
 from specproof.conformance._registry import REGISTRY, Invariant
 from specproof.conformance.zoo import _model_drafters
 from specproof.conformance.zoo._batch_engines import (
-    BatchFifoOneRow,
+    BatchFifoTwoRows,
     BatchPadsRecurrentState,
     BatchReplayEngine,
     BatchRetriesRejectedRow,
@@ -262,9 +262,9 @@ def batch_replay_engine() -> BatchReplayEngine:
     return BatchReplayEngine()
 
 
-def batch_fifo_one_row() -> BatchFifoOneRow:
+def batch_fifo_two_rows() -> BatchFifoTwoRows:
     """Correct, differently: two rows per verify step for three slots, and a FIFO free list."""
-    return BatchFifoOneRow()
+    return BatchFifoTwoRows()
 
 
 def feature_head_drafter() -> HeadDrafter:
@@ -533,7 +533,7 @@ CORRECT_DRAFTERS: dict[str, str] = {
 """Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""
 
 CORRECT_BATCH: dict[str, str] = {
-    name: f"{_MODULE}:{name}" for name in ("batch_zoo_engine", "batch_replay_engine", "batch_fifo_one_row")
+    name: f"{_MODULE}:{name}" for name in ("batch_zoo_engine", "batch_replay_engine", "batch_fifo_two_rows")
 }
 """Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list): the batch
 checks accept them (docs/contract.md, "Batches")."""

@@ -20,7 +20,7 @@ from specproof.contract import RequestOutput, Step
 from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceSlotPool, ReferenceSnapshot, SwappedSlot
 
 __all__ = [
-    "BatchFifoOneRow",
+    "BatchFifoTwoRows",
     "BatchPadsRecurrentState",
     "BatchReplayEngine",
     "BatchRetriesRejectedRow",
@@ -61,7 +61,7 @@ class _FifoPool(ReferenceSlotPool):
         return super().acquire()
 
 
-class BatchFifoOneRow(BatchZooEngine):
+class BatchFifoTwoRows(BatchZooEngine):
     """Correct, differently: two rows per verify step for three slots (the third waits holding its slot)
     and a FIFO free list (another batching policy)."""
 
