@@ -158,4 +158,11 @@ def test_a_taken_name_cannot_be_registered_twice(toy_driver: type[Driver]) -> No
 
 def test_every_registry_entry_names_a_registered_driver() -> None:
     assert {inv.driver for inv in REGISTRY} <= set(DRIVERS)
-    assert set(DRIVERS) == {"examples", "engine-case", "rollback-machine", "session-machine", "sampling"}
+    assert set(DRIVERS) == {
+        "examples",
+        "engine-case",
+        "rollback-machine",
+        "session-machine",
+        "sampling",
+        "batch-schedules",
+    }
