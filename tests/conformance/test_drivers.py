@@ -144,7 +144,7 @@ def test_an_expected_failure_applies_to_a_new_driver_too(toy_driver: type[Driver
 
 def test_an_unregistered_driver_name_is_a_clear_error() -> None:
     plan = Plan.create("target", target=CORRECT)
-    with pytest.raises(ValueError, match=r"no driver 'toy'.*registered drivers are \['engine-case'"):
+    with pytest.raises(ValueError, match=r"no driver 'toy'.*registered drivers are \['batch-schedules', 'engine-case'"):
         list(generate_checks(plan, "target", invariants=TEST_REGISTRY))
 
 
@@ -158,4 +158,11 @@ def test_a_taken_name_cannot_be_registered_twice(toy_driver: type[Driver]) -> No
 
 def test_every_registry_entry_names_a_registered_driver() -> None:
     assert {inv.driver for inv in REGISTRY} <= set(DRIVERS)
-    assert set(DRIVERS) == {"examples", "engine-case", "rollback-machine", "session-machine", "sampling"}
+    assert set(DRIVERS) == {
+        "examples",
+        "engine-case",
+        "rollback-machine",
+        "session-machine",
+        "sampling",
+        "batch-schedules",
+    }

@@ -44,7 +44,10 @@ def _certify(
     kind: str, spec: str, *, only: tuple[str, ...] = (), seed: int | None = None, profile: str = "quick"
 ) -> dict[str, Any]:
     sampling = SAMPLING if any(inv.driver == "sampling" for inv in REGISTRY if inv.id in only) else None
-    return certify(kind, **{kind: spec}, profile=profile, only=only, seed=seed, sampling=sampling).to_json()
+    batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
+    return certify(
+        kind, **{kind: spec}, profile=profile, only=only, seed=seed, sampling=sampling, batches=batches
+    ).to_json()
 
 
 # a seed whose random quick search finds each member that derandomized quick is not promised to find

@@ -33,7 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_subject_options(p, verb="certify")
     add_to_argparse(
         p,
-        ["profile", "sampling", "seed", "max_context", "expect_fail", "expect_fail_file", "report", "markdown"],
+        [
+            "profile",
+            "sampling",
+            "batches",
+            "seed",
+            "max_context",
+            "expect_fail",
+            "expect_fail_file",
+            "report",
+            "markdown",
+        ],
         verb="certify",
     )
     p.add_argument("--junitxml", default=None, metavar="FILE", help="write JUnit XML (one testcase per check) here")

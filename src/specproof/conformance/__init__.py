@@ -80,6 +80,7 @@ def certify(
     db_replay: str = "all",
     expected_failures: dict[str, str] | None = None,
     sampling: str | None = None,
+    batches: bool = False,
 ) -> Report:
     """Certify plug-ins given as specs (as ``specproof certify`` does); returns the ``Report``.
 
@@ -88,7 +89,8 @@ def certify(
     directory) that failures are saved in and replayed from first; here the default is none
     (the CLI's default is a directory under the cache); ``db_replay="failures"`` replays saved
     failures only, not the covering examples campaigns saved (``--db-replay``). ``sampling``
-    (``"temperature=0.8,top_p=0.95"``) runs the sampling checks too (``--sampling``).
+    (``"temperature=0.8,top_p=0.95"``) runs the sampling checks too (``--sampling``); ``batches``
+    the batch checks (``--batches``).
     """
 
     values = {
@@ -102,6 +104,7 @@ def certify(
         "atol": atol,
         "only": only,
         "sampling": sampling,
+        "batches": batches,
     }
     database = (
         _database.open_database(db, default_dir=_database.default_examples_dir(), replay=db_replay)

@@ -47,6 +47,7 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     repeat: bool = False  # action="append"
+    flag: bool = False  # action="store_true": on when given
     # a ``Plan.create`` argument of the same name (False: resolved first, e.g. --db opens a database,
     # or not part of the plan at all, e.g. --report)
     plan: bool = True
@@ -55,6 +56,8 @@ class Option:
         out: dict[str, Any] = {"help": self.help.format(verb=verb), "default": self.default}
         if self.repeat:
             out.update(action="append", default=[])
+        if self.flag:
+            out.update(action="store_true", default=False)
         if self.type is not None:
             out["type"] = self.type
         if self.metavar is not None:
@@ -126,6 +129,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PARAMS",
         help="also {verb} sampled decoding at these parameters: temperature=T[,top_k=K,top_p=P,min_p=M] "
         "(the sampling checks run only with it; docs/contract.md, Sampling)",
+    ),
+    Option(
+        dest="batches",
+        cli="--batches",
+        plugin="--specproof-batches",
+        flag=True,
+        help="also {verb} a batched engine's batches: the batch.* checks run only with it (at quick they add "
+        "64-82%% to the built-in stack's CPU time; docs/contract.md, Batches)",
     ),
     Option(
         dest="seed",

@@ -44,6 +44,7 @@ class Plan:
     database: Any = attrs.field(default=None, eq=False)
     expected_failures: dict[str, str] = attrs.field(factory=dict)  # invariant id -> reason (--expect-fail)
     sampling: SamplingParams | None = None  # --sampling: the sampling checks run at these parameters
+    batches: bool = False  # --batches: the batch checks run (docs/contract.md, "Batches")
 
     @classmethod
     def create(
@@ -64,6 +65,7 @@ class Plan:
         database: Any = None,
         expected_failures: Mapping[str, str] | None = None,
         sampling: str | SamplingParams | None = None,
+        batches: bool = False,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -116,6 +118,7 @@ class Plan:
             database=database,
             expected_failures=expected,
             sampling=params,
+            batches=bool(batches),
         )
         _check_declarations(plan)
         return plan

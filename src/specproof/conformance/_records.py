@@ -35,6 +35,8 @@ CAPABILITIES: dict[str, str] = {
     "drafter": "the engine drafts with a feature drafter the suite can watch (its own, or the suite's installed one)",
     "feature_layers": "the drafter declares `feature_layers` (a feature drafter)",
     "feature_target_spec": "the feature drafter names the target whose features it reads (`feature_target_spec`)",
+    "batched": "the engine batches: it declares `batch_capabilities` (a `BatchEngine`), or is the built-in stack",
+    "per_slot_state": "a batched engine's slot state can be read (`slot_state(id)`) and compared with a model",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

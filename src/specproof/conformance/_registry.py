@@ -46,6 +46,7 @@ from hypothesis import strategies as st
 
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
+from specproof.conformance.checks import batch as batch_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
 from specproof.conformance.checks import features as feature_checks
@@ -533,6 +534,85 @@ def _drafter_sampling_check(inv: Invariant, driver: Any, subject: Any) -> Outcom
     return Outcome(violations, exercised=exercised, note="\n".join(notes))
 
 
+_BATCH_DRAWS = (
+    "batch schedules: 1-4 requests (prompts sharing a prefix with the first's, 1-10 new tokens, an EOS placed in "
+    "the continuation, a seed where seeding is batch-invariant), each with its own scripted draft plan (all "
+    "accepted, empty, rejected at 0, partial, short, full then empty) and arrival step, and up to two "
+    "preemptions (each declared mode) or cancellations right after a request's first round"
+)
+
+
+def _batch_check(fn: Callable[..., tuple[list[Violation], int, str]]) -> Check:
+    def check(inv: Invariant, subject: Any, schedule: Any) -> Outcome:
+        violations, exercised, note = fn(inv, subject, schedule)
+        return Outcome(violations, exercised=exercised, note=note)
+
+    return check
+
+
+_BATCH_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="batch.isolation",
+        subject="engine",
+        summary="each request of a batch equals its solo run (plain greedy; a seeded one: the engine alone), "
+        "whatever is in flight with it",
+        needs=("batched",),
+        draws=_BATCH_DRAWS,
+        driver="batch-schedules",
+        check=_batch_check(batch_checks.check_isolation),
+        zoo=("batch_pads_recurrent_state", "batch_rollback_wrong_slot"),
+        also=("batch_stale_zero_draft", "batch_slot_not_cleared"),
+    ),
+    Invariant(
+        id="batch.schedule-invariance",
+        subject="engine",
+        summary="the same outputs with preemptions (snapshot, recompute) and cancellations placed between steps, "
+        "and with the arrivals reversed",
+        needs=("batched",),
+        draws=_BATCH_DRAWS,
+        driver="batch-schedules",
+        check=_batch_check(batch_checks.check_schedule_invariance),
+        zoo=("batch_stale_resume",),
+        also=("batch_stale_zero_draft", "batch_pads_recurrent_state", "batch_rollback_wrong_slot"),
+    ),
+    Invariant(
+        id="batch.slot-reuse",
+        subject="engine",
+        summary="requests run one after another on one engine (A, B, ..., A) each equal their solo run: "
+        "a freed slot passes nothing on",
+        needs=("batched",),
+        draws=_BATCH_DRAWS,
+        driver="batch-schedules",
+        check=_batch_check(batch_checks.check_slot_reuse),
+        zoo=("batch_slot_not_cleared",),
+    ),
+    Invariant(
+        id="batch.per-slot-state",
+        subject="engine",
+        summary="after every step each running request's slot (KV, conv, recurrent state) equals a fresh "
+        "model fed its accepted tokens",
+        needs=("batched", "per_slot_state"),
+        draws=_BATCH_DRAWS,
+        driver="batch-schedules",
+        check=_batch_check(batch_checks.check_per_slot_state),
+        zoo=("batch_stale_zero_draft",),
+        also=("batch_pads_recurrent_state", "batch_slot_not_cleared"),
+    ),
+    Invariant(
+        id="batch.liveness",
+        subject="engine",
+        summary="every verify round commits a token for each request it advances, every step advances one, "
+        "and the batch finishes within its bound",
+        needs=("batched",),
+        draws=_BATCH_DRAWS,
+        driver="batch-schedules",
+        check=_batch_check(batch_checks.check_liveness),
+        zoo=("batch_retries_rejected_row",),
+        also=("batch_rollback_wrong_slot",),
+    ),
+)
+
+
 REGISTRY: tuple[Invariant, ...] = (
     Invariant(
         id="drafter.max-length",
@@ -964,6 +1044,7 @@ REGISTRY: tuple[Invariant, ...] = (
         zoo=("greedy_limit_samples",),
         also=("bonus_from_wrong_row", "unfiltered_sampling"),
     ),
+    *_BATCH_REGISTRY,
 )
 
 _BY_ID = {inv.id: inv for inv in REGISTRY}

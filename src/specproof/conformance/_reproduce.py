@@ -37,6 +37,8 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
     parts += ["--profile", plan.profile.name, "--only", result.invariant]
     if plan.sampling is not None:
         parts += ["--sampling", plan.sampling.describe()]
+    if plan.batches:
+        parts.append("--batches")
     parts += [shlex.quote(a) for a in driver_args]
     if plan.seed is not None:
         parts += ["--seed", str(plan.seed)]

@@ -9,9 +9,20 @@ It imports nothing from specproof above it (a test fails on any import cycle):
 - ``compare`` — the one array comparison (exact or within ``atol``; NaN and signed-zero policy);
 - ``lossless`` — the tie-aware ``engine.lossless`` verdict;
 - ``validation`` — the one check of an integer option's lower bound and of a tolerance;
+- the batched engine's protocol and records (``BatchEngine``, ``BatchRequest``, ``BatchCapabilities``,
+  ``RequestOutput``, ``run_batch``; docs/contract.md, "Batches");
 - ``sampling`` — ``SamplingParams`` and the target's processed distribution ``p`` (docs/contract.md, "Sampling").
 """
 
+from specproof.contract._batch import (
+    PREEMPTION_MODES,
+    BatchCapabilities,
+    BatchEngine,
+    BatchRequest,
+    RequestOutput,
+    run_alone,
+    run_batch,
+)
 from specproof.contract._protocols import (
     CheckpointingTarget,
     Drafter,
@@ -31,7 +42,11 @@ from specproof.contract.validation import int_at_least, validate_tolerance
 
 __all__ = [
     "INVARIANT_ID",
+    "PREEMPTION_MODES",
     "STOP_REASONS",
+    "BatchCapabilities",
+    "BatchEngine",
+    "BatchRequest",
     "CheckpointingTarget",
     "Drafter",
     "Engine",
@@ -48,12 +63,15 @@ __all__ = [
     "Target",
     "UsageError",
     "Violation",
+    "RequestOutput",
     "ViolationError",
     "WhiteBoxTarget",
     "arrays_differ",
     "int_at_least",
     "live_state_differs",
     "processed_distribution",
+    "run_alone",
+    "run_batch",
     "states_differ",
     "validate_tolerance",
 ]

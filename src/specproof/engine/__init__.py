@@ -33,6 +33,7 @@ from specproof.contract.errors import (
     TargetContractError,
     TokenRangeError,
 )
+from specproof.engine._batch_decoder import BatchSpecDecoder
 from specproof.engine._decoder import (
     ROLLBACK_STRATEGIES,
     ContextView,
@@ -43,11 +44,14 @@ from specproof.engine._decoder import (
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from specproof.engine.targets import register_target_family
+from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid, ReferenceSnapshot
 
 __all__ = [
     "ROLLBACK_STRATEGIES",
     "STOP_REASONS",
+    "BatchForward",
+    "BatchSpecDecoder",
     "CapacityError",
     "CheckpointingTarget",
     "CombinedDrafter",
@@ -70,6 +74,7 @@ __all__ = [
     "PromptTooLongError",
     "ReferenceConfig",
     "ReferenceHybrid",
+    "ReferenceSlotPool",
     "ReferenceSnapshot",
     "SpecDecoder",
     "SpecproofError",
@@ -77,6 +82,7 @@ __all__ = [
     "Stats",
     "Step",
     "StopReason",
+    "SwappedSlot",
     "Target",
     "TargetContractError",
     "TokenRangeError",

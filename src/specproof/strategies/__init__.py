@@ -17,6 +17,9 @@
 - ``relation_of`` / ``RelationTracker`` / ``REQUEST_COVERAGE``: the coverage model of requests (how a
   request relates to the one before it: fresh, the same prompt again, extended, continued, edited early or
   late, shortened, a shared block, unrelated; after reset() or not; k larger, equal or smaller);
+- ``BatchSchedule`` / ``batch_schedules(...)``: requests for a batched engine (arrivals, shared
+  prefixes, per-row draft plans, EOS mid-block, seeds) and the preemptions and cancellations
+  between its steps (docs/contract.md, "Batches");
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -24,6 +27,7 @@
 This module is the public facade; the implementation lives in private modules.
 """
 
+from specproof.strategies._batch_schedules import BatchSchedule, ScheduledRequest, ScheduleEvent, batch_schedules
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
 from specproof.strategies._feature_judge import FeatureJudge, FeatureRows, feature_layers_of
 from specproof.strategies._machine import (
@@ -71,6 +75,10 @@ __all__ = [
     "RelationTracker",
     "relation_of",
     "unreached_relations",
+    "BatchSchedule",
+    "ScheduleEvent",
+    "ScheduledRequest",
+    "batch_schedules",
     "REUSE_UNREPORTED",
     "CONTEXT_KINDS",
     "PROMPT_PLACEMENTS",

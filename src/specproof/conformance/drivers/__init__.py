@@ -8,6 +8,7 @@ package), and the invariants whose entry names it.
 
 from __future__ import annotations
 
+from specproof.conformance.drivers._batches import BatchDriver
 from specproof.conformance.drivers._engine_cases import EngineCaseDriver
 from specproof.conformance.drivers._examples import ExamplesDriver
 from specproof.conformance.drivers._protocol import CheckItem, Driver, DriverContext
@@ -23,6 +24,7 @@ DRIVERS: dict[str, type[Driver]] = {
     RollbackMachineDriver.name: RollbackMachineDriver,
     SessionMachineDriver.name: SessionMachineDriver,
     SamplingDriver.name: SamplingDriver,
+    BatchDriver.name: BatchDriver,
 }
 """Driver name (an invariant's ``driver=``) -> the class that runs its checks."""
 

@@ -26,6 +26,17 @@ import attrs
 
 from specproof.conformance._registry import REGISTRY, Invariant
 from specproof.conformance.zoo import _model_drafters
+from specproof.conformance.zoo._batch_engines import (
+    BatchFifoTwoRows,
+    BatchPadsRecurrentState,
+    BatchReplayEngine,
+    BatchRetriesRejectedRow,
+    BatchRollbackWrongSlot,
+    BatchSlotNotCleared,
+    BatchStaleResume,
+    BatchStaleZeroDraft,
+    BatchZooEngine,
+)
 from specproof.conformance.zoo._drafters import (
     LookupDrafter,
     MatchPointer,
@@ -255,6 +266,21 @@ def zoo_engine() -> ZooEngine:
     return ZooEngine()
 
 
+def batch_zoo_engine() -> BatchZooEngine:
+    """The batched engines' control: the reference batched decoder (checkpoint rollback)."""
+    return BatchZooEngine()
+
+
+def batch_replay_engine() -> BatchReplayEngine:
+    """Correct, differently: the batched decoder with replay rollback."""
+    return BatchReplayEngine()
+
+
+def batch_fifo_two_rows() -> BatchFifoTwoRows:
+    """Correct, differently: two rows per verify step for three slots, and a FIFO free list."""
+    return BatchFifoTwoRows()
+
+
 def feature_head_drafter() -> HeadDrafter:
     """Correct: a feature head whose KV is append-only (the chain's slots are overwritten next call)."""
     return head_drafter()
@@ -379,6 +405,12 @@ _MEMBERS: dict[str, MemberEntry] = {
     "drafts_past_k": ("engine", DraftsPastK),
     "emits_after_eos": ("engine", EmitsAfterEos),
     "stale_state_after_zero_draft": ("engine", StaleStateAfterZeroDraft),
+    "batch_stale_zero_draft": ("engine", BatchStaleZeroDraft),
+    "batch_pads_recurrent_state": ("engine", BatchPadsRecurrentState),
+    "batch_slot_not_cleared": ("engine", BatchSlotNotCleared),
+    "batch_rollback_wrong_slot": ("engine", BatchRollbackWrongSlot),
+    "batch_stale_resume": ("engine", BatchStaleResume),
+    "batch_retries_rejected_row": ("engine", BatchRetriesRejectedRow),
     "refeeds_accepted_first": ("engine", RefeedsAcceptedFirst),
     "eos_masked_by_length_cap": ("engine", EosMaskedByLengthCap),
     "ignores_suite_drafts": ("engine", IgnoresSuiteDrafts),
@@ -532,6 +564,12 @@ CORRECT_DRAFTERS: dict[str, str] = {
 }
 """Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""
 
+CORRECT_BATCH: dict[str, str] = {
+    name: f"{_MODULE}:{name}" for name in ("batch_zoo_engine", "batch_replay_engine", "batch_fifo_two_rows")
+}
+"""Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list): the batch
+checks accept them (docs/contract.md, "Batches")."""
+
 CONTROLS: dict[Kind, str] = {
     "drafter": f"{_MODULE}:lookup_drafter",
     "target": f"{_MODULE}:zoo_target",
@@ -573,6 +611,7 @@ def __dir__() -> list[str]:
 # derived: the members come from _MEMBERS, the correct implementations from the tables above
 __all__ = [
     "CONTROLS",
+    "CORRECT_BATCH",
     "CORRECT",
     "CORRECT_DRAFTERS",
     "ZOO",
@@ -584,5 +623,6 @@ __all__ = [
     *_MEMBERS,
     *CORRECT,
     *CORRECT_DRAFTERS,
+    *CORRECT_BATCH,
     *(spec.rsplit(":", 1)[1] for spec in CONTROLS.values()),
 ]

@@ -1,0 +1,133 @@
+"""The ``batch-schedules`` driver: each batch invariant's Hypothesis search over batch schedules.
+
+It applies to every engine case that batches (docs/contract.md, "Batches"): the built-in stack on
+the reference hybrid (``BatchSpecDecoder`` over a ``ReferenceSlotPool``, with the case's rollback)
+and a plug-in engine that declares ``batch_capabilities``; any other case is skipped, saying why.
+Each example draws a ``BatchSchedule`` (``specproof.strategies.batch_schedules``), which shrinks to
+the fewest requests and rounds that still fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import hypothesis
+from hypothesis import strategies as st
+
+from specproof.conformance._engine_runs import case_greedy
+from specproof.conformance._records import Capabilities
+from specproof.conformance.checks.batch import BatchSubject
+from specproof.conformance.drivers._protocol import CheckItem, Driver
+from specproof.contract import BatchCapabilities, ViolationError
+from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceHybrid, ReferenceSlotPool
+from specproof.strategies import batch_schedules
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._results import CheckResult
+    from specproof.conformance._subjects import EngineCase
+
+__all__ = ["BUILTIN_SLOTS", "BatchDriver"]
+
+BUILTIN_SLOTS = 3  # the built-in stack's pool: fewer slots than a schedule's requests, so some wait
+MAX_REQUESTS = 4
+MAX_NEW_TOKENS = 10  # short: a schedule's worth is in its interleavings, not in long generations
+
+
+class BatchDriver(Driver):
+    """Batch schedules on each engine case that batches."""
+
+    name = "batch-schedules"
+
+    def run(self, item: CheckItem, result: CheckResult) -> None:
+        inv, case = item.invariant, item.engine
+        assert case is not None
+        if not self.plan.batches:
+            result.skip("batches were not asked for: give --batches (docs/contract.md, Batches)")
+            return
+        subject, why = self._subject(case)
+        if subject is None:
+            result.skip(why)
+            return
+        lacks = inv.applies(_capabilities(subject))
+        if lacks is not None:
+            result.skip(lacks)
+            return
+        strategy = batch_schedules(
+            vocab_size=subject.vocab_size,
+            k=subject.k,
+            max_requests=MAX_REQUESTS,
+            max_new_tokens=MAX_NEW_TOKENS,
+            max_prompt=min(self.plan.profile.max_prompt, 12),
+            preemption=subject.capabilities.preemption,
+            seeds=subject.capabilities.batch_invariant_seeding,
+        )
+        notes: list[str] = []
+
+        @hypothesis.given(data=st.data())
+        def search(data: st.DataObject) -> None:
+            result.examples += 1
+            outcome = inv.check(subject, data.draw(strategy, label="schedule"))
+            result.exercised += outcome.exercised
+            if outcome.note and not outcome.exercised:
+                notes.append(outcome.note)
+            if outcome.violations:
+                raise ViolationError(outcome.violations)
+
+        self.context.replay.settings(search, max_examples=self.plan.profile.max_examples, item=item)()
+        if not result.exercised:
+            result.skip(notes[0] if notes else "no schedule reached this check")
+
+    def _subject(self, case: EngineCase) -> tuple[BatchSubject | None, str]:
+        """The case as a batch subject, or None and why it does not batch."""
+        plan, cache = self.plan, self.context.cache
+        horizon = plan.profile.max_new_tokens
+
+        def greedy(prompt: Sequence[int], n: int, eos: int | None) -> list[int]:
+            tokens, _ = case_greedy(case, plan.suite.target, list(prompt), n, eos, horizon=horizon, cache=cache)
+            return list(tokens)[:n]
+
+        if case.kind == "builtin":
+            target = plan.suite.target
+            model = target.make() if target is not None else None
+            if not isinstance(model, ReferenceHybrid):
+                return None, "the built-in batched decoder runs on the reference hybrid only (a ReferenceSlotPool)"
+            k = case.k or 4
+            rollback: Literal["checkpoint", "replay"] = "checkpoint" if case.rollback == "checkpoint" else "replay"
+
+            def make_engine() -> Any:
+                pool = ReferenceSlotPool(model, slots=BUILTIN_SLOTS)
+                return BatchSpecDecoder(pool, NgramDrafter(), k=k, rollback=rollback)
+
+            caps = make_engine().batch_capabilities
+            make_reference: Any = target.make if target is not None else None
+        else:
+            caps = getattr(case.engine, "batch_capabilities", None)
+            if not isinstance(caps, BatchCapabilities) or case.make_engine is None:
+                return None, "the engine declares no batch_capabilities: it does not batch (docs/contract.md, Batches)"
+            make_engine, k, make_reference = case.make_engine, case.k or 4, case.make_reference
+        return (
+            BatchSubject(
+                make_engine=make_engine,
+                greedy=greedy,
+                vocab_size=case.vocab_size,
+                k=k,
+                capabilities=caps,
+                make_reference=make_reference,
+                tie_tolerance=case.tie_tolerance,
+                atol=case.atol,
+            ),
+            "",
+        )
+
+
+def _capabilities(subject: BatchSubject) -> Capabilities:
+    caps = subject.capabilities
+    white_box = caps.per_slot_state and subject.make_reference is not None
+    return Capabilities(
+        has={"batched", *(("per_slot_state",) if white_box else ())},
+        why_not={
+            "per_slot_state": "the engine exposes no per-slot state (`per_slot_state`, `slot_state(id)`) "
+            "or there is no model to compare a slot with (`oracle`)"
+        },
+    )

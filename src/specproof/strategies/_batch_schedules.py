@@ -1,0 +1,136 @@
+"""Batch schedules: which requests a batched engine serves, when they arrive, how each drafts, where
+one is preempted or cancelled (docs/contract.md, "Batches").
+
+``batch_schedules(...)`` draws a ``BatchSchedule``; it shrinks toward fewer requests, earlier
+arrivals, shorter plans and no preemption or cancellation, so a failure is reported with the
+fewest requests and rounds that still show it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from hypothesis import strategies as st
+
+from specproof.contract.validation import int_at_least
+from specproof.strategies._contexts import StrategyArgumentError
+from specproof.strategies._rounds import RoundPlan, round_plans
+
+__all__ = ["BatchSchedule", "ScheduleEvent", "ScheduledRequest", "batch_schedules"]
+
+
+@attrs.frozen(kw_only=True)
+class ScheduledRequest:
+    """One request of a schedule: its prompt, budget, draft plan, arrival step and where its EOS is.
+
+    ``eos_at``: the index in its greedy continuation whose token is its EOS (None: no EOS), so EOS
+    can fall in the middle of one row's block; ``seed``: sample with this seed (None: greedy).
+    """
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    plan: RoundPlan
+    arrival: int = 0
+    eos_at: int | None = None
+    seed: int | None = None
+
+    def describe(self) -> str:
+        eos = "" if self.eos_at is None else f", eos at {self.eos_at}"
+        seed = "" if self.seed is None else f", seed {self.seed}"
+        return (
+            f"prompt of {len(self.prompt)}, {self.max_new_tokens} new, arrives at step {self.arrival}, "
+            f"drafts {self.plan.describe()}{eos}{seed}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleEvent:
+    """Before step ``at``: preempt request ``request`` (``mode``: snapshot or recompute) or cancel it."""
+
+    at: int
+    request: int
+    action: str  # "snapshot", "recompute" or "cancel"
+
+
+@attrs.frozen(kw_only=True)
+class BatchSchedule:
+    """Requests and the preemptions and cancellations placed between steps."""
+
+    requests: tuple[ScheduledRequest, ...]
+    events: tuple[ScheduleEvent, ...] = ()
+
+    def calm(self) -> BatchSchedule:
+        """The same requests with no preemption and no cancellation."""
+        return attrs.evolve(self, events=())
+
+    def reordered(self) -> BatchSchedule:
+        """The same requests arriving in the reverse order (the last arrival first), no events."""
+        last = max(r.arrival for r in self.requests)
+        flipped = tuple(attrs.evolve(r, arrival=last - r.arrival) for r in reversed(self.requests))
+        return BatchSchedule(requests=flipped)
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "requests": [f"r{i}: {r.describe()}" for i, r in enumerate(self.requests)],
+            "events": [f"before step {e.at}: {e.action} r{e.request}" for e in self.events],
+        }
+
+
+def batch_schedules(
+    *,
+    vocab_size: int,
+    k: int,
+    max_requests: int = 4,
+    max_new_tokens: int = 10,
+    max_prompt: int = 12,
+    preemption: tuple[str, ...] = ("snapshot", "recompute"),
+    cancels: bool = True,
+    seeds: bool = False,
+) -> st.SearchStrategy[BatchSchedule]:
+    """``BatchSchedule`` s of 1..``max_requests`` requests.
+
+    Prompts may share a prefix with the first request's (so prefix caches engage), each request
+    has its own draft plan (``round_plans``: all accepted, empty, rejected at 0, partial, short,
+    full then empty), an arrival step (continuous arrivals), an EOS placed in its continuation
+    (mid-block of one row) and, with ``seeds``, a sampling seed; events preempt (in the given
+    modes) or cancel a request before a step.
+    """
+    where = "batch_schedules()"
+    int_at_least(vocab_size, name="vocab_size", minimum=2, where=where, error=StrategyArgumentError)
+    int_at_least(max_requests, name="max_requests", minimum=1, where=where, error=StrategyArgumentError)
+    int_at_least(max_new_tokens, name="max_new_tokens", minimum=1, where=where, error=StrategyArgumentError)
+    int_at_least(max_prompt, name="max_prompt", minimum=1, where=where, error=StrategyArgumentError)
+    actions = (*preemption, *(("cancel",) if cancels else ()))
+
+    @st.composite
+    def schedule(draw: Any) -> BatchSchedule:
+        n = draw(st.integers(1, max_requests))
+        first: tuple[int, ...] = ()
+        requests = []
+        for i in range(n):
+            own = tuple(draw(st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=max_prompt)))
+            shared = draw(st.integers(0, len(first))) if i else 0
+            prompt = (first[:shared] + own)[: max(max_prompt, 1)]
+            first = first or prompt
+            new = draw(st.integers(1, max_new_tokens))
+            requests.append(
+                ScheduledRequest(
+                    prompt=prompt,
+                    max_new_tokens=new,
+                    plan=draw(round_plans(k=k, max_rounds=4)),
+                    arrival=draw(st.integers(0, 3)),
+                    eos_at=draw(st.none() | st.integers(0, new - 1)),
+                    seed=draw(st.none() | st.integers(0, 2**32 - 1)) if seeds else None,
+                )
+            )
+        events: list[ScheduleEvent] = []
+        if actions:
+            for _ in range(draw(st.integers(0, 2))):
+                index = draw(st.integers(0, n - 1))
+                # right after its first round, while it is in flight (a request may finish in a round or two)
+                at = requests[index].arrival + 1
+                events.append(ScheduleEvent(at=at, request=index, action=draw(st.sampled_from(actions))))
+        return BatchSchedule(requests=tuple(requests), events=tuple(events))
+
+    return schedule()
