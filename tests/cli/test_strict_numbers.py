@@ -75,6 +75,12 @@ def test_sampling_numbers_are_strict(text: str, message: str) -> None:
             ["generate", "--ids", "1_0,2"],
             "specproof generate: error: --ids '1_0,2': expected decimal integers separated by commas or spaces",
         ),
+        (["fuzz", "drafter", "--rounds", "1_0"], f"specproof fuzz: error: argument --rounds: '1_0' {INT}"),
+        (["fuzz", "drafter", "--workers", "0x2"], f"specproof fuzz: error: argument --workers: '0x2' {INT}"),
+        (
+            ["bundle", "export", "out.mlpackage", "--k", "4.0"],
+            f"specproof bundle export: error: argument --k: '4.0' {INT}",
+        ),
     ],
 )
 def test_a_number_option_that_is_not_plain_decimal_is_a_usage_error_naming_it(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specproof._cli.common import add_target_argument
+from specproof.contract.validation import integer_argument
 from specproof.formats import bundle_inspect as bundle_inspect_format
 from specproof.formats import golden as golden_format
 
@@ -39,7 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         ),
     )
     ins.add_argument("path", help="the .mlpackage (or .mlmodel)")
-    ins.add_argument("--k", type=int, default=4, help="draft tokens per verify forward (default 4: K+1=5 ids)")
+    ins.add_argument(
+        "--k", type=integer_argument, default=4, help="draft tokens per verify forward (default 4: K+1=5 ids)"
+    )
     ins.add_argument("--json", action="store_true", help=f"print the verdict as JSON ({bundle_inspect_format.ID})")
     ins.set_defaults(func=run_inspect)
     _add_export_parser(bsub)
@@ -59,17 +62,19 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         ),
     )
     exp.add_argument("path", help="output .mlpackage path")
-    exp.add_argument("--k", type=int, default=4, help="draft tokens the bundle must verify per forward (default 4)")
+    exp.add_argument(
+        "--k", type=integer_argument, default=4, help="draft tokens the bundle must verify per forward (default 4)"
+    )
     exp.add_argument(
         "--max-query",
-        type=int,
+        type=integer_argument,
         default=None,
         help=f"longest token chunk per forward (default max(K+1, {DEFAULT_MAX_QUERY}), 16 with unrolled gdn blocks; "
         "prefill is chunked)",
     )
     exp.add_argument(
         "--max-context",
-        type=int,
+        type=integer_argument,
         default=None,
         help="KV cache length of the exported states (default 512, a family's own 128; weights do not change)",
     )

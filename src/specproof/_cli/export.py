@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from specproof.contract import UsageError
+from specproof.contract.validation import integer_argument
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--target", default="trained", help="the target spec to export (default: trained)")
     p.add_argument(
         "--head-dim",
-        type=int,
+        type=integer_argument,
         default=None,
         metavar="N",
         help="vllm only: pad the attention heads to N (default: the smallest head size vLLM's CPU backend supports)",

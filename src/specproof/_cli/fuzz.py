@@ -11,6 +11,7 @@ from typing import Any
 
 from specproof._cli.certify import _hypothesis_dir as hypothesis_dir
 from specproof._cli.certify import add_db_option, add_subject_options, open_db, print_database
+from specproof.contract.validation import integer_argument
 from specproof.formats import report as report_format
 
 EPILOG = """Every worker runs the checks `certify` would run with a new random seed per round (a seeded
@@ -54,25 +55,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument(
         "--rounds",
-        type=int,
+        type=integer_argument,
         default=None,
         metavar="N",
         help="stop when every worker has run N rounds (N >= 1; with --seed S, worker w runs the seeds S + w + W * r, "
         "r < N: the same campaign at any load); with --for as well, fewer rounds by then is INCONCLUSIVE",
     )
     p.add_argument(
-        "--max-failures", type=int, default=None, metavar="N", help="stop when N checks have failed (N >= 1)"
+        "--max-failures",
+        type=integer_argument,
+        default=None,
+        metavar="N",
+        help="stop when N checks have failed (N >= 1)",
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=integer_argument,
         default=1,
         metavar="W",
         help="worker processes (default 1; at most 4 per CPU and about 100 MB of available memory each)",
     )
     p.add_argument(
         "--seed",
-        type=int,
+        type=integer_argument,
         default=None,
         help="base seed: worker w's round r uses seed + w + W * r (a reproducible campaign); default random",
     )
