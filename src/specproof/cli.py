@@ -13,6 +13,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from specproof._version import __version__
 from specproof.contract import UsageError
@@ -33,8 +34,16 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line naming the command and the problem (``specproof certify: error: ...``),
+    as the errors found after parsing are; ``--help`` shows the usage. Subcommands inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="specproof",
         description="Verify and certify lossless greedy speculative decoding on hybrid language models.",
     )

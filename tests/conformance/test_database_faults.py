@@ -223,7 +223,7 @@ def test_a_campaign_whose_workers_did_not_keep_a_find_fails_naming_the_path(tmp_
 
     def state(unsaved: list[str]) -> CampaignState:
         s = CampaignState(CampaignOptions(plan={}, db=str(tmp_path / "db"), hypothesis_dir=str(tmp_path / "h")))
-        s.workers = [WorkerState(0), WorkerState(1)]
+        s.workers = [WorkerState(0, rounds=1), WorkerState(1, rounds=1)]  # (a campaign of no round is inconclusive)
         s.checks = {"x": {"id": "x", "status": "pass", "examples": 1, "exercised": 1}}
         base: dict[str, Any] = {"replayed": {}, "warnings": [], "lost": None}
         s.databases = {0: {**base, "unsaved": unsaved}, 1: {**base, "unsaved": []}}

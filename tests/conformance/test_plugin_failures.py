@@ -81,7 +81,7 @@ def test_a_drafter_failure_under_pytest_shows_its_example_and_reproduce_line(
         *("-k", "drafter.no-mutation"),
     )
     assert "[drafter.no-mutation]: propose changed the context it was given" in output, output
-    assert 'E           minimal example: {"context": ' in output and '"requests": [' in output, output
+    assert 'E           minimal example: {"context": ' in output and '"walk": [' in output, output
     argv = _reproduce(output)
     assert "--drafter" in argv and "drafter.no-mutation" in argv, argv
     monkeypatch.setenv("SPECPROOF_HYPOTHESIS_DIR", str(tmp_path))

@@ -39,7 +39,9 @@ def _run(args: list[str], tmp_path: Path) -> tuple[int, dict[str, Any] | None]:
     ],
 )
 def test_usage_errors_exit_2_before_any_work(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["certify", *args]) == 2
+    with pytest.raises(SystemExit) as exited:  # (argparse's own errors exit; the rest return 2)
+        raise SystemExit(main(["certify", *args]))
+    assert exited.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "error:" in err
     assert not Path("/nonexistent").exists()

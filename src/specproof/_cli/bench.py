@@ -363,7 +363,7 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
 def _print_gate(console: Any, report: Any, path: str) -> int:
     from rich.table import Table
 
-    from specproof.bench import CPU_KINDS
+    from specproof.bench.cli_support import CPU_KINDS
 
     for f in report.timing_drops:  # reported, not gated (--gate-cpu, --gate-wall gate them)
         clock, flag = ("CPU-time", "--gate-cpu") if f.kind in CPU_KINDS else ("wall-clock", "--gate-wall")

@@ -17,7 +17,6 @@ from specproof.bench._degeneracy import DEGENERATE_SHARE, distinct_ngram_share, 
 from specproof.bench._drafter_run import resolve_drafter_target, run_drafter_bench
 from specproof.bench._gate import (
     BASELINE_SCHEMA,
-    CPU_KINDS,
     CPU_POOLED_TOLERANCE,
     CPU_RATIO_TOLERANCE,
     MEAN_RATIO_TOLERANCE,
@@ -67,7 +66,6 @@ __all__ = [
     "mtp_chain_reads_target",
     "resolve_drafter_target",
     "run_drafter_bench",
-    "CPU_KINDS",
     "CPU_POOLED_TOLERANCE",
     "CPU_RATIO_TOLERANCE",
     "DEGENERATE_SHARE",

@@ -9,6 +9,7 @@ result (``specproof.formats.bench``), never the text.
 
 from specproof.bench._acceptance import acceptance_k, acceptance_lines, finding_line
 from specproof.bench._drafter_run import drafter_plan_size
+from specproof.bench._gate import CPU_KINDS
 from specproof.bench._measure import (
     degeneracy_label,
     drafter_table_lines,
@@ -19,6 +20,7 @@ from specproof.bench._measure import (
 )
 
 __all__ = [
+    "CPU_KINDS",
     "acceptance_k",
     "acceptance_lines",
     "drafter_plan_size",

@@ -14,7 +14,8 @@
   the model fed the accepted context by plain ``forward_with_features``) and the judge of what an
   engine hands a feature drafter, with the cause of a wrong row; the session machine installs
   feature drafters and judges them across requests, and ``engine.features`` uses the same judge;
-- ``relation_of`` / ``RelationTracker`` / ``REQUEST_COVERAGE``: the coverage model of requests (how a
+- ``relation_of`` / ``RelationTracker`` / ``REQUEST_COVERAGE`` (``REQUEST_RELATIONS``, ``RESET_RELATIONS``,
+  ``K_RELATIONS``, ``SHARED_BLOCK``): the coverage model of requests (how a
   request relates to the one before it: fresh, the same prompt again, extended, continued, edited early or
   late, shortened, a shared block, unrelated; after reset() or not; k larger, equal or smaller);
 - ``BatchSchedule`` / ``batch_schedules(...)``: requests for a batched engine (arrivals, shared
@@ -39,8 +40,10 @@ from specproof.strategies._machine import (
 )
 from specproof.strategies._request_relations import COVERAGE as REQUEST_COVERAGE
 from specproof.strategies._request_relations import DESCRIPTIONS as RELATION_DESCRIPTIONS
+from specproof.strategies._request_relations import K_TAGS as K_RELATIONS
 from specproof.strategies._request_relations import RELATIONS as REQUEST_RELATIONS
-from specproof.strategies._request_relations import RelationTracker, relation_of
+from specproof.strategies._request_relations import RESET_TAGS as RESET_RELATIONS
+from specproof.strategies._request_relations import SHARED_BLOCK, RelationTracker, relation_of
 from specproof.strategies._request_relations import unreached as unreached_relations
 from specproof.strategies._rounds import (
     ROUND_KINDS,
@@ -69,7 +72,10 @@ from specproof.strategies._settings import (
 )
 
 __all__ = [
+    "K_RELATIONS",
     "RELATION_DESCRIPTIONS",
+    "RESET_RELATIONS",
+    "SHARED_BLOCK",
     "REQUEST_COVERAGE",
     "REQUEST_RELATIONS",
     "RelationTracker",

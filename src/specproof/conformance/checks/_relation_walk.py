@@ -22,8 +22,10 @@ import attrs
 
 from specproof.conformance.checks._drafter_walks import Call, comparable, propose_raw
 from specproof.engine import Drafter
-from specproof.strategies import RelationTracker
-from specproof.strategies._request_relations import K_TAGS, RELATIONS, RESET_TAGS, SHARED_BLOCK
+from specproof.strategies import K_RELATIONS as K_TAGS
+from specproof.strategies import REQUEST_RELATIONS as RELATIONS
+from specproof.strategies import RESET_RELATIONS as RESET_TAGS
+from specproof.strategies import SHARED_BLOCK, RelationTracker
 
 __all__ = ["WalkCall", "applicable_tags", "relation_walk"]
 
@@ -164,6 +166,8 @@ def relation_walk(
     how = w.reset()
     w.new([*w.live, turn], f"the previous context and a user turn, {how}")
     w.ask("the same context, asked for k=0 tokens", 0)
-    counts: Counter[str] = Counter({tag: 0 for tag in applicable_tags(drafter)})
+    # ``extension`` grows a context by the drafter's own draft: a walk where it drafted nothing cannot reach it
+    drafted = any(c.call.draft for c in w.calls)
+    counts: Counter[str] = Counter({tag: 0 for tag in applicable_tags(drafter) if drafted or tag != "extension"})
     counts.update(w.tracker.counts)
     return w.calls, counts
