@@ -320,10 +320,42 @@ def write_json_report(path: str | os.PathLike[str], report: dict[str, Any]) -> N
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    subj = report["subjects"]
+    """The report as the Markdown certificate: subjects, run, results table, then each section in turn."""
     lines = [f"# specproof certificate — {report['verdict'].upper()}", ""]
     if report.get("verdict_reason"):
         lines += [f"_{report['verdict_reason']}_", ""]
+    lines += _subject_lines(report["subjects"])
+    seed = "derandomized" if report.get("derandomized") else f"seed {report.get('seed')}"
+    lines += [
+        f"- profile `{report['profile']}`, {seed}, {_tolerances_in_force(report)}",
+        f"- specproof {report['specproof_version']}, Hypothesis {report['hypothesis_version']}, "
+        f"Python {report['python']}, {report['platform']}",
+        f"- {report['seconds']} s",
+        "",
+    ]
+    lines += _results_table_lines(report["results"])
+    declared = report.get("expected_failures") or []
+    if declared:
+        lines += ["", "## Expected failures (declared with --expect-fail)", ""]
+        lines += [f"- `{d['invariant']}`: {d['reason']}" for d in declared]
+    lines += _path_coverage_lines(report.get("path_coverage") or {})
+    lines += request_coverage_lines(report)
+    for case, missing in (report.get("unreached_paths") or {}).items():
+        lines += [
+            "",
+            f"Engine case {case} drafts for itself; paths it never took (not checked): {', '.join(missing)}.",
+        ]
+    lines += [line.replace("### ", "## ", 1) for line in speculation_lines(report)]
+    lines += sampling_lines(report)
+    lines += _consequence_lines(report["results"])
+    lines += _failure_lines(report["results"])
+    return "\n".join(lines) + "\n"
+
+
+def _subject_lines(subj: dict[str, Any]) -> list[str]:
+    """The certificate's list of what was certified: drafter, target, each engine case (with its wire
+    traffic when it ran over the protocol) and what was used without being certified."""
+    lines = []
     if subj.get("drafter"):
         lines.append(f"- drafter: `{subj['drafter']['spec']}` ({subj['drafter']['name']})")
     if subj.get("target"):
@@ -341,48 +373,46 @@ def render_markdown(report: dict[str, Any]) -> str:
             )
     for u in subj.get("used") or ():
         lines.append(f"- used, not certified: {u}")
-    seed = "derandomized" if report.get("derandomized") else f"seed {report.get('seed')}"
-    lines += [
-        f"- profile `{report['profile']}`, {seed}, {_tolerances_in_force(report)}",
-        f"- specproof {report['specproof_version']}, Hypothesis {report['hypothesis_version']}, "
-        f"Python {report['python']}, {report['platform']}",
-        f"- {report['seconds']} s",
-        "",
+    return lines
+
+
+def _results_table_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One table row per check (``|`` in a detail escaped so it stays in its cell)."""
+    lines = [
         "| invariant | case | status | examples | exercised | seconds | detail |",
         "|---|---|---|---:|---:|---:|---|",
     ]
-    for r in report["results"]:
+    for r in results:
         detail = (r.get("detail") or "").replace("|", "\\|")
         lines.append(
             f"| `{r['invariant']}` | {r['case']} | {r['status']} | {r['examples']} | {r['exercised']} | "
             f"{r['seconds']:.2f} | {detail} |"
         )
-    declared = report.get("expected_failures") or []
-    if declared:
-        lines += ["", "## Expected failures (declared with --expect-fail)", ""]
-        lines += [f"- `{d['invariant']}`: {d['reason']}" for d in declared]
-    coverage = report.get("path_coverage") or {}
-    if coverage:
-        paths = [p for p in next(iter(coverage.values())) if p not in ("generations", "completed")]
-        lines += ["", "## Path coverage (rounds by path)", ""]
-        lines += ["| case | generations | completed | " + " | ".join(paths) + " |"]
-        lines += ["|---|---:|---:|" + "---:|" * len(paths)]
-        for case, row in coverage.items():
-            cells = " | ".join(str(row[p]) for p in paths)
-            lines.append(f"| {case} | {row['generations']} | {row['completed']} | {cells} |")
-        never = sorted({p for row in coverage.values() for p in paths if not row[p]})
-        if never:
-            lines += ["", f"Never exercised: {', '.join(never)}."]
-    lines += request_coverage_lines(report)
-    for case, missing in (report.get("unreached_paths") or {}).items():
-        lines += [
-            "",
-            f"Engine case {case} drafts for itself; paths it never took (not checked): {', '.join(missing)}.",
-        ]
-    lines += [line.replace("### ", "## ", 1) for line in speculation_lines(report)]
-    lines += sampling_lines(report)
-    lines += _consequence_lines(report["results"])
-    shown = [r for r in report["results"] if r["status"] in ("fail", "error", "xfail", "xpass")]
+    return lines
+
+
+def _path_coverage_lines(coverage: dict[str, dict[str, int]]) -> list[str]:
+    """The rounds-by-path table per engine case, and the paths no case took; nothing without coverage."""
+    if not coverage:
+        return []
+    paths = [p for p in next(iter(coverage.values())) if p not in ("generations", "completed")]
+    lines = ["", "## Path coverage (rounds by path)", ""]
+    lines += ["| case | generations | completed | " + " | ".join(paths) + " |"]
+    lines += ["|---|---:|---:|" + "---:|" * len(paths)]
+    for case, row in coverage.items():
+        cells = " | ".join(str(row[p]) for p in paths)
+        lines.append(f"| {case} | {row['generations']} | {row['completed']} | {cells} |")
+    never = sorted({p for row in coverage.values() for p in paths if not row[p]})
+    if never:
+        lines += ["", f"Never exercised: {', '.join(never)}."]
+    return lines
+
+
+def _failure_lines(results: list[dict[str, Any]]) -> list[str]:
+    """A section per failing (or xfail/xpass) check, with its violations and reproduce line; checks one
+    failure of the subject stopped alike share one section (``failure_groups``)."""
+    lines: list[str] = []
+    shown = [r for r in results if r["status"] in ("fail", "error", "xfail", "xpass")]
     for cause, group in failure_groups(shown):
         if cause is not None:
             lines += ["", f"## One failure stopped {len(group)} checks — {group[0]['status']}", ""]
@@ -403,7 +433,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                 lines += ["", "  ```json", "  " + json.dumps(v["example"], default=str)[:4000], "  ```"]
         if r.get("reproduce"):
             lines += ["", f"Reproduce: `{r['reproduce']}`"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def speculation_lines(report: dict[str, Any]) -> list[str]:

@@ -463,6 +463,39 @@ def _build_blocks(cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> tuple[Bl
     return tuple(blocks)
 
 
+def _checkpoints(
+    conv_ck: _Arr, rec_ck: _Arr, count: int, *, base: int, target_id: int, write_clock: int
+) -> list[object]:
+    """``checkpoints[i]`` == ``snapshot()`` after the first ``i + 1`` of ``count`` tokens fed from ``base``, from
+    the per-token states one forward recorded (``write_clock``: the clock after that forward)."""
+    return [
+        ReferenceSnapshot(
+            processed=base + i + 1,
+            conv_state=conv_ck[i],
+            rec_state=rec_ck[i],
+            target_id=target_id,
+            write_clock=write_clock,
+        )
+        for i in range(count)
+    ]
+
+
+def _copy_sharing_weights(model: ReferenceHybrid, memo: dict[int, Any]) -> ReferenceHybrid:
+    """``copy.deepcopy(model)``: a new instance with its own id and copies of the states, sharing with
+    ``model`` what it never writes after construction (``_SHARED_BY_COPIES``)."""
+    new = type(model).__new__(type(model))
+    memo[id(model)] = new
+    for name, value in model.__dict__.items():
+        if name in _SHARED_BY_COPIES:
+            new.__dict__[name] = value
+        elif name == "_routing":  # read-only arrays
+            new.__dict__[name] = list(value)
+        else:
+            new.__dict__[name] = copy.deepcopy(value, memo)
+    new._id = next(_INSTANCE_IDS)
+    return new
+
+
 class ReferenceHybrid:
     """A seeded hybrid LM in numpy implementing ``Target``, ``CheckpointingTarget`` and ``WhiteBoxTarget``.
 
@@ -553,18 +586,7 @@ class ReferenceHybrid:
         toks = self._check(tokens)
         base = self._processed
         logits, conv_ck, rec_ck = self._run(toks, record=True)
-        clock = self._clock
-        checkpoints: list[object] = [
-            ReferenceSnapshot(
-                processed=base + i + 1,
-                conv_state=conv_ck[i],
-                rec_state=rec_ck[i],
-                target_id=self._id,
-                write_clock=clock,
-            )
-            for i in range(len(toks))
-        ]
-        return logits, checkpoints
+        return logits, _checkpoints(conv_ck, rec_ck, len(toks), base=base, target_id=self._id, write_clock=self._clock)
 
     @property
     def d_model(self) -> int:
@@ -590,17 +612,7 @@ class ReferenceHybrid:
         logits, conv_ck, rec_ck = self._run(toks, record=checkpoints, features=features)
         cks: list[object] | None = None
         if checkpoints:
-            clock = self._clock
-            cks = [
-                ReferenceSnapshot(
-                    processed=base + i + 1,
-                    conv_state=conv_ck[i],
-                    rec_state=rec_ck[i],
-                    target_id=self._id,
-                    write_clock=clock,
-                )
-                for i in range(len(toks))
-            ]
+            cks = _checkpoints(conv_ck, rec_ck, len(toks), base=base, target_id=self._id, write_clock=self._clock)
         for value in features.values():
             value.flags.writeable = False
         return logits, features, cks
@@ -668,17 +680,7 @@ class ReferenceHybrid:
 
         The weights, blocks and tables are read-only and shared: a copy costs the states, not the model.
         """
-        new = type(self).__new__(type(self))
-        memo[id(self)] = new
-        for name, value in self.__dict__.items():
-            if name in _SHARED_BY_COPIES:
-                new.__dict__[name] = value
-            elif name == "_routing":  # read-only arrays
-                new.__dict__[name] = list(value)
-            else:
-                new.__dict__[name] = copy.deepcopy(value, memo)
-        new._id = next(_INSTANCE_IDS)
-        return new
+        return _copy_sharing_weights(self, memo)
 
     # ----------------------------------------------------------------- info
 
