@@ -328,6 +328,37 @@ def check_deterministic(
             compared += more
         return found, compared
 
+    return _walks_against_fresh(
+        inv,
+        make,
+        context,
+        first_prompt=first_prompt,
+        accepts=accepts,
+        called=called,
+        other=other,
+        k_at=k_at,
+        vocab_size=vocab_size,
+        walk=walk,
+        coverage=coverage,
+    )
+
+
+def _walks_against_fresh(
+    inv: Invariant,
+    make: Callable[[], Drafter],
+    context: Sequence[int],
+    *,
+    first_prompt: int,
+    accepts: Sequence[int],
+    called: Sequence[bool],
+    other: Sequence[int],
+    k_at: Callable[[int], int],
+    vocab_size: int | None,
+    walk: Callable[[Drafter], tuple[list[WalkCall], Counter[str]]],
+    coverage: Counter[str] | None,
+) -> tuple[list[Violation], int]:
+    """``check_deterministic``'s walks of a drafter that declares no history dependence (its docstring lists
+    them), each call against a fresh drafter asked once; the first difference and the proposals compared."""
     walked, decoder_calls = decoder_walk(make(), context, first_prompt, accepts, k_at, vocab_size=vocab_size)
     size = len(walked)
     every = list(range(1, size + 1))
@@ -581,6 +612,21 @@ def check_no_mutation(
 
     n = len(context)
     requests = session_requests(context, other, max(1, min(n, prompt if prompt is not None else (n + 1) // 2)))
+    found, number = _mutation_on_session(inv, drafter, requests, k_at)
+    if found:
+        return found, number
+    walk = _walk(
+        drafter, context, ks, other=other, prompt=prompt, accepts=accepts, vocab_size=vocab_size, coverage=coverage
+    )
+    found, checked = _mutation_on_walk(inv, walk)
+    return found, number + checked
+
+
+def _mutation_on_session(
+    inv: Invariant, drafter: Drafter, requests: Sequence[Request], k_at: Callable[[int], int]
+) -> tuple[list[Violation], int]:
+    """``check_no_mutation`` on a session of requests: the first call that changed the list it was handed, or an
+    earlier request's list, and the number of calls made."""
     declared = getattr(drafter, "history_dependent", False) is True
     reset = getattr(drafter, "reset", None)
     handed: list[tuple[Request, list[int], list[int]]] = []  # each request's list and what it must hold
@@ -615,9 +661,11 @@ def check_no_mutation(
                         },
                     )
                 ], number
-    walk = _walk(
-        drafter, context, ks, other=other, prompt=prompt, accepts=accepts, vocab_size=vocab_size, coverage=coverage
-    )
+    return [], number
+
+
+def _mutation_on_walk(inv: Invariant, walk: Sequence[WalkCall]) -> tuple[list[Violation], int]:
+    """``check_no_mutation`` on a relation walk: the first call that changed a context, and the calls checked."""
     for i, at in enumerate(walk):
         if at.changed is None:
             continue
@@ -632,5 +680,5 @@ def check_no_mutation(
                 actual=list(now[-16:]),
                 example=_walk_example(walk, i),
             )
-        ], number + i + 1
-    return [], number + len(walk)
+        ], i + 1
+    return [], len(walk)
