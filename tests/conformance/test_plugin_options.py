@@ -93,7 +93,8 @@ def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     [
         (
             ["--specproof-db", "redis://"],
-            "--specproof-db 'redis://': not a Redis URL: it names no host (redis-py would take localhost:6379 in silence)",
+            "--specproof-db 'redis://': not a Redis URL: it names no host "
+            "(redis-py would take localhost:6379 in silence)",
         ),
         (["--specproof-db", "redis://127.0.0.1:1/0"], "the Redis server does not answer"),
         (["--specproof-db", "/no/such/dir/db"], "--specproof-db '/no/such/dir/db': the directory"),
