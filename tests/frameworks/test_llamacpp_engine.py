@@ -11,7 +11,7 @@ llama-cpp-python 0.3.36 (llama.cpp 0c1e57098), prompt-lookup decoding with K = 4
 - with ``n_rs_seq >= K`` and a fresh state per call it is lossless: PASS at ci;
 - kept between calls (``reuse=1``), a later prompt that shares a prefix with the cached context rolls
   the recurrent state back to a snapshot slot the last decode did not write (stale conv state): FAIL on
-  ``engine.session`` at ci (at quick its three session examples do not reach it); plain greedy with
+  ``engine.session`` at ci (at quick its five session examples do not reach it); plain greedy with
   ``reuse=1`` passes (no rollback is ever accepted there).
 
 If a later release fixes one of them, its test fails saying so: update docs/real-engines.md and flip
@@ -22,6 +22,8 @@ the llama.cpp environment (``tox -e llamacpp``).
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from _real_engine_doc import LLAMACPP_DOC_MODEL, check_quoted, quoted_outputs
 
 try:
     import llama_cpp
@@ -243,3 +247,29 @@ def test_stats_count_drafts_and_prefix_reuse(model: Path) -> None:
     again = engine.generate(turn, 4)
     assert again.stats.prefix_reused is not None and again.stats.prefix_reused >= len(prompt) + 15
     engine.close()
+
+
+# --------------------------------------------------------------------------- the page's quoted outputs
+
+
+@pytest.mark.parametrize(
+    ("name", "invariant"), [("llamacpp-lookup4", "engine.lossless"), ("llamacpp-reuse", "engine.session")]
+)
+def test_the_docs_quoted_output_is_this_runs(name: str, invariant: str, tmp_path: Path) -> None:
+    """docs/real-engines.md's failure blocks of findings 1 and 2, against the runs their own reproduce lines name
+    (on the GGUF file written where the page puts it: the derandomized examples depend on the engine spec). A
+    session's reproduce line replays a history file the failing run saved: rerun without it, the certification
+    finds and saves the same history (the file is named by its content), under this test's Hypothesis directory."""
+    save_lfm2_gguf(load_trained_target(), LLAMACPP_DOC_MODEL, source="trained")
+    block = quoted_outputs()[name]
+    command = shlex.split(block.rsplit("    reproduce: ", 1)[1].splitlines()[0])
+    assert command[:2] == ["specproof", "certify"] and str(LLAMACPP_DOC_MODEL) in command[4], command
+    assert command[command.index("--only") + 1] == invariant, command
+    if "--replay-session" in command:
+        at = command.index("--replay-session")
+        del command[at : at + 2]
+    hypothesis_dir = tmp_path / "hypothesis"
+    env = {**os.environ, "SPECPROOF_HYPOTHESIS_DIR": str(hypothesis_dir)}
+    argv = [sys.executable, "-m", *command, "--db", "none"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=TIMEOUT, check=False, cwd=tmp_path)
+    check_quoted(name, done.stdout, invariant, hypothesis_dir=hypothesis_dir)

@@ -86,17 +86,24 @@ def test_every_row_is_told_under_a_heading_of_the_page() -> None:
 
 
 def test_the_quoted_outputs_are_marked_and_carry_their_known_cause() -> None:
-    # the blocks regenerated from a real run and held to it (the llama.cpp ones are not yet: their runs need a
-    # llama-cpp-python build, docs/real-engines.md says so beside them)
+    # every block regenerated from a real run and held to it by the engine's own test file
     quoted = quoted_outputs()
-    assert set(quoted) == {"vllm-ngram4"}
-    row = known_cause("vllm", _vllm(method="ngram", num_speculative_tokens=4), "engine.lossless")
-    assert row is not None
-    block = quoted["vllm-ngram4"]
-    assert row.sentence() in block
-    # a run prints the tolerance in force and never elides: the quote is what a run printed
-    assert "tie tolerance 0)" not in block and ",...]" not in block and " ...:" not in block
-    assert "    reproduce: specproof certify engine --engine vllm:/tmp/vllm-trained," in block
+    assert set(quoted) == {"vllm-ngram4", "llamacpp-lookup4", "llamacpp-reuse"}
+    cases = {
+        "vllm-ngram4": ("vllm", _vllm(method="ngram", num_speculative_tokens=4), "engine.lossless"),
+        "llamacpp-lookup4": ("llamacpp", _llama(lookup=4), "engine.lossless"),
+        "llamacpp-reuse": ("llamacpp", _llama(lookup=4, n_rs_seq=4, reuse=True), "engine.session"),
+    }
+    for name, (engine, settings, invariant) in cases.items():
+        row = known_cause(engine, settings, invariant)
+        assert row is not None
+        block = quoted[name]
+        assert row.sentence() in block, name
+        # a run prints the tolerance in force and never elides: the quote is what a run printed
+        assert "tie tolerance 0)" not in block and ",...]" not in block and " ...:" not in block, name
+        model = "vllm:/tmp/vllm-trained," if engine == "vllm" else "llamacpp:/tmp/trained.gguf,"
+        assert f"    reproduce: specproof certify engine --engine {model}" in block, name
+        assert f"--only {invariant}" in block, name
 
 
 SCREEN = """\
@@ -133,6 +140,22 @@ def test_a_stale_quote_fails_with_the_block_to_paste(monkeypatch: pytest.MonkeyP
         AssertionError, match=r"quoted output 'x' is stale; this run printed:\n```\n\[engine.lossless\]: t"
     ):
         check_quoted("x", screen.replace("token 1", "token 2"), "engine.lossless")
+
+
+def test_a_runs_hypothesis_directory_is_read_as_the_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    import _real_engine_doc
+
+    line = "    reproduce: specproof certify ... --replay-session {}/sessions/session-0123456789ab.json"
+    page = "<!-- output: s (a run) -->\n```\n" + line.format("~/.cache/specproof/hypothesis") + "\n```\n"
+    monkeypatch.setattr(_real_engine_doc, "quoted_outputs", lambda: quoted_outputs(page))
+    screen = "──── engine.session (c) ────\n" + line.format("/tmp/run/hyp") + "\nverdict: FAIL\n"
+    check_quoted("s", screen, "engine.session", hypothesis_dir=Path("/tmp/run/hyp"))  # its own folder: accepted
+    with pytest.raises(AssertionError, match="quoted output 's' is stale"):
+        check_quoted("s", screen, "engine.session", hypothesis_dir=Path("/tmp/other"))  # another folder stays
+    with pytest.raises(AssertionError, match="quoted output 's' is stale"):
+        check_quoted(
+            "s", screen.replace("0123456789ab", "ba9876543210"), "engine.session", hypothesis_dir=Path("/tmp/run/hyp")
+        )
 
 
 # --------------------------------------------------------------------------- install steps and folders
