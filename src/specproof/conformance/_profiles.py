@@ -80,7 +80,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="ci",
             sampling_tv=0.05,
-            sampling_generations=200,
+            sampling_generations=240,
             sampling_proposals=60000,
             max_examples=40,
             capacity_examples=2,
@@ -93,7 +93,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             name="release",
             sampling_tv=0.02,
-            sampling_generations=600,
+            sampling_generations=1600,
             sampling_proposals=480000,
             max_examples=300,
             capacity_examples=6,
