@@ -150,16 +150,9 @@ def propose(req: RequestState, k_eff: int, *, vocab: int) -> tuple[list[int], np
 
 def record_round(req: RequestState, draft: list[int], verdict: Verdict, *, base: int, processed: int) -> Step:
     """Count the round in the request's stats, extend its context and output, and return its ``Step``."""
-    counter = req.counter
     j = verdict.accepted_prefix
-    counter.rounds += 1
-    counter.verify += 1
-    counter.drafted += len(draft)
-    counter.accepted += j
-    for p in range(len(draft)):
-        counter.attempts[p] += 1
-        if p < j:
-            counter.accepts[p] += 1
+    req.counter.count_round(len(draft), j)
+    req.counter.verify += 1
     req.ctx.extend(verdict.emitted)
     req.out.extend(verdict.emitted)
     req.last_accepted = j

@@ -163,6 +163,16 @@ class _StatsCounter:
         self.attempts = [0] * k
         self.accepts = [0] * k
 
+    def count_round(self, drafted: int, accepted: int) -> None:
+        """One verify round: ``drafted`` draft tokens, the first ``accepted`` of them kept."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        for p in range(drafted):
+            self.attempts[p] += 1
+            if p < accepted:
+                self.accepts[p] += 1
+
     def freeze(self) -> Stats:
         return Stats(
             rounds=self.rounds,
@@ -514,14 +524,7 @@ class DecodeSession:
 
     def _record(self, base: int, draft: list[int], verdict: Verdict, counter: _StatsCounter) -> Step:
         """Count the round, extend the context by what it emitted and return its ``Step``."""
-        j = verdict.accepted_prefix
-        counter.rounds += 1
-        counter.drafted += len(draft)
-        counter.accepted += j
-        for p in range(len(draft)):
-            counter.attempts[p] += 1
-            if p < j:
-                counter.accepts[p] += 1
+        counter.count_round(len(draft), verdict.accepted_prefix)
         self._ctx.extend(verdict.emitted)
         self._rounds_done += 1
         return Step(
