@@ -97,6 +97,34 @@ VALID: dict[str, dict[str, object]] = {
     },
     "ok": {"type": "ok", "id": 3},
     "error": {"type": "error", "id": None, "message": "invalid JSON"},
+    # capability batched (docs/protocol.md, Batches)
+    "add_request": {
+        "type": "add_request",
+        "id": 5,
+        "request": "r0",
+        "prompt": [1, 2],
+        "max_new_tokens": 3,
+        "eos_token_id": None,
+        "drafts": "suite",
+        "sampling": {"temperature": 0.8, "seed": 7},
+    },
+    "step": {"type": "step", "id": 6, "only": ["r0"]},
+    "abort": {"type": "abort", "id": 7, "request": "r0"},
+    "preempt": {"type": "preempt", "id": 8, "request": "r0", "mode": "snapshot"},
+    "stepped": {
+        "type": "stepped",
+        "id": 6,
+        "outputs": [
+            {
+                "request": "r0",
+                "round": {"round": 0, "base": 1, "draft": [7], "argmax": [7, 9], "accepted": [7, 9], "processed": 3},
+                "tokens": [7, 9],
+                "finished": None,
+                "slot": 0,
+            },
+            {"request": "r1", "round": None, "tokens": [], "finished": {"tokens": [], "stop_reason": "error"}},
+        ],
+    },
 }
 
 # (message type, a change that makes it invalid, what the error names)
@@ -117,6 +145,13 @@ INVALID = [
     ("final", {"stop_reason": "tired"}, "stop_reason"),
     ("final", {"extra": 1}, "extra"),
     ("error", {"message": ""}, "message"),
+    ("hello", {"batch": {"max_batch": 0, "slots": 2}}, "max_batch"),
+    ("hello", {"batch": {"max_batch": 2, "slots": 2, "preemption": ["swap"]}}, "preemption"),
+    ("add_request", {"request": ""}, "request"),
+    ("step", {"only": ["r0", "r0"]}, "only"),
+    ("preempt", {"mode": "evict"}, "mode"),
+    ("stepped", {"outputs": [{"request": "r0", "tokens": [1], "finished": None}]}, "round"),
+    ("stepped", {"outputs": [{"request": "r0", "round": None, "tokens": [], "finished": {"tokens": []}}]}, "finished"),
 ]
 
 

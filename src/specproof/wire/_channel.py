@@ -31,6 +31,7 @@ HELLO_IDENTITY = (
     "d_model",
     "feature_layers",
     "sampling_schemes",
+    "batch",
 )
 #: what went over the wire (``WireEngine.traffic``; ``wire_summary()``)
 _TRAFFIC = (

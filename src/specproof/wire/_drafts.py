@@ -169,6 +169,8 @@ class DraftBridge:
             raise
         spent_us = (time.perf_counter() - started) * 1e6
         answer: dict[str, Any] = {"type": "draft", "id": rid, "round": msg["round"], "tokens": draft}
+        if "request" in msg:  # a step of a batched engine: say which request the draft is for
+            answer["request"] = msg["request"]
         if q_rows is not None:
             answer["q"] = q_rows
         channel.send(answer, request)

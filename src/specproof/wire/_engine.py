@@ -9,17 +9,19 @@ from __future__ import annotations
 import atexit
 import contextlib
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from specproof.contract import BatchRequest, RequestOutput
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Target
 from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
+from specproof.wire._batch import WireBatch
 from specproof.wire._channel import Channel
 from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
-from specproof.wire._errors import EngineProtocolError
+from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._limits import HANDSHAKE_LINE_BYTES, default_line_limit
 from specproof.wire._sampling_ask import check_sampling, check_scheme, offered_schemes
 from specproof.wire._state_view import WireTargetView
@@ -208,6 +210,18 @@ class WireEngine:
             #: the suite's drafter (capability ``suite_drafts``); absent otherwise, so the suite
             #: judges the engine on its own drafts
             self.drafter: Any = None
+        self._batch: WireBatch | None = None
+        if "batched" in self.capabilities:
+            #: capability ``batched``: the engine is a ``BatchEngine`` too (docs/protocol.md, Batches); absent
+            #: otherwise, so the batch checks skip it saying it does not batch
+            self._batch = WireBatch(
+                self._channel,
+                batch=self.hello["batch"],
+                capabilities=self.capabilities,
+                max_context=self.max_context,
+                vocab_size=self.vocab_size,
+            )
+            self.batch_capabilities = self._batch.batch_capabilities
 
     # ----------------------------------------------------------------- the conversation's facts
 
@@ -350,9 +364,41 @@ class WireEngine:
         self._forget_state()
 
     def _forget_state(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self._batch.forget()  # type: ignore[union-attr]
         view = getattr(self, "target", None)
         if isinstance(view, WireTargetView):
             view.clear()
+
+    # ----------------------------------------------------------------- batches (capability batched)
+
+    def _batched(self) -> WireBatch:
+        if self._batch is None:
+            raise EngineRequestError(
+                f"engine {self.label}: it does not batch (no capability 'batched' in its handshake: "
+                f"{sorted(self.capabilities)}); nothing was sent"
+            )
+        self._batch.scheme = self._scheme
+        return self._batch
+
+    def add_request(self, request: BatchRequest) -> None:
+        """Queue one request of a batch (``BatchEngine``; docs/protocol.md, Batches)."""
+        self._batched().add_request(request)
+
+    def step(self, *, only: Collection[str] | None = None) -> list[RequestOutput]:
+        """One verify round of the running requests (``only``: just those, with ``batch.schedulable``)."""
+        return self._batched().step(only=only)
+
+    def abort_request(self, request_id: str) -> Generation:
+        """Cancel a request and free its slot; returns what it had emitted."""
+        return self._batched().abort_request(request_id)
+
+    def preempt(self, request_id: str, *, mode: str) -> None:
+        """Evict a running request (``mode``: one of ``batch_capabilities.preemption``)."""
+        self._batched().preempt(request_id, mode=mode)
+
+    def has_unfinished_requests(self) -> bool:
+        return self._batched().has_unfinished_requests()
 
     # ----------------------------------------------------------------- closing
 

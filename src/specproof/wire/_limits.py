@@ -105,6 +105,11 @@ def check_handshake_sizes(hello: dict[str, Any]) -> None:
             f"the handshake declares k={hello['k']} with max_context={hello['max_context']}: a round of k draft "
             "tokens needs k + 1 free slots"
         )
+    if "batched" in hello["capabilities"] and "batch" not in hello:
+        raise EngineProtocolError(
+            "the handshake names the capability 'batched' but no 'batch' object (max_batch and slots are required "
+            "with it: docs/protocol.md, Batches)"
+        )
     if "features" in hello["capabilities"]:
         missing = [f for f in ("d_model", "feature_layers") if f not in hello]
         if missing:

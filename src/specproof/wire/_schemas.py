@@ -21,8 +21,18 @@ __all__ = [
 
 PROTOCOL: Final = "specproof-engine/1"
 # What the engine sends, and what the client (the suite) sends.
-ENGINE_MESSAGES: Final[tuple[str, ...]] = ("hello", "propose", "round", "state", "final", "ok", "error")
-CLIENT_MESSAGES: Final[tuple[str, ...]] = ("generate", "greedy", "reset", "shutdown", "draft")
+ENGINE_MESSAGES: Final[tuple[str, ...]] = ("hello", "propose", "round", "state", "final", "ok", "error", "stepped")
+CLIENT_MESSAGES: Final[tuple[str, ...]] = (
+    "generate",
+    "greedy",
+    "reset",
+    "shutdown",
+    "draft",
+    "add_request",
+    "step",
+    "abort",
+    "preempt",
+)
 
 
 def load_schema(name: str) -> dict[str, Any]:
@@ -118,6 +128,11 @@ def _rows(prefix: str, schema: dict[str, Any], required: set[str]) -> list[str]:
         if not text and "oneOf" in sub:
             text = "; ".join(s["description"] for s in sub["oneOf"] if "description" in s)
         rows.append(f"| `{field}` | {_type(sub)} | {need} | {text} |")
+        # an object inside a list or beside null (a batch's per-request outputs) has its fields listed too
+        items = sub.get("items", {}) if sub.get("type") == "array" else {}
+        for inner, below in ((items, f"{field}[]."), *((s, f"{field}.") for s in sub.get("oneOf", ()))):
+            if isinstance(inner, dict) and inner.get("type") == "object" and inner.get("properties"):
+                rows += _rows(below, inner, set(inner.get("required", ())))
         if sub.get("type") == "object":
             if sub.get("properties"):
                 rows += _rows(f"{field}.", sub, set(sub.get("required", ())))
