@@ -2,7 +2,7 @@
 // the specproof `trained` fixture, speaking specproof-engine/1 (JSON Lines) on stdio or TCP.
 //
 //   specproof-engine --weights trained.safetensors [--k 4] [--rollback checkpoint|replay]
-//                    [--scheme rejection|match] [--bug NAME] [--listen PORT] [--max-context N]
+//                    [--scheme rejection|match] [--bug NAME] [--listen PORT] [--max-context N] [--slots N]
 //   specproof-engine --weights W --logits IN.json OUT.f32      (test hook: raw logits of a forward)
 //   specproof-engine --weights W --bench PROMPT_FILE [--tokens N] (in-process speed figures, JSON)
 //
@@ -38,7 +38,8 @@ namespace sp {
 static const char* kVersion = "0.1.0";
 static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
                               "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos",
-                              "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse", "wrong-residual"};
+                              "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse", "wrong-residual",
+                              "slot-reuse-stale-state"};
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t0) {
@@ -144,6 +145,7 @@ struct Options {
     int max_context = 0;
     int ngram_max = 3;
     int max_snapshots = 64;
+    int slots = 4;  // the batch slot pool (capability batched): requests holding state at once, and rows per step
 };
 
 struct StatsCounter {
@@ -163,6 +165,8 @@ class Engine {
         } else {
             max_context_ = m_.cfg.max_context;
         }
+        if (opt.slots < 1) throw ModelError("--slots must be >= 1");
+        batch_reset();
     }
 
     bool bug(const char* name) const { return opt_.bugs.count(name) > 0; }
@@ -173,8 +177,11 @@ class Engine {
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
           << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\","
-             "\"sampling\",\"seeded\"],\"sampling_schemes\":[\""
-          << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]";
+             "\"sampling\",\"seeded\",\"batched\"],\"sampling_schemes\":[\""
+          << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]"
+          << ",\"batch\":{\"max_batch\":" << opt_.slots << ",\"slots\":" << opt_.slots
+          << ",\"continuous_arrivals\":true,\"preemption\":[\"snapshot\",\"recompute\"],\"schedulable\":true,"
+             "\"batch_invariant_seeding\":true}";
         if (!m_.model_spec.empty()) {
             // the oracle must have the same capacity: trained -> trained:max_context=N
             std::string spec = m_.model_spec;
@@ -196,6 +203,7 @@ class Engine {
         m_.reset();
         fed_.clear();
         snaps_.clear();
+        batch_reset();
     }
 
     // One request: generate (spec) or greedy. Writes round/state/propose/final messages.
@@ -358,6 +366,162 @@ class Engine {
         send(ch, o.str());
     }
 
+    // ---- batches (capability batched; docs/protocol.md, Batches)
+    //
+    // A pool of slots, each with its own KV cache, conv state and processed count, handed out through a
+    // free list (the most recently freed first). A step admits waiting requests into free slots (prefill,
+    // or a snapshot swapped back in), asks for every row's draft, then verifies each row in its own slot:
+    // the slot's memory is swapped into the model (O(1): vector swaps), the round runs as a single
+    // request's round does, and it is swapped out again. The forward is batch-invariant (README), so a
+    // row run by itself gives the bits a padded batched forward would.
+
+    void add_request(const Json& req) {
+        const Json* nv = req.get("request");
+        if (!nv || nv->kind != Json::String || nv->str.empty()) throw RequestError("add_request needs a non-empty string 'request'");
+        const std::string& name = nv->str;
+        if (breqs_.count(name)) throw RequestError("add_request: request '" + name + "' is already in the engine");
+        BatchReq r;
+        r.name = name;
+        r.ctx = int_list(req.get("prompt"), "prompt");
+        if (r.ctx.empty()) throw RequestError("the prompt is empty: a request needs at least one token (the pending one)");
+        for (size_t i = 0; i < r.ctx.size(); ++i)
+            if (r.ctx[i] < 0 || r.ctx[i] >= m_.cfg.vocab_size)
+                throw RequestError("prompt[" + std::to_string(i) + "]=" + std::to_string(r.ctx[i]) + " is outside [0, " +
+                                   std::to_string(m_.cfg.vocab_size) + ")");
+        if (static_cast<int>(r.ctx.size()) > max_context_)
+            throw RequestError("the prompt has " + std::to_string(r.ctx.size()) + " tokens, more than max_context=" +
+                               std::to_string(max_context_));
+        const Json* mnt = req.get("max_new_tokens");
+        if (!mnt || !mnt->is_int() || mnt->integer < 0) throw RequestError("max_new_tokens must be an integer >= 0");
+        r.max_new = static_cast<int>(mnt->integer);
+        if (const Json* e = req.get("eos_token_id"); e && e->kind != Json::Null) {
+            if (!e->is_int() || e->integer < 0 || e->integer >= m_.cfg.vocab_size)
+                throw RequestError("eos_token_id is outside the vocabulary");
+            r.eos = static_cast<int>(e->integer);
+        }
+        if (const Json* d = req.get("drafts")) r.suite = d->kind == Json::String && d->str == "suite";
+        r.scheme = opt_.scheme;
+        if (const Json* sv = req.get("sampling"); sv && sv->kind != Json::Null) {
+            r.smp = parse_sampling(*sv);
+            r.sampling = true;
+        }
+        if (const Json* sv = req.get("scheme"); sv && sv->kind != Json::Null) {
+            if (sv->kind != Json::String || (sv->str != "rejection" && sv->str != "match"))
+                throw RequestError("scheme must be \"rejection\" or \"match\"");
+            r.scheme = sv->str;
+        }
+        if (!r.sampling) r.smp.has_seed = true;  // a greedy request draws nothing
+        r.rng = std::make_unique<Rng>(r.smp);
+        border_.push_back(name);
+        breqs_.emplace(name, std::move(r));
+    }
+
+    bool step_started() const { return step_started_; }
+
+    void step(Channel& ch, long long id, const Json& req) {
+        step_started_ = false;
+        std::vector<std::string> wanted;
+        if (const Json* only = req.get("only"); only && only->kind != Json::Null) {
+            if (only->kind != Json::Array) throw RequestError("step.only must be a list of request ids");
+            std::set<std::string> names;
+            for (const Json& n : only->items) {
+                if (n.kind != Json::String) throw RequestError("step.only must be a list of request ids (strings)");
+                if (!breqs_.count(n.str)) throw RequestError("step.only names '" + n.str + "', which is not a request in the engine");
+                names.insert(n.str);
+            }
+            for (const auto& n : border_)
+                if (names.count(n)) wanted.push_back(n);
+        } else {
+            wanted = border_;
+        }
+        step_started_ = true;  // from here on a failure leaves requests half-advanced
+        std::vector<std::string> outs;
+        for (const auto& name : wanted) {
+            BatchReq& r = breqs_.at(name);
+            if (r.phase == Phase::Running || free_.empty()) continue;
+            if (r.phase == Phase::Queued && r.max_new == 0) {
+                outs.push_back(finish(name, "max_new_tokens", "null", {}, -1));
+                continue;
+            }
+            admit(r);
+        }
+        std::vector<BatchReq*> batch;
+        for (const auto& name : wanted) {
+            auto it = breqs_.find(name);
+            if (it != breqs_.end() && it->second.phase == Phase::Running && static_cast<int>(batch.size()) < opt_.slots)
+                batch.push_back(&it->second);
+        }
+        // every row's draft first: one verify step takes them all
+        std::vector<std::vector<int>> drafts(batch.size());
+        std::vector<std::vector<std::vector<double>>> qrows(batch.size());
+        std::vector<bool> full(batch.size(), false);
+        for (size_t b = 0; b < batch.size(); ++b) {
+            BatchReq& r = *batch[b];
+            const int room = max_context_ - slots_[r.slot].processed;
+            if (room < 1) {
+                full[b] = true;
+                continue;
+            }
+            const int remaining = r.max_new - static_cast<int>(r.out.size());
+            const int k_eff = std::max(0, std::min({opt_.k, remaining - 1, room - 1}));
+            if (k_eff > 0)
+                drafts[b] = r.suite ? ask_draft(ch, id, r.round, static_cast<int>(r.ctx.size()), k_eff, &qrows[b], &r.name)
+                                    : ngram(r.ctx, k_eff);
+        }
+        for (size_t b = 0; b < batch.size(); ++b) {
+            BatchReq& r = *batch[b];
+            const std::string name = r.name;
+            if (full[b]) {
+                outs.push_back(finish(name, "context_full", "null", {}, r.slot));
+                continue;
+            }
+            outs.push_back(verify_row(r, drafts[b], qrows[b]));
+        }
+        std::ostringstream o;
+        o << "{\"type\":\"stepped\",\"id\":" << id << ",\"outputs\":[";
+        for (size_t i = 0; i < outs.size(); ++i) o << (i ? "," : "") << outs[i];
+        o << "]}";
+        send(ch, o.str());
+    }
+
+    void abort(Channel& ch, long long id, const Json& req) {
+        const std::string name = request_name(req, "abort");
+        const std::string out = finish(name, "error", "null", {}, -1);
+        send(ch, "{\"type\":\"stepped\",\"id\":" + std::to_string(id) + ",\"outputs\":[" + out + "]}");
+    }
+
+    void preempt(const Json& req) {
+        const std::string name = request_name(req, "preempt");
+        const Json* mode = req.get("mode");
+        if (!mode || mode->kind != Json::String || (mode->str != "snapshot" && mode->str != "recompute"))
+            throw RequestError("preempt.mode must be \"snapshot\" or \"recompute\"");
+        BatchReq& r = breqs_.at(name);
+        if (r.phase != Phase::Running)
+            throw RequestError("preempt: request '" + name + "' is not running (it holds no slot): nothing to preempt");
+        if (mode->str == "snapshot") {
+            r.saved = slots_[r.slot];
+            r.swapped = true;
+        }
+        release(r.slot);
+        r.slot = -1;
+        r.phase = Phase::Preempted;
+    }
+
+    void batch_reset() {
+        breqs_.clear();
+        border_.clear();
+        free_.clear();
+        for (int i = opt_.slots - 1; i >= 0; --i) free_.push_back(i);
+        if (slots_.empty()) {
+            slots_.resize(static_cast<size_t>(opt_.slots));
+            for (Slot& sl : slots_) {
+                sl.key.assign(m_.key_cache.size(), 0.0f);
+                sl.value.assign(m_.value_cache.size(), 0.0f);
+                sl.conv.assign(m_.conv_state.size(), 0.0f);
+            }
+        }
+    }
+
     // ---- in-process use (bench)
     Model& model() { return m_; }
     int max_context() const { return max_context_; }
@@ -385,6 +549,162 @@ class Engine {
     std::vector<int> fed_;                      // the tokens whose KV / conv state the model holds
     std::map<int, std::vector<float>> snaps_;   // processed -> conv_state kept for prefix reuse
     double io_us_ = 0;                          // time spent waiting for the client inside a request
+
+    // ---- the batch slot pool
+    struct Slot {
+        int processed = 0;
+        std::vector<float> key, value, conv;
+    };
+    enum class Phase { Queued, Running, Preempted };
+    struct BatchReq {
+        std::string name;
+        std::vector<int> ctx, out;
+        int max_new = 0, eos = -1, round = 0, slot = -1;
+        bool suite = false, sampling = false, swapped = false;
+        SamplingParams smp;
+        std::string scheme;
+        std::unique_ptr<Rng> rng;
+        Phase phase = Phase::Queued;
+        Slot saved;  // a snapshot preemption's slot memory
+    };
+    std::vector<Slot> slots_;
+    std::vector<int> free_;  // free slots; the back is handed out next (the most recently freed)
+    std::map<std::string, BatchReq> breqs_;
+    std::vector<std::string> border_;  // arrival order: admission and row order follow it
+    bool step_started_ = false;        // the current step got past its checks
+
+    // The slot's memory in the model for the lifetime of the guard (and back, whatever happens).
+    struct SlotIn {
+        Model& m;
+        Slot& s;
+        SlotIn(Model& model, Slot& slot) : m(model), s(slot) { swap(); }
+        ~SlotIn() { swap(); }
+        void swap() {
+            std::swap(m.processed, s.processed);
+            m.key_cache.swap(s.key);
+            m.value_cache.swap(s.value);
+            m.conv_state.swap(s.conv);
+        }
+    };
+
+    std::string request_name(const Json& req, const char* what) const {
+        const Json* nv = req.get("request");
+        if (!nv || nv->kind != Json::String || nv->str.empty())
+            throw RequestError(std::string(what) + " needs a non-empty string 'request'");
+        if (!breqs_.count(nv->str))
+            throw RequestError(std::string(what) + ": no request '" + nv->str + "' in the engine");
+        return nv->str;
+    }
+
+    int acquire() {
+        const int idx = free_.back();
+        free_.pop_back();
+        Slot& sl = slots_[idx];
+        sl.processed = 0;
+        // a fresh request starts from zero recurrent state; the planted bug hands it the last tenant's
+        if (!bug("slot-reuse-stale-state")) std::fill(sl.conv.begin(), sl.conv.end(), 0.0f);
+        return idx;
+    }
+
+    void release(int idx) {
+        if (idx >= 0) free_.push_back(idx);
+    }
+
+    // A free slot for `r`: its snapshot swapped back in, else its context but the pending token prefilled.
+    void admit(BatchReq& r) {
+        if (r.swapped) {
+            r.slot = free_.back();
+            free_.pop_back();
+            std::swap(slots_[r.slot], r.saved);
+            r.saved = Slot();
+            r.swapped = false;
+        } else {
+            r.slot = acquire();
+            const int n = static_cast<int>(r.ctx.size()) - 1;
+            if (n > 0) {
+                SlotIn in(m_, slots_[r.slot]);
+                std::vector<float> logits(static_cast<size_t>(n) * m_.cfg.vocab_size);
+                m_.forward(r.ctx.data(), n, logits.data());
+            }
+        }
+        r.phase = Phase::Running;
+    }
+
+    // Remove request `name`, free its slot and return its output entry.
+    std::string finish(const std::string& name, const char* stop, const std::string& round, const std::vector<int>& emitted,
+                       int slot) {
+        BatchReq& r = breqs_.at(name);
+        std::ostringstream o;
+        o << "{\"request\":" << json_quote(name) << ",\"round\":" << round << ",\"tokens\":" << json_int_list(emitted)
+          << ",\"finished\":{\"tokens\":" << json_int_list(r.out) << ",\"stop_reason\":\"" << stop << "\"}";
+        if (slot >= 0) o << ",\"slot\":" << slot;
+        o << "}";
+        release(r.slot);
+        border_.erase(std::find(border_.begin(), border_.end(), name));
+        breqs_.erase(name);
+        return o.str();
+    }
+
+    // One request's verify round in its own slot (the single-request round's rules); its output entry.
+    std::string verify_row(BatchReq& r, const std::vector<int>& draft, const std::vector<std::vector<double>>& qrows) {
+        const int slot = r.slot;
+        const int remaining = r.max_new - static_cast<int>(r.out.size());
+        std::vector<int> fed = {r.ctx.back()};
+        fed.insert(fed.end(), draft.begin(), draft.end());
+        const int q = static_cast<int>(fed.size());
+        const bool checkpoint = opt_.rollback == "checkpoint";
+        std::vector<int> argmax(q), accepted, emitted;
+        int base = 0, processed = 0, j = 0;
+        {
+            SlotIn in(m_, slots_[slot]);
+            base = m_.processed;
+            std::vector<float> logits(static_cast<size_t>(q) * m_.cfg.vocab_size), ck, before;
+            if (!checkpoint) before = m_.conv_state;
+            m_.forward(fed.data(), q, logits.data(), checkpoint ? &ck : nullptr);
+            for (int row = 0; row < q; ++row) {
+                const float* x = &logits[static_cast<size_t>(row) * m_.cfg.vocab_size];
+                argmax[row] = static_cast<int>(std::max_element(x, x + m_.cfg.vocab_size) - x);
+            }
+            if (r.sampling) {
+                std::vector<std::vector<double>> p(static_cast<size_t>(q));
+                for (int row = 0; row < q; ++row)
+                    p[row] = processed_distribution(&logits[static_cast<size_t>(row) * m_.cfg.vocab_size], m_.cfg.vocab_size,
+                                                    r.smp);
+                const std::pair<int, int> verdict = r.scheme == "match" ? match_accept(draft, p, *r.rng)
+                                                                        : rejection_accept(draft, qrows, p, *r.rng, bug("wrong-residual"));
+                j = verdict.first;
+                accepted.assign(draft.begin(), draft.begin() + j);
+                accepted.push_back(verdict.second);
+            } else {
+                while (j < static_cast<int>(draft.size()) && draft[j] == argmax[j]) ++j;
+                accepted.assign(draft.begin(), draft.begin() + j);
+                accepted.push_back(argmax[j]);
+            }
+            emitted.assign(accepted.begin(), accepted.begin() + std::min(remaining, static_cast<int>(accepted.size())));
+            if (r.eos >= 0) {
+                auto it = std::find(emitted.begin(), emitted.end(), r.eos);
+                if (it != emitted.end()) emitted.erase(it + 1, emitted.end());
+            }
+            const int keep = std::max(1, std::min(static_cast<int>(emitted.size()), q));
+            StatsCounter st;
+            if (keep < q) rollback(fed, base, keep, j, checkpoint, ck, before, st);
+            processed = m_.processed;
+        }
+        std::ostringstream rec;
+        rec << "{\"round\":" << r.round << ",\"base\":" << base << ",\"draft\":" << json_int_list(draft)
+            << ",\"argmax\":" << json_int_list(argmax) << ",\"accepted\":" << json_int_list(accepted)
+            << ",\"processed\":" << processed << "}";
+        ++r.round;
+        r.ctx.insert(r.ctx.end(), emitted.begin(), emitted.end());
+        r.out.insert(r.out.end(), emitted.begin(), emitted.end());
+        if (r.eos >= 0 && std::find(emitted.begin(), emitted.end(), r.eos) != emitted.end())
+            return finish(r.name, "eos", rec.str(), emitted, slot);
+        if (static_cast<int>(r.out.size()) >= r.max_new) return finish(r.name, "max_new_tokens", rec.str(), emitted, slot);
+        std::ostringstream o;
+        o << "{\"request\":" << json_quote(r.name) << ",\"round\":" << rec.str() << ",\"tokens\":" << json_int_list(emitted)
+          << ",\"finished\":null,\"slot\":" << slot << "}";
+        return o.str();
+    }
 
     // A generate's `sampling` object (docs/protocol.md, Sampling): temperature required, the rest optional.
     static SamplingParams parse_sampling(const Json& s) {
@@ -670,10 +990,12 @@ class Engine {
     }
 
     std::vector<int> ask_draft(Channel& ch, long long id, int round, int ctx_len, int k,
-                               std::vector<std::vector<double>>* qrows) {
+                               std::vector<std::vector<double>>* qrows, const std::string* request = nullptr) {
         std::ostringstream o;
         o << "{\"type\":\"propose\",\"id\":" << id << ",\"round\":" << round << ",\"context_length\":" << ctx_len
-          << ",\"k\":" << k << "}";
+          << ",\"k\":" << k;
+        if (request) o << ",\"request\":" << json_quote(*request);
+        o << "}";
         send(ch, o.str());
         const auto t0 = Clock::now();
         std::string line;
@@ -687,6 +1009,11 @@ class Engine {
         }
         const Json* type = msg.get("type");
         if (!type || type->str != "draft") throw RequestError("expected a draft message in answer to propose");
+        if (request) {
+            const Json* rv = msg.get("request");
+            if (!rv || rv->kind != Json::String || rv->str != *request)
+                throw RequestError("the draft must name the request its propose named ('" + *request + "')");
+        }
         std::vector<int> draft = int_list(msg.get("tokens"), "draft tokens");
         if (static_cast<int>(draft.size()) > k)
             throw RequestError("the draft has " + std::to_string(draft.size()) + " tokens, more than k=" + std::to_string(k));
@@ -741,6 +1068,18 @@ static bool serve(Engine& engine, Channel& ch) {
                     engine.reset();  // a request that failed half-way leaves no usable session
                     throw;
                 }
+            } else if (t == "add_request" || t == "step" || t == "abort" || t == "preempt") {
+                try {
+                    if (t == "add_request") engine.add_request(req);
+                    else if (t == "preempt") engine.preempt(req);
+                    else if (t == "abort") engine.abort(ch, id, req);
+                    else engine.step(ch, id, req);
+                } catch (const RequestError&) {
+                    // a step that failed once running (a bad draft) drops the batch; one refused up front does not
+                    if (t == "step" && engine.step_started()) engine.batch_reset();
+                    throw;
+                }
+                if (t == "add_request" || t == "preempt") ch.write_line("{\"type\":\"ok\",\"id\":" + std::to_string(id) + "}");
             } else if (t == "reset") {
                 engine.reset();
                 ch.write_line("{\"type\":\"ok\",\"id\":" + std::to_string(id) + "}");
@@ -914,7 +1253,7 @@ static int bench_mode(Model& m, const Options& opt, const std::string& prompt_pa
 
 static void usage() {
     std::cerr << "usage: specproof-engine --weights FILE.safetensors [--k N] [--rollback checkpoint|replay]\n"
-                 "                        [--scheme rejection|match] [--bug NAME]... [--listen PORT] [--max-context N]\n"
+                 "                        [--scheme rejection|match] [--bug NAME]... [--listen PORT] [--max-context N] [--slots N]\n"
                  "       specproof-engine --weights FILE --logits IN.json OUT.f32\n"
                  "       specproof-engine --weights FILE --bench PROMPT_FILE [--tokens N] [--k N]\n"
                  "bugs:";
@@ -944,6 +1283,7 @@ int main(int argc, char** argv) {
             else if (a == "--bug") opt.bugs.insert(next("a bug name"));
             else if (a == "--listen") opt.listen_port = std::stoi(next("a port"));
             else if (a == "--max-context") opt.max_context = std::stoi(next("an integer"));
+            else if (a == "--slots") opt.slots = std::stoi(next("an integer"));
             else if (a == "--logits") {
                 logits_in = next("IN.json");
                 logits_out = next("OUT.f32");

@@ -155,6 +155,7 @@ def test_handshake(engine: ExecEngine) -> None:
         "state_digest",
         "sampling",
         "seeded",
+        "batched",
     }
     assert engine.sampling_schemes == ("rejection", "match")  # --scheme rejection, the default, first
     assert engine.state_kind() == "digests"  # the default where the engine offers them

@@ -10,6 +10,7 @@ tokens the ones its steps emitted. Anything else is a fault naming the message.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection
 from typing import Any
 
@@ -20,6 +21,7 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.wire._channel import Channel
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineRequestError
+from specproof.wire._requests import reset
 from specproof.wire._sampling_ask import check_sampling
 
 __all__ = ["WireBatch", "batch_capabilities"]
@@ -167,7 +169,15 @@ class WireBatch:
         allowed = set(self._held) if names is None else set(names)
         proposed: set[str] = set()
         while True:
-            msg = self._receive(("propose", "stepped", "error"), rid, text)
+            try:
+                msg = self._receive(("propose", "stepped", "error"), rid, text)
+            except EngineRequestError:
+                # an error answering a step may leave requests half-advanced: the client resets the engine,
+                # dropping every request on both sides (docs/protocol.md, Batches)
+                self.forget()
+                with contextlib.suppress(Exception):
+                    reset(self._channel)
+                raise
             if msg["type"] == "stepped":
                 break
             asked: Any = msg.get("request")
