@@ -115,3 +115,16 @@ def test_the_native_engine_reports_prefix_reused_and_is_judged_on_it(
     assert not any("not judged" in n for n in result["notes"]), result["notes"]
     if bug is not None:
         assert "cannot have cached" in str(result["violations"]), result["violations"]
+
+
+def test_a_wire_engine_of_last_rounds_protocol_conforms_unchanged_when_batches_are_asked_for() -> None:
+    """``batched`` came later (docs/protocol.md, Batches): an engine that does not declare it gets the
+    same verdicts with ``--batches`` as without, and every batch check skips it saying why."""
+    only = ("engine.lossless", "engine.session", "batch.*")
+    plain = by_invariant(certify_engine(PY_ENGINE, "sessions-v0", only=only))
+    batched = by_invariant(certify_engine(PY_ENGINE, "sessions-v0", only=only, batches=True))
+    for check in ("engine.lossless", "engine.session"):
+        assert batched[check]["status"] == plain[check]["status"] == "pass", batched[check]
+    skipped = {k: v for k, v in batched.items() if k.startswith("batch.")}
+    assert skipped and all(v["status"] == "skip" for v in skipped.values()), skipped
+    assert all("declares no batch_capabilities" in v["detail"] for v in skipped.values()), skipped
