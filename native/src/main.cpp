@@ -630,8 +630,8 @@ class Engine {
         r.phase = Phase::Running;
     }
 
-    // Remove request `name`, free its slot and return its output entry.
-    std::string finish(const std::string& name, const char* stop, const std::string& round, const std::vector<int>& emitted,
+    // Remove request `name` (taken by value: the request's own name is erased here), free its slot and return its output entry.
+    std::string finish(const std::string name, const char* stop, const std::string& round, const std::vector<int>& emitted,
                        int slot) {
         BatchReq& r = breqs_.at(name);
         std::ostringstream o;

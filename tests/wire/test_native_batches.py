@@ -121,3 +121,21 @@ def test_an_error_answering_a_step_drops_every_request_on_both_sides(start: Call
         assert not engine.has_unfinished_requests()  # the client reset the engine: nothing half-advanced is left
         done = run_batch(engine, [BatchRequest(request_id="ok", prompt=(5, 6), max_new_tokens=2)], max_steps=5)
         assert list(done) == ["ok"]
+
+
+class _Raising:
+    """A drafter that fails: the suite's own bug, mid-step."""
+
+    def propose(self, context: object, k: int) -> list[int]:
+        raise RuntimeError("drafter broke")
+
+
+def test_a_drafter_raising_mid_step_leaves_no_request_half_advanced(start: Callable[..., ExecEngine]) -> None:
+    with start() as engine:
+        engine.add_request(BatchRequest(request_id="ok", prompt=(5, 6), max_new_tokens=8))
+        engine.add_request(BatchRequest(request_id="bad", prompt=(5, 6), max_new_tokens=8, drafter=_Raising()))
+        with pytest.raises(RuntimeError, match="drafter broke"):
+            engine.step()
+        assert not engine.has_unfinished_requests()
+        done = run_batch(engine, [BatchRequest(request_id="ok", prompt=(5, 6), max_new_tokens=2)], max_steps=5)
+        assert list(done) == ["ok"] and engine.restarts == 0

@@ -20,7 +20,7 @@ from specproof.contract import BatchCapabilities, BatchRequest, Generation, Requ
 from specproof.contract.errors import InvalidSettingError
 from specproof.wire._channel import Channel
 from specproof.wire._drafts import DraftBridge
-from specproof.wire._errors import EngineRequestError
+from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._requests import reset
 from specproof.wire._sampling_ask import check_sampling
 
@@ -167,29 +167,35 @@ class WireBatch:
         text = f"step #{rid}" + ("" if names is None else f" (only {names})")
         channel.send({"type": "step", "id": rid, **({"only": names} if names is not None else {})}, text)
         allowed = set(self._held) if names is None else set(names)
-        proposed: set[str] = set()
-        while True:
-            try:
-                msg = self._receive(("propose", "stepped", "error"), rid, text)
-            except EngineRequestError:
-                # an error answering a step may leave requests half-advanced: the client resets the engine,
-                # dropping every request on both sides (docs/protocol.md, Batches)
-                self.forget()
-                with contextlib.suppress(Exception):
-                    reset(self._channel)
-                raise
-            if msg["type"] == "stepped":
-                break
-            asked: Any = msg.get("request")
-            held = self._held.get(asked) if isinstance(asked, str) else None
-            if held is None or asked not in allowed or not held.drafts or asked in proposed:
-                channel.fault(f"a propose that {_propose_problem(asked, held, allowed, proposed)}", text)
-            proposed.add(asked)
-            held.bridge.answer(msg, held.request.drafter, held.ctx, rid, text)
+        try:
+            msg = self._converse(rid, text, allowed)
+        except EngineProtocolError:
+            raise  # a fault: the next request restarts the engine, and the client forgets every request then
+        except BaseException:
+            # an error answering the step (or the suite's drafter raising) may leave requests half-advanced:
+            # the client resets the engine, dropping every request on both sides (docs/protocol.md, Batches)
+            self.forget()
+            with contextlib.suppress(Exception):
+                reset(channel)
+            raise
         outputs = [self._output(o, allowed, text) for o in msg["outputs"]]
         if len({o.request_id for o in outputs}) != len(outputs):
             channel.fault("a stepped message with two outputs for one request", text)
         return outputs
+
+    def _converse(self, rid: int, text: str, allowed: set[str]) -> dict[str, Any]:
+        """Answer the step's ``propose`` messages with each request's drafter; its ``stepped`` answer."""
+        proposed: set[str] = set()
+        while True:
+            msg = self._receive(("propose", "stepped", "error"), rid, text)
+            if msg["type"] == "stepped":
+                return msg
+            asked: Any = msg.get("request")
+            held = self._held.get(asked) if isinstance(asked, str) else None
+            if held is None or asked not in allowed or not held.drafts or asked in proposed:
+                self._channel.fault(f"a propose that {_propose_problem(asked, held, allowed, proposed)}", text)
+            proposed.add(asked)
+            held.bridge.answer(msg, held.request.drafter, held.ctx, rid, text)
 
     # ----------------------------------------------------------------- the answers
 
