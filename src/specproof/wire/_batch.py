@@ -157,7 +157,7 @@ class WireBatch:
     def step(self, *, only: Collection[str] | None = None) -> list[RequestOutput]:
         """One verify round; every ``propose`` the engine sends on the way is answered by its request's drafter."""
         label, channel = self._channel.label, self._channel
-        names = None if only is None else [str(n) for n in only]
+        names = None if only is None else list(dict.fromkeys(str(n) for n in only))  # each once, in order
         if names is not None:
             if not self.batch_capabilities.schedulable:
                 raise InvalidSettingError(f"engine {label}: step(only=...) needs batch.schedulable, which it lacks")
