@@ -7,6 +7,7 @@ requests are answered with errors naming the problem, the engine staying usable.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from specproof.contract import BatchRequest, run_batch
 from specproof.engine import greedy_decode
 from specproof.plugins import load_target
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter
-from specproof.wire import EngineRequestError, ExecEngine
+from specproof.wire import EngineRequestError, ExecEngine, TcpEngine
 
 pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
 
@@ -139,3 +140,33 @@ def test_a_drafter_raising_mid_step_leaves_no_request_half_advanced(start: Calla
         assert not engine.has_unfinished_requests()
         done = run_batch(engine, [BatchRequest(request_id="ok", prompt=(5, 6), max_new_tokens=2)], max_steps=5)
         assert list(done) == ["ok"] and engine.restarts == 0
+
+
+def test_batches_over_tcp_and_a_new_connection_starts_with_none(native: tuple[Path, Path]) -> None:
+    """Over ``tcp:`` the same batches run; a client that leaves requests in flight and disconnects
+    leaves nothing for the next one (every connection starts a new session)."""
+    binary, weights = native
+    model = load_target("trained")
+    proc = subprocess.Popen(
+        [binary, "--weights", weights, "--listen", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().rsplit(":", 1)[1])
+        with TcpEngine("127.0.0.1", port, timeout=30.0, load_target=load_target) as engine:
+            engine.add_request(BatchRequest(request_id="left", prompt=(5, 6), max_new_tokens=30))
+            engine.step()
+        with TcpEngine("127.0.0.1", port, timeout=30.0, load_target=load_target) as engine:
+            requests = [
+                BatchRequest(request_id=name, prompt=p, max_new_tokens=6) for name, p in (("left", (5, 6)), ("b", (7,)))
+            ]
+            done = run_batch(engine, requests, max_steps=20)
+            for request in requests:
+                want = greedy_decode(model, request.prompt, 6).tokens
+                assert done[request.request_id].tokens == want
+            engine.shutdown()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
