@@ -15,8 +15,8 @@ import pytest
 
 from _assertions import by_invariant
 from specproof.conformance import certify
-from specproof.contract import BatchRequest, run_batch
-from specproof.engine import greedy_decode
+from specproof.contract import BatchRequest, SamplingParams, run_batch
+from specproof.engine import NgramDrafter, greedy_decode
 from specproof.plugins import load_target
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter
 from specproof.wire import EngineRequestError, ExecEngine, TcpEngine
@@ -170,3 +170,25 @@ def test_batches_over_tcp_and_a_new_connection_starts_with_none(native: tuple[Pa
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_seeded_request_gives_its_solo_output_whatever_its_neighbours(start: Callable[..., ExecEngine]) -> None:
+    """``batch_invariant_seeding``: each request samples with its own generator, seeded by its own seed."""
+    seeded = SamplingParams(temperature=0.8, seed=3)
+
+    def mine() -> BatchRequest:
+        drafter = NgramDrafter()
+        return BatchRequest(request_id="me", prompt=PROMPTS[0], max_new_tokens=16, sampling=seeded, drafter=drafter)
+
+    with start() as engine:
+        assert engine.batch_capabilities.batch_invariant_seeding
+        alone = run_batch(engine, [mine()], max_steps=40)["me"].tokens
+        assert alone != greedy_decode(load_target("trained"), PROMPTS[0], 16).tokens  # it did sample
+        neighbours = [
+            BatchRequest(
+                request_id="unseeded", prompt=PROMPTS[1], max_new_tokens=16, sampling=SamplingParams(temperature=0.8)
+            ),
+            BatchRequest(request_id="greedy", prompt=PROMPTS[3], max_new_tokens=16, drafter=NgramDrafter()),
+        ]
+        together = run_batch(engine, [*neighbours, mine()], max_steps=40)
+        assert together["me"].tokens == alone
