@@ -70,6 +70,8 @@ def test_bad_batched_input_is_refused_before_anything_is_sent() -> None:
         engine.add_request(request("r0"))
         with pytest.raises(InvalidSettingError, match="'r0' is already in the engine"):
             engine.add_request(request("r0"))
+        with pytest.raises(InvalidSettingError, match="request_id of 300 characters: at most 256 travel"):
+            engine.add_request(request("x" * 300))
 
 
 @pytest.mark.parametrize(

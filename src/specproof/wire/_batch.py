@@ -26,6 +26,8 @@ from specproof.wire._sampling_ask import check_sampling
 
 __all__ = ["WireBatch", "batch_capabilities"]
 
+MAX_REQUEST_ID = 256  # the schemas' maxLength of a request id
+
 
 def batch_capabilities(batch: dict[str, Any]) -> BatchCapabilities:
     """The handshake's ``batch`` object as ``BatchCapabilities`` (no per-slot state travels over the wire)."""
@@ -97,6 +99,11 @@ class WireBatch:
         label = self._channel.label
         if request.request_id in self._held:
             raise InvalidSettingError(f"engine {label}: request_id {request.request_id!r} is already in the engine")
+        if len(request.request_id) > MAX_REQUEST_ID:
+            raise InvalidSettingError(
+                f"engine {label}: request_id of {len(request.request_id)} characters: at most {MAX_REQUEST_ID} travel "
+                "(docs/protocol.md, Batches)"
+            )
         check_sampling(request.sampling, self._capabilities, label)
         # the suite drafts where the engine takes drafts (capability suite_drafts), else the engine's own drafts
         drafts = request.drafter is not None and "suite_drafts" in self._capabilities
