@@ -338,7 +338,8 @@ def test_drafter_comparison_cells_and_their_gated_figures():
 
 
 def test_peer_comparison_is_warm_alternating_and_reports_spread():
-    from specproof.bench._measure import _compare_engines, peer_lines
+    from specproof.bench._peers import _compare_engines
+    from specproof.bench._render import peer_lines
     from specproof.engine import greedy_decode
     from specproof.plugins import load_target
 
