@@ -110,6 +110,7 @@ def _tiny_config() -> BenchConfig:
         drafters=(),
         real_files=0,
         peers=False,
+        batch_sizes=(),
     )
 
 

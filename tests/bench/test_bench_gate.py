@@ -310,6 +310,7 @@ def test_drafter_comparison_cells_and_their_gated_figures():
         real_tokens=384,
         real_stride=64,
         peers=False,
+        batch_sizes=(),
     )
     result = run_bench(config)
     base = make_baseline(result.to_json())

@@ -16,6 +16,7 @@ from specproof.bench._workloads import WORKLOAD_NAMES
 from specproof.contract.errors import InvalidSettingError
 
 __all__ = [
+    "BATCH_SIZES",
     "DEFAULT_TARGET",
     "DRAFTER_COMPARISON",
     "MOE_COMPANION",
@@ -33,6 +34,8 @@ MOE_COMPANION: Final = "reference-moe"
 DRAFTER_COMPARISON: Final = ("ngram", "model:trained-small", "combined:trained-small")
 # Compared too when their specs resolve in this checkout (feature heads and suffix lookup).
 OPTIONAL_DRAFTERS: Final = ("eagle:trained", "mtp:trained", "suffix")
+# The batch sizes the batched reference decoder is measured at, beside the single-request engine.
+BATCH_SIZES: Final = (1, 4, 16)
 
 
 def _check_ints(name: str, values: Sequence[int], minimum: int) -> tuple[int, ...]:
@@ -70,6 +73,8 @@ class BenchConfig:
     real_min_prefix: int = 128  # ... from this one
     real_temperatures: tuple[float, ...] = SAMPLED_TEMPERATURES  # sampled real contexts (empty: not measured)
     real_seeds: int = 2  # seeded rejection-sampling rounds per position, drafter and temperature
+    batch_sizes: tuple[int, ...] = BATCH_SIZES  # the batched decoder beside the single engine (empty: not measured)
+    batch_tokens: int = 32  # new tokens of each request of a batch
 
     def __attrs_post_init__(self) -> None:
         _check_ints("ks", self.ks, 1)
@@ -77,6 +82,9 @@ class BenchConfig:
         for name in ("chunk_tokens", "chunks", "verify_reps", "drafter_reps", "peer_tokens", "peer_repeats"):
             _check_ints(name, [getattr(self, name)], 1)
         _check_ints("real_files", [self.real_files], 0)
+        if self.batch_sizes:
+            _check_ints("batch_sizes", self.batch_sizes, 1)
+        _check_ints("batch_tokens", [self.batch_tokens], 1)
         for name in ("real_tokens", "real_stride", "real_min_prefix", "real_seeds"):
             _check_ints(name, [getattr(self, name)], 1)
         for t in self.real_temperatures:
@@ -120,6 +128,7 @@ class BenchConfig:
             real_tokens=2048,
             real_stride=24,
             real_seeds=4,
+            batch_tokens=64,
         )
 
     @property

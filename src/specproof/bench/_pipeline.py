@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from specproof.bench._batches import BatchFigures
 from specproof.bench._config import BenchConfig
 from specproof.bench._counting import DecoderFactory, default_decoder
 from specproof.bench._drafters import DrafterCells, resolve_drafters
@@ -33,6 +34,7 @@ MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     SpeedCells(),
     DrafterCells(),
     RealContexts(),
+    BatchFigures(),
     DrafterCost(),
     CertifyWall(),
     Peers(),

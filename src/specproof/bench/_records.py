@@ -115,6 +115,7 @@ class BenchResult:
     seconds: float
     real_contexts: Mapping[str, Any] = attrs.field(factory=dict)
     drafters_skipped: tuple[Mapping[str, str], ...] = ()
+    batches: Mapping[str, Any] = attrs.field(factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -131,6 +132,7 @@ class BenchResult:
             "certify": dict(self.certify),
             "peers": [dict(p) for p in self.peers],
             "seconds": self.seconds,
+            **({"batches": dict(self.batches)} if self.batches else {}),
         }
 
 

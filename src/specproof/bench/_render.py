@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "batch_lines",
     "degeneracy_label",
     "drafter_table_lines",
     "peer_lines",
@@ -119,3 +120,28 @@ def peer_lines(result: Mapping[str, Any]) -> list[str]:
             + (f"; mlx-lm speculative decoding: {peer['mlx_speculative']}" if peer.get("mlx_speculative") else "")
         )
     return out
+
+
+def batch_lines(result: Mapping[str, Any]) -> list[str]:
+    """The batched reference decoder beside the single-request engine, one line per batch size."""
+    batches = result.get("batches") or {}
+    if batches.get("status") == "skip":
+        return [f"batches: not measured ({batches.get('reason')})"]
+    cells = batches.get("cells") or []
+    if not cells:
+        return []
+    lines = [
+        f"batched reference decoder on {batches['target']} (k={batches['k']}, {batches['rollback']}, "
+        f"{batches['tokens']} tokens per request) vs the single-request engine: tok/round | verify fwd/token | "
+        "tok/s wall (single) | tok/s CPU (single) | throughput ratio | lossless"
+    ]
+    for c in cells:
+        single = c["single"]
+        lines.append(
+            f"  batch {c['batch']:<3} {c['tokens_per_round']:5.2f} ({single['tokens_per_round']:5.2f}) | "
+            f"{c['forwards_per_token']:5.3f} ({single['forwards_per_token']:5.3f}) | "
+            f"{c['tokens_per_second']:7.1f} ({single['tokens_per_second']:7.1f}) | "
+            f"{c['cpu_tokens_per_second']:7.1f} ({single['cpu_tokens_per_second']:7.1f}) | "
+            f"{c['throughput_ratio']:4.2f}x | {'yes' if c['lossless'] else 'NO'}"
+        )
+    return lines

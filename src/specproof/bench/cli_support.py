@@ -12,6 +12,7 @@ from specproof.bench._drafter_run import drafter_plan_size
 from specproof.bench._gate import CPU_KINDS
 from specproof.bench._pipeline import plan_size
 from specproof.bench._render import (
+    batch_lines,
     degeneracy_label,
     drafter_table_lines,
     peer_lines,
@@ -20,6 +21,7 @@ from specproof.bench._render import (
 )
 
 __all__ = [
+    "batch_lines",
     "CPU_KINDS",
     "acceptance_k",
     "acceptance_lines",
