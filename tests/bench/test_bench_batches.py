@@ -19,6 +19,7 @@ import specproof.bench as bench
 from specproof.bench import BenchConfig, _batches, compare, figures, make_baseline, run_bench
 from specproof.bench._batches import BatchFigures
 from specproof.bench._counting import default_decoder
+from specproof.bench._doc import figures_block
 from specproof.bench._protocol import BenchRun
 from specproof.bench._workloads import build_workloads
 from specproof.bench.cli_support import batch_lines
@@ -99,6 +100,8 @@ def test_the_batch_figures_sit_beside_the_single_engine_and_are_gated_as_counts(
     assert compare(make_baseline(run), run).passed
     lines = batch_lines(run)
     assert len(lines) == 3 and "batch 3" in lines[2] and lines[2].endswith("yes")
+    rows = [line for line in figures_block(run, source="run.json").splitlines() if line.startswith("| 3 |")]
+    assert len(rows) == 1 and rows[0].endswith("| yes |")
 
 
 @pytest.mark.slow

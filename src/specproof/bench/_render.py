@@ -131,9 +131,9 @@ def batch_lines(result: Mapping[str, Any]) -> list[str]:
     if not cells:
         return []
     lines = [
-        f"batched reference decoder on {batches['target']} (k={batches['k']}, {batches['rollback']}, "
-        f"{batches['tokens']} tokens per request) vs the single-request engine: tok/round | verify fwd/token | "
-        "tok/s wall (single) | tok/s CPU (single) | throughput ratio | lossless"
+        f"batches on {batches['target']} (BatchSpecDecoder, k={batches['k']}, {batches['rollback']}, "
+        f"{batches['tokens']} tokens a request; the single engine in brackets): tok/round | verify fwd/token | "
+        "tok/s wall | tok/s CPU | throughput ratio | lossless"
     ]
     for c in cells:
         single = c["single"]
