@@ -11,7 +11,6 @@ from typing import Final
 
 import attrs
 
-from specproof.bench._sampled import SAMPLED_TEMPERATURES
 from specproof.bench._workloads import WORKLOAD_NAMES
 from specproof.contract.errors import InvalidSettingError
 
@@ -21,6 +20,7 @@ __all__ = [
     "DRAFTER_COMPARISON",
     "MOE_COMPANION",
     "OPTIONAL_DRAFTERS",
+    "SAMPLED_TEMPERATURES",
     "BenchConfig",
     "first_k",
 ]
@@ -34,6 +34,8 @@ MOE_COMPANION: Final = "reference-moe"
 DRAFTER_COMPARISON: Final = ("ngram", "model:trained-small", "combined:trained-small")
 # Compared too when their specs resolve in this checkout (feature heads and suffix lookup).
 OPTIONAL_DRAFTERS: Final = ("eagle:trained", "mtp:trained", "suffix")
+# The temperatures the sampled real-context figures are measured at (issue 28; ``_sampled``).
+SAMPLED_TEMPERATURES: Final = (0.7, 1.0)
 # The batch sizes the batched reference decoder is measured at, beside the single-request engine.
 BATCH_SIZES: Final = (1, 4, 16)
 
