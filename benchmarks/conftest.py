@@ -16,7 +16,8 @@ import os
 import pytest
 
 from specproof.bench import DEFAULT_TARGET, MOE_COMPANION, Workload, build_workloads, encode_text
-from specproof.engine import Target, load_target
+from specproof.contract import Target
+from specproof.plugins import load_target
 
 BENCH_TARGET = os.environ.get("SPECPROOF_BENCH_TARGET", DEFAULT_TARGET)
 TARGETS = tuple(

@@ -3,8 +3,8 @@
 
     OMP_NUM_THREADS=1 python benchmarks/gate_sensitivity.py [--plain 5] [--levels 0.10,0.15] [--json out.json]
 
-Runs the timed cells of ``specproof bench --quick`` (no drafter comparison, real contexts or
-peers: they hold no timed figure) once as the baseline, ``--plain`` more times unchanged, then
+Runs the timed cells of ``specproof bench --quick`` (no drafter comparison, real contexts, batches
+or peers: they hold no gated timed figure) once as the baseline, ``--plain`` more times unchanged, then
 once per injected regression (``specproof.bench._inject``): a slower proposal and a slower
 verify, each by every fraction in ``--levels`` of the baseline's CPU time per round, and an
 extra target forward per round. Prints, per run, the gate's verdict, which kinds of figure
@@ -32,6 +32,7 @@ def _config() -> BenchConfig:
         drafters=(),
         peers=False,
         real_files=0,
+        batch_sizes=(),
     )
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specproof.bench import WORKLOAD_NAMES
-from specproof.bench._measure import count_greedy, count_spec
+from specproof.bench._counting import count_greedy, count_spec
 from specproof.engine import NgramDrafter, SpecDecoder
 
 K = 4

@@ -35,7 +35,7 @@ def result(cells: list[dict] | None = None, *, scaling: float = 1.0, mode: str =
 
 def tiny_config(*, chunks: int = 12) -> BenchConfig:
     # the four workloads at --quick's chunk size (the pooled CPU figure's noise was measured on them),
-    # one rollback: the timed figures only (no drafter comparison, real contexts or peers)
+    # one rollback: the timed figures only (no drafter comparison, real contexts, batches or peers)
     return BenchConfig(
         mode="quick",
         companions=(),
@@ -49,4 +49,5 @@ def tiny_config(*, chunks: int = 12) -> BenchConfig:
         drafters=(),
         real_files=0,
         peers=False,
+        batch_sizes=(),
     )

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 import specproof.bench as bench
-from specproof.bench import CPU_POOLED_TOLERANCE, RATIO_TOLERANCE, BenchConfig, _measure, compare, make_baseline
+from specproof.bench import CPU_POOLED_TOLERANCE, RATIO_TOLERANCE, BenchConfig, _peers, compare, make_baseline
 from specproof.bench._plot import plot_series
 from specproof.cli import main
+from specproof.contract.errors import InvalidSettingError
 
 
 def _cell(workload: str, rollback: str, k: int = 4, **over: float) -> dict:
@@ -109,6 +110,7 @@ def _tiny_config() -> BenchConfig:
         drafters=(),
         real_files=0,
         peers=False,
+        batch_sizes=(),
     )
 
 
@@ -163,9 +165,9 @@ def test_a_peer_that_errors_fails_the_bench(tmp_path, capsys, monkeypatch, tiny_
     error, and the bench exits 1 with the peer and the reason on stderr (it exited 0 before)."""
 
     def _peer_hf(config, drafter_factory):  # the name _run_peer looks the row's labels up by
-        raise _measure.InvalidSettingError("hf:lfm2-trained converts the trained fixture: planted failure")
+        raise InvalidSettingError("hf:lfm2-trained converts the trained fixture: planted failure")
 
-    row = _measure._run_peer(_peer_hf, None, None)  # type: ignore[arg-type]
+    row = _peers._run_peer(_peer_hf, None, None)  # type: ignore[arg-type]
     assert row["status"] == "error" and "planted failure" in row["reason"]
     assert row["peer"] == "transformers prompt lookup"
     data = copy.deepcopy(tiny_result)
@@ -185,7 +187,7 @@ def test_hf_peer_loads_the_trained_target_through_plugins(monkeypatch):
     import ast
     import inspect
 
-    tree = ast.parse(inspect.getsource(_measure._peer_hf))
+    tree = ast.parse(inspect.getsource(_peers._peer_hf))
     calls = {
         n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
         for n in ast.walk(tree)

@@ -310,6 +310,7 @@ def test_drafter_comparison_cells_and_their_gated_figures():
         real_tokens=384,
         real_stride=64,
         peers=False,
+        batch_sizes=(),
     )
     result = run_bench(config)
     base = make_baseline(result.to_json())
@@ -338,7 +339,8 @@ def test_drafter_comparison_cells_and_their_gated_figures():
 
 
 def test_peer_comparison_is_warm_alternating_and_reports_spread():
-    from specproof.bench._measure import _compare_engines, peer_lines
+    from specproof.bench._peers import _compare_engines
+    from specproof.bench._render import peer_lines
     from specproof.engine import greedy_decode
     from specproof.plugins import load_target
 

@@ -177,6 +177,7 @@ def test_a_python_without_its_test_suite_skips_real_contexts_with_the_reason(tmp
         optional_drafters=False,
         real_files=1,
         peers=False,
+        batch_sizes=(),
     )
     data = run_bench(config).to_json()
     assert data["real_contexts"]["status"] == "skip" and "no test suite" in data["real_contexts"]["reason"]

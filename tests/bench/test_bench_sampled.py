@@ -160,6 +160,7 @@ def sampled_run() -> dict[str, Any]:
         real_stride=48,
         real_min_prefix=64,
         peers=False,
+        batch_sizes=(),
     )
     return json.loads(json.dumps(run_bench(config).to_json()))
 

@@ -1,9 +1,9 @@
 """``specproof bench``: the benchmark table, JSON, plot, and the speed gate; with ``--drafter SPEC``,
 one drafter's acceptance and the acceptance gate (docs/benchmarks-guide.md).
 
-Exit codes: 0 (measured; gate passed if asked), 1 (the gate found a regression, or a peer engine
-that is installed failed to run), 2 (a usage error, e.g. a bad baseline file: the message names the
-field; ``--plot`` without matplotlib; a baseline that cannot gate this run).
+Exit codes: 0 (measured; gate passed if asked), 1 (the gate found a regression, a peer engine that
+is installed failed to run, or a batch was not lossless), 2 (a usage error, e.g. a bad baseline file:
+the message names the field; ``--plot`` without matplotlib; a baseline that cannot gate this run).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "interleaved wall-clock speedup and efficiency, projected bandwidth-bound speedup (MoE-aware), drafter "
             "cost at 1K/8K/64K context and certify wall time, on four workloads built from the standard library; "
             "each drafter's acceptance on held-out real text, greedy and sampled at T = 0.7 and 1.0 (rejection "
-            "sampling, fixed seeds). "
+            "sampling, fixed seeds); the batched reference decoder at batch 1, 4 and 16 beside the single-request "
+            "engine (tokens per round, verify forwards per token, tokens/s). "
             "--gate fails (exit 1) when a machine-independent figure (a count: tokens per round, forwards per "
             "token, acceptance) regresses beyond its threshold; the timed ratios are reported, and gated only on "
             "request: CPU-time ratios with --gate-cpu, wall-clock ratios with --gate-wall; absolute seconds are "
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_baseline:
         save_baseline(args.save_baseline, data)
         console.print(f"baseline written to {args.save_baseline}")
-    failed_peers = _print_peer_errors(data)
+    failed_peers = _print_peer_errors(data) + _print_lossy_batches(data)
     if baseline is None:
         return 1 if failed_peers else 0
     report = compare(baseline, data, gate_wall=args.gate_wall, gate_cpu=args.gate_cpu)
@@ -282,6 +283,18 @@ def _print_peer_errors(data: dict[str, Any]) -> int:
     return len(failed)
 
 
+def _print_lossy_batches(data: dict[str, Any]) -> int:
+    """A batch whose requests' tokens differ from their solo runs fails the bench: one line each on stderr."""
+    lossy = [c for c in (data.get("batches") or {}).get("cells", ()) if not c.get("lossless", True)]
+    for cell in lossy:
+        print(
+            f"specproof bench: error: the batch of {cell['batch']} was not lossless: a request's tokens differ "
+            "from its solo run's",
+            file=sys.stderr,
+        )
+    return len(lossy)
+
+
 def _fmt(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -353,9 +366,9 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
         console.print(f"specproof certify --profile ci: {cert['seconds']:.1f} s wall ({cert['status']})")
     else:
         console.print(escape(f"specproof certify --profile ci: not measured ({cert.get('reason')})"))
-    from specproof.bench.cli_support import drafter_table_lines, peer_lines, real_context_lines
+    from specproof.bench.cli_support import batch_lines, drafter_table_lines, peer_lines, real_context_lines
 
-    for line in [*drafter_table_lines(data), *real_context_lines(data), *peer_lines(data)]:
+    for line in [*drafter_table_lines(data), *real_context_lines(data), *batch_lines(data), *peer_lines(data)]:
         console.print(line, markup=False, highlight=False)
     console.print(f"bench wall time {data['seconds']:.1f} s")
 

@@ -13,8 +13,11 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from specproof.bench._acceptance import ACCEPTANCE_TOLERANCE, REAL_WORKLOAD, acceptance_figures
+from specproof.bench._config import DEFAULT_TARGET, DRAFTER_COMPARISON, MOE_COMPANION, OPTIONAL_DRAFTERS, BenchConfig
+from specproof.bench._counting import CountingTarget
 from specproof.bench._degeneracy import DEGENERATE_SHARE, distinct_ngram_share, final_period
 from specproof.bench._drafter_run import resolve_drafter_target, run_drafter_bench
+from specproof.bench._drafters import comparison_drafter, resolve_drafters
 from specproof.bench._gate import (
     BASELINE_SCHEMA,
     CPU_POOLED_TOLERANCE,
@@ -34,23 +37,10 @@ from specproof.bench._gate import (
     save_baseline,
     validate_baseline,
 )
-from specproof.bench._measure import (
-    DEFAULT_TARGET,
-    DRAFTER_COMPARISON,
-    MOE_COMPANION,
-    OPTIONAL_DRAFTERS,
-    BenchConfig,
-    BenchResult,
-    Cell,
-    CountingTarget,
-    DrafterCell,
-    RealContextCell,
-    comparison_drafter,
-    platform_info,
-    resolve_drafters,
-    run_bench,
-)
+from specproof.bench._pipeline import run_bench
 from specproof.bench._plot import plot_result
+from specproof.bench._real import RealContextCell
+from specproof.bench._records import BenchResult, Cell, DrafterCell, platform_info
 from specproof.bench._sampled import SAMPLED_SEED, SAMPLED_TEMPERATURES, SampledContextCell
 from specproof.bench._workloads import WORKLOAD_NAMES, Workload, build_workloads, encode_text, stdlib_token_stream
 from specproof.bench._wrong_head import ChainedHead, mtp_chain_reads_output, mtp_chain_reads_target

@@ -8,7 +8,8 @@ the efficiency beside it. ``replace_block`` puts the block between the markers;
 ``benchmarks/update_bench_doc.py`` runs both, and tests/project/test_docs.py checks that the page holds
 exactly what the committed run renders. A run with sampled real-context figures
 (``real_contexts.sampled``) gets a second table: each drafter's tokens per round on the real contexts,
-greedy beside each temperature; a run without them renders as before.
+greedy beside each temperature; a run with batch figures (``batches``) a third: the batched reference
+decoder beside the single-request engine at each batch size. A run without them renders as before.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def figures_block(result: Mapping[str, Any], *, source: str) -> str:
         "tok/round, fwd/token and projected are counts (the same on every machine); cpu speedup is timed in the "
         "decoding thread's CPU time; the wall speedup moves with the machine's load.",
         *_sampled_lines(result),
+        *_batch_lines(result),
         "",
         END,
     ]
@@ -84,6 +86,34 @@ def _sampled_lines(result: Mapping[str, Any]) -> list[str]:
         row = [name, next(c["q"] for c in cells if c["drafter"] == name), _figure(greedy.get(name))]
         row += [_figure(by.get((name, t))) for t in temps]
         lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _batch_lines(result: Mapping[str, Any]) -> list[str]:
+    """The batched decoder beside the single-request engine, per batch size, when the run measured it."""
+    batches = result.get("batches") or {}
+    cells = batches.get("cells") or []
+    if not cells:
+        return []
+    lines = [
+        "",
+        f"Batches (`BatchSpecDecoder` over a `ReferenceSlotPool` of B slots beside the single-request engine on "
+        f"the same B requests, {batches['tokens']} new tokens each, k = {batches['k']}, {batches['rollback']}): "
+        "tok/round and verify forwards per token are counts (single engine in brackets); tokens per second "
+        "include prefill, on both sides.",
+        "",
+        "| batch | tok/round | verify fwd/token | tok/s wall | tok/s CPU | throughput ratio | lossless |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in cells:
+        single = c["single"]
+        lines.append(
+            f"| {c['batch']} | {float(c['tokens_per_round']):.2f} ({float(single['tokens_per_round']):.2f}) | "
+            f"{float(c['forwards_per_token']):.3f} ({float(single['forwards_per_token']):.3f}) | "
+            f"{float(c['tokens_per_second']):.0f} ({float(single['tokens_per_second']):.0f}) | "
+            f"{float(c['cpu_tokens_per_second']):.0f} ({float(single['cpu_tokens_per_second']):.0f}) | "
+            f"{float(c['throughput_ratio']):.2f}x | {'yes' if c['lossless'] else 'NO'} |"
+        )
     return lines
 
 

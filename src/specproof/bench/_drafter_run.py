@@ -15,7 +15,8 @@ from typing import Any
 
 from specproof._version import __version__
 from specproof.bench._acceptance import acceptance_k, measure_acceptance
-from specproof.bench._measure import DEFAULT_TARGET, BenchConfig, platform_info
+from specproof.bench._config import DEFAULT_TARGET, BenchConfig
+from specproof.bench._records import platform_info
 from specproof.bench._workloads import build_workloads
 from specproof.contract import Drafter, UsageError
 from specproof.formats import bench as bench_format

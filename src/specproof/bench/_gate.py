@@ -24,6 +24,8 @@ Two kinds of figure, gated differently:
   pools degenerate workloads too: it gates the engine's cost per round, not what a
   drafter's acceptance on a loop would claim;
 - **real-context acceptance** (``real/TARGET/DRAFTER/kK/tokens_per_round``): counts.
+- **batches** (``batches/TARGET/bB/tokens_per_round``, ``.../forwards_per_token``): the batched reference
+  decoder at batch size B (``_batches``), counts; its tokens per second are reported in the result only.
 - **a drafter's acceptance** (``acceptance/WORKLOAD/tokens_per_round``, ``acceptance/WORKLOAD/position_I``):
   only in a ``specproof bench --drafter SPEC`` run and its baseline (``_acceptance``); counts, gated with
   ``ACCEPTANCE_TOLERANCE``. Such a baseline also records the drafter and target it was measured with
@@ -176,6 +178,11 @@ def figures(result: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                 "kind": "machine_independent",
                 "better": "higher",
             }
+    # the batched decoder beside the single engine: counts (its tokens per second are reported, never gated)
+    for cell in (result.get("batches") or {}).get("cells", []):
+        for name in ("tokens_per_round", "forwards_per_token"):
+            kind, better = _CELL_FIGURES[name]
+            out[f"batches/{cell['key']}/{name}"] = {"value": float(cell[name]), "kind": kind, "better": better}
     drafter = result.get("drafter") or {}
     if "scaling" in drafter:
         out["drafter/scaling"] = {"value": float(drafter["scaling"]), "kind": "ratio", "better": "lower"}

@@ -25,6 +25,7 @@ from typing import Final
 import attrs
 import numpy as np
 
+from specproof.bench._config import SAMPLED_TEMPERATURES
 from specproof.bench._real import RealContextText
 from specproof.contract import Drafter, Target
 from specproof.contract.errors import InvalidSettingError
@@ -34,7 +35,6 @@ from specproof.engine.sampling import rejection_accept_tokens, target_distributi
 
 __all__ = ["SAMPLED_SEED", "SAMPLED_TEMPERATURES", "SampledContextCell", "measure_sampled_contexts"]
 
-SAMPLED_TEMPERATURES: Final = (0.7, 1.0)
 SAMPLED_SEED: Final = 28  # the first entropy word of every generator (issue 28)
 SCHEME: Final = "rejection"
 

@@ -10,16 +10,18 @@ result (``specproof.formats.bench``), never the text.
 from specproof.bench._acceptance import acceptance_k, acceptance_lines, finding_line
 from specproof.bench._drafter_run import drafter_plan_size
 from specproof.bench._gate import CPU_KINDS
-from specproof.bench._measure import (
+from specproof.bench._pipeline import plan_size
+from specproof.bench._render import (
+    batch_lines,
     degeneracy_label,
     drafter_table_lines,
     peer_lines,
-    plan_size,
     real_context_lines,
     sampled_context_lines,
 )
 
 __all__ = [
+    "batch_lines",
     "CPU_KINDS",
     "acceptance_k",
     "acceptance_lines",
