@@ -114,6 +114,7 @@ def test_bad_values_are_usage_errors_before_any_work(tmp_path: Path, args: list[
     assert not (tmp_path / "r.json").exists() and "passed" not in out.stdout
 
 
+@pytest.mark.slow  # a pytest process and a certify run, after the seed search: seconds
 def test_a_seeded_pytest_run_saves_what_a_derandomized_certify_replays(
     tmp_path: Path, seed_reaching_max_context: int
 ) -> None:
