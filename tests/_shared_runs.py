@@ -1,11 +1,11 @@
 """Certify runs that several tests read, run once per test session (across pytest-xdist workers).
 
-An in-process ``certify(...)`` without a database is a pure function of its options (the profiles are
-derandomized; ``db`` defaults to none): the same options give the same report wherever they run. Tests
-that ask the very same run (one test reads the verdict, another the certificate's notes, a third the
-markdown) share it here instead of each paying seconds for it: the first asks, the others read its
-report from a file beside the workers' temporary directories. Each reader gets a fresh ``Report``
-(parsed again from the file), so no test sees another's changes.
+An in-process ``certify(...)`` without an example database (``db`` left at none, or ``"none"``) is a
+pure function of its options (the profiles are derandomized): the same options give the same report
+wherever they run. Tests that ask the very same run (one test reads the verdict, another the
+certificate's notes, a third the markdown) share it here instead of each paying seconds for it: the
+first asks, the others read its report from a file beside the workers' temporary directories. Each
+reader gets a fresh ``Report`` (parsed again from the file), so no test sees another's changes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class SharedRuns:
         self.folder = folder
 
     def certify(self, subject: str | None = None, **options: Any) -> Report:
-        if options.get("db") is not None:
+        if options.get("db") not in (None, "none"):
             raise ValueError("a run with an example database is not pure: certify it in the test")
         # options left at certify's defaults are left out: the same run however a test spells it
         asked = {name: value for name, value in options.items() if name not in _DEFAULTS or value != _DEFAULTS[name]}

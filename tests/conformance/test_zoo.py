@@ -227,9 +227,9 @@ def test_deterministic_check_catches_a_reset_that_keeps_state() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))
-def test_certify_accepts_correct_but_different_engines(name: str) -> None:
+def test_certify_accepts_correct_but_different_engines(name: str, shared_runs: SharedRuns) -> None:
     """Engines that expose only an oracle, only greedy(), a same-model copy, or vary k: PASS, not failed."""
-    report = _certify("engine", CORRECT[name])
+    report = _certify("engine", CORRECT[name], shared=shared_runs)  # test_drafts_used.py reads one too
     assert report["verdict"] == "pass", _failing(report)
     passed = {r["invariant"] for r in report["results"] if r["status"] == "pass"}
     assert {"engine.lossless", "engine.stop"} <= passed

@@ -48,3 +48,5 @@ def test_options_at_their_defaults_name_the_same_run_and_each_reader_gets_its_ow
 def test_a_run_with_an_example_database_is_not_shared(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not pure"):
         SharedRuns(tmp_path).certify("engine", db=str(tmp_path / "db"))
+    with pytest.raises(ValueError, match="not pure"):
+        SharedRuns(tmp_path).certify("engine", db="redis://127.0.0.1:1/0")
