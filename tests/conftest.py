@@ -102,7 +102,7 @@ def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
-def seed_reaching_max_context() -> int:
+def seed_reaching_max_context(shared_runs: Any) -> int:
     """A ``--seed`` whose quick search of the built-in stack reaches ``clamped_at_max_context`` in both
     engine cases (the derandomized gate reaches it in neither): the rare path of the covering-example tests.
 
@@ -114,8 +114,23 @@ def seed_reaching_max_context() -> int:
 
     from specproof.conformance import certify
 
-    for seed in range(1, 41):
-        report = certify("engine", only=("engine.stop",), seed=seed, db="none")
-        if all(row["clamped_at_max_context"] for row in report.path_coverage.values()):
-            return seed
+    def search() -> int | None:  # searched once a session, whichever xdist worker asks first
+        for seed in range(1, 41):
+            report = certify("engine", only=("engine.stop",), seed=seed, db="none")
+            if all(row["clamped_at_max_context"] for row in report.path_coverage.values()):
+                return seed
+        return None
+
+    found = shared_runs.once("seed_reaching_max_context", search)
+    if found is not None:
+        return int(found)
     pytest.skip(f"no --seed in 1..40 reaches max_context in a quick search under Hypothesis {hypothesis.__version__}")
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Pure certify runs several tests read, run once per session across xdist workers (tests/_shared_runs.py)."""
+    from _shared_runs import SharedRuns
+
+    base = tmp_path_factory.getbasetemp()  # under xdist, a worker's own: its parent is the session's
+    return SharedRuns(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)

@@ -16,8 +16,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -33,7 +31,6 @@ from specproof.contract import UsageError
 MEMBER = "specproof.conformance.zoo:length_cap_hides_eos_in_block"
 CONTROL = "specproof.conformance.zoo:zoo_engine"
 ONLY = ("engine.stop",)
-SRC = str(next(p for p in Path(__file__).resolve().parents if (p / "src" / "specproof").is_dir()) / "src")
 VALUE = bytes([0, 1, 2, 3])  # what is saved: the store does not decode on save
 
 
@@ -200,22 +197,16 @@ def test_an_empty_or_unwritable_db_is_a_usage_error(
     assert not (tmp_path / "r.json").exists() and list(tmp_path.iterdir()) == []  # nothing written in the cwd
 
 
-def test_the_plugins_empty_db_is_a_usage_error(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    out = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", "specproof.conformance"),
-            *("--specproof-db", "", "--specproof-report", str(tmp_path / "r.json")),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
-    assert "--specproof-db '': empty" in out.stderr
-    assert not (tmp_path / "r.json").exists() and "passed" not in out.stdout
+def test_the_plugins_empty_db_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # pytest in-process, as certify runs it: only the option check is exercised
+    pyargs = ["-p", "no:cacheprovider", "-q", "--capture=no", "--pyargs", "specproof.conformance"]
+    code = pytest.main([*pyargs, "--specproof-db", "", "--specproof-report", str(tmp_path / "r.json")])
+    out = capsys.readouterr()
+    assert code == pytest.ExitCode.USAGE_ERROR, out.out + out.err
+    assert "--specproof-db '': empty" in out.err
+    assert not (tmp_path / "r.json").exists() and "passed" not in out.out
 
 
 def test_a_campaign_whose_workers_did_not_keep_a_find_fails_naming_the_path(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from _assertions import by_invariant, explain
-from specproof.conformance import certify, get
+from _shared_runs import SharedRuns
+from specproof.conformance import get
 from specproof.conformance.checks.drafter import check_deterministic, check_no_mutation
 from specproof.conformance.zoo import CORRECT_DRAFTERS, ZOO, LookupDrafter
 from specproof.conformance.zoo._feature_drafters import head_drafter
@@ -312,11 +313,13 @@ MEMBERS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MEMBERS))
-def test_certify_quick_rejects_the_member_on_its_path(name: str) -> None:
+def test_certify_quick_rejects_the_member_on_its_path(name: str, shared_runs: SharedRuns) -> None:
     invariant, phrase = MEMBERS[name]
     member = ZOO[name]
     assert (member.invariant, member.found_by) == (invariant, "quick")
-    result = by_invariant(certify("drafter", drafter=member.spec, profile="quick", only=(invariant,)))[invariant]
+    # the run test_zoo.py rejects the member with: made once a session
+    report = shared_runs.certify("drafter", drafter=member.spec, profile="quick", only=(invariant,))
+    result = by_invariant(report)[invariant]
     assert result["status"] == "fail", explain(result)
     phrases = (phrase,) if isinstance(phrase, str) else phrase
     assert any(p in result["violations"][0]["explanation"] for p in phrases), explain(result)
@@ -324,8 +327,8 @@ def test_certify_quick_rejects_the_member_on_its_path(name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["feature_head_reprefills", "feature_head_lazy_reset", "session_lookup"])
-def test_certify_quick_accepts_the_controls(name: str) -> None:
-    report = certify("drafter", drafter=CORRECT_DRAFTERS[name], profile="quick", only=("drafter.*",))
+def test_certify_quick_accepts_the_controls(name: str, shared_runs: SharedRuns) -> None:
+    report = shared_runs.certify("drafter", drafter=CORRECT_DRAFTERS[name], profile="quick", only=("drafter.*",))
     results = by_invariant(report)
     assert report.verdict == "pass", [explain(r) for r in results.values()]
     for invariant in ("drafter.deterministic", "drafter.no-mutation"):

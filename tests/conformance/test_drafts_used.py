@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from _shared_runs import SharedRuns
 from specproof.conformance import _registry as registry
 from specproof.conformance import certify
 from specproof.conformance._engine_runs import RunCache, run_plugin
@@ -124,8 +125,9 @@ def test_engines_that_use_the_suite_drafts_pass_drafts_used(name: str) -> None:
     assert result["status"] == "pass" and result["exercised"] > 10, result
 
 
-def test_an_engine_without_suite_drafts_is_judged_on_its_own_drafts() -> None:
-    report = certify("engine", engine="specproof.conformance.zoo:own_drafts_engine", profile="quick")
+def test_an_engine_without_suite_drafts_is_judged_on_its_own_drafts(shared_runs: SharedRuns) -> None:
+    # the run test_zoo.py accepts the engine with: made once a session
+    report = shared_runs.certify("engine", engine="specproof.conformance.zoo:own_drafts_engine", profile="quick")
     assert report.verdict == "pass", [(r["invariant"], r["status"], r["detail"]) for r in report.results]
     results = _results(report)
     assert results["engine.drafts-used"]["status"] == "skip"

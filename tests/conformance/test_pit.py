@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 import pytest
 
+from _shared_runs import SharedRuns
 from specproof.conformance._pit import CHECKPOINTS, PitTest, checkpoint, kolmogorov_distance, pit_values, threshold
 from specproof.conformance._sampled_runs import TESTS_PER_CONFIGURATION
 from specproof.conformance.zoo._sampling_deviations import deviate
@@ -242,14 +243,14 @@ def test_an_engine_that_samples_by_another_algorithm_is_accepted() -> None:
 
 
 @pytest.mark.slow
-def test_the_report_gives_the_checks_bound_split_per_configuration() -> None:
+def test_the_report_gives_the_checks_bound_split_per_configuration(shared_runs: SharedRuns) -> None:
     """The JSON result's ``statistics`` (schema-valid) and the certificate's text both say the bound is the
     check's on its engine case, the sum of its configurations' shares."""
-    from specproof.conformance import certify
     from specproof.conformance.reports import render_markdown
     from specproof.formats.report import FORMAT
 
-    report = certify(only=("engine.sampled-distribution",), sampling=SAMPLING).to_json()
+    # the run test_sampling.py's certificate tests read too: made once a session
+    report = shared_runs.certify(only=("engine.sampled-distribution",), sampling=SAMPLING).to_json()
     assert FORMAT.validate(report) == []
     for result in report["results"]:
         stats = result["statistics"]

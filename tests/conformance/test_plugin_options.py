@@ -107,13 +107,21 @@ def _pytest(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["--specproof-only", "engine.nonesuch"], "matches no invariant id"),
     ],
 )
-def test_bad_values_are_usage_errors_before_any_work(tmp_path: Path, args: list[str], message: str) -> None:
-    out = _pytest(*args, "--specproof-report", str(tmp_path / "r.json"), cwd=tmp_path)
-    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
-    assert message in out.stderr
-    assert not (tmp_path / "r.json").exists() and "passed" not in out.stdout
+def test_bad_values_are_usage_errors_before_any_work(
+    tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pytest in-process (as certify runs it): the plugin's option checks are all this exercises, and
+    # nothing of a process; a pytest process each cost a second of imports
+    monkeypatch.chdir(tmp_path)
+    pyargs = ["-p", "no:cacheprovider", "-q", "--capture=no", "--pyargs", "specproof.conformance"]
+    code = pytest.main([*pyargs, *args, "--specproof-report", str(tmp_path / "r.json")])
+    out = capsys.readouterr()
+    assert code == pytest.ExitCode.USAGE_ERROR, out.out + out.err
+    assert message in out.err
+    assert not (tmp_path / "r.json").exists() and "passed" not in out.out
 
 
+@pytest.mark.slow  # a pytest process and a certify run, after the seed search: seconds
 def test_a_seeded_pytest_run_saves_what_a_derandomized_certify_replays(
     tmp_path: Path, seed_reaching_max_context: int
 ) -> None:
@@ -212,11 +220,16 @@ def test_the_plugin_keeps_hypothesis_files_in_the_named_directory(tmp_path: Path
     assert any(p.is_file() for p in (hyp / "examples").rglob("*"))  # (the failing example was saved: here)
 
 
-def test_the_plugin_refuses_an_unwritable_session_history_directory(tmp_path: Path) -> None:
+def test_the_plugin_refuses_an_unwritable_session_history_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """As certify does: the sessions/ directory of --specproof-hypothesis-dir is probed before any work."""
     home = tmp_path / "hyp"
     home.mkdir()
     (home / "sessions").write_text("in the way")  # a file where the session histories go
-    out = _pytest("--specproof-hypothesis-dir", str(home), "--specproof-only", "engine.stop", cwd=tmp_path)
-    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
-    assert str(home / "sessions") in out.stderr and "cannot be written" in out.stderr, out.stderr
+    monkeypatch.chdir(tmp_path)  # pytest in-process, as in test_bad_values_are_usage_errors_before_any_work
+    pyargs = ["-p", "no:cacheprovider", "-q", "--capture=no", "--pyargs", "specproof.conformance"]
+    code = pytest.main([*pyargs, "--specproof-hypothesis-dir", str(home), "--specproof-only", "engine.stop"])
+    err = capsys.readouterr().err
+    assert code == pytest.ExitCode.USAGE_ERROR, err
+    assert str(home / "sessions") in err and "cannot be written" in err, err

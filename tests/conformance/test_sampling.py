@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 import pytest
 
+from _shared_runs import SharedRuns
 from specproof.cli import main
 from specproof.conformance import certify
 from specproof.conformance._plan import Plan
@@ -101,8 +102,8 @@ def test_an_engine_that_does_not_sample_is_a_skip_naming_the_capability() -> Non
     assert result["status"] == "skip" and "`sampling`" in result["detail"]
 
 
-def test_the_certificate_states_the_bound_and_the_sensitivity() -> None:
-    report = certify(only=("engine.sampled-distribution",), sampling=SAMPLING)
+def test_the_certificate_states_the_bound_and_the_sensitivity(shared_runs: SharedRuns) -> None:
+    report = shared_runs.certify(only=("engine.sampled-distribution",), sampling=SAMPLING)
     notes = " ".join(n for r in report.to_json()["results"] for n in r["notes"])
     assert all(r["statistics"]["false_fail_bound"] == pytest.approx(1e-6) for r in report.to_json()["results"])
     assert "this configuration's false-fail bound 3.3e-07" in notes
@@ -128,9 +129,10 @@ def test_bad_sampling_options_are_usage_errors_before_anything_runs(text: str, m
     assert message in capsys.readouterr().err
 
 
-def test_a_failure_reproduces_with_its_sampling_options(tmp_path: Path) -> None:
+def test_a_failure_reproduces_with_its_sampling_options(shared_runs: SharedRuns) -> None:
     spec = "specproof.conformance.zoo:residual_from_p"
-    report = certify("engine", engine=spec, only=("engine.sampled-support",), sampling=SAMPLING)
+    # the run test_zoo.py rejects the member with: made once a session
+    report = shared_runs.certify("engine", engine=spec, only=("engine.sampled-support",), sampling=SAMPLING)
     (result,) = report.to_json()["results"]
     assert result["status"] == "fail"
     assert f"--sampling {SamplingParams(temperature=0.8, top_p=0.95).describe()}" in result["reproduce"]
@@ -209,10 +211,10 @@ def test_events_are_scored_only_where_earlier_draft_tokens_were_kept() -> None:
     assert config.tests["replacement"].n == 1
 
 
-def test_the_markdown_certificate_has_a_sampling_section(tmp_path: Path) -> None:
+def test_the_markdown_certificate_has_a_sampling_section(shared_runs: SharedRuns) -> None:
     from specproof.conformance.reports import render_markdown
 
-    report = certify(only=("engine.sampled-distribution",), sampling=SAMPLING).to_json()
+    report = shared_runs.certify(only=("engine.sampled-distribution",), sampling=SAMPLING).to_json()
     assert report["sampling"] == SamplingParams(temperature=0.8, top_p=0.95).to_json()
     text = render_markdown(report)
     section = text.split("## Sampling (temperature=0.8,top_k=0,top_p=0.95,min_p=0.0)", 1)[1]

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import pytest
 
+from _shared_runs import SharedRuns
 from specproof.cli import main
 from specproof.conformance import REGISTRY, certify
 from specproof.conformance.zoo import (
@@ -41,11 +42,19 @@ SAMPLING = "temperature=0.8,top_p=0.95"  # the parameters the sampling members a
 
 
 def _certify(
-    kind: str, spec: str, *, only: tuple[str, ...] = (), seed: int | None = None, profile: str = "quick"
+    kind: str,
+    spec: str,
+    *,
+    only: tuple[str, ...] = (),
+    seed: int | None = None,
+    profile: str = "quick",
+    shared: SharedRuns | None = None,
 ) -> dict[str, Any]:
+    """The run's report; through ``shared`` where other tests (test_drafter_reach.py) read the same run."""
     sampling = SAMPLING if any(inv.driver == "sampling" for inv in REGISTRY if inv.id in only) else None
     batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
-    return certify(
+    run = certify if shared is None else shared.certify
+    return run(
         kind, **{kind: spec}, profile=profile, only=only, seed=seed, sampling=sampling, batches=batches
     ).to_json()
 
@@ -141,11 +150,12 @@ def test_zoo_engine_rejects_bad_settings_clearly(make: Any, message: str) -> Non
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
-def test_certify_rejects_member(name: str) -> None:
+def test_certify_rejects_member(name: str, shared_runs: SharedRuns) -> None:
     member = ZOO[name]
     seed = SEARCH_SEEDS[name] if member.found_by == "search" else None
     profile = "ci" if member.found_by == "ci" else "quick"
-    report = _certify(member.kind, member.spec, only=(member.invariant,), seed=seed, profile=profile)
+    only = (member.invariant,)
+    report = _certify(member.kind, member.spec, only=only, seed=seed, profile=profile, shared=shared_runs)
     assert report["verdict"] == "fail", report["results"]
     failing = _failing(report)
     assert member.invariant in failing, sorted(failing)
@@ -217,9 +227,9 @@ def test_deterministic_check_catches_a_reset_that_keeps_state() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))
-def test_certify_accepts_correct_but_different_engines(name: str) -> None:
+def test_certify_accepts_correct_but_different_engines(name: str, shared_runs: SharedRuns) -> None:
     """Engines that expose only an oracle, only greedy(), a same-model copy, or vary k: PASS, not failed."""
-    report = _certify("engine", CORRECT[name])
+    report = _certify("engine", CORRECT[name], shared=shared_runs)  # test_drafts_used.py reads one too
     assert report["verdict"] == "pass", _failing(report)
     passed = {r["invariant"] for r in report["results"] if r["status"] == "pass"}
     assert {"engine.lossless", "engine.stop"} <= passed
@@ -229,9 +239,9 @@ def test_certify_accepts_correct_but_different_engines(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT_DRAFTERS))
-def test_certify_accepts_correct_model_drafters(name: str) -> None:
+def test_certify_accepts_correct_model_drafters(name: str, shared_runs: SharedRuns) -> None:
     """Draft-model drafters with checkpoint, replay or no rollback at all: PASS on the drafter checks."""
-    report = _certify("drafter", CORRECT_DRAFTERS[name], only=("drafter.*",))
+    report = _certify("drafter", CORRECT_DRAFTERS[name], only=("drafter.*",), shared=shared_runs)
     assert report["verdict"] == "pass", _failing(report)
 
 

@@ -4,9 +4,6 @@ file (and line), before the memory is spent; the suite's own files of the same k
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import pytest
 
 from specproof.bench import load_baseline
 from specproof.bench._gate import BaselineError
+from specproof.cli import main
 from specproof.conformance.traces import GoldenFormatError, TraceFormatError, load_golden, read_trace
 from specproof.contract.files import (
     MAX_JSON_DEPTH,
@@ -24,7 +22,6 @@ from specproof.contract.files import (
 )
 from specproof.strategies import SessionFileError, SessionHistory
 
-ROOT = Path(__file__).resolve().parents[2]
 DEEP = "[" * 200_000 + "]" * 200_000
 
 
@@ -70,30 +67,18 @@ def test_session_files(tmp_path: Path, content: str) -> None:
     assert str(path) in str(info.value)
 
 
-def test_replay_session_with_an_oversized_file_is_a_usage_error(tmp_path: Path) -> None:
+def test_replay_session_with_an_oversized_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = _huge(tmp_path / "session.json")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     start = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "specproof",
-            "certify",
-            "engine",
-            "--engine",
-            "specproof.conformance.zoo:snapshot_only_last_call",
-            "--replay-session",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "more than the limit" in proc.stderr and str(path) in proc.stderr
-    assert "Traceback" not in proc.stderr
+    args = ["certify", "engine", "--engine", "specproof.conformance.zoo:snapshot_only_last_call"]
+    with pytest.raises(SystemExit) as exited:  # the command line in-process: no interpreter to start
+        raise SystemExit(main([*args, "--replay-session", str(path)]))
+    err = capsys.readouterr().err
+    assert exited.value.code == 2, err
+    assert "more than the limit" in err and str(path) in err
+    assert "Traceback" not in err
     assert time.monotonic() - start < 60
 
 

@@ -87,6 +87,7 @@ def test_a_prefix_cache_handing_zero_rows_is_rejected_naming_request_position_la
     assert "target state" not in why  # the target is right: the handoff is named, not the target
 
 
+@pytest.mark.slow  # a failing session machine shrunk: tens of seconds
 def test_a_prefix_cache_keeping_stale_rows_is_rejected_naming_the_earlier_context():
     with pytest.raises(SessionFailure) as info:
         _run(PrefixHitStaleFeatures, feature_reference_factory=small_reference)

@@ -43,6 +43,7 @@ def _choice_sampler(draft, q, p, rng):  # type: ignore[no-untyped-def]
     return len(draft), int(rng.choice(len(p[len(draft)]), p=p[len(draft)]))
 
 
+@pytest.mark.slow  # 60 machine examples, then the failure shrunk: tens of seconds
 def test_a_replacement_drawn_from_p_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_decoder, "rejection_accept_tokens", _residual_from_p)
     with pytest.raises(RollbackMachineFailure) as info:
