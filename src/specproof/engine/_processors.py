@@ -63,7 +63,7 @@ class RequestProcessors:
         if p.repetition_penalty != 1.0:
             seen = self.in_prompt | (counts > 0)
             z = np.where(seen, np.where(z > 0, z / p.repetition_penalty, z * p.repetition_penalty), z)
-        z = z - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
+        z = z - (p.frequency_penalty * counts + p.presence_penalty * (counts > 0))  # one subtraction, as the contract
         z = self.apply_bias(z, draft_row=draft_row)
         for word in p.bad_words:
             head = list(word[:-1])
