@@ -23,7 +23,7 @@ def test_there_is_a_check_per_kind_and_a_member_per_check() -> None:
 @pytest.mark.parametrize("name", MEMBERS)
 def test_every_decode_member_is_rejected_at_quick_on_its_id(name: str) -> None:
     member = ZOO[name]
-    report = certify("engine", engine=member.spec, only=(member.invariant,)).to_json()
+    report = certify("engine", engine=member.spec, only=(member.invariant,), decode_state=True).to_json()
     [result] = report["results"]
     assert result["status"] == "fail", result
     assert all(v["invariant"] == member.invariant for v in result["violations"])
@@ -32,20 +32,26 @@ def test_every_decode_member_is_rejected_at_quick_on_its_id(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(CORRECT_DECODE))
 def test_correct_decode_engines_are_accepted_with_every_check_exercised(name: str) -> None:
-    report = certify("engine", engine=CORRECT_DECODE[name], only=("decode.*",)).to_json()
+    report = certify("engine", engine=CORRECT_DECODE[name], only=("decode.*",), decode_state=True).to_json()
     assert {r["invariant"]: r["status"] for r in report["results"]} == dict.fromkeys(DECODE_IDS, "pass")
     assert all(r["exercised"] > 0 for r in report["results"]), report["results"]
 
 
 def test_the_builtin_stack_passes_at_both_rollbacks() -> None:
-    report = certify("engine", only=("decode.*",)).to_json()
+    report = certify("engine", only=("decode.*",), decode_state=True).to_json()
     assert len(report["results"]) == 2 * len(DECODE_IDS)
     assert {r["status"] for r in report["results"]} == {"pass"}, report["results"]
     assert all(r["exercised"] > 0 for r in report["results"])
 
 
+def test_without_the_option_the_checks_skip_saying_how_to_run_them() -> None:
+    report = certify("engine", only=("decode.stop",)).to_json()
+    assert {r["status"] for r in report["results"]} == {"skip"}
+    assert all("--decode-state" in r["detail"] for r in report["results"]), report["results"]
+
+
 def test_an_engine_that_declares_no_decode_features_is_skipped_saying_why() -> None:
-    report = certify("engine", engine=CONTROLS["engine"], only=("decode.*",)).to_json()
+    report = certify("engine", engine=CONTROLS["engine"], only=("decode.*",), decode_state=True).to_json()
     assert {r["status"] for r in report["results"]} == {"skip"}
     assert all("declares no decode_features" in r["detail"] for r in report["results"]), report["results"]
     assert report["verdict"] != "fail"

@@ -1,8 +1,9 @@
 """The ``decode-state`` driver: each decode-state invariant's Hypothesis search over requests with
 ``DecodeParams`` (docs/contract.md, "Decode state").
 
-It applies to the built-in stack (``SpecDecoder`` honours every ``DECODE_FEATURES`` entry) and to a
-plug-in engine that declares ``decode_features``; an engine that declares none is skipped, saying why,
+It runs only with ``--decode-state`` (a plan's ``decode_state``), and applies to the built-in stack
+(``SpecDecoder`` honours every ``DECODE_FEATURES`` entry) and to a plug-in engine that declares
+``decode_features``; an engine that declares none is skipped, saying why,
 so every engine certifiable before stays certifiable unchanged. Each example is one request drawn by
 the invariant's ``draw`` and judged against plain decoding with the same parameters.
 """
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DecodeStateDriver", "decode_capabilities"]
 
+_NOT_ASKED = "decode-time parameters were not asked for: give --decode-state (docs/contract.md, Decode state)"
 _UNDECLARED = (
     "the engine declares no decode_features, so its decode-time parameters are not judged "
     "(docs/contract.md, Decode state)"
@@ -60,6 +62,11 @@ class DecodeStateDriver(Driver):
     def run(self, item: CheckItem, result: CheckResult) -> None:
         inv, case = item.invariant, item.engine
         assert case is not None and inv.draw is not None
+        if not self.plan.decode_state:
+            result.skip(
+                "decode-time parameters were not asked for: give --decode-state (docs/contract.md, Decode state)"
+            )
+            return
         subject, caps, why = self._subject(case)
         if subject is None or caps is None:
             result.skip(why)
