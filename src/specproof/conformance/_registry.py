@@ -571,6 +571,7 @@ _DECODE_REGISTRY: tuple[Invariant, ...] = (
         check=_decode_check(decode_checks.check_decode_output),
         draw=_decode_draw("penalties"),
         zoo=("penalty_from_last_token", "penalties_ignored_when_drafting", "logit_bias_ignored_when_drafting"),
+        also=("penalty_buffer_keeps_rejected",),
     ),
     Invariant(
         id="decode.min-tokens",
@@ -583,6 +584,12 @@ _DECODE_REGISTRY: tuple[Invariant, ...] = (
         check=_decode_check(decode_checks.check_decode_output),
         draw=_decode_draw("min_tokens"),
         zoo=("min_tokens_extra_row",),
+        also=(
+            "penalty_from_last_token",
+            "penalties_ignored_when_drafting",
+            "logit_bias_ignored_when_drafting",
+            "penalty_buffer_keeps_rejected",
+        ),
     ),
     Invariant(
         id="decode.stop",
@@ -595,6 +602,7 @@ _DECODE_REGISTRY: tuple[Invariant, ...] = (
         check=_decode_check(decode_checks.check_decode_output),
         draw=_decode_draw("stops"),
         zoo=("stop_missed_inside_block",),
+        also=("logit_bias_ignored_when_drafting", "penalty_buffer_keeps_rejected"),
     ),
     Invariant(
         id="decode.processor-state",
@@ -607,6 +615,7 @@ _DECODE_REGISTRY: tuple[Invariant, ...] = (
         check=_decode_check(decode_checks.check_processor_states),
         draw=_decode_draw("penalties"),
         zoo=("penalty_buffer_keeps_rejected",),
+        also=("penalty_from_last_token",),
     ),
 )
 

@@ -23,18 +23,24 @@ DECODE_KINDS: tuple[str, ...] = ("penalties", "min_tokens", "stops")
 
 
 @st.composite
-def processor_configs(draw: st.DrawFn, vocab_size: int, *, features: frozenset[str]) -> DecodeParams:
+def processor_configs(
+    draw: st.DrawFn, vocab_size: int, *, features: frozenset[str], active: bool = False
+) -> DecodeParams:
     """Penalties, a logit bias and bad words, each only where ``features`` holds its name; strong enough
-    to change a small model's greedy output (the penalties are what make it stop repeating itself)."""
+    to change a small model's greedy output (the penalties are what make it stop repeating itself).
+    ``active``: every declared processor on (what shrinks is how strong, never to off)."""
     token = st.integers(0, vocab_size - 1)
     values: dict[str, object] = {}
     if "penalties" in features:
-        values["repetition_penalty"] = draw(st.sampled_from([1.0, 1.3, 2.0, 4.0]), label="repetition_penalty")
+        off = [] if active else [1.0]
+        values["repetition_penalty"] = draw(st.sampled_from([*off, 2.0, 1.3, 4.0]), label="repetition_penalty")
         values["presence_penalty"] = draw(st.sampled_from([0.0, 0.5, 2.0]), label="presence_penalty")
-        values["frequency_penalty"] = draw(st.sampled_from([0.0, 0.4, 1.5]), label="frequency_penalty")
+        values["frequency_penalty"] = draw(st.sampled_from([*[0.0][: len(off)], 1.5, 0.4]), label="frequency_penalty")
     if "logit_bias" in features:
-        biases = st.sampled_from([-100.0, -4.0, 3.0, 8.0])
-        values["logit_bias"] = draw(st.dictionaries(token, biases, max_size=4), label="logit_bias")
+        biases = st.sampled_from([8.0, -100.0, -4.0, 3.0])
+        values["logit_bias"] = draw(
+            st.dictionaries(token, biases, min_size=int(active), max_size=4), label="logit_bias"
+        )
     if "bad_words" in features:
         words = st.lists(st.lists(token, min_size=1, max_size=2), max_size=2)
         values["bad_words"] = draw(words, label="bad_words")

@@ -95,11 +95,12 @@ def draw_decode_example(data: st.DataObject, subject: DecodeSubject, kind: str) 
     decoding's continuation under them, and a draft schedule."""
     vocab = subject.vocab_size
     prompt = data.draw(contexts(vocab, min_size=1, max_size=min(subject.max_prompt, 16)), label="prompt")
-    n = data.draw(st.integers(4, max(4, min(subject.max_new_tokens, 20))), label="max_new_tokens")
+    n = data.draw(st.integers(8, max(8, min(subject.max_new_tokens, 20))), label="max_new_tokens")
     processors = subject.features & PROCESSOR_FEATURES
     if kind != "penalties" and not data.draw(st.booleans(), label="with processors"):
         processors = frozenset()
-    base = data.draw(processor_configs(vocab, features=processors), label="processors")
+    active = kind == "penalties"  # the penalties search never shrinks its processors to off
+    base = data.draw(processor_configs(vocab, features=processors, active=active), label="processors")
     params, eos = base, None
     if kind != "penalties":
         free = plain_decode_with(subject.make_reference(), prompt, n, decode=base)
