@@ -37,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "profile",
             "sampling",
             "batches",
+            "decode_state",
             "seed",
             "max_context",
             "expect_fail",

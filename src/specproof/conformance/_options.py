@@ -139,6 +139,14 @@ OPTIONS: tuple[Option, ...] = (
         "64-82%% to the built-in stack's CPU time; docs/contract.md, Batches)",
     ),
     Option(
+        dest="decode_state",
+        cli="--decode-state",
+        plugin="--specproof-decode-state",
+        flag=True,
+        help="also {verb} decode-time state (penalties, logit bias, bad words, min_tokens, stop sequences) on "
+        "engines that declare decode_features: the decode.* checks run only with it (docs/contract.md, Decode state)",
+    ),
+    Option(
         dest="seed",
         cli="--seed",
         plugin="--specproof-seed",

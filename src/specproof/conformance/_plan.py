@@ -45,6 +45,7 @@ class Plan:
     expected_failures: dict[str, str] = attrs.field(factory=dict)  # invariant id -> reason (--expect-fail)
     sampling: SamplingParams | None = None  # --sampling: the sampling checks run at these parameters
     batches: bool = False  # --batches: the batch checks run (docs/contract.md, "Batches")
+    decode_state: bool = False  # --decode-state: the decode-state checks run (docs/contract.md, "Decode state")
 
     @classmethod
     def create(
@@ -66,6 +67,7 @@ class Plan:
         expected_failures: Mapping[str, str] | None = None,
         sampling: str | SamplingParams | None = None,
         batches: bool = False,
+        decode_state: bool = False,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -119,6 +121,7 @@ class Plan:
             expected_failures=expected,
             sampling=params,
             batches=bool(batches),
+            decode_state=bool(decode_state),
         )
         _check_declarations(plan)
         return plan

@@ -37,6 +37,11 @@ CAPABILITIES: dict[str, str] = {
     "feature_target_spec": "the feature drafter names the target whose features it reads (`feature_target_spec`)",
     "batched": "the engine batches: it declares `batch_capabilities` (a `BatchEngine`), or is the built-in stack",
     "per_slot_state": "a batched engine's slot state can be read (`slot_state(id)`) and compared with a model",
+    "decode_state": "the engine declares `decode_features` and takes `generate(..., decode=DecodeParams)`",
+    "processor_state": "the engine reports `processor_states`: its processors' state after each round of a call",
+    "decode_processors": "the engine declares a logits processor (`penalties`, `logit_bias` or `bad_words`)",
+    "decode_min_tokens": "the engine declares `min_tokens` among its `decode_features`",
+    "decode_stops": "the engine declares `stop_sequences` among its `decode_features`",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

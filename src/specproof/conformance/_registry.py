@@ -47,6 +47,7 @@ from hypothesis import strategies as st
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
+from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
 from specproof.conformance.checks import features as feature_checks
@@ -532,6 +533,91 @@ def _drafter_sampling_check(inv: Invariant, driver: Any, subject: Any) -> Outcom
         alpha=FALSE_FAIL_BOUND,
     )
     return Outcome(violations, exercised=exercised, note="\n".join(notes))
+
+
+_DECODE_DRAWS = (
+    "with an engine that declares decode_features: a prompt, 4-20 new tokens, the processors it declares "
+    "(repetition / presence / frequency penalties, a logit bias, bad words), then for min_tokens an EOS id taken "
+    "from plain decoding's continuation with min_tokens around its first place, or for stops 1-3 stop sequences "
+    "and EOS ids ending at drawn places of that continuation; the suite's drafts follow the continuation (on past "
+    "the stop) with a drawn schedule of full, empty, rejected-at-0 and partial rounds"
+)
+
+
+def _decode_check(fn: Callable[..., tuple[list[Violation], int, str]]) -> Check:
+    def check(inv: Invariant, subject: Any, example: Any) -> Outcome:
+        violations, exercised, note = fn(inv, decode_checks.run_decode_example(subject, example))
+        return Outcome(violations, exercised=exercised, note=note)
+
+    return check
+
+
+def _decode_draw(kind: str) -> Callable[[st.DataObject, Any, Profile], Any]:
+    def draw(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+        return decode_checks.draw_decode_example(data, subject, kind)
+
+    return draw
+
+
+_DECODE_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="decode.penalties",
+        subject="engine",
+        summary="with penalties, a logit bias and bad words, the output equals plain decoding's with the same "
+        "processors (each draft row processed with the state advanced through the draft before it)",
+        needs=("decode_state", "decode_processors"),
+        draws=_DECODE_DRAWS,
+        driver="decode-state",
+        check=_decode_check(decode_checks.check_decode_output),
+        draw=_decode_draw("penalties"),
+        zoo=("penalty_from_last_token", "penalties_ignored_when_drafting", "logit_bias_ignored_when_drafting"),
+        also=("penalty_buffer_keeps_rejected",),
+    ),
+    Invariant(
+        id="decode.min-tokens",
+        subject="engine",
+        summary="with min_tokens, every EOS id is masked until exactly that many tokens are out, on every draft "
+        "row as in plain decoding",
+        needs=("decode_state", "decode_min_tokens"),
+        draws=_DECODE_DRAWS,
+        driver="decode-state",
+        check=_decode_check(decode_checks.check_decode_output),
+        draw=_decode_draw("min_tokens"),
+        zoo=("min_tokens_extra_row",),
+        also=(
+            "penalty_from_last_token",
+            "penalties_ignored_when_drafting",
+            "logit_bias_ignored_when_drafting",
+            "penalty_buffer_keeps_rejected",
+        ),
+    ),
+    Invariant(
+        id="decode.stop",
+        subject="engine",
+        summary="with several EOS ids and stop sequences, the output is cut where plain decoding stops (inside an "
+        "accepted block, across two rounds, on an EOS), with the same stop reason",
+        needs=("decode_state", "decode_stops"),
+        draws=_DECODE_DRAWS,
+        driver="decode-state",
+        check=_decode_check(decode_checks.check_decode_output),
+        draw=_decode_draw("stops"),
+        zoo=("stop_missed_inside_block",),
+        also=("logit_bias_ignored_when_drafting", "penalty_buffer_keeps_rejected"),
+    ),
+    Invariant(
+        id="decode.processor-state",
+        subject="engine",
+        summary="after every round the engine's processor state equals a fresh processor's fed only the committed "
+        "tokens: no rejected draft token in it, none missing",
+        needs=("decode_state", "decode_processors", "processor_state"),
+        draws=_DECODE_DRAWS,
+        driver="decode-state",
+        check=_decode_check(decode_checks.check_processor_states),
+        draw=_decode_draw("penalties"),
+        zoo=("penalty_buffer_keeps_rejected",),
+        also=("penalty_from_last_token",),
+    ),
+)
 
 
 _BATCH_DRAWS = (
@@ -1045,6 +1131,7 @@ REGISTRY: tuple[Invariant, ...] = (
         also=("bonus_from_wrong_row", "unfiltered_sampling"),
     ),
     *_BATCH_REGISTRY,
+    *_DECODE_REGISTRY,
 )
 
 _BY_ID = {inv.id: inv for inv in REGISTRY}

@@ -39,6 +39,8 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
         parts += ["--sampling", plan.sampling.describe()]
     if plan.batches:
         parts.append("--batches")
+    if plan.decode_state:
+        parts.append("--decode-state")
     parts += [shlex.quote(a) for a in driver_args]
     if plan.seed is not None:
         parts += ["--seed", str(plan.seed)]

@@ -11,7 +11,9 @@ It imports nothing from specproof above it (a test fails on any import cycle):
 - ``validation`` — the one check of an integer option's lower bound and of a tolerance;
 - the batched engine's protocol and records (``BatchEngine``, ``BatchRequest``, ``BatchCapabilities``,
   ``RequestOutput``, ``run_batch``; docs/contract.md, "Batches");
-- ``sampling`` — ``SamplingParams`` and the target's processed distribution ``p`` (docs/contract.md, "Sampling").
+- ``sampling`` — ``SamplingParams`` and the target's processed distribution ``p`` (docs/contract.md, "Sampling");
+- ``DecodeParams`` (a request's logits processors and stops) and ``decode_state``, their oracle
+  (docs/contract.md, "Decode state").
 """
 
 from specproof.contract._batch import (
@@ -23,6 +25,7 @@ from specproof.contract._batch import (
     run_alone,
     run_batch,
 )
+from specproof.contract._decode_params import DECODE_FEATURES, DecodeParams
 from specproof.contract._protocols import (
     CheckpointingTarget,
     Drafter,
@@ -41,6 +44,7 @@ from specproof.contract.sampling import SampledDraft, SamplingParams, processed_
 from specproof.contract.validation import int_at_least, validate_tolerance
 
 __all__ = [
+    "DECODE_FEATURES",
     "INVARIANT_ID",
     "PREEMPTION_MODES",
     "STOP_REASONS",
@@ -48,6 +52,7 @@ __all__ = [
     "BatchEngine",
     "BatchRequest",
     "CheckpointingTarget",
+    "DecodeParams",
     "Drafter",
     "Engine",
     "FeatureDrafter",

@@ -8,9 +8,10 @@ import attrs
 
 __all__ = ["STOP_REASONS", "Generation", "Stats", "Step", "StopReason"]
 
-StopReason = Literal["max_new_tokens", "eos", "context_full", "error"]
-# "error" appears only on the partial Generation carried by a DecodeError.
-STOP_REASONS: tuple[str, ...] = ("max_new_tokens", "eos", "context_full", "error")
+StopReason = Literal["max_new_tokens", "eos", "stop_sequence", "context_full", "error"]
+# "error" appears only on the partial Generation carried by a DecodeError; "stop_sequence" only on a
+# request whose DecodeParams name stop sequences (docs/contract.md, "Decode state").
+STOP_REASONS: tuple[str, ...] = ("max_new_tokens", "eos", "stop_sequence", "context_full", "error")
 
 
 def _int_tuple(values: object) -> tuple[int, ...]:

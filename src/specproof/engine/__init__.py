@@ -42,6 +42,7 @@ from specproof.engine._decoder import (
     longest_accepted_prefix,
 )
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
+from specproof.engine._processors import RequestProcessors
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from specproof.engine.targets import register_target_family
 from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
@@ -76,6 +77,7 @@ __all__ = [
     "ReferenceHybrid",
     "ReferenceSlotPool",
     "ReferenceSnapshot",
+    "RequestProcessors",
     "SpecDecoder",
     "SpecproofError",
     "StaleSnapshotError",

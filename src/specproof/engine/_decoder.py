@@ -8,11 +8,12 @@ from typing import Literal, overload
 import attrs
 import numpy as np
 
-from specproof.contract import Drafter, Generation, Stats, Step, StopReason, Target
+from specproof.contract import DECODE_FEATURES, DecodeParams, Drafter, Generation, Stats, Step, StopReason, Target
 from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.contract.sampling import SAMPLING_SCHEMES, SamplingParams
 from specproof.contract.validation import int_at_least
 from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
+from specproof.engine._processors import RequestProcessors
 from specproof.engine._sampling import match_accept_tokens, rejection_accept_tokens, target_distribution
 from specproof.engine.conventions import (
     check_draft,
@@ -200,7 +201,14 @@ class SpecDecoder:
     returned for the last kept position (no extra forward); ``"replay"`` restores a
     snapshot taken before verify and re-feeds the kept tokens (one extra forward,
     only in rounds that reject a draft token).
+
+    ``decode=DecodeParams(...)`` applies the request's logits processors per draft position and its stops
+    (docs/contract.md, "Decode state"); ``processor_states`` then holds the committed processor state after
+    each round of the last call.
     """
+
+    decode_features: tuple[str, ...] = DECODE_FEATURES  # docs/contract.md, "Decode state": all of them
+    processors_class: type[RequestProcessors] = RequestProcessors
 
     def __init__(
         self,
@@ -231,6 +239,7 @@ class SpecDecoder:
         self.name = f"specproof.SpecDecoder(k={self.k}, rollback={rollback})"
         # docs/contract.md, "Sampling": generate takes sampling=, and one seed gives one output
         self.seeded = True
+        self.processor_states: list[dict[str, object]] = []
 
     def __repr__(self) -> str:
         return (
@@ -249,8 +258,12 @@ class SpecDecoder:
         *,
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
-        return self.start(prompt).generate(max_new_tokens, eos_token_id=eos_token_id, sampling=sampling)
+        session = self.start(prompt)
+        gen = session.generate(max_new_tokens, eos_token_id=eos_token_id, sampling=sampling, decode=decode)
+        self.processor_states = session.processor_states
+        return gen
 
 
 class DecodeSession:
@@ -264,6 +277,8 @@ class DecodeSession:
     # that position the target themselves and skip __init__)
     _features: FeatureStore | None = None
     _sampler: _Sampler | None = None  # the current call's sampler; None: greedy
+    _processors: RequestProcessors | None = None  # the current call's decode state; None: no DecodeParams
+    processor_states: list[dict[str, object]]  # the committed processor state after each round of this call
 
     def __init__(self, decoder: SpecDecoder, prompt: Sequence[int]) -> None:
         self.decoder = decoder
@@ -274,6 +289,7 @@ class DecodeSession:
         self._view = ContextView(self._ctx)
         self._rounds_done = 0
         self._pending_prefill = 0
+        self.processor_states = []
         layers = drafter_feature_layers(decoder.drafter, target)  # the drafter may have been swapped since
         self._features = FeatureStore(layers) if layers is not None else None
         target.reset()
@@ -328,13 +344,14 @@ class DecodeSession:
         eos_token_id: int | None = None,
         max_rounds: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
         """Decode up to ``max_new_tokens`` more tokens; returns this call's tokens, steps and stats.
 
         ``max_rounds`` stops after that many rounds (``max_rounds=1`` runs exactly one
         round, as fuzzers that drive rounds one at a time need); the stop reason is
         then ``max_new_tokens``. ``sampling``: sample (a fresh generator seeded by its ``seed``
-        for this call); None: greedy.
+        for this call); None: greedy. ``decode``: this call's processors and stops.
         """
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
@@ -350,6 +367,8 @@ class DecodeSession:
             isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < target.vocab_size
         ):
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {target.vocab_size})")
+        self._processors = decoder.processors_class.for_call(decode, self._ctx, eos_token_id, target.vocab_size)
+        self.processor_states = []
         counter = _StatsCounter(decoder.k)
         counter.prefill, self._pending_prefill = self._pending_prefill, 0
         out: list[int] = []
@@ -374,6 +393,9 @@ class DecodeSession:
             if eos_token_id is not None and emitted[-1] == eos_token_id:
                 stop = "eos"
                 break
+            if self._processors is not None and self._processors.finished is not None:
+                stop = self._processors.finished
+                break
         else:
             stop = "max_new_tokens"
         counter.emitted = len(out)
@@ -394,10 +416,16 @@ class DecodeSession:
             fed = [self._ctx[-1], *draft]
             logits, checkpoints, feats = self._verify(fed, round_index)
             counter.verify += 1
+            processors = self._processors
+            if processors is not None:  # each row processed with the state advanced through the draft before it
+                logits, eos = processors.verify_rows(logits, draft), None
             if self._sampler is None:
                 verdict = greedy_accept(draft, logits, remaining=remaining, eos=eos)
             else:
                 verdict = sampled_accept(draft, q, logits, self._sampler, remaining=remaining, eos=eos)
+            if processors is not None:  # cut at the first stop; commit only what is emitted
+                verdict = attrs.evolve(verdict, emitted=processors.settle(verdict.emitted, draft=draft))
+                self.processor_states.append(processors.state())
             feats = self._roll_back(fed, verdict.keep, checkpoints, before, feats, round_index, counter)
             if feats is not None and self._features is not None:
                 self._features.append(feats, verdict.keep)  # the kept positions only, never a rejected one

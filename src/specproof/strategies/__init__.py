@@ -21,6 +21,9 @@
 - ``BatchSchedule`` / ``batch_schedules(...)``: requests for a batched engine (arrivals, shared
   prefixes, per-row draft plans, EOS mid-block, seeds) and the preemptions and cancellations
   between its steps (docs/contract.md, "Batches");
+- ``processor_configs`` / ``stop_sets`` / ``draft_schedules`` (``DECODE_KINDS``): a request's logits processors,
+  stops placed on a known continuation at every offset of a draft block, and per-round draft plans
+  (docs/contract.md, "Decode state");
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -30,6 +33,7 @@ This module is the public facade; the implementation lives in private modules.
 
 from specproof.strategies._batch_schedules import BatchSchedule, ScheduledRequest, ScheduleEvent, batch_schedules
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
+from specproof.strategies._decode_params import DECODE_KINDS, draft_schedules, processor_configs, stop_sets
 from specproof.strategies._feature_judge import FeatureJudge, FeatureRows, feature_layers_of
 from specproof.strategies._machine import (
     RollbackMachine,
@@ -72,6 +76,7 @@ from specproof.strategies._settings import (
 )
 
 __all__ = [
+    "DECODE_KINDS",
     "K_RELATIONS",
     "RELATION_DESCRIPTIONS",
     "RESET_RELATIONS",
@@ -106,6 +111,9 @@ __all__ = [
     "ScriptMismatchError",
     "ScriptedDrafter",
     "contexts",
+    "draft_schedules",
+    "processor_configs",
+    "stop_sets",
     "decoding_cases",
     "engine_greedy",
     "default_decoder_factory",

@@ -9,6 +9,7 @@ package), and the invariants whose entry names it.
 from __future__ import annotations
 
 from specproof.conformance.drivers._batches import BatchDriver
+from specproof.conformance.drivers._decode_state import DecodeStateDriver
 from specproof.conformance.drivers._engine_cases import EngineCaseDriver
 from specproof.conformance.drivers._examples import ExamplesDriver
 from specproof.conformance.drivers._protocol import CheckItem, Driver, DriverContext
@@ -25,6 +26,7 @@ DRIVERS: dict[str, type[Driver]] = {
     SessionMachineDriver.name: SessionMachineDriver,
     SamplingDriver.name: SamplingDriver,
     BatchDriver.name: BatchDriver,
+    DecodeStateDriver.name: DecodeStateDriver,
 }
 """Driver name (an invariant's ``driver=``) -> the class that runs its checks."""
 

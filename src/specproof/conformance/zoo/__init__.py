@@ -37,6 +37,17 @@ from specproof.conformance.zoo._batch_engines import (
     BatchStaleZeroDraft,
     BatchZooEngine,
 )
+from specproof.conformance.zoo._decode_engines import (
+    CheckpointedProcessorsEngine,
+    DecodeReplayEngine,
+    DecodeZooEngine,
+    LogitBiasIgnoredWhenDrafting,
+    MinTokensExtraRow,
+    PenaltiesIgnoredWhenDrafting,
+    PenaltyBufferKeepsRejected,
+    PenaltyFromLastToken,
+    StopMissedInsideBlock,
+)
 from specproof.conformance.zoo._drafters import (
     LookupDrafter,
     MatchPointer,
@@ -356,6 +367,21 @@ def sampling_engine_own_q() -> SamplingZooEngine:
     return SamplingZooEngine(own_sampler=True)
 
 
+def decode_zoo_engine() -> DecodeZooEngine:
+    """The decode-state control: the reference decoder with DecodeParams (checkpoint rollback)."""
+    return DecodeZooEngine()
+
+
+def decode_replay_engine() -> DecodeReplayEngine:
+    """Correct, differently: replay rollback under decode parameters."""
+    return DecodeReplayEngine()
+
+
+def decode_checkpointed_processors() -> CheckpointedProcessorsEngine:
+    """Correct, differently: processors advanced in place through the draft, restored from a checkpoint."""
+    return CheckpointedProcessorsEngine()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -466,6 +492,12 @@ _MEMBERS: dict[str, MemberEntry] = {
     "reset_keeps_index_pointer": ("drafter", ResetKeepsIndexPointer),
     "early_edit_keeps_index": ("drafter", EarlyEditKeepsIndex),
     "block_cache_without_prefix": ("engine", BlockCacheWithoutPrefix),
+    "penalty_from_last_token": ("engine", PenaltyFromLastToken),
+    "penalties_ignored_when_drafting": ("engine", PenaltiesIgnoredWhenDrafting),
+    "logit_bias_ignored_when_drafting": ("engine", LogitBiasIgnoredWhenDrafting),
+    "min_tokens_extra_row": ("engine", MinTokensExtraRow),
+    "penalty_buffer_keeps_rejected": ("engine", PenaltyBufferKeepsRejected),
+    "stop_missed_inside_block": ("engine", StopMissedInsideBlock),
 }
 
 
@@ -570,6 +602,13 @@ CORRECT_BATCH: dict[str, str] = {
 """Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list): the batch
 checks accept them (docs/contract.md, "Batches")."""
 
+CORRECT_DECODE: dict[str, str] = {
+    name: f"{_MODULE}:{name}"
+    for name in ("decode_zoo_engine", "decode_replay_engine", "decode_checkpointed_processors")
+}
+"""Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
+the decode-state checks accept them (docs/contract.md, "Decode state")."""
+
 CONTROLS: dict[Kind, str] = {
     "drafter": f"{_MODULE}:lookup_drafter",
     "target": f"{_MODULE}:zoo_target",
@@ -612,6 +651,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "CONTROLS",
     "CORRECT_BATCH",
+    "CORRECT_DECODE",
     "CORRECT",
     "CORRECT_DRAFTERS",
     "ZOO",
@@ -624,5 +664,6 @@ __all__ = [
     *CORRECT,
     *CORRECT_DRAFTERS,
     *CORRECT_BATCH,
+    *CORRECT_DECODE,
     *(spec.rsplit(":", 1)[1] for spec in CONTROLS.values()),
 ]

@@ -1,0 +1,135 @@
+"""The ``decode-state`` driver: each decode-state invariant's Hypothesis search over requests with
+``DecodeParams`` (docs/contract.md, "Decode state").
+
+It runs only with ``--decode-state`` (a plan's ``decode_state``), and applies to the built-in stack
+(``SpecDecoder`` honours every ``DECODE_FEATURES`` entry) and to a plug-in engine that declares
+``decode_features``; an engine that declares none is skipped, saying why,
+so every engine certifiable before stays certifiable unchanged. Each example is one request drawn by
+the invariant's ``draw`` and judged against plain decoding with the same parameters.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import hypothesis
+from hypothesis import strategies as st
+
+from specproof.conformance._records import Capabilities
+from specproof.conformance.checks.decode_state import PROCESSOR_FEATURES, DecodeSubject
+from specproof.conformance.drivers._protocol import CheckItem, Driver
+from specproof.contract import DECODE_FEATURES, ViolationError
+from specproof.engine import NgramDrafter, SpecDecoder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._results import CheckResult
+    from specproof.conformance._subjects import EngineCase
+
+__all__ = ["DecodeStateDriver", "decode_capabilities"]
+
+_NOT_ASKED = "decode-time parameters were not asked for: give --decode-state (docs/contract.md, Decode state)"
+_UNDECLARED = (
+    "the engine declares no decode_features, so its decode-time parameters are not judged "
+    "(docs/contract.md, Decode state)"
+)
+
+
+def decode_capabilities(features: frozenset[str], *, reports_states: bool) -> Capabilities:
+    """What an engine declaring ``features`` (and reporting ``processor_states`` or not) lets the checks judge."""
+    present = {
+        "decode_state": True,
+        "decode_processors": bool(features & PROCESSOR_FEATURES),
+        "decode_min_tokens": "min_tokens" in features,
+        "decode_stops": "stop_sequences" in features,
+        "processor_state": reports_states,
+    }
+    return Capabilities(
+        has={name for name, on in present.items() if on},
+        why_not={
+            "decode_processors": "the engine declares none of penalties, logit_bias, bad_words in decode_features",
+            "decode_min_tokens": "the engine does not declare min_tokens in decode_features",
+            "decode_stops": "the engine does not declare stop_sequences in decode_features",
+            "processor_state": "the engine reports no processor_states (its processors' state per round)",
+        },
+    )
+
+
+class DecodeStateDriver(Driver):
+    """Requests with decode parameters on each engine case that declares them."""
+
+    name = "decode-state"
+
+    def run(self, item: CheckItem, result: CheckResult) -> None:
+        inv, case = item.invariant, item.engine
+        assert case is not None and inv.draw is not None
+        if not self.plan.decode_state:
+            result.skip(
+                "decode-time parameters were not asked for: give --decode-state (docs/contract.md, Decode state)"
+            )
+            return
+        subject, caps, why = self._subject(case)
+        if subject is None or caps is None:
+            result.skip(why)
+            return
+        lacks = inv.applies(caps)
+        if lacks is not None:
+            result.skip(lacks)
+            return
+        notes: list[str] = []
+        profile = self.plan.profile
+
+        @hypothesis.given(data=st.data())
+        def search(data: st.DataObject) -> None:
+            result.examples += 1
+            outcome = inv.check(subject, inv.draw(data, subject, profile))  # type: ignore[misc]
+            result.exercised += outcome.exercised
+            if outcome.note and not outcome.exercised:
+                notes.append(outcome.note)
+            if outcome.violations:
+                raise ViolationError(outcome.violations)
+
+        self.context.replay.settings(search, max_examples=profile.max_examples, item=item)()
+        if not result.exercised:
+            result.skip(notes[0] if notes else "no request reached this check")
+
+    def _subject(self, case: EngineCase) -> tuple[DecodeSubject | None, Capabilities | None, str]:
+        """The case as a decode-state subject with its capabilities, or None and why it is not one."""
+        profile = self.plan.profile
+        if case.kind == "builtin":
+            target = self.plan.suite.target
+            if target is None:
+                return None, None, "no target to run the built-in decoder on"
+            k, rollback = case.k or 4, case.rollback or "checkpoint"
+
+            def make_builtin() -> Any:
+                return SpecDecoder(target.make(), NgramDrafter(), k=k, rollback=rollback)  # type: ignore[arg-type]
+
+            make_engine, make_reference, takes = make_builtin, target.make, True
+            declared: object = SpecDecoder.decode_features
+            states = True
+        else:
+            declared = getattr(case.engine, "decode_features", None)
+            if declared is None:
+                return None, None, _UNDECLARED
+            if case.make_reference is None:
+                return None, None, "the engine exposes no model (`oracle`, `target`) to decode plainly with"
+            make_engine = case.make_engine or (lambda: case.engine)
+            make_reference, takes, k = case.make_reference, case.takes_drafter, case.k or 4
+            states = hasattr(case.engine, "processor_states")
+        if not isinstance(declared, (tuple, list, frozenset, set)) or not all(isinstance(f, str) for f in declared):
+            return None, None, f"decode_features={declared!r} must be a tuple of names from {DECODE_FEATURES}"
+        features = frozenset(str(f) for f in declared)
+        unknown = sorted(features - set(DECODE_FEATURES))
+        if unknown:
+            return None, None, f"decode_features names {unknown}, not among {DECODE_FEATURES}"
+        subject = DecodeSubject(
+            make_engine=make_engine,
+            make_reference=make_reference,
+            vocab_size=case.vocab_size,
+            k=k,
+            features=features,
+            takes_drafter=takes,
+            max_prompt=profile.max_prompt,
+            max_new_tokens=profile.max_new_tokens,
+        )
+        return subject, decode_capabilities(features, reports_states=states), ""

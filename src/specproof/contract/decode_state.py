@@ -1,0 +1,127 @@
+"""Decode state: the contract's own logits processors and stops, and plain decoding with them (the oracle).
+
+docs/contract.md ("Decode state") is the reference. Lossless with ``DecodeParams`` means: the
+output, and its stop reason, equal plain decoding's with the same processors; every processor's
+state after a round equals ``OracleProcessors`` fed only the committed tokens.
+
+This is the checks' oracle. The reference engine keeps an independent copy of the processor math
+(``specproof.engine._processors``) on purpose: an oracle must not share code with the subject it
+judges.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from specproof.contract._decode_params import DecodeParams
+from specproof.contract._protocols import Target
+from specproof.contract._records import Generation, Stats, Step, StopReason
+from specproof.contract.errors import InvalidSettingError, TokenRangeError
+
+__all__ = ["OracleProcessors", "plain_decode_with", "processor_state"]
+
+
+def processor_state(output: Sequence[int]) -> dict[str, object]:
+    """The comparable state of a request's processors after ``output`` (what an engine reports per round):
+    how many tokens are out and each output token's count."""
+    counts = Counter(int(t) for t in output)
+    return {"generated": len(output), "counts": {str(t): counts[t] for t in sorted(counts)}}
+
+
+class OracleProcessors:
+    """One request's processors, fed one committed token at a time (the oracle's copy).
+
+    ``apply(row)`` gives the processed logits of the next position, in the contract's order:
+    repetition penalty, presence and frequency penalties, logit bias, bad words, ``min_tokens``.
+    """
+
+    def __init__(self, params: DecodeParams, prompt: Sequence[int], *, eos_token_id: int | None = None) -> None:
+        self.params = params
+        self.eos = params.eos_set(eos_token_id)
+        self.seen = {int(t) for t in prompt}  # the repetition penalty counts the prompt too
+        self.output: list[int] = []
+        self.counts: Counter[int] = Counter()
+
+    def feed(self, token: int) -> None:
+        self.output.append(int(token))
+        self.counts[int(token)] += 1
+        self.seen.add(int(token))
+
+    def state(self) -> dict[str, object]:
+        return processor_state(self.output)
+
+    def apply(self, row: np.ndarray) -> np.ndarray:
+        p = self.params
+        out = np.array(row, dtype=np.float64)
+        if p.repetition_penalty != 1.0:
+            for t in self.seen:
+                out[t] = out[t] / p.repetition_penalty if out[t] > 0 else out[t] * p.repetition_penalty
+        for t, n in self.counts.items():
+            out[t] -= p.frequency_penalty * n + p.presence_penalty
+        for t, bias in p.logit_bias:
+            out[t] += bias
+        for word in p.bad_words:
+            *before, banned = word
+            tail = self.output[len(self.output) - len(before) :] if len(self.output) >= len(before) else None
+            if not before or tail == before:
+                out[banned] = -np.inf
+        if len(self.output) < p.min_tokens:
+            for t in self.eos:
+                out[t] = -np.inf
+        if not np.isfinite(out).any():
+            raise InvalidSettingError(f"the decode processors masked every token at output position {len(self.output)}")
+        return out
+
+    def stopped(self) -> StopReason | None:
+        """``eos`` when the last output token is an EOS id, ``stop_sequence`` when the output ends with a stop."""
+        if not self.output:
+            return None
+        if self.output[-1] in self.eos:
+            return "eos"
+        for seq in self.params.stop:
+            if len(self.output) >= len(seq) and tuple(self.output[-len(seq) :]) == seq:
+                return "stop_sequence"
+        return None
+
+
+def plain_decode_with(
+    target: Target,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    *,
+    decode: DecodeParams,
+    eos_token_id: int | None = None,
+) -> Generation:
+    """Plain greedy decoding with ``decode``'s processors and stops: the oracle a speculative engine's output
+    (tokens and stop reason) must equal. One one-token forward per emitted token; the first maximum of the
+    processed row wins a tie."""
+    ctx = [int(t) for t in prompt]
+    if not ctx or any(not 0 <= t < target.vocab_size for t in ctx):
+        raise TokenRangeError(f"plain_decode_with: the prompt must be non-empty token ids in [0, {target.vocab_size})")
+    decode.check_vocab(target.vocab_size)
+    processors = OracleProcessors(decode, ctx, eos_token_id=eos_token_id)
+    target.reset()
+    if len(ctx) > 1:
+        target.forward(ctx[:-1])
+    steps: list[Step] = []
+    stop: StopReason = "max_new_tokens"
+    while len(processors.output) < max_new_tokens:
+        if target.processed >= target.max_context:
+            stop = "context_full"
+            break
+        base = target.processed
+        row = processors.apply(np.asarray(target.forward([ctx[-1]]), dtype=np.float64)[0])
+        token = int(np.argmax(row))
+        steps.append(Step(base=base, draft=(), argmax=(token,), accepted=(token,), processed=target.processed))
+        processors.feed(token)
+        ctx.append(token)
+        reason = processors.stopped()
+        if reason is not None:
+            stop = reason
+            break
+    n = len(processors.output)
+    stats = Stats(rounds=n, emitted=n, prefill_forwards=int(len(prompt) > 1), verify_forwards=n)
+    return Generation(tokens=processors.output, stop_reason=stop, steps=tuple(steps), stats=stats)

@@ -1,0 +1,57 @@
+"""The decode-state checks (docs/contract.md, "Decode state"): each zoo member from a public report rejected at
+quick on its id, the correct variants accepted with every check exercised, the built-in stack certified, and an
+engine that declares no decode_features skipped, saying why (so every engine certifiable before still is)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specproof.conformance import REGISTRY, certify
+from specproof.conformance.zoo import CONTROLS, CORRECT_DECODE, ZOO
+
+pytestmark = pytest.mark.slow  # a certification of a few seconds per test
+
+DECODE_IDS = tuple(inv.id for inv in REGISTRY if inv.driver == "decode-state")
+MEMBERS = sorted(name for name, member in ZOO.items() if member.invariant in DECODE_IDS)
+
+
+def test_there_is_a_check_per_kind_and_a_member_per_check() -> None:
+    assert set(DECODE_IDS) == {"decode.penalties", "decode.min-tokens", "decode.stop", "decode.processor-state"}
+    assert {ZOO[m].invariant for m in MEMBERS} == set(DECODE_IDS)
+
+
+@pytest.mark.parametrize("name", MEMBERS)
+def test_every_decode_member_is_rejected_at_quick_on_its_id(name: str) -> None:
+    member = ZOO[name]
+    report = certify("engine", engine=member.spec, only=(member.invariant,), decode_state=True).to_json()
+    [result] = report["results"]
+    assert result["status"] == "fail", result
+    assert all(v["invariant"] == member.invariant for v in result["violations"])
+    assert "decode" in result["violations"][0]["example"], result["violations"][0]
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT_DECODE))
+def test_correct_decode_engines_are_accepted_with_every_check_exercised(name: str) -> None:
+    report = certify("engine", engine=CORRECT_DECODE[name], only=("decode.*",), decode_state=True).to_json()
+    assert {r["invariant"]: r["status"] for r in report["results"]} == dict.fromkeys(DECODE_IDS, "pass")
+    assert all(r["exercised"] > 0 for r in report["results"]), report["results"]
+
+
+def test_the_builtin_stack_passes_at_both_rollbacks() -> None:
+    report = certify("engine", only=("decode.*",), decode_state=True).to_json()
+    assert len(report["results"]) == 2 * len(DECODE_IDS)
+    assert {r["status"] for r in report["results"]} == {"pass"}, report["results"]
+    assert all(r["exercised"] > 0 for r in report["results"])
+
+
+def test_without_the_option_the_checks_skip_saying_how_to_run_them() -> None:
+    report = certify("engine", only=("decode.stop",)).to_json()
+    assert {r["status"] for r in report["results"]} == {"skip"}
+    assert all("--decode-state" in r["detail"] for r in report["results"]), report["results"]
+
+
+def test_an_engine_that_declares_no_decode_features_is_skipped_saying_why() -> None:
+    report = certify("engine", engine=CONTROLS["engine"], only=("decode.*",), decode_state=True).to_json()
+    assert {r["status"] for r in report["results"]} == {"skip"}
+    assert all("declares no decode_features" in r["detail"] for r in report["results"]), report["results"]
+    assert report["verdict"] != "fail"
