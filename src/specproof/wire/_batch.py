@@ -24,7 +24,7 @@ from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._requests import reset
 from specproof.wire._sampling_ask import check_sampling
 
-__all__ = ["WireBatch", "batch_capabilities"]
+__all__ = ["BatchMethods", "WireBatch", "batch_capabilities", "open_batch"]
 
 MAX_REQUEST_ID = 256  # the schemas' maxLength of a request id
 
@@ -260,3 +260,57 @@ class WireBatch:
             finished = Generation(tokens=held.out, stop_reason=done["stop_reason"], steps=tuple(held.steps))
             del self._held[name]
         return RequestOutput(request_id=name, step=step, new_tokens=tokens, finished=finished, slot=entry.get("slot"))
+
+
+def open_batch(engine: Any) -> WireBatch | None:
+    """The batched conversation of a ``WireEngine`` whose handshake declared ``batched`` (None: it does not batch)."""
+    if "batched" not in engine.capabilities:
+        return None
+    return WireBatch(
+        engine._channel,
+        batch=engine.hello["batch"],
+        capabilities=engine.capabilities,
+        max_context=engine.max_context,
+        vocab_size=engine.vocab_size,
+    )
+
+
+class BatchMethods:
+    """``WireEngine``'s ``BatchEngine`` half: each method hands over to its ``WireBatch``, or refuses, sending
+    nothing, when the handshake declared no ``batched``."""
+
+    _batch: WireBatch | None
+    _scheme: str | None
+    capabilities: frozenset[str]
+
+    @property
+    def label(self) -> str:  # WireEngine's: the engine's name and spec, for messages
+        raise NotImplementedError
+
+    def _batched(self) -> WireBatch:
+        if self._batch is None:
+            raise EngineRequestError(
+                f"engine {self.label}: it does not batch (no capability 'batched' in its handshake: "
+                f"{sorted(self.capabilities)}); nothing was sent"
+            )
+        self._batch.scheme = self._scheme
+        return self._batch
+
+    def add_request(self, request: BatchRequest) -> None:
+        """Queue one request of a batch (``BatchEngine``; docs/protocol.md, Batches)."""
+        self._batched().add_request(request)
+
+    def step(self, *, only: Collection[str] | None = None) -> list[RequestOutput]:
+        """One verify round of the running requests (``only``: just those, with ``batch.schedulable``)."""
+        return self._batched().step(only=only)
+
+    def abort_request(self, request_id: str) -> Generation:
+        """Cancel a request and free its slot; returns what it had emitted."""
+        return self._batched().abort_request(request_id)
+
+    def preempt(self, request_id: str, *, mode: str) -> None:
+        """Evict a running request (``mode``: one of ``batch_capabilities.preemption``)."""
+        self._batched().preempt(request_id, mode=mode)
+
+    def has_unfinished_requests(self) -> bool:
+        return self._batched().has_unfinished_requests()

@@ -9,19 +9,18 @@ from __future__ import annotations
 import atexit
 import contextlib
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from specproof.contract import BatchRequest, RequestOutput
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Target
 from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
-from specproof.wire._batch import WireBatch
+from specproof.wire._batch import BatchMethods, open_batch
 from specproof.wire._channel import Channel
 from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
-from specproof.wire._errors import EngineProtocolError, EngineRequestError
+from specproof.wire._errors import EngineProtocolError
 from specproof.wire._limits import HANDSHAKE_LINE_BYTES, default_line_limit
 from specproof.wire._sampling_ask import check_sampling, check_scheme, offered_schemes
 from specproof.wire._state_view import WireTargetView
@@ -96,7 +95,7 @@ def _load_oracle(
         ) from exc
 
 
-class WireEngine:
+class WireEngine(BatchMethods):
     """An engine behind ``specproof-engine/1`` (see the module docstring and docs/protocol.md).
 
     ``connect(limit)`` makes a transport (starts the process, or connects); it is called again
@@ -210,17 +209,9 @@ class WireEngine:
             #: the suite's drafter (capability ``suite_drafts``); absent otherwise, so the suite
             #: judges the engine on its own drafts
             self.drafter: Any = None
-        self._batch: WireBatch | None = None
-        if "batched" in self.capabilities:
-            #: capability ``batched``: the engine is a ``BatchEngine`` too (docs/protocol.md, Batches); absent
-            #: otherwise, so the batch checks skip it saying it does not batch
-            self._batch = WireBatch(
-                self._channel,
-                batch=self.hello["batch"],
-                capabilities=self.capabilities,
-                max_context=self.max_context,
-                vocab_size=self.vocab_size,
-            )
+        # capability ``batched``: a ``BatchEngine`` too (protocol.md, Batches); else the batch checks skip it
+        self._batch = open_batch(self)
+        if self._batch is not None:
             self.batch_capabilities = self._batch.batch_capabilities
 
     # ----------------------------------------------------------------- the conversation's facts
@@ -369,36 +360,6 @@ class WireEngine:
         view = getattr(self, "target", None)
         if isinstance(view, WireTargetView):
             view.clear()
-
-    # ----------------------------------------------------------------- batches (capability batched)
-
-    def _batched(self) -> WireBatch:
-        if self._batch is None:
-            raise EngineRequestError(
-                f"engine {self.label}: it does not batch (no capability 'batched' in its handshake: "
-                f"{sorted(self.capabilities)}); nothing was sent"
-            )
-        self._batch.scheme = self._scheme
-        return self._batch
-
-    def add_request(self, request: BatchRequest) -> None:
-        """Queue one request of a batch (``BatchEngine``; docs/protocol.md, Batches)."""
-        self._batched().add_request(request)
-
-    def step(self, *, only: Collection[str] | None = None) -> list[RequestOutput]:
-        """One verify round of the running requests (``only``: just those, with ``batch.schedulable``)."""
-        return self._batched().step(only=only)
-
-    def abort_request(self, request_id: str) -> Generation:
-        """Cancel a request and free its slot; returns what it had emitted."""
-        return self._batched().abort_request(request_id)
-
-    def preempt(self, request_id: str, *, mode: str) -> None:
-        """Evict a running request (``mode``: one of ``batch_capabilities.preemption``)."""
-        self._batched().preempt(request_id, mode=mode)
-
-    def has_unfinished_requests(self) -> bool:
-        return self._batched().has_unfinished_requests()
 
     # ----------------------------------------------------------------- closing
 
