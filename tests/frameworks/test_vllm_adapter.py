@@ -70,6 +70,8 @@ def test_ngram_options_pass_through(checkpoint: Path) -> None:
         ("prefix_caching=maybe", "expected 0 or 1"),
         ("rotary=fast", "expected native"),
         ("max_model_len=1", "max_model_len"),
+        ("max_num_seqs=0", "max_num_seqs"),
+        ("kv_blocks=few", "kv_blocks='few': expected an integer >= 1"),
         ("colour=red", "'colour' is unknown"),
         ("spec.x=1", "set speculative=METHOD:K first"),
         ("eager", "expected OPTION=VALUE"),

@@ -13,6 +13,7 @@ the real vLLM to the same at the ci profile.
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import sys
 import types
@@ -55,13 +56,13 @@ class FakeLLM:
 
     def generate(self, prompts: Sequence[dict[str, Any]], params: Any, use_tqdm: bool = False) -> list[Any]:
         outs = []
-        for prompt in prompts:
+        for prompt, each in zip(prompts, params if isinstance(params, list) else [params] * len(prompts)):
             ids = prompt["prompt_token_ids"]
-            if len(ids) + params.max_tokens > self.kwargs["max_model_len"]:
-                raise ValueError(f"prompt {len(ids)} + max_tokens {params.max_tokens} > max_model_len")
+            if len(ids) + each.max_tokens > self.kwargs["max_model_len"]:
+                raise ValueError(f"prompt {len(ids)} + max_tokens {each.max_tokens} > max_model_len")
             ref = copy.deepcopy(self.model)
             ref.reset()
-            tokens = greedy_decode(ref, ids, params.max_tokens).tokens
+            tokens = greedy_decode(ref, ids, each.max_tokens).tokens
             completion = types.SimpleNamespace(token_ids=list(tokens), spec_decode_metrics=None)
             outs.append(types.SimpleNamespace(outputs=[completion]))
         return outs
@@ -75,11 +76,15 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = dict  # type: ignore[attr-defined]
     module.inputs = inputs  # type: ignore[attr-defined]
+    sampling = types.ModuleType("vllm.sampling_params")
+    sampling.RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")  # type: ignore[attr-defined]
+    module.sampling_params = sampling  # type: ignore[attr-defined]
     module.SamplingParams = types.SimpleNamespace  # type: ignore[attr-defined]
     reference = load_trained_target()
     module.LLM = lambda **kwargs: FakeLLM(reference, built, kwargs)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sampling)
     monkeypatch.setattr(adapter, "_LLM", {})
     yield built
 

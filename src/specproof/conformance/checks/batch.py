@@ -120,7 +120,8 @@ def run_schedule(
             run.steps.append(outs)
             if busy and not outs:
                 run.idle.append(index)
-            advanced = {o.request_id for o in outs if o.step is not None}
+            # a round's record, or (a black-box engine reports none: vLLM) the tokens it emitted
+            advanced = {o.request_id for o in outs if o.step is not None or o.new_tokens}
             if len(advanced | running) > 1:
                 run.cobatched |= advanced
             for out in outs:

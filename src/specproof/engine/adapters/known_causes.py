@@ -19,7 +19,8 @@ __all__ = ["DOC", "KNOWN_CAUSES", "KnownCause", "known_cause", "markdown_table"]
 
 DOC = "docs/real-engines.md"
 
-# every check a wrong token shows in: greedy, across requests, and sampled
+# every check a wrong token shows in: greedy, across requests, sampled, and in batches (each request of a
+# batch is compared with its solo run: a wrong token alone is one there too)
 _WRONG_TOKENS = (
     "engine.lossless",
     "engine.session",
@@ -27,6 +28,9 @@ _WRONG_TOKENS = (
     "engine.sampled-distribution",
     "engine.sampled-support",
     "engine.seeds",
+    "batch.isolation",
+    "batch.schedule-invariance",
+    "batch.slot-reuse",
 )
 
 

@@ -19,7 +19,13 @@ validated in ``parse_vllm_spec``):
   capacity, e.g. ``oracle=trained:max_context=N-1``). When ``N`` exceeds the checkpoint's
   ``max_position_embeddings`` (the fixture's 4096 is its ``max_context``, one short of vLLM's count),
   ``hf_overrides`` raises that to ``N``;
-- ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded).
+- ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded);
+- ``max_num_seqs=N``: vLLM's scheduler's most running requests (default vLLM's, 256): the batch's
+  ``max_batch`` and ``slots``; a request beyond them waits;
+- ``block_size=N``: the KV block size asked of vLLM (on this hybrid vLLM raises it to fit the conv state:
+  32 at least on the fixture; default vLLM's, 128 on CPU);
+- ``kv_blocks=N``: ``num_gpu_blocks_override``, the KV cache's blocks (vLLM still needs room for one
+  ``max_model_len`` request): a small budget makes vLLM preempt requests by itself.
 
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: vLLM's
 kernels and the padded export round differently from the reference); ``--tie-tolerance`` overrides it.
@@ -34,6 +40,12 @@ its rounds nor its drafts, so ``steps`` is None and only the end-to-end invarian
 (``per_request_spec_decode_metrics="detailed"``) go into ``Generation.stats``, with the acceptance per
 draft position from its per-step counts.
 
+**Batches.** The engine is also a ``BatchEngine`` (docs/contract.md, "Batches") over vLLM's own
+request API (``LLMEngine.add_request`` / ``step`` / ``abort_request``: ``_vllm_batch.VLLMScheduler``),
+declaring what vLLM lets a caller do: continuous arrivals, no subset scheduling, no preemption on
+demand (vLLM preempts by itself under KV pressure), no per-slot state, no promise of batch-invariant
+seeding; ``generate_batch`` submits many requests in one ``LLM.generate`` call.
+
 **One LLM per process.** vLLM cannot build a second ``LLM`` in a process (the second fails
 deep in its op registry), so the first one is cached here and reused for the same settings;
 asking for different settings in the same process is an ``InvalidSettingError`` (run each
@@ -43,18 +55,28 @@ setting in its own ``specproof certify`` process). ``VLLM_ENABLE_V1_MULTIPROCESS
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from specproof.contract import Generation, SamplingParams, Stats, StopReason
+from specproof.contract import (
+    BatchCapabilities,
+    BatchRequest,
+    Generation,
+    RequestOutput,
+    SamplingParams,
+    Stats,
+    StopReason,
+)
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
 from specproof.engine.adapters import known_causes
+from specproof.engine.adapters._vllm_batch import VLLMScheduler, finish_tokens
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -75,7 +97,11 @@ INSTALL_HINT = (
     "if they are CUDA builds) — docs/real-engines.md"
 )
 
-_OPTIONS = ("speculative", "prefix_caching", "rotary", "eager", "max_model_len", "oracle", "spec.KEY")
+_OPTIONS = (
+    "speculative", "prefix_caching", "rotary", "eager", "max_model_len", "oracle",
+    "max_num_seqs", "block_size", "kv_blocks", "spec.KEY",
+)  # fmt: skip
+_SIZES = {"max_num_seqs": 1, "block_size": 1, "kv_blocks": 1}  # integer options and their least value
 
 
 def _flag(name: str, value: str) -> bool:
@@ -108,6 +134,9 @@ class VLLMSettings:
     eager: bool = True
     max_model_len: int | None = None  # None: the oracle's max_context + 1 (VLLMEngine resolves it)
     oracle: str | None = None
+    max_num_seqs: int | None = None  # None: vLLM's default
+    block_size: int | None = None
+    kv_blocks: int | None = None  # num_gpu_blocks_override
 
     def speculative_config(self) -> dict[str, Any] | None:
         if self.method is None:
@@ -131,6 +160,10 @@ class VLLMSettings:
             "disable_log_stats": False,
             "seed": 0,
         }
+        for option, kwarg in (("max_num_seqs", "max_num_seqs"), ("block_size", "block_size"),
+                              ("kv_blocks", "num_gpu_blocks_override")):  # fmt: skip
+            if getattr(self, option) is not None:
+                kwargs[kwarg] = getattr(self, option)
         if max_positions is not None and max_positions < self.max_model_len:
             kwargs["hf_overrides"] = {"max_position_embeddings": self.max_model_len}
         if self.rotary == "native":
@@ -151,14 +184,18 @@ class VLLMSettings:
             name += "-rotary-kernel"
         if not self.eager:
             name += "-compiled"
+        for option, short in (("max_num_seqs", "seqs"), ("block_size", "block"), ("kv_blocks", "kvblocks")):
+            if getattr(self, option) is not None:
+                name += f"-{short}{getattr(self, option)}"
         return name
 
     def describe(self) -> str:
         spec = "greedy" if self.method is None else f"{self.method}:{self.num_speculative_tokens}"
         extra = ",".join(f"{k}={v}" for k, v in self.speculative_options)
+        sizes = "".join(f",{k}={getattr(self, k)}" for k in _SIZES if getattr(self, k) is not None)
         return (
             f"vllm[{spec}{',' + extra if extra else ''},prefix_caching={int(self.prefix_caching)},"
-            f"rotary={self.rotary},eager={int(self.eager)},max_model_len={self.max_model_len or 'auto'}]"
+            f"rotary={self.rotary},eager={int(self.eager)},max_model_len={self.max_model_len or 'auto'}{sizes}]"
         )
 
 
@@ -185,11 +222,12 @@ def parse_vllm_spec(text: str) -> VLLMSettings:
             if value not in ("native", "kernel"):
                 raise InvalidSettingError(f"vllm option rotary={value!r}: expected native (the workaround) or kernel")
             fields[key] = value
-        elif key == "max_model_len":
+        elif key == "max_model_len" or key in _SIZES:
+            least = _SIZES.get(key, 2)
             try:
-                fields[key] = int_at_least(int(value), name="max_model_len", minimum=2, where="vllm option")
+                fields[key] = int_at_least(int(value), name=key, minimum=least, where="vllm option")
             except ValueError:
-                raise InvalidSettingError(f"vllm option max_model_len={value!r}: expected an integer >= 2") from None
+                raise InvalidSettingError(f"vllm option {key}={value!r}: expected an integer >= {least}") from None
         elif key == "oracle":
             fields[key] = value
         else:
@@ -262,6 +300,7 @@ def require_vllm() -> Any:
     try:
         import vllm
         import vllm.inputs
+        import vllm.sampling_params
     except ImportError as exc:
         raise MissingDependencyError(
             f"the vllm: engine needs vLLM, which is not importable ({exc}): {INSTALL_HINT}"
@@ -402,6 +441,8 @@ class VLLMEngine:
         self.name = f"{settings.describe()} on {settings.model_dir}"
         self.llm = _llm_for(settings, config)
         self._vllm = require_vllm()
+        # the step API reads each step's new tokens (deltas); LLM.generate keeps only a request's last output
+        self._batch = VLLMScheduler(self.llm, submit=functools.partial(self._submit, deltas=True), finish=self._finish)
 
     def known_cause(self, invariant: str) -> str | None:
         """The known upstream cause (and workaround) of a failure of ``invariant`` on these settings, if the
@@ -414,9 +455,13 @@ class VLLMEngine:
         return f"VLLMEngine({self.name})"
 
     def reset(self) -> None:
-        """Forget cached prefixes (with ``prefix_caching=1``); otherwise vLLM keeps nothing between requests."""
+        """Abort the batch's requests in flight and forget cached prefixes (with ``prefix_caching=1``);
+        otherwise vLLM keeps nothing between requests."""
+        self._batch.reset()
         if self.settings.prefix_caching:
             self.llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ one request
 
     def generate(
         self,
@@ -428,6 +473,7 @@ class VLLMEngine:
     ) -> Generation:
         """Decode with vLLM: greedily, or sampled at ``sampling`` (vLLM's ``temperature``, ``top_k``,
         ``top_p``, ``min_p`` and per-request ``seed``); ``stop_reason`` from the tokens it returned."""
+        self._refuse_while_batching("generate")
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="vllm engine")
         if eos_token_id is not None and not (
@@ -436,35 +482,117 @@ class VLLMEngine:
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
-        room = self.max_context + 1 - len(ctx)
-        n_eff = min(n, room)
-        if n_eff <= 0:
-            return Generation(tokens=(), stop_reason="context_full" if n else "max_new_tokens")
+        request = BatchRequest(
+            request_id="generate", prompt=ctx, max_new_tokens=n, eos_token_id=eos_token_id, sampling=sampling
+        )
+        (result,) = self._run_together([request]).values()
+        return result
+
+    # ------------------------------------------------------------------ many requests (docs/contract.md, Batches)
+
+    @property
+    def batch_capabilities(self) -> BatchCapabilities:
+        return self._batch.batch_capabilities
+
+    @property
+    def preemptions(self) -> int:
+        """How many times vLLM preempted a request of the batch API (it does so by itself under KV pressure)."""
+        return self._batch.preemptions
+
+    def generate_batch(self, requests: Sequence[BatchRequest]) -> dict[str, Generation]:
+        """Many requests in one ``LLM.generate`` call (vLLM batches them itself): each request's result."""
+        self._refuse_while_batching("generate_batch")
+        requests = list(requests)
+        for request in requests:
+            if not isinstance(request, BatchRequest):
+                raise InvalidSettingError(f"generate_batch takes BatchRequests, got {type(request).__name__}")
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise InvalidSettingError(f"generate_batch: request ids repeat in {ids}")
+        return self._run_together(requests)
+
+    def add_request(self, request: BatchRequest) -> None:
+        """Queue ``request`` in vLLM (``LLMEngine.add_request``): it joins the running batch at the next step."""
+        self._batch.add_request(request)
+
+    def step(self, *, only: Collection[str] | None = None) -> list[RequestOutput]:
+        """One ``LLMEngine.step``: each running request advances (``only`` must name every one)."""
+        return self._batch.step(only=only)
+
+    def abort_request(self, request_id: str) -> Generation:
+        return self._batch.abort_request(request_id)
+
+    def preempt(self, request_id: str, *, mode: str) -> None:
+        self._batch.preempt(request_id, mode=mode)
+
+    def has_unfinished_requests(self) -> bool:
+        return self._batch.has_unfinished_requests()
+
+    def _refuse_while_batching(self, call: str) -> None:
+        # LLM.generate steps the engine to the end of everything it holds, so it would swallow the
+        # batch's outputs: the suite steps those to the end (or resets) first
+        if self._batch.busy:
+            raise InvalidSettingError(
+                f"{call}: requests added with add_request are in flight; step them to the end or reset() first"
+            )
+
+    def _run_together(self, requests: Sequence[BatchRequest]) -> dict[str, Generation]:
+        """``requests`` in one ``LLM.generate`` call; those with nothing to decode answered without vLLM."""
+        results: dict[str, Generation] = {}
+        asked: list[tuple[BatchRequest, Any, Any]] = []
+        for request in requests:
+            submitted = self._submit(request, deltas=False)
+            if isinstance(submitted, Generation):
+                results[request.request_id] = submitted
+            else:
+                asked.append((request, *submitted))
+        if asked:
+            try:
+                outs = self.llm.generate([p for _, p, _ in asked], [q for _, _, q in asked], use_tqdm=False)
+            except Exception as exc:
+                # from None: reports name an error's cause, and this message already carries vLLM's exception,
+                # where it was raised and the option to change (the original stays as __context__)
+                raise InvalidSettingError(
+                    f"vLLM failed on {self.settings.describe()}: {_refusal_hint(exc, self.settings)}"
+                ) from None
+            for (request, _, _), out in zip(asked, outs):
+                completion = out.outputs[0]
+                results[request.request_id] = self._finish(request, [int(t) for t in completion.token_ids], completion)
+        return {r.request_id: results[r.request_id] for r in requests}
+
+    def _room(self, request: BatchRequest) -> int:
+        return min(request.max_new_tokens, self.max_context + 1 - len(request.prompt))
+
+    def _submit(self, request: BatchRequest, *, deltas: bool) -> tuple[Any, Any] | Generation:
+        """vLLM's prompt and ``SamplingParams`` for ``request`` (``deltas``: each output holds the step's new
+        tokens, else all so far), or its result at once when there is no room or nothing asked (vLLM refuses
+        ``max_tokens=0``)."""
+        check_prompt(request.prompt, vocab_size=self.vocab_size, max_context=self.max_context)
+        eos = request.eos_token_id
+        if eos is not None and eos >= self.vocab_size:
+            raise TokenRangeError(f"eos_token_id={eos!r} is not a token id in [0, {self.vocab_size})")
+        allowed = self._room(request)
+        if allowed <= 0:
+            return Generation(tokens=(), stop_reason="context_full" if request.max_new_tokens else "max_new_tokens")
+        kind = self._vllm.sampling_params.RequestOutputKind
         params = self._vllm.SamplingParams(
-            **_sampling_kwargs(sampling),
-            max_tokens=n_eff,
+            **_sampling_kwargs(request.sampling),
+            max_tokens=allowed,
             ignore_eos=True,
             detokenize=False,
-            stop_token_ids=[eos_token_id] if eos_token_id is not None else None,
+            stop_token_ids=[eos] if eos is not None else None,
+            output_kind=kind.DELTA if deltas else kind.CUMULATIVE,
         )
-        prompt_in = self._vllm.inputs.TokensPrompt(prompt_token_ids=ctx)  # a TypedDict: a plain dict
-        try:
-            (out,) = self.llm.generate([prompt_in], params, use_tqdm=False)
-        except Exception as exc:
-            # from None: reports name an error's cause, and this message already carries vLLM's exception,
-            # where it was raised and the option to change (the original stays as __context__)
-            raise InvalidSettingError(
-                f"vLLM failed on {self.settings.describe()}: {_refusal_hint(exc, self.settings)}"
-            ) from None
-        completion = out.outputs[0]
-        tokens = [int(t) for t in completion.token_ids]
-        stop: StopReason = "max_new_tokens"
-        if eos_token_id is not None and eos_token_id in tokens:
-            tokens = tokens[: tokens.index(eos_token_id) + 1]
-            stop = "eos"
-        elif n_eff < n and len(tokens) == n_eff:
-            stop = "context_full"
-        return Generation(tokens=tokens, stop_reason=stop, stats=self._stats(completion, len(tokens)))
+        return self._vllm.inputs.TokensPrompt(prompt_token_ids=list(request.prompt)), params  # a TypedDict
+
+    def _finish(self, request: BatchRequest, tokens: list[int], completion: Any) -> Generation:
+        """The request's ``Generation`` from vLLM's tokens: cut at EOS, the stop reason, the speculation stats."""
+        kept, stop = finish_tokens(
+            tokens, eos_token_id=request.eos_token_id, asked=request.max_new_tokens, allowed=self._room(request)
+        )
+        reason: StopReason = stop  # type: ignore[assignment]
+        stats = self._stats(completion, len(kept)) if completion is not None else None
+        return Generation(tokens=kept, stop_reason=reason, stats=stats)
 
     def _stats(self, completion: Any, emitted: int) -> Stats | None:
         metrics = getattr(completion, "spec_decode_metrics", None)
