@@ -241,6 +241,19 @@ def test_a_prompt_longer_than_n_batch_is_prefilled_in_parts_beside_a_short_one(e
     assert [list(got[f"r{i}"].tokens) for i in range(2)] == expected
 
 
+def test_every_slot_holds_a_long_context_at_once(model: Path) -> None:
+    """The slots share one KV buffer (kv_unified) sized for each to reach max_context together."""
+    engine = plugin_factory(f"llamacpp:{model},parallel=2", kind="engine")()
+    try:
+        prompts = [tokens_of(9, 3000), tokens_of(10, 3000)]  # 6000 tokens: more than one context of 4096
+        expected = [list(greedy_decode(engine.oracle, p, 2).tokens) for p in prompts]
+        requests = [BatchRequest(request_id=f"r{i}", prompt=p, max_new_tokens=2) for i, p in enumerate(prompts)]
+        got = run_batch(engine, requests, max_steps=10)
+        assert [list(got[f"r{i}"].tokens) for i in range(2)] == expected
+    finally:
+        engine.close()
+
+
 def test_certify_batches_passes_at_quick(model: Path, tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     spec = f"llamacpp:{model},speculative=lookup:4,n_rs_seq=4,parallel=4"

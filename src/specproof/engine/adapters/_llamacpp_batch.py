@@ -322,9 +322,10 @@ class LlamaCppBatch:
         batch.n_tokens = len(entries)
         code = int(self.low.llama_decode(self.llm._ctx.ctx, batch))
         if code != 0:
+            room = " (no room in the KV cache: the sequences together hold more than n_ctx)" if code == 1 else ""
             raise InvalidSettingError(
                 f"llama.cpp failed on {self.settings}: llama_decode of a batch of {len(entries)} tokens over "
-                f"{len({e[2] for e in entries})} sequence(s) returned {code}"
+                f"{len({e[2] for e in entries})} sequence(s) returned {code}{room}"
             )
 
     def _settle(self, row: _Row, logits: np.ndarray) -> RequestOutput:

@@ -415,7 +415,9 @@ class LlamaCppEngine:
         # llama.cpp pads the context to a multiple of 256 and Llama.generate cuts drafts to that padded size,
         # but Llama sizes its input_ids buffer by the n_ctx it was given: ask for the padded size, or a draft
         # near the end of the context overflows the buffer ("could not broadcast", docs/real-engines.md)
-        n_ctx = -(-(self.max_context + 1) // CONTEXT_PAD) * CONTEXT_PAD
+        # with parallel slots the cache is one buffer shared by them (kv_unified): room for every slot to reach
+        # max_context at once, as a slot is promised
+        n_ctx = -(-(self.max_context + 1) // CONTEXT_PAD) * CONTEXT_PAD * settings.parallel
         self.reuses_prefix: bool = settings.reuse
         inner = None
         if settings.lookup:
