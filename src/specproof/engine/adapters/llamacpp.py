@@ -26,7 +26,7 @@ where ``FILE`` is a GGUF file, e.g. the one ``specproof export gguf DIR`` writes
 - ``oracle=TARGET``: the target spec of the same model (default: the ``specproof.source`` the export
   recorded in the file);
 - ``parallel=N`` (default 1): ``N >= 2`` makes the context with ``N`` sequence slots (``n_seq_max``,
-  one KV buffer shared by them, ``kv_unified``) and the engine a ``BatchEngine`` over them
+  one KV buffer shared by them, ``kv_unified``, ``N`` contexts long) and the engine a ``BatchEngine`` over them
   (``_llamacpp_batch``: several requests in one ``llama_decode``, greedy, ``certify --batches``);
   ``generate`` still decodes one request on sequence 0.
 
