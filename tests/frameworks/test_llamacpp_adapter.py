@@ -44,6 +44,15 @@ def test_options_pass_through(tmp_path: Path) -> None:
     assert parse_llamacpp_spec(f"{tmp_path}/m.gguf,speculative=lookup:2,speculative=none").lookup == 0
 
 
+def test_parallel_names_the_sequence_slots_and_is_left_out_of_names_when_one(tmp_path: Path) -> None:
+    one = parse_llamacpp_spec(f"{tmp_path}/m.gguf,speculative=lookup:4,n_rs_seq=4")
+    assert one.parallel == 1 and "parallel" not in one.describe() and "par" not in one.short_name()
+    four = parse_llamacpp_spec(f"{tmp_path}/m.gguf,speculative=lookup:4,n_rs_seq=4,parallel=4")
+    assert four.parallel == 4
+    assert four.short_name() == "llamacpp-lookup4-rs4-par4"
+    assert four.describe().endswith(",parallel=4]")
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -58,6 +67,14 @@ def test_options_pass_through(tmp_path: Path) -> None:
         ("n_ctx=1", "n_ctx='1': expected an integer >= 2"),
         ("threads=0", "threads='0'"),
         ("kv_type=q8_0", "kv_type='q8_0': expected f32 or f16"),
+        ("parallel=0", "parallel='0': expected an integer >= 1"),
+        ("parallel=two", "parallel='two'"),
+        ("parallel=257", "parallel='257': at most 256 sequences"),
+        (
+            "speculative=lookup:4,parallel=200",
+            "parallel=200: rows of up to K\\+1=5 judged tokens each exceed one "
+            "llama_decode \\(n_batch=512\\); give at most parallel=102",
+        ),
         ("colour=red", "'colour' is unknown"),
         ("reuse", "expected OPTION=VALUE"),
     ],

@@ -24,7 +24,11 @@ where ``FILE`` is a GGUF file, e.g. the one ``specproof export gguf DIR`` writes
 - ``kv_type=f32`` (default) | ``f16`` (llama.cpp's default): the KV cache's ``type_k`` / ``type_v``; with
   ``f16`` the fixture's logits move by up to ~4e-3 (float32: ~1e-5), past the tie tolerance;
 - ``oracle=TARGET``: the target spec of the same model (default: the ``specproof.source`` the export
-  recorded in the file).
+  recorded in the file);
+- ``parallel=N`` (default 1): ``N >= 2`` makes the context with ``N`` sequence slots (``n_seq_max``,
+  one KV buffer shared by them, ``kv_unified``, ``N`` contexts long) and the engine a ``BatchEngine`` over them
+  (``_llamacpp_batch``: several requests in one ``llama_decode``, greedy, ``certify --batches``);
+  ``generate`` still decodes one request on sequence 0.
 
 Decoding is greedy (``temp=0``, repeat penalty 1) on token ids (``Llama.generate``), or sampled with
 ``generate(..., sampling=SamplingParams(...))`` through llama.cpp's own sampler chain (the engine declares
@@ -51,16 +55,25 @@ another order than the reference); ``--tie-tolerance`` overrides it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from specproof.contract import Generation, SamplingParams, Stats, StopReason
+from specproof.contract import (
+    BatchCapabilities,
+    BatchRequest,
+    Generation,
+    RequestOutput,
+    SamplingParams,
+    Stats,
+    StopReason,
+)
 from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
 from specproof.contract.validation import int_at_least
 from specproof.engine.adapters import known_causes
+from specproof.engine.adapters._llamacpp_batch import LlamaCppBatch, LookupDrafter
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -79,11 +92,16 @@ INSTALL_HINT = (
     "— docs/real-engines.md"
 )
 
-_OPTIONS = ("speculative", "n_rs_seq", "reuse", "n_ctx", "threads", "kv_type", "oracle")
+_OPTIONS = ("speculative", "n_rs_seq", "reuse", "n_ctx", "threads", "kv_type", "oracle", "parallel")
 #: llama.cpp rounds the context size up to a multiple of this (llama_n_ctx)
 CONTEXT_PAD = 256
 #: ``kv_type`` -> ggml type id (``GGML_TYPE_F32`` 0, ``GGML_TYPE_F16`` 1)
 KV_TYPES = {"f32": 0, "f16": 1}
+#: llama.cpp's LLAMA_MAX_SEQ (llama_max_parallel_sequences)
+MAX_PARALLEL = 256
+#: tokens one llama_decode takes (Llama's n_batch, the binding's default): with parallel, every row's
+#: last token and draft must fit one decode
+N_BATCH = 512
 
 
 def _flag(name: str, value: str) -> bool:
@@ -117,6 +135,7 @@ class LlamaCppSettings:
     threads: int = 1
     kv_type: str = "f32"
     oracle: str | None = None
+    parallel: int = 1  # sequence slots; >= 2: a BatchEngine over them
 
     def short_name(self) -> str:
         """A short id for reports: ``llamacpp-greedy``, ``llamacpp-lookup4-rs4-reuse``."""
@@ -127,13 +146,16 @@ class LlamaCppSettings:
             name += "-reuse"
         if self.kv_type != "f32":
             name += f"-kv{self.kv_type}"
+        if self.parallel > 1:
+            name += f"-par{self.parallel}"
         return name
 
     def describe(self) -> str:
         spec = "greedy" if not self.lookup else f"lookup:{self.lookup}:{self.max_ngram}"
+        parallel = f",parallel={self.parallel}" if self.parallel > 1 else ""
         return (
             f"llamacpp[{spec},n_rs_seq={self.n_rs_seq},reuse={int(self.reuse)},n_ctx={self.n_ctx or 'auto'},"
-            f"kv_type={self.kv_type}]"
+            f"kv_type={self.kv_type}{parallel}]"
         )
 
 
@@ -163,6 +185,10 @@ def parse_llamacpp_spec(text: str) -> LlamaCppSettings:
             fields[key] = _int(key, value, 2)
         elif key == "threads":
             fields[key] = _int(key, value, 1)
+        elif key == "parallel":
+            fields[key] = _int(key, value, 1)
+            if fields[key] > MAX_PARALLEL:
+                raise InvalidSettingError(f"llamacpp option parallel={value!r}: at most {MAX_PARALLEL} sequences")
         elif key == "kv_type":
             if value not in KV_TYPES:
                 raise InvalidSettingError(f"llamacpp option kv_type={value!r}: expected f32 or f16")
@@ -171,7 +197,14 @@ def parse_llamacpp_spec(text: str) -> LlamaCppSettings:
             fields[key] = value
         else:
             raise InvalidSettingError(f"llamacpp option {key!r} is unknown; options: {', '.join(_OPTIONS)}")
-    return LlamaCppSettings(model_path=str(Path(parts[0]).expanduser().resolve()), **fields)
+    settings = LlamaCppSettings(model_path=str(Path(parts[0]).expanduser().resolve()), **fields)
+    row = settings.lookup + 1
+    if settings.parallel > 1 and settings.parallel * row > N_BATCH:
+        raise InvalidSettingError(
+            f"llamacpp option parallel={settings.parallel}: rows of up to K+1={row} judged tokens each exceed one "
+            f"llama_decode (n_batch={N_BATCH}); give at most parallel={N_BATCH // row}"
+        )
+    return settings
 
 
 def _parse_speculative(value: str) -> dict[str, int]:
@@ -297,14 +330,18 @@ class _CountingDraft:
 
 
 def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: int) -> Any:
-    """``llama_cpp.Llama`` on the settings; ``n_rs_seq`` goes into the context parameters ``Llama``
-    starts from (it has no argument for it) and is checked on the context it built."""
+    """``llama_cpp.Llama`` on the settings; ``n_rs_seq`` (and, for ``parallel``, ``n_seq_max`` and
+    ``kv_unified``) go into the context parameters ``Llama`` starts from (it has no argument for them)
+    and are checked on the context it built."""
     low = llama_cpp.llama.llama_cpp  # the ctypes module Llama.__init__ calls
     original = low.llama_context_default_params
 
     def with_rs_seq() -> Any:
         params = original()
         params.n_rs_seq = settings.n_rs_seq
+        if settings.parallel > 1:
+            params.n_seq_max = settings.parallel
+            params.kv_unified = True  # one KV buffer: any sequence may use the whole context
         return params
 
     low.llama_context_default_params = with_rs_seq
@@ -316,6 +353,7 @@ def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: 
             # `scores` buffer by this argument: without it a prompt longer than n_batch (512) fails with
             # "could not broadcast input array ... into shape (0,)" (docs/real-engines.md)
             logits_all=draft is not None,
+            n_batch=N_BATCH,
             n_threads=settings.threads,
             n_threads_batch=settings.threads,
             draft_model=draft,
@@ -338,6 +376,10 @@ def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: 
             f"llama.cpp kept n_rs_seq={held}, not the {settings.n_rs_seq} asked for (the model's architecture does "
             "not support recurrent rollback); drop the n_rs_seq option"
         )
+    slots = int(low.llama_n_seq_max(llm._ctx.ctx))
+    if slots != settings.parallel:
+        llm.close()
+        raise InvalidSettingError(f"llama.cpp kept n_seq_max={slots}, not the parallel={settings.parallel} asked for")
     return llm
 
 
@@ -373,8 +415,11 @@ class LlamaCppEngine:
         # llama.cpp pads the context to a multiple of 256 and Llama.generate cuts drafts to that padded size,
         # but Llama sizes its input_ids buffer by the n_ctx it was given: ask for the padded size, or a draft
         # near the end of the context overflows the buffer ("could not broadcast", docs/real-engines.md)
-        n_ctx = -(-(self.max_context + 1) // CONTEXT_PAD) * CONTEXT_PAD
+        # with parallel slots the cache is one buffer shared by them (kv_unified): room for every slot to reach
+        # max_context at once, as a slot is promised
+        n_ctx = -(-(self.max_context + 1) // CONTEXT_PAD) * CONTEXT_PAD * settings.parallel
         self.reuses_prefix: bool = settings.reuse
+        inner = None
         if settings.lookup:
             self.k = settings.lookup
             inner = llama_cpp.llama_speculative.LlamaPromptLookupDecoding(
@@ -397,6 +442,25 @@ class LlamaCppEngine:
             evaluate(tokens)
 
         self.llm.eval = eval_counting  # an instance attribute: Llama.generate calls self.eval
+        self._batch: LlamaCppBatch | None = None
+        if settings.parallel > 1:
+            try:
+                self._batch = LlamaCppBatch(
+                    self.llm,
+                    low=llama_cpp.llama.llama_cpp,
+                    slots=settings.parallel,
+                    k=settings.lookup,
+                    drafter=LookupDrafter(inner),
+                    vocab_size=self.vocab_size,
+                    max_context=self.max_context,
+                    settings=settings.describe(),
+                    n_rs_seq=settings.n_rs_seq,
+                )
+            except InvalidSettingError:
+                self.llm.close()
+                raise
+            # an instance attribute, only with parallel >= 2: what the batch driver looks for
+            self.batch_capabilities: BatchCapabilities = self._batch.capabilities
         # for the error message only: the rollbacks llama.cpp refused (llama_memory_seq_rm -> false) once
         # decoding began (a refused prefix reuse before it is handled: Llama.generate re-evaluates)
         self._refused: list[int] = []
@@ -421,12 +485,45 @@ class LlamaCppEngine:
         return f"LlamaCppEngine({self.name})"
 
     def reset(self) -> None:
-        """Forget everything the ``Llama`` holds (its token history and its KV and recurrent memory)."""
+        """Forget everything the ``Llama`` holds (its token history and its KV and recurrent memory)
+        and, with ``parallel``, every batch request."""
         self.llm.reset()
         self._last_context = []
+        if self._batch is not None:
+            self._batch.reset()
 
     def close(self) -> None:
+        if self._batch is not None:
+            self._batch.close()
         self.llm.close()
+
+    # ------------------------------------------------------------------ the BatchEngine side (parallel >= 2)
+
+    def _batched(self) -> LlamaCppBatch:
+        if self._batch is None:
+            raise InvalidSettingError(
+                f"{self.settings.describe()} does not batch: give parallel=N (N >= 2 sequence slots) in the "
+                "llamacpp: spec"
+            )
+        return self._batch
+
+    def add_request(self, request: BatchRequest) -> None:
+        """Queue a greedy request on one of the ``parallel`` sequence slots (docs/contract.md, "Batches")."""
+        self._batched().add_request(request)
+        self._last_context = []  # the batch clears what a session kept
+
+    def step(self, *, only: Collection[str] | None = None) -> list[RequestOutput]:
+        """One ``llama_decode`` over the running requests' rows (``only``: just those)."""
+        return self._batched().step(only=only)
+
+    def abort_request(self, request_id: str) -> Generation:
+        return self._batched().abort_request(request_id)
+
+    def preempt(self, request_id: str, *, mode: str) -> None:
+        self._batched().preempt(request_id, mode=mode)
+
+    def has_unfinished_requests(self) -> bool:
+        return self._batch is not None and self._batch.has_unfinished_requests()
 
     def generate(
         self,
@@ -446,6 +543,11 @@ class LlamaCppEngine:
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        if self.has_unfinished_requests():
+            raise InvalidSettingError(
+                "generate: batch requests are in flight on this engine (generate would clear their sequences); "
+                "step them to the end or abort them first"
+            )
         n_eff = min(n, self.max_context + 1 - len(ctx))
         if n_eff <= 0:
             self._first_eval_at = None
