@@ -367,6 +367,11 @@ class ReferenceSnapshot:
     rec_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_exactly_equal), hash=False, repr=_shape_repr)
     target_id: int = attrs.field(eq=False, repr=False)
     write_clock: int = attrs.field(eq=False, repr=False)
+    # a tree node's checkpoint (docs/contract.md, "Trees") also carries its root path's KV rows, written
+    # back at slots kv_base .. processed - 1 on restore; None for a plain snapshot
+    kv_base: int = attrs.field(default=-1, eq=False, repr=False)
+    path_keys_t: FloatArray | None = attrs.field(default=None, eq=False, repr=False)
+    path_values: FloatArray | None = attrs.field(default=None, eq=False, repr=False)
 
 
 # --------------------------------------------------------------------------- the model
@@ -420,6 +425,37 @@ def _token_array(tokens: Sequence[int], v: int) -> npt.NDArray[np.intp]:
         if not 0 <= t < v:
             raise TokenRangeError(f"ReferenceHybrid.forward: tokens[{i}]={int(t)} is outside [0, {v})")
     return np.array(seq, dtype=np.intp) if seq else np.zeros(0, np.intp)
+
+
+def _check_tree_parents(parents: Sequence[int], n: int) -> tuple[int, ...]:
+    """``parents`` as a tuple, or ``InvalidSettingError`` naming the first entry that is not ``-1`` or an
+    earlier node (docs/contract.md, "Trees": parents before children)."""
+    if isinstance(parents, (str, bytes)) or not isinstance(parents, Iterable):
+        raise InvalidSettingError(f"ReferenceHybrid.forward_tree: parents must be a sequence of ints, got {parents!r}")
+    out = list(parents)
+    if len(out) != n:
+        raise InvalidSettingError(f"ReferenceHybrid.forward_tree: {n} tokens but {len(out)} parents")
+    for i, parent in enumerate(out):
+        if isinstance(parent, bool) or not isinstance(parent, (int, np.integer)) or not -1 <= parent < i:
+            raise InvalidSettingError(
+                f"ReferenceHybrid.forward_tree: parents[{i}]={parent!r} must be -1 (the context) or a node in [0, {i})"
+            )
+    return tuple(int(p) for p in out)
+
+
+def _tree_depths(parents: tuple[int, ...]) -> list[int]:
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def _root_path(parents: tuple[int, ...], node: int) -> list[int]:
+    out: list[int] = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
 
 
 def _no_routing(k: int) -> npt.NDArray[np.int64]:
@@ -617,6 +653,80 @@ class ReferenceHybrid:
             value.flags.writeable = False
         return logits, features, cks
 
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        """Verify a token tree (docs/contract.md, "Trees"): node ``i`` (token ``tokens[i]``) follows node
+        ``parents[i]``, or the processed context when it is ``-1``; parents come before children.
+
+        Returns ``logits`` ``[len(tokens), vocab_size]`` (row ``i``: the next-token logits after node ``i``'s
+        root path) and ``checkpoints[i]``, which ``restore`` turns into the state after feeding node ``i``'s
+        root path (its KV rows included). Attention sees the context and the node's ancestors; the conv
+        windows and delta-rule states continue from the parent's. The target's own state is left as it was
+        (``processed`` unchanged). Nodes run one at a time through the one-token forward, so each row is
+        bit-identical to sequential decoding of its root path: a correctness reference, not a fast kernel.
+        """
+        toks = _token_array(tokens, self.vocab_size)
+        tree = _check_tree_parents(parents, len(toks))
+        depths = _tree_depths(tree)
+        base = self._processed
+        if depths and base + max(depths) > self.max_context:
+            raise CapacityError(
+                f"ReferenceHybrid.forward_tree: processed={base} + tree depth={max(depths)} exceeds "
+                f"max_context={self.max_context}; nothing was changed"
+            )
+        conv_src, rec_src = self._tree_sources(tree)
+        entry_conv, entry_rec = self._conv_state.copy(), self._rec_state.copy()
+        n = len(tree)
+        logits = np.zeros((n, self.vocab_size), _F32)
+        convs = np.zeros((n, *entry_conv.shape), _F32)
+        recs = np.zeros((n, *entry_rec.shape), _F32)
+        keys = np.zeros((n, *self._keys_t.shape[:3]), _F32)  # [node, layer, kv, hd]
+        values = np.zeros((n, *self._value_cache.shape[:2], self._value_cache.shape[3]), _F32)
+        try:
+            for i in range(n):
+                path = _root_path(tree, i)
+                for depth, node in enumerate(path[:-1]):  # the ancestors' KV rows, where sequential decoding has them
+                    self._keys_t[..., base + depth] = keys[node]
+                    self._value_cache[:, :, base + depth] = values[node]
+                np.copyto(self._conv_state, entry_conv if conv_src[i] < 0 else convs[conv_src[i]])
+                np.copyto(self._rec_state, entry_rec if rec_src[i] < 0 else recs[rec_src[i]])
+                pos = base + len(path) - 1
+                self._processed = pos
+                row, _, _ = self._run(toks[i : i + 1], record=False)
+                logits[i] = row[0]
+                convs[i], recs[i] = self._conv_state, self._rec_state
+                keys[i] = self._keys_t[..., pos]
+                values[i] = self._value_cache[:, :, pos]
+        finally:
+            np.copyto(self._conv_state, entry_conv)
+            np.copyto(self._rec_state, entry_rec)
+            self._processed = base
+        checkpoints: list[object] = []
+        for i in range(n):
+            path = _root_path(tree, i)
+            conv, rec = convs[i].copy(), recs[i].copy()
+            path_keys = np.ascontiguousarray(np.moveaxis(keys[path], 0, -1))  # [layer, kv, hd, depth]
+            path_values = np.ascontiguousarray(np.moveaxis(values[path], 0, 2))  # [layer, kv, depth, hd]
+            for arr in (conv, rec, path_keys, path_values):
+                arr.flags.writeable = False
+            checkpoints.append(
+                ReferenceSnapshot(
+                    processed=base + len(path),
+                    conv_state=conv,
+                    rec_state=rec,
+                    target_id=self._id,
+                    write_clock=self._clock,
+                    kv_base=base,
+                    path_keys_t=path_keys,
+                    path_values=path_values,
+                )
+            )
+        return logits, checkpoints
+
+    def _tree_sources(self, parents: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The node whose conv window and whose recurrent state each node continues from: its parent
+        (``-1``: the state before the tree). The zoo overrides this to plant per-branch state bugs."""
+        return parents, parents
+
     def snapshot(self) -> ReferenceSnapshot:
         """Copy the conv and recurrent states and ``processed`` (not the append-only KV cache)."""
         conv = self._conv_state.copy()
@@ -644,14 +754,20 @@ class ReferenceHybrid:
                 f"ReferenceHybrid instance (#{snapshot.target_id}; this is #{self._id})"
             )
         n = snapshot.processed
-        if n:
-            newer = self._stamps[:n] > snapshot.write_clock
+        stable = n if snapshot.path_keys_t is None else snapshot.kv_base  # a tree checkpoint rewrites the rest
+        if stable:
+            newer = self._stamps[:stable] > snapshot.write_clock
             if newer.any():
                 slot = int(np.argmax(newer))
                 raise StaleSnapshotError(
                     f"ReferenceHybrid.restore: the snapshot at processed={n} is stale: KV slot {slot} was "
                     f"overwritten after it was taken (current processed={self._processed})"
                 )
+        if snapshot.path_keys_t is not None and snapshot.path_values is not None:
+            self._keys_t[..., stable:n] = snapshot.path_keys_t
+            self._value_cache[:, :, stable:n] = snapshot.path_values
+            self._clock += 1
+            self._stamps[stable:n] = self._clock
         np.copyto(self._conv_state, snapshot.conv_state)
         np.copyto(self._rec_state, snapshot.rec_state)
         self._processed = n
