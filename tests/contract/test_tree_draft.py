@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from specproof.contract.errors import DrafterContractError
 from specproof.contract.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeDraft, chain_tree, greedy_tree_accept
-from specproof.strategies._trees import tree_parents
+from specproof.strategies import tree_parents
 
 
 def test_a_chain_is_the_tree_with_one_child_per_node() -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from specproof.contract.errors import CapacityError, InvalidSettingError, StaleSnapshotError
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
-from specproof.strategies._trees import tree_parents
+from specproof.strategies import tree_parents
 
 CONFIG = ReferenceConfig(d_model=32, ffn_dim=64, vocab_size=64, max_context=96)
 MODEL = ReferenceHybrid(CONFIG)

@@ -7,10 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specproof.contract.errors import DrafterContractError, InvalidSettingError
-from specproof.engine import greedy_decode
-from specproof.engine._tree_decoder import TreeSpecDecoder
+from specproof.engine import TreeSpecDecoder, greedy_decode
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
-from specproof.strategies._trees import ScriptedTreeDrafter, TreePlan, tree_plans
+from specproof.strategies import ScriptedTreeDrafter, TreePlan, tree_plans
 
 CONFIG = ReferenceConfig(d_model=32, ffn_dim=64, vocab_size=64, max_context=48)
 

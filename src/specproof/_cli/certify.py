@@ -37,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "profile",
             "sampling",
             "batches",
+            "trees",
             "seed",
             "max_context",
             "expect_fail",

@@ -81,6 +81,7 @@ def certify(
     expected_failures: dict[str, str] | None = None,
     sampling: str | None = None,
     batches: bool = False,
+    trees: bool = False,
 ) -> Report:
     """Certify plug-ins given as specs (as ``specproof certify`` does); returns the ``Report``.
 
@@ -90,7 +91,7 @@ def certify(
     (the CLI's default is a directory under the cache); ``db_replay="failures"`` replays saved
     failures only, not the covering examples campaigns saved (``--db-replay``). ``sampling``
     (``"temperature=0.8,top_p=0.95"``) runs the sampling checks too (``--sampling``); ``batches``
-    the batch checks (``--batches``).
+    the batch checks (``--batches``); ``trees`` the tree checks (``--trees``).
     """
 
     values = {
@@ -105,6 +106,7 @@ def certify(
         "only": only,
         "sampling": sampling,
         "batches": batches,
+        "trees": trees,
     }
     database = (
         _database.open_database(db, default_dir=_database.default_examples_dir(), replay=db_replay)

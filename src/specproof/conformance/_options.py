@@ -139,6 +139,14 @@ OPTIONS: tuple[Option, ...] = (
         "64-82%% to the built-in stack's CPU time; docs/contract.md, Batches)",
     ),
     Option(
+        dest="trees",
+        cli="--trees",
+        plugin="--specproof-trees",
+        flag=True,
+        help="also {verb} token-tree drafts on a tree engine: the tree.* checks run only with it "
+        "(docs/contract.md, Trees)",
+    ),
+    Option(
         dest="seed",
         cli="--seed",
         plugin="--specproof-seed",

@@ -45,6 +45,7 @@ class Plan:
     expected_failures: dict[str, str] = attrs.field(factory=dict)  # invariant id -> reason (--expect-fail)
     sampling: SamplingParams | None = None  # --sampling: the sampling checks run at these parameters
     batches: bool = False  # --batches: the batch checks run (docs/contract.md, "Batches")
+    trees: bool = False  # --trees: the tree checks run (docs/contract.md, "Trees")
 
     @classmethod
     def create(
@@ -66,6 +67,7 @@ class Plan:
         expected_failures: Mapping[str, str] | None = None,
         sampling: str | SamplingParams | None = None,
         batches: bool = False,
+        trees: bool = False,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -119,6 +121,7 @@ class Plan:
             expected_failures=expected,
             sampling=params,
             batches=bool(batches),
+            trees=bool(trees),
         )
         _check_declarations(plan)
         return plan

@@ -39,6 +39,8 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
         parts += ["--sampling", plan.sampling.describe()]
     if plan.batches:
         parts.append("--batches")
+    if plan.trees:
+        parts.append("--trees")
     parts += [shlex.quote(a) for a in driver_args]
     if plan.seed is not None:
         parts += ["--seed", str(plan.seed)]

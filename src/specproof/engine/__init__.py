@@ -42,6 +42,7 @@ from specproof.engine._decoder import (
     longest_accepted_prefix,
 )
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
+from specproof.engine._tree_decoder import TreeRound, TreeSpecDecoder
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from specproof.engine.targets import register_target_family
 from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
@@ -52,6 +53,8 @@ __all__ = [
     "STOP_REASONS",
     "BatchForward",
     "BatchSpecDecoder",
+    "TreeRound",
+    "TreeSpecDecoder",
     "CapacityError",
     "CheckpointingTarget",
     "CombinedDrafter",

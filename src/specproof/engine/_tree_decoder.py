@@ -149,9 +149,10 @@ class TreeSpecDecoder:
         before = target.snapshot()
         tree = TreeDraft((), ())
         if depth > 0 and self.max_nodes > 0:
-            raw = self.drafter.propose_tree(tuple(ctx), max_nodes=self.max_nodes, max_depth=depth)  # type: ignore[attr-defined]
+            max_nodes, depth = self._budget(depth)
+            raw = self.drafter.propose_tree(tuple(ctx), max_nodes=max_nodes, max_depth=depth)  # type: ignore[attr-defined]
             who = f"drafter {component_name(self.drafter)} in round {index}"
-            tree = _as_tree(raw, vocab_size=target.vocab_size, max_nodes=self.max_nodes, max_depth=depth, who=who)
+            tree = _as_tree(raw, vocab_size=target.vocab_size, max_nodes=max_nodes, max_depth=depth, who=who)
         # the verified tree: the pending token is its one root, the draft's roots its children
         fed_tokens = [ctx[-1], *tree.tokens]
         fed_parents = [-1, *(p + 1 if p >= 0 else 0 for p in tree.parents)]
@@ -170,7 +171,17 @@ class TreeSpecDecoder:
                 f"target {name} reports processed={target.processed} after tree round {index}, "
                 f"expected {base + len(emitted)} (target.processed)"
             )
-        return TreeRound(base=base, tree=tree, path=verdict.path, accepted=verdict.accepted, emitted=tuple(emitted))
+        return self._record(
+            TreeRound(base=base, tree=tree, path=verdict.path, accepted=verdict.accepted, emitted=tuple(emitted))
+        )
+
+    def _record(self, round_: TreeRound) -> TreeRound:
+        """The round's record as ``last_rounds`` reports it (the zoo overrides it to plant a reporting bug)."""
+        return round_
+
+    def _budget(self, depth: int) -> tuple[int, int]:
+        """The nodes and depth a round's tree may have (the zoo overrides it to plant a budget bug)."""
+        return self.max_nodes, depth
 
     def _accept(self, tree: TreeDraft, logits: np.ndarray) -> TreeVerdict:
         """The acceptance rule (the zoo overrides it to plant acceptance bugs)."""

@@ -21,6 +21,8 @@
 - ``BatchSchedule`` / ``batch_schedules(...)``: requests for a batched engine (arrivals, shared
   prefixes, per-row draft plans, EOS mid-block, seeds) and the preemptions and cancellations
   between its steps (docs/contract.md, "Batches");
+- ``TreePlan`` / ``tree_plans(...)`` / ``tree_parents(...)`` / ``ScriptedTreeDrafter``: token trees for tree
+  engines (docs/contract.md, "Trees"), scripted from the oracle's continuation, shrinking to one node;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -70,6 +72,7 @@ from specproof.strategies._settings import (
     decoding_cases,
     engine_settings,
 )
+from specproof.strategies._trees import ScriptedTreeDrafter, TreePlan, tree_parents, tree_plans
 
 __all__ = [
     "K_RELATIONS",
@@ -82,6 +85,10 @@ __all__ = [
     "relation_of",
     "unreached_relations",
     "BatchSchedule",
+    "ScriptedTreeDrafter",
+    "TreePlan",
+    "tree_parents",
+    "tree_plans",
     "ScheduleEvent",
     "ScheduledRequest",
     "batch_schedules",

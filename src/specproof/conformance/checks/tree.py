@@ -17,7 +17,7 @@ from specproof.contract import Violation
 from specproof.contract.compare import states_differ
 from specproof.contract.errors import DrafterContractError
 from specproof.contract.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeDraft
-from specproof.strategies._trees import ScriptedTreeDrafter, TreePlan
+from specproof.strategies import ScriptedTreeDrafter, TreePlan
 
 __all__ = [
     "TreeCase",
@@ -38,13 +38,14 @@ Result = tuple[list[Violation], int, str]
 class TreeSubject:
     """A tree engine under test and the suite's oracles.
 
-    ``make_decoder(target, drafter, max_nodes, max_depth)``: a tree decoder over ``target``;
-    ``make_target``: a fresh tree target (the engine's own model); ``make_reference``: a fresh model
+    ``make_decoder(target, drafter, max_nodes, max_depth)``: a tree decoder over ``target`` (None: the
+    engine's own); ``make_target``: a fresh tree target, the engine's own model (None: not white-box);
+    ``make_reference``: a fresh model
     the oracle feeds plain one-token forwards; ``greedy(prompt, n, eos)``: plain greedy's tokens.
     """
 
     make_decoder: Callable[[Any, Any, int, int], Any]
-    make_target: Callable[[], Any]
+    make_target: Callable[[], Any] | None
     make_reference: Callable[[], Any]
     greedy: Callable[[Sequence[int], int, int | None], list[int]]
     vocab_size: int
@@ -60,6 +61,9 @@ class TreeCase:
     max_nodes: int = 8
     max_depth: int = 4
     eos: int | None = None
+    # an arbitrary tree (parents, tokens) after the prompt, for tree.per-node-state
+    probe_parents: tuple[int, ...] = (-1,)
+    probe_tokens: tuple[int, ...] = (0,)
 
 
 @attrs.define
@@ -100,13 +104,16 @@ def run_tree_case(subject: TreeSubject, case: TreeCase) -> TreeRun:
     chain_plan = attrs.evolve(case.plan, width=1, winner_slot=0, shallow_twin=False)
     chain_drafter = ScriptedTreeDrafter(chain_plan, reference, vocab_size=subject.vocab_size)
     try:
-        probe = _CommittedProbe(subject.make_target(), run.committed)
+        probe = _CommittedProbe(subject.make_target(), run.committed) if subject.make_target is not None else None
         decoder = subject.make_decoder(probe, drafter, case.max_nodes, case.max_depth)
+        probe = probe if probe is not None else _CommittedProbe(decoder.target, run.committed)
+        decoder.target = probe
         run.tokens = list(decoder.generate(case.prompt, case.max_new_tokens, eos_token_id=case.eos).tokens)
         run.rounds = tuple(decoder.last_rounds)
         run.committed.append((probe.processed, probe.state_arrays()))  # the state the last round committed
         run.trees = list(drafter.trees)
-        chain = subject.make_decoder(subject.make_target(), chain_drafter, case.max_nodes, case.max_depth)
+        chain_target = subject.make_target() if subject.make_target is not None else None
+        chain = subject.make_decoder(chain_target, chain_drafter, case.max_nodes, case.max_depth)
         run.chain_tokens = list(chain.generate(case.prompt, case.max_new_tokens, eos_token_id=case.eos).tokens)
     except Exception as exc:  # the engine's failure is a finding, reported by every check
         run.error = f"{type(exc).__name__}: {exc}"
@@ -127,6 +134,7 @@ def _example(case: TreeCase) -> dict[str, object]:
         "plan": attrs.asdict(case.plan),
         "max_new_tokens": case.max_new_tokens,
         "eos": case.eos,
+        "probe_tree": {"parents": list(case.probe_parents), "tokens": list(case.probe_tokens)},
     }
 
 
@@ -216,25 +224,36 @@ def check_committed_state(subject: TreeSubject, case: TreeCase, run: TreeRun) ->
 
 
 def check_well_formed(subject: TreeSubject, case: TreeCase, run: TreeRun) -> Result:
-    """tree.well-formed: every tree the drafter proposed had parents before children and fit the limits."""
+    """tree.well-formed: every tree verified had parents before children and fit its round's limits: at most
+    ``max_nodes`` nodes and a depth of at most ``max_depth`` and the tokens still wanted less one (the bonus)."""
+    if run.error:
+        return _error("tree.well-formed", run, case), 1, ""
     out: list[Violation] = []
-    for index, tree in enumerate(run.trees):
+    emitted = 0
+    for index, r in enumerate(run.rounds):
+        tree = r.tree
+        depth_limit = min(case.max_depth, MAX_TREE_DEPTH, case.max_new_tokens - emitted - 1)
         try:
             TreeDraft(tree.tokens, tree.parents).check(subject.vocab_size)
-            if len(tree) > min(case.max_nodes, MAX_TREE_NODES) or tree.depth > min(case.max_depth, MAX_TREE_DEPTH):
-                raise DrafterContractError(f"{len(tree)} nodes, depth {tree.depth}")
+            if len(tree) > min(case.max_nodes, MAX_TREE_NODES) or tree.depth > depth_limit:
+                raise DrafterContractError(
+                    f"a tree of {len(tree)} nodes and depth {tree.depth} in a round that allows "
+                    f"{case.max_nodes} nodes and depth {depth_limit}"
+                )
         except DrafterContractError as exc:
             out.append(_violation("tree.well-formed", str(exc), round=index, example=_example(case)))
-    if not run.trees:
-        return out, 0, "the drafter proposed no tree"
-    return out, len(run.trees), ""
+        emitted += len(r.emitted)
+    if not run.rounds:
+        return out, 0, "the engine ran no tree round"
+    return out, len(run.rounds), ""
 
 
-def check_per_node_state(
-    subject: TreeSubject, context: Sequence[int], parents: Sequence[int], tokens: Sequence[int]
-) -> Result:
+def check_per_node_state(subject: TreeSubject, case: TreeCase, run: TreeRun | None = None) -> Result:
     """tree.per-node-state (white-box): each node's logits row and the state its checkpoint restores equal
-    a fresh model's fed ``context`` and then the node's root path token by token."""
+    a fresh model's fed the prompt and then the node's root path token by token (``run`` is not needed)."""
+    if subject.make_target is None:
+        return [], 0, "the engine exposes no tree target (`tree_target()`) to read per-node state from"
+    context, parents, tokens = list(case.prompt), case.probe_parents, case.probe_tokens
     out: list[Violation] = []
     target = subject.make_target()
     target.forward(list(context))
@@ -253,9 +272,7 @@ def check_per_node_state(
         if row is None or not np.array_equal(np.asarray(logits[node]), row):
             out.append(
                 _violation(
-                    "tree.per-node-state",
-                    f"node {node}'s logits row is not its root path's",
-                    example={"context": list(context), "parents": list(parents), "tokens": list(tokens)},
+                    "tree.per-node-state", f"node {node}'s logits row is not its root path's", example=_example(case)
                 )
             )
         target.restore(checkpoints[node])
@@ -265,7 +282,7 @@ def check_per_node_state(
                 _violation(
                     "tree.per-node-state",
                     f"node {node}'s state is not its root path's: {bad}",
-                    example={"context": list(context), "parents": list(parents), "tokens": list(tokens)},
+                    example=_example(case),
                 )
             )
     if not tokens:

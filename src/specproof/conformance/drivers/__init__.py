@@ -15,6 +15,7 @@ from specproof.conformance.drivers._protocol import CheckItem, Driver, DriverCon
 from specproof.conformance.drivers._rollback_machine import RollbackMachineDriver
 from specproof.conformance.drivers._sampling import SamplingDriver
 from specproof.conformance.drivers._session_machine import SessionMachineDriver
+from specproof.conformance.drivers._trees import TreeDriver
 
 __all__ = ["DRIVERS", "CheckItem", "Driver", "DriverContext", "driver_class", "register_driver"]
 
@@ -25,6 +26,7 @@ DRIVERS: dict[str, type[Driver]] = {
     SessionMachineDriver.name: SessionMachineDriver,
     SamplingDriver.name: SamplingDriver,
     BatchDriver.name: BatchDriver,
+    TreeDriver.name: TreeDriver,
 }
 """Driver name (an invariant's ``driver=``) -> the class that runs its checks."""
 

@@ -176,6 +176,7 @@ from specproof.conformance.zoo._targets import (
     ZooTarget,
     small_reference,
 )
+from specproof.conformance.zoo._tree_engines import TREE_MEMBERS, TreeReplayEngine, TreeZooEngine
 from specproof.engine.drafters.suffix import SuffixDrafter
 
 Kind = Literal["drafter", "target", "engine"]
@@ -264,6 +265,16 @@ def zoo_target() -> ZooTarget:
 def zoo_engine() -> ZooEngine:
     """The engines' correct control."""
     return ZooEngine()
+
+
+def tree_zoo_engine() -> TreeZooEngine:
+    """The tree engines' control: the zoo engine with the reference tree decoder (checkpoint rollback)."""
+    return TreeZooEngine()
+
+
+def tree_replay_engine() -> TreeReplayEngine:
+    """Correct, differently: the tree decoder with replay rollback."""
+    return TreeReplayEngine()
 
 
 def batch_zoo_engine() -> BatchZooEngine:
@@ -405,6 +416,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "drafts_past_k": ("engine", DraftsPastK),
     "emits_after_eos": ("engine", EmitsAfterEos),
     "stale_state_after_zero_draft": ("engine", StaleStateAfterZeroDraft),
+    **{name: ("engine", cls) for name, cls in TREE_MEMBERS.items()},
     "batch_stale_zero_draft": ("engine", BatchStaleZeroDraft),
     "batch_pads_recurrent_state": ("engine", BatchPadsRecurrentState),
     "batch_slot_not_cleared": ("engine", BatchSlotNotCleared),
@@ -570,6 +582,10 @@ CORRECT_BATCH: dict[str, str] = {
 """Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list): the batch
 checks accept them (docs/contract.md, "Batches")."""
 
+CORRECT_TREE: dict[str, str] = {name: f"{_MODULE}:{name}" for name in ("tree_zoo_engine", "tree_replay_engine")}
+"""Correct tree engines (the control, replay rollback): the tree checks accept them, with trees and with a
+chain declared as a tree (docs/contract.md, "Trees")."""
+
 CONTROLS: dict[Kind, str] = {
     "drafter": f"{_MODULE}:lookup_drafter",
     "target": f"{_MODULE}:zoo_target",
@@ -612,6 +628,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "CONTROLS",
     "CORRECT_BATCH",
+    "CORRECT_TREE",
     "CORRECT",
     "CORRECT_DRAFTERS",
     "ZOO",
@@ -624,5 +641,6 @@ __all__ = [
     *CORRECT,
     *CORRECT_DRAFTERS,
     *CORRECT_BATCH,
+    *CORRECT_TREE,
     *(spec.rsplit(":", 1)[1] for spec in CONTROLS.values()),
 ]

@@ -4,25 +4,24 @@ if the tree were a chain (SGLang #27463), a sibling's
 recurrent state leaking into the next sibling and a conv window taken from the previous node in the
 flattened order instead of the parent (vLLM #29846, SGLang #11133: parent pointers in the conv and GDN
 kernels), the committed state the first sibling's when another won, the bonus token read from the
-wrong node's row. ``TREE_CONTROLS`` are correct variants (both rollbacks, a chain declared as a tree).
+wrong node's row. ``TreeZooEngine`` is their control and ``TreeReplayEngine`` a correct variant (a chain
+declared as a tree is the suite's plan of width 1, which every tree run also decodes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 import numpy as np
 
-from specproof.conformance.checks.tree import TreeSubject
-from specproof.conformance.zoo._targets import small_reference
+from specproof.conformance.zoo._engines import ZooEngine
 from specproof.contract.tree import TreeDraft, TreeVerdict, greedy_tree_accept
-from specproof.engine import greedy_decode
-from specproof.engine._tree_decoder import TreeSpecDecoder
+from specproof.engine import TreeRound, TreeSpecDecoder
 from specproof.engine.targets.reference import ReferenceHybrid
 
-__all__ = ["TREE_CONTROLS", "TREE_ZOO", "tree_subject"]
+__all__ = ["TREE_MEMBERS", "TreeReplayEngine", "TreeZooEngine"]
 
 
 class _ChainVerifiedTarget(ReferenceHybrid):
@@ -81,49 +80,112 @@ class _ConvFromPreviousNode(ReferenceHybrid):
         return tuple(range(-1, len(parents) - 1)), parents
 
 
-def _model(cls: type[ReferenceHybrid]) -> Callable[[], ReferenceHybrid]:
-    def make() -> ReferenceHybrid:
-        return cls(small_reference().config)
+class _ReportsChainIndices(TreeSpecDecoder):
+    """Decodes right but reports the accepted nodes as the first node at each depth."""
 
-    return make
-
-
-def tree_subject(
-    *,
-    decoder: type[TreeSpecDecoder] = TreeSpecDecoder,
-    target: type[ReferenceHybrid] = ReferenceHybrid,
-    rollback: str = "checkpoint",
-) -> TreeSubject:
-    """The reference tree engine on the zoo's small model, with the given decoder and target classes."""
-    make_target = _model(target)
-
-    def make_decoder(tgt: Any, drafter: Any, max_nodes: int, max_depth: int) -> TreeSpecDecoder:
-        return decoder(tgt, drafter, max_nodes=max_nodes, max_depth=max_depth, rollback=rollback)  # type: ignore[arg-type]
-
-    def greedy(prompt: Sequence[int], n: int, eos: int | None) -> list[int]:
-        return list(greedy_decode(small_reference(), prompt, n, eos_token_id=eos).tokens)
-
-    return TreeSubject(
-        make_decoder=make_decoder,
-        make_target=make_target,
-        make_reference=small_reference,
-        greedy=greedy,
-        vocab_size=small_reference().vocab_size,
-    )
+    def _record(self, round_: TreeRound) -> TreeRound:
+        as_chain = tuple(round_.tree.depths.index(d + 1) for d in range(len(round_.path)))
+        return attrs.evolve(round_, path=as_chain)
 
 
-TREE_ZOO: Final[dict[str, tuple[Callable[[], TreeSubject], str]]] = {
-    "tree_verified_as_chain": (lambda: tree_subject(target=_ChainVerifiedTarget), "tree.per-node-state"),
-    "tree_accepted_index_as_chain": (lambda: tree_subject(decoder=_AcceptedIndexAsChain), "tree.committed-state"),
-    "tree_sibling_state_leak": (lambda: tree_subject(target=_SiblingStateLeak), "tree.per-node-state"),
-    "tree_conv_from_previous_node": (lambda: tree_subject(target=_ConvFromPreviousNode), "tree.per-node-state"),
-    "tree_commits_first_sibling": (lambda: tree_subject(decoder=_CommitsFirstSibling), "tree.committed-state"),
-    "tree_bonus_from_wrong_row": (lambda: tree_subject(decoder=_BonusFromNextRow), "tree.greedy-lossless"),
+class _IgnoresDepthBudget(TreeSpecDecoder):
+    """Asks for trees as deep as its own max_depth, whatever the tokens still wanted."""
+
+    def _budget(self, depth: int) -> tuple[int, int]:
+        return self.max_nodes, self.max_depth
+
+
+class TreeZooEngine(ZooEngine):
+    """The tree engines' control: the zoo engine, which also verifies token trees with the reference tree
+    decoder on its model (checkpoint rollback)."""
+
+    tree_decoder_class: type[TreeSpecDecoder] = TreeSpecDecoder
+    tree_target_class: type[ReferenceHybrid] = ReferenceHybrid
+    tree_rollback = "checkpoint"
+
+    def tree_target(self) -> ReferenceHybrid:
+        """A fresh tree target: the engine's model, for the white-box per-node check."""
+        return self.tree_target_class(self.target.config)
+
+    def tree_decoder(self, drafter: Any, *, max_nodes: int, max_depth: int, target: Any = None) -> TreeSpecDecoder:
+        """A tree decoder with ``drafter`` over ``target`` (None: a fresh ``tree_target()``)."""
+        tgt = self.tree_target() if target is None else target
+        return self.tree_decoder_class(
+            tgt,
+            drafter,
+            max_nodes=max_nodes,
+            max_depth=max_depth,
+            rollback=self.tree_rollback,  # type: ignore[arg-type]
+        )
+
+
+class TreeReplayEngine(TreeZooEngine):
+    """Correct, differently: tree rounds roll back by replay (restore, re-feed the accepted path)."""
+
+    tree_rollback = "replay"
+
+
+class TreeVerifiedAsChain(TreeZooEngine):
+    """The tree is verified as a chain (each node sees the node before it in the
+    flattened order, not its parent), as one SGLang attention backend did (#27463)."""
+
+    tree_target_class = _ChainVerifiedTarget
+
+
+class TreeAcceptedIndexAsChain(TreeZooEngine):
+    """The right path is found but its state is committed as if the tree were a
+    chain (the first node at each depth), SGLang #27463."""
+
+    tree_decoder_class = _AcceptedIndexAsChain
+
+
+class TreeSiblingStateLeak(TreeZooEngine):
+    """A node's recurrent state continues from its previous sibling's, not its parent's."""
+
+    tree_target_class = _SiblingStateLeak
+
+
+class TreeConvFromPreviousNode(TreeZooEngine):
+    """The conv window continues from the previous node in the flattened order, not
+    the parent (parent pointers in the conv kernel, vLLM #29846)."""
+
+    tree_target_class = _ConvFromPreviousNode
+
+
+class TreeCommitsFirstSibling(TreeZooEngine):
+    """The state committed is the first sibling's when another sibling won."""
+
+    tree_decoder_class = _CommitsFirstSibling
+
+
+class TreeBonusFromWrongRow(TreeZooEngine):
+    """The bonus token is read from the row after the winner's in the flattened order."""
+
+    tree_decoder_class = _BonusFromNextRow
+
+
+class TreeReportsChainIndices(TreeZooEngine):
+    """The round record names the first node at each depth as accepted, not the winning
+    path (the accepted index computed as if the tree were a chain, in the report only)."""
+
+    tree_decoder_class = _ReportsChainIndices
+
+
+class TreeIgnoresDepthBudget(TreeZooEngine):
+    """The tree's depth is not capped by the tokens still wanted: nodes past the budget (and past
+    max_context) are drafted and verified."""
+
+    tree_decoder_class = _IgnoresDepthBudget
+
+
+TREE_MEMBERS: Final[dict[str, type[TreeZooEngine]]] = {
+    "tree_verified_as_chain": TreeVerifiedAsChain,
+    "tree_accepted_index_as_chain": TreeAcceptedIndexAsChain,
+    "tree_sibling_state_leak": TreeSiblingStateLeak,
+    "tree_conv_from_previous_node": TreeConvFromPreviousNode,
+    "tree_commits_first_sibling": TreeCommitsFirstSibling,
+    "tree_bonus_from_wrong_row": TreeBonusFromWrongRow,
+    "tree_reports_chain_indices": TreeReportsChainIndices,
+    "tree_ignores_depth_budget": TreeIgnoresDepthBudget,
 }
-"""Each member: its subject and the id of the check that must reject it at quick."""
-
-TREE_CONTROLS: Final[dict[str, Callable[[], TreeSubject]]] = {
-    "tree_checkpoint": lambda: tree_subject(rollback="checkpoint"),
-    "tree_replay": lambda: tree_subject(rollback="replay"),
-}
-"""Correct variants every tree check must accept (a chain declared as a tree: the plan of width 1)."""
+"""The tree zoo: member name -> engine class (the registry's ``zoo=`` claims each on its id)."""

@@ -65,7 +65,8 @@ from specproof.engine.targets._reference_blocks import (
     key_width,
     rope_tables,
 )
-from specproof.engine.targets._reference_blocks import _silu as _silu  # re-exported for engine.drafters.heads
+from specproof.engine.targets._reference_blocks import _silu as _silu
+from specproof.engine.targets._reference_tree import tree_forward  # re-exported for engine.drafters.heads
 
 __all__ = [
     "BLOCK_KINDS",
@@ -427,37 +428,6 @@ def _token_array(tokens: Sequence[int], v: int) -> npt.NDArray[np.intp]:
     return np.array(seq, dtype=np.intp) if seq else np.zeros(0, np.intp)
 
 
-def _check_tree_parents(parents: Sequence[int], n: int) -> tuple[int, ...]:
-    """``parents`` as a tuple, or ``InvalidSettingError`` naming the first entry that is not ``-1`` or an
-    earlier node (docs/contract.md, "Trees": parents before children)."""
-    if isinstance(parents, (str, bytes)) or not isinstance(parents, Iterable):
-        raise InvalidSettingError(f"ReferenceHybrid.forward_tree: parents must be a sequence of ints, got {parents!r}")
-    out = list(parents)
-    if len(out) != n:
-        raise InvalidSettingError(f"ReferenceHybrid.forward_tree: {n} tokens but {len(out)} parents")
-    for i, parent in enumerate(out):
-        if isinstance(parent, bool) or not isinstance(parent, (int, np.integer)) or not -1 <= parent < i:
-            raise InvalidSettingError(
-                f"ReferenceHybrid.forward_tree: parents[{i}]={parent!r} must be -1 (the context) or a node in [0, {i})"
-            )
-    return tuple(int(p) for p in out)
-
-
-def _tree_depths(parents: tuple[int, ...]) -> list[int]:
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return depths
-
-
-def _root_path(parents: tuple[int, ...], node: int) -> list[int]:
-    out: list[int] = []
-    while node >= 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
-
-
 def _no_routing(k: int) -> npt.NDArray[np.int64]:
     return np.zeros((0, k), np.int64)
 
@@ -654,73 +624,10 @@ class ReferenceHybrid:
         return logits, features, cks
 
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[FloatArray, list[object]]:
-        """Verify a token tree (docs/contract.md, "Trees"): node ``i`` (token ``tokens[i]``) follows node
-        ``parents[i]``, or the processed context when it is ``-1``; parents come before children.
-
-        Returns ``logits`` ``[len(tokens), vocab_size]`` (row ``i``: the next-token logits after node ``i``'s
-        root path) and ``checkpoints[i]``, which ``restore`` turns into the state after feeding node ``i``'s
-        root path (its KV rows included). Attention sees the context and the node's ancestors; the conv
-        windows and delta-rule states continue from the parent's. The target's own state is left as it was
-        (``processed`` unchanged). Nodes run one at a time through the one-token forward, so each row is
-        bit-identical to sequential decoding of its root path: a correctness reference, not a fast kernel.
-        """
-        toks = _token_array(tokens, self.vocab_size)
-        tree = _check_tree_parents(parents, len(toks))
-        depths = _tree_depths(tree)
-        base = self._processed
-        if depths and base + max(depths) > self.max_context:
-            raise CapacityError(
-                f"ReferenceHybrid.forward_tree: processed={base} + tree depth={max(depths)} exceeds "
-                f"max_context={self.max_context}; nothing was changed"
-            )
-        conv_src, rec_src = self._tree_sources(tree)
-        entry_conv, entry_rec = self._conv_state.copy(), self._rec_state.copy()
-        n = len(tree)
-        logits = np.zeros((n, self.vocab_size), _F32)
-        convs = np.zeros((n, *entry_conv.shape), _F32)
-        recs = np.zeros((n, *entry_rec.shape), _F32)
-        keys = np.zeros((n, *self._keys_t.shape[:3]), _F32)  # [node, layer, kv, hd]
-        values = np.zeros((n, *self._value_cache.shape[:2], self._value_cache.shape[3]), _F32)
-        try:
-            for i in range(n):
-                path = _root_path(tree, i)
-                for depth, node in enumerate(path[:-1]):  # the ancestors' KV rows, where sequential decoding has them
-                    self._keys_t[..., base + depth] = keys[node]
-                    self._value_cache[:, :, base + depth] = values[node]
-                np.copyto(self._conv_state, entry_conv if conv_src[i] < 0 else convs[conv_src[i]])
-                np.copyto(self._rec_state, entry_rec if rec_src[i] < 0 else recs[rec_src[i]])
-                pos = base + len(path) - 1
-                self._processed = pos
-                row, _, _ = self._run(toks[i : i + 1], record=False)
-                logits[i] = row[0]
-                convs[i], recs[i] = self._conv_state, self._rec_state
-                keys[i] = self._keys_t[..., pos]
-                values[i] = self._value_cache[:, :, pos]
-        finally:
-            np.copyto(self._conv_state, entry_conv)
-            np.copyto(self._rec_state, entry_rec)
-            self._processed = base
-        checkpoints: list[object] = []
-        for i in range(n):
-            path = _root_path(tree, i)
-            conv, rec = convs[i].copy(), recs[i].copy()
-            path_keys = np.ascontiguousarray(np.moveaxis(keys[path], 0, -1))  # [layer, kv, hd, depth]
-            path_values = np.ascontiguousarray(np.moveaxis(values[path], 0, 2))  # [layer, kv, depth, hd]
-            for arr in (conv, rec, path_keys, path_values):
-                arr.flags.writeable = False
-            checkpoints.append(
-                ReferenceSnapshot(
-                    processed=base + len(path),
-                    conv_state=conv,
-                    rec_state=rec,
-                    target_id=self._id,
-                    write_clock=self._clock,
-                    kv_base=base,
-                    path_keys_t=path_keys,
-                    path_values=path_values,
-                )
-            )
-        return logits, checkpoints
+        """Verify a token tree (docs/contract.md, "Trees"; ``parents[i]``: node ``i``'s parent, ``-1`` the
+        context): ``logits[i]`` and ``checkpoints[i]`` (restorable, KV rows included) of node ``i``'s root path,
+        bit-identical to sequential decoding of it; the target's own state is left as it was."""
+        return tree_forward(self, _token_array(tokens, self.vocab_size), parents, snapshot=ReferenceSnapshot)
 
     def _tree_sources(self, parents: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The node whose conv window and whose recurrent state each node continues from: its parent
