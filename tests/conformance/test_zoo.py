@@ -45,8 +45,9 @@ def _certify(
 ) -> dict[str, Any]:
     sampling = SAMPLING if any(inv.driver == "sampling" for inv in REGISTRY if inv.id in only) else None
     batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
+    trees = any(inv.driver == "tree-cases" for inv in REGISTRY if inv.id in only)
     return certify(
-        kind, **{kind: spec}, profile=profile, only=only, seed=seed, sampling=sampling, batches=batches
+        kind, **{kind: spec}, profile=profile, only=only, seed=seed, sampling=sampling, batches=batches, trees=trees
     ).to_json()
 
 
