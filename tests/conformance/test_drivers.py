@@ -165,4 +165,5 @@ def test_every_registry_entry_names_a_registered_driver() -> None:
         "session-machine",
         "sampling",
         "batch-schedules",
+        "tree-cases",
     }
