@@ -72,3 +72,30 @@ def test_a_tree_beyond_the_round_limits_is_a_drafter_error() -> None:
     decoder = TreeSpecDecoder(ReferenceHybrid(CONFIG), _TooBig(), max_nodes=3)
     with pytest.raises(DrafterContractError, match=r"4 nodes.*tree.well-formed"):
         decoder.generate([1, 2], 4)
+
+
+@pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
+def test_trees_that_reach_max_context_stop_there_as_plain_greedy_does(rollback: str) -> None:
+    prompt = [i % 64 for i in range(44)]  # 4 slots left of max_context=48
+    oracle = greedy_decode(ReferenceHybrid(CONFIG), prompt, 10)
+    plan = TreePlan(width=2, levels=4, winner_slot=1, match_levels=4)
+    drafter = ScriptedTreeDrafter(plan, [*prompt, *oracle.tokens], vocab_size=64)
+    decoder = TreeSpecDecoder(ReferenceHybrid(CONFIG), drafter, max_nodes=10, rollback=rollback)  # type: ignore[arg-type]
+    got = decoder.generate(prompt, 10)
+    assert got.tokens == oracle.tokens and got.stop_reason == oracle.stop_reason == "context_full"
+    assert all(r.tree.depth <= 48 - r.base - 1 for r in decoder.last_rounds)
+
+
+@pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
+def test_every_branch_rejected_at_the_root_commits_the_bonus_only(rollback: str) -> None:
+    prompt = [3, 1, 4]
+    oracle = greedy_decode(ReferenceHybrid(CONFIG), prompt, 6).tokens
+    plan = TreePlan(width=3, levels=2, winner_slot=1, match_levels=0, decoy_children=True)
+    drafter = ScriptedTreeDrafter(plan, [*prompt, *oracle], vocab_size=64)
+    decoder = TreeSpecDecoder(ReferenceHybrid(CONFIG), drafter, rollback=rollback)  # type: ignore[arg-type]
+    got = decoder.generate(prompt, 6)
+    assert got.tokens == oracle and all(len(r.emitted) == 1 and r.path == () for r in decoder.last_rounds)
+    ref = ReferenceHybrid(CONFIG)
+    ref.forward([*prompt, *oracle][:-1])
+    state = decoder.target.state_arrays()
+    assert all((state[name] == value).all() for name, value in ref.state_arrays().items())
