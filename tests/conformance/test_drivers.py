@@ -166,4 +166,5 @@ def test_every_registry_entry_names_a_registered_driver() -> None:
         "sampling",
         "batch-schedules",
         "decode-state",
+        "tree-cases",
     }

@@ -53,6 +53,7 @@ def _certify(
     """The run's report; through ``shared`` where other tests (test_drafter_reach.py) read the same run."""
     sampling = SAMPLING if any(inv.driver == "sampling" for inv in REGISTRY if inv.id in only) else None
     batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
+    trees = any(inv.driver == "tree-cases" for inv in REGISTRY if inv.id in only)
     decode_state = any(inv.driver == "decode-state" for inv in REGISTRY if inv.id in only)
     run = certify if shared is None else shared.certify
     return run(
@@ -64,6 +65,7 @@ def _certify(
         sampling=sampling,
         batches=batches,
         decode_state=decode_state,
+        trees=trees,
     ).to_json()
 
 

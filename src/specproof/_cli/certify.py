@@ -38,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
             "sampling",
             "batches",
             "decode_state",
+            "trees",
             "seed",
             "max_context",
             "expect_fail",

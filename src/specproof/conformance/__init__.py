@@ -82,6 +82,7 @@ def certify(
     sampling: str | None = None,
     batches: bool = False,
     decode_state: bool = False,
+    trees: bool = False,
 ) -> Report:
     """Certify plug-ins given as specs (as ``specproof certify`` does); returns the ``Report``.
 
@@ -91,7 +92,8 @@ def certify(
     (the CLI's default is a directory under the cache); ``db_replay="failures"`` replays saved
     failures only, not the covering examples campaigns saved (``--db-replay``). ``sampling``
     (``"temperature=0.8,top_p=0.95"``) runs the sampling checks too (``--sampling``); ``batches``
-    the batch checks (``--batches``); ``decode_state`` the decode-state checks (``--decode-state``).
+    the batch checks (``--batches``); ``decode_state`` the decode-state checks (``--decode-state``);
+    ``trees`` the tree checks (``--trees``).
     """
 
     values = {
@@ -107,6 +109,7 @@ def certify(
         "sampling": sampling,
         "batches": batches,
         "decode_state": decode_state,
+        "trees": trees,
     }
     database = (
         _database.open_database(db, default_dir=_database.default_examples_dir(), replay=db_replay)

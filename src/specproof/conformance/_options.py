@@ -147,6 +147,14 @@ OPTIONS: tuple[Option, ...] = (
         "engines that declare decode_features: the decode.* checks run only with it (docs/contract.md, Decode state)",
     ),
     Option(
+        dest="trees",
+        cli="--trees",
+        plugin="--specproof-trees",
+        flag=True,
+        help="also {verb} token-tree drafts on a tree engine: the tree.* checks run only with it "
+        "(docs/contract.md, Trees)",
+    ),
+    Option(
         dest="seed",
         cli="--seed",
         plugin="--specproof-seed",

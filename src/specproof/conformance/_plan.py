@@ -46,6 +46,7 @@ class Plan:
     sampling: SamplingParams | None = None  # --sampling: the sampling checks run at these parameters
     batches: bool = False  # --batches: the batch checks run (docs/contract.md, "Batches")
     decode_state: bool = False  # --decode-state: the decode-state checks run (docs/contract.md, "Decode state")
+    trees: bool = False  # --trees: the tree checks run (docs/contract.md, "Trees")
 
     @classmethod
     def create(
@@ -68,6 +69,7 @@ class Plan:
         sampling: str | SamplingParams | None = None,
         batches: bool = False,
         decode_state: bool = False,
+        trees: bool = False,
     ) -> Plan:
         """Validate every option before anything is built; bad input is a ``UsageError``."""
         prof = get_profile(profile)
@@ -122,6 +124,7 @@ class Plan:
             sampling=params,
             batches=bool(batches),
             decode_state=bool(decode_state),
+            trees=bool(trees),
         )
         _check_declarations(plan)
         return plan

@@ -36,6 +36,10 @@ CAPABILITIES: dict[str, str] = {
     "feature_layers": "the drafter declares `feature_layers` (a feature drafter)",
     "feature_target_spec": "the feature drafter names the target whose features it reads (`feature_target_spec`)",
     "batched": "the engine batches: it declares `batch_capabilities` (a `BatchEngine`), or is the built-in stack",
+    "tree": "the engine verifies token trees (`forward_tree` on the target), or is the built-in stack on the "
+    "reference hybrid",
+    "tree_state": "a tree engine exposes its tree target (`tree_target()`), whose per-node state can be compared "
+    "with a model",
     "per_slot_state": "a batched engine's slot state can be read (`slot_state(id)`) and compared with a model",
     "decode_state": "the engine declares `decode_features` and takes `generate(..., decode=DecodeParams)`",
     "processor_state": "the engine reports `processor_states`: its processors' state after each round of a call",

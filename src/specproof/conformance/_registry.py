@@ -54,6 +54,7 @@ from specproof.conformance.checks import features as feature_checks
 from specproof.conformance.checks import generation as generation_checks
 from specproof.conformance.checks import sampling as sampling_checks
 from specproof.conformance.checks import target as target_checks
+from specproof.conformance.checks import tree as tree_checks
 from specproof.conformance.checks.generation import round_of_index
 from specproof.contract import Generation, Step, UsageError, Violation
 from specproof.contract.errors import InvalidSettingError
@@ -699,6 +700,81 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
 )
 
 
+_TREE_DRAWS = (
+    "tree cases: a prompt, 1-12 new tokens, an EOS from plain greedy's output (so on non-first branches too), "
+    "a tree plan for every round (1-3 siblings a level, 1-4 levels, the winner at any sibling position, decoys "
+    "with subtrees or sharing a token, a childless twin of the winner) and an arbitrary probe tree of 1-6 nodes"
+)
+
+
+def _tree_check(fn: Callable[..., tuple[list[Violation], int, str]], *, needs_run: bool = True) -> Check:
+    def check(inv: Invariant, subject: Any, case: Any) -> Outcome:
+        run = tree_checks.run_tree_case(subject, case) if needs_run else None
+        violations, exercised, note = fn(subject, case, run)
+        return Outcome(violations, exercised=exercised, note=note)
+
+    return check
+
+
+_TREE_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="tree.per-node-state",
+        subject="engine",
+        summary="white-box: each node of a verified tree has the logits row and the state (KV, conv, recurrent) "
+        "of sequential decoding of its root path",
+        needs=("tree", "tree_state"),
+        draws=_TREE_DRAWS,
+        driver="tree-cases",
+        check=_tree_check(tree_checks.check_per_node_state, needs_run=False),
+        zoo=("tree_verified_as_chain", "tree_sibling_state_leak", "tree_conv_from_previous_node"),
+    ),
+    Invariant(
+        id="tree.committed-state",
+        subject="engine",
+        summary="after every tree round the state is the accepted path's (a fresh model fed the context), also "
+        "when the winner is not the first sibling and when every branch is rejected at the root",
+        needs=("tree",),
+        draws=_TREE_DRAWS,
+        driver="tree-cases",
+        check=_tree_check(tree_checks.check_committed_state),
+        zoo=("tree_accepted_index_as_chain", "tree_commits_first_sibling"),
+        also=("tree_sibling_state_leak", "tree_conv_from_previous_node"),
+    ),
+    Invariant(
+        id="tree.greedy-lossless",
+        subject="engine",
+        summary="greedy output with a tree equals the output with a chain and with no speculation",
+        needs=("tree",),
+        draws=_TREE_DRAWS,
+        driver="tree-cases",
+        check=_tree_check(tree_checks.check_greedy_lossless),
+        zoo=("tree_bonus_from_wrong_row",),
+        also=("tree_commits_first_sibling", "tree_accepted_index_as_chain", "tree_sibling_state_leak"),
+    ),
+    Invariant(
+        id="tree.round-bounds",
+        subject="engine",
+        summary="a tree round emits 1 to depth + 1 tokens, and the accepted tokens are one root path plus a bonus",
+        needs=("tree",),
+        draws=_TREE_DRAWS,
+        driver="tree-cases",
+        check=_tree_check(tree_checks.check_round_bounds),
+        zoo=("tree_reports_chain_indices",),
+    ),
+    Invariant(
+        id="tree.well-formed",
+        subject="engine",
+        summary="every tree verified has parents before children and fits its round's limits (nodes; depth "
+        "within the tokens still wanted less the bonus)",
+        needs=("tree",),
+        draws=_TREE_DRAWS,
+        driver="tree-cases",
+        check=_tree_check(tree_checks.check_well_formed),
+        zoo=("tree_ignores_depth_budget",),
+    ),
+)
+
+
 REGISTRY: tuple[Invariant, ...] = (
     Invariant(
         id="drafter.max-length",
@@ -1132,6 +1208,7 @@ REGISTRY: tuple[Invariant, ...] = (
     ),
     *_BATCH_REGISTRY,
     *_DECODE_REGISTRY,
+    *_TREE_REGISTRY,
 )
 
 _BY_ID = {inv.id: inv for inv in REGISTRY}

@@ -41,6 +41,8 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
         parts.append("--batches")
     if plan.decode_state:
         parts.append("--decode-state")
+    if plan.trees:
+        parts.append("--trees")
     parts += [shlex.quote(a) for a in driver_args]
     if plan.seed is not None:
         parts += ["--seed", str(plan.seed)]

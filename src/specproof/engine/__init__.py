@@ -43,6 +43,7 @@ from specproof.engine._decoder import (
 )
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
 from specproof.engine._processors import RequestProcessors
+from specproof.engine._tree_decoder import TreeRound, TreeSpecDecoder
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from specproof.engine.targets import register_target_family
 from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
@@ -53,6 +54,8 @@ __all__ = [
     "STOP_REASONS",
     "BatchForward",
     "BatchSpecDecoder",
+    "TreeRound",
+    "TreeSpecDecoder",
     "CapacityError",
     "CheckpointingTarget",
     "CombinedDrafter",

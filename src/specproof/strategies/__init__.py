@@ -24,6 +24,8 @@
 - ``processor_configs`` / ``stop_sets`` / ``draft_schedules`` (``DECODE_KINDS``): a request's logits processors,
   stops placed on a known continuation at every offset of a draft block, and per-round draft plans
   (docs/contract.md, "Decode state");
+- ``TreePlan`` / ``tree_plans(...)`` / ``tree_parents(...)`` / ``ScriptedTreeDrafter``: token trees for tree
+  engines (docs/contract.md, "Trees"), scripted from the oracle's continuation, shrinking to one node;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -74,6 +76,7 @@ from specproof.strategies._settings import (
     decoding_cases,
     engine_settings,
 )
+from specproof.strategies._trees import ScriptedTreeDrafter, TreePlan, tree_parents, tree_plans
 
 __all__ = [
     "DECODE_KINDS",
@@ -87,6 +90,10 @@ __all__ = [
     "relation_of",
     "unreached_relations",
     "BatchSchedule",
+    "ScriptedTreeDrafter",
+    "TreePlan",
+    "tree_parents",
+    "tree_plans",
     "ScheduleEvent",
     "ScheduledRequest",
     "batch_schedules",

@@ -187,6 +187,7 @@ from specproof.conformance.zoo._targets import (
     ZooTarget,
     small_reference,
 )
+from specproof.conformance.zoo._tree_engines import TREE_MEMBERS, TreeReplayEngine, TreeZooEngine
 from specproof.engine.drafters.suffix import SuffixDrafter
 
 Kind = Literal["drafter", "target", "engine"]
@@ -275,6 +276,16 @@ def zoo_target() -> ZooTarget:
 def zoo_engine() -> ZooEngine:
     """The engines' correct control."""
     return ZooEngine()
+
+
+def tree_zoo_engine() -> TreeZooEngine:
+    """The tree engines' control: the zoo engine with the reference tree decoder (checkpoint rollback)."""
+    return TreeZooEngine()
+
+
+def tree_replay_engine() -> TreeReplayEngine:
+    """Correct, differently: the tree decoder with replay rollback."""
+    return TreeReplayEngine()
 
 
 def batch_zoo_engine() -> BatchZooEngine:
@@ -431,6 +442,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "drafts_past_k": ("engine", DraftsPastK),
     "emits_after_eos": ("engine", EmitsAfterEos),
     "stale_state_after_zero_draft": ("engine", StaleStateAfterZeroDraft),
+    **{name: ("engine", cls) for name, cls in TREE_MEMBERS.items()},
     "batch_stale_zero_draft": ("engine", BatchStaleZeroDraft),
     "batch_pads_recurrent_state": ("engine", BatchPadsRecurrentState),
     "batch_slot_not_cleared": ("engine", BatchSlotNotCleared),
@@ -608,6 +620,9 @@ CORRECT_DECODE: dict[str, str] = {
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
 the decode-state checks accept them (docs/contract.md, "Decode state")."""
+CORRECT_TREE: dict[str, str] = {name: f"{_MODULE}:{name}" for name in ("tree_zoo_engine", "tree_replay_engine")}
+"""Correct tree engines (the control, replay rollback): the tree checks accept them, with trees and with a
+chain declared as a tree (docs/contract.md, "Trees")."""
 
 CONTROLS: dict[Kind, str] = {
     "drafter": f"{_MODULE}:lookup_drafter",
@@ -652,6 +667,7 @@ __all__ = [
     "CONTROLS",
     "CORRECT_BATCH",
     "CORRECT_DECODE",
+    "CORRECT_TREE",
     "CORRECT",
     "CORRECT_DRAFTERS",
     "ZOO",
@@ -665,5 +681,6 @@ __all__ = [
     *CORRECT_DRAFTERS,
     *CORRECT_BATCH,
     *CORRECT_DECODE,
+    *CORRECT_TREE,
     *(spec.rsplit(":", 1)[1] for spec in CONTROLS.values()),
 ]

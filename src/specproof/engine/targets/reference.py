@@ -65,7 +65,8 @@ from specproof.engine.targets._reference_blocks import (
     key_width,
     rope_tables,
 )
-from specproof.engine.targets._reference_blocks import _silu as _silu  # re-exported for engine.drafters.heads
+from specproof.engine.targets._reference_blocks import _silu as _silu
+from specproof.engine.targets._reference_tree import tree_forward  # re-exported for engine.drafters.heads
 
 __all__ = [
     "BLOCK_KINDS",
@@ -367,6 +368,11 @@ class ReferenceSnapshot:
     rec_state: FloatArray = attrs.field(eq=attrs.cmp_using(eq=_exactly_equal), hash=False, repr=_shape_repr)
     target_id: int = attrs.field(eq=False, repr=False)
     write_clock: int = attrs.field(eq=False, repr=False)
+    # a tree node's checkpoint (docs/contract.md, "Trees") also carries its root path's KV rows, written
+    # back at slots kv_base .. processed - 1 on restore; None for a plain snapshot
+    kv_base: int = attrs.field(default=-1, eq=False, repr=False)
+    path_keys_t: FloatArray | None = attrs.field(default=None, eq=False, repr=False)
+    path_values: FloatArray | None = attrs.field(default=None, eq=False, repr=False)
 
 
 # --------------------------------------------------------------------------- the model
@@ -617,6 +623,17 @@ class ReferenceHybrid:
             value.flags.writeable = False
         return logits, features, cks
 
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        """Verify a token tree (docs/contract.md, "Trees"; ``parents[i]``: node ``i``'s parent, ``-1`` the
+        context): ``logits[i]`` and ``checkpoints[i]`` (restorable, KV rows included) of node ``i``'s root path,
+        bit-identical to sequential decoding of it; the target's own state is left as it was."""
+        return tree_forward(self, _token_array(tokens, self.vocab_size), parents, snapshot=ReferenceSnapshot)
+
+    def _tree_sources(self, parents: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The node whose conv window and whose recurrent state each node continues from: its parent
+        (``-1``: the state before the tree). The zoo overrides this to plant per-branch state bugs."""
+        return parents, parents
+
     def snapshot(self) -> ReferenceSnapshot:
         """Copy the conv and recurrent states and ``processed`` (not the append-only KV cache)."""
         conv = self._conv_state.copy()
@@ -644,14 +661,20 @@ class ReferenceHybrid:
                 f"ReferenceHybrid instance (#{snapshot.target_id}; this is #{self._id})"
             )
         n = snapshot.processed
-        if n:
-            newer = self._stamps[:n] > snapshot.write_clock
+        stable = n if snapshot.path_keys_t is None else snapshot.kv_base  # a tree checkpoint rewrites the rest
+        if stable:
+            newer = self._stamps[:stable] > snapshot.write_clock
             if newer.any():
                 slot = int(np.argmax(newer))
                 raise StaleSnapshotError(
                     f"ReferenceHybrid.restore: the snapshot at processed={n} is stale: KV slot {slot} was "
                     f"overwritten after it was taken (current processed={self._processed})"
                 )
+        if snapshot.path_keys_t is not None and snapshot.path_values is not None:
+            self._keys_t[..., stable:n] = snapshot.path_keys_t
+            self._value_cache[:, :, stable:n] = snapshot.path_values
+            self._clock += 1
+            self._stamps[stable:n] = self._clock
         np.copyto(self._conv_state, snapshot.conv_state)
         np.copyto(self._rec_state, snapshot.rec_state)
         self._processed = n
