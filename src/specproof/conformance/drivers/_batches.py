@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from specproof.conformance._engine_runs import case_greedy
 from specproof.conformance._records import Capabilities
+from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks.batch import BatchSubject
 from specproof.conformance.drivers._protocol import CheckItem, Driver
 from specproof.contract import BatchCapabilities, ViolationError
@@ -116,6 +117,9 @@ class BatchDriver(Driver):
                 make_reference=make_reference,
                 tie_tolerance=case.tie_tolerance,
                 atol=case.atol,
+                sampling=plan.sampling,
+                # batch.seeds: the run's false-fail bound split over its schedules (a union bound)
+                seed_alpha=FALSE_FAIL_BOUND / max(plan.profile.max_examples, 1),
             ),
             "",
         )
