@@ -21,6 +21,8 @@
 - ``BatchSchedule`` / ``batch_schedules(...)``: requests for a batched engine (arrivals, shared
   prefixes, per-row draft plans, EOS mid-block, seeds) and the preemptions and cancellations
   between its steps (docs/contract.md, "Batches");
+- ``BatchMachine.configure(...)`` / ``BatchMachineFailure``: a ``RuleBasedStateMachine`` over a batched
+  engine's scheduler (add, step, step(only=), abort, preempt) judged against plain greedy solo runs;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -28,6 +30,7 @@
 This module is the public facade; the implementation lives in private modules.
 """
 
+from specproof.strategies._batch_machine import BatchMachine, BatchMachineFailure
 from specproof.strategies._batch_schedules import BatchSchedule, ScheduledRequest, ScheduleEvent, batch_schedules
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
 from specproof.strategies._feature_judge import FeatureJudge, FeatureRows, feature_layers_of
@@ -81,6 +84,8 @@ __all__ = [
     "RelationTracker",
     "relation_of",
     "unreached_relations",
+    "BatchMachine",
+    "BatchMachineFailure",
     "BatchSchedule",
     "ScheduleEvent",
     "ScheduledRequest",
