@@ -19,8 +19,14 @@ import numpy as np
 
 from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import BatchRequest, RequestOutput, Step
-from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceSlotPool, ReferenceSnapshot, SwappedSlot
-from specproof.engine.targets._reference_batch import BatchForward
+from specproof.engine import (
+    BatchForward,
+    BatchSpecDecoder,
+    NgramDrafter,
+    ReferenceSlotPool,
+    ReferenceSnapshot,
+    SwappedSlot,
+)
 
 __all__ = [
     "BatchFifoTwoRows",
