@@ -103,7 +103,7 @@ def _rejections(rate: float, runs: int) -> tuple[int, list[float]]:
     engine = type("Copies", (_CopiesAtRate,), {"RATE": rate})
     rejected, rates = [0], []
 
-    @settings(max_examples=runs, database=None, derandomize=True)
+    @settings(max_examples=runs, database=None, derandomize=True, deadline=None)
     @given(SCHEDULES)
     def run(schedule: BatchSchedule) -> None:
         subject = attrs.evolve(_seeds_subject(engine), capabilities=attrs.evolve(_subject(engine).capabilities))
@@ -118,14 +118,11 @@ def _rejections(rate: float, runs: int) -> tuple[int, list[float]]:
 @pytest.mark.slow
 def test_false_fails_and_sensitivity_are_measured() -> None:
     """30 schedules of a correct engine: no false fail (bound 8.3e-8 each). A neighbour that copies
-    always is rejected on most schedules; at a copy rate of 0.5 the per-schedule power is low (four
-    pairs each), which the run makes up over its schedules (docs/contract.md states the figures)."""
-    false_fails, _ = _rejections(0.0, 30)
-    assert false_fails == 0
-    always, rates = _rejections(1.0, 30)
-    assert always >= 20 and min(rates) < 1.0
-    half, _ = _rejections(0.5, 30)
-    assert half <= always
+    always is rejected on (nearly) every schedule; at a copy rate of 0.75 on about rho^4 = 32% of them
+    (four pairs each, all four repeated), which a run makes up over its schedules (docs/contract.md)."""
+    assert _rejections(0.0, 30)[0] == 0
+    assert _rejections(1.0, 30)[0] >= 27
+    assert 3 <= _rejections(0.75, 30)[0] <= 20
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ __all__ = ["CHANCE", "TRIALS", "check_seeds", "detectable_copy_rate", "opening_c
 Result = tuple[list[Violation], int, str]
 TRIALS = 4  # same-prompt unseeded pairs per schedule
 CHANCE = 0.01  # a repeated opening is judged on the shortest one this unlikely under p
-MIN_NEW_TOKENS = 8  # the pairs' length: long enough that an opening is unlikely by chance
+MIN_NEW_TOKENS = 16  # the pairs' length: long enough that an opening is unlikely by chance on a peaked model
 NEIGHBOURS = ("seeded with other seeds", "sampled with no seed", "greedy")
 
 
