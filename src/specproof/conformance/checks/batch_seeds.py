@@ -15,13 +15,15 @@ Two parts, judged on each drawn schedule:
   ``m`` is the shortest opening with ``pi <= CHANCE`` (all of ``A`` where none is). The trials are
   independent, so the number of repeated openings is Poisson-binomial with those ``pi``; the check
   fails when its upper tail (``scipy.stats.poisson_binom``) is at most ``seed_alpha``. The driver
-  sets ``seed_alpha`` to ``FALSE_FAIL_BOUND`` over the profile's examples, so a run of a correct
-  engine fails with probability at most ``FALSE_FAIL_BOUND`` (a union bound over its schedules).
+  gives the n-th schedule ``schedule_alpha(n, FALSE_FAIL_BOUND)``; those shares sum to the bound
+  over any number of schedules, so a run of a correct engine fails with probability at most
+  ``FALSE_FAIL_BOUND`` however many schedules Hypothesis judges (a union bound).
   The bound assumes the engine samples from ``p`` (``sampling.*`` judge that).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,13 +39,19 @@ from specproof.strategies import BatchSchedule, ScheduledRequest
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
-__all__ = ["CHANCE", "TRIALS", "check_seeds", "detectable_copy_rate", "opening_chance"]
+__all__ = ["CHANCE", "TRIALS", "check_seeds", "detectable_copy_rate", "opening_chance", "schedule_alpha"]
 
 Result = tuple[list[Violation], int, str]
 TRIALS = 4  # same-prompt unseeded pairs per schedule
-CHANCE = 0.01  # a repeated opening is judged on the shortest one this unlikely under p
+CHANCE = 0.001  # a repeated opening is judged on the shortest one this unlikely under p
 MIN_NEW_TOKENS = 16  # the pairs' length: long enough that an opening is unlikely by chance on a peaked model
 NEIGHBOURS = ("seeded with other seeds", "sampled with no seed", "greedy")
+
+
+def schedule_alpha(index: int, bound: float) -> float:
+    """The ``index``-th schedule's (from 1) share of ``bound``: ``6 bound / (pi^2 index^2)``, summing to
+    ``bound`` over all indices (so no count of schedules need be known in advance)."""
+    return 6.0 * bound / (math.pi**2 * max(int(index), 1) ** 2)
 
 
 def check_seeds(inv: Invariant, subject: BatchSubject, schedule: BatchSchedule) -> Result:
