@@ -66,6 +66,15 @@ def test_without_a_model_the_independence_part_says_it_judged_nothing() -> None:
     assert batch_seeds.check_seeds(INV, subject, MIXED)[:2] == ([], 0)
 
 
+@pytest.mark.parametrize("chances", [[0.01, 0.02, 0.5, 0.001], [0.3] * 4, [0.0, 1.0, 0.5], []])
+def test_the_upper_tail_is_scipys_poisson_binomial(chances: list[float]) -> None:
+    from scipy import stats
+
+    for hits in range(len(chances) + 2):
+        expected = float(stats.poisson_binom(chances).sf(hits - 1)) if chances else float(hits <= 0)
+        assert batch_seeds.upper_tail(chances, hits) == pytest.approx(expected, rel=1e-9, abs=1e-15)
+
+
 def test_the_schedules_shares_sum_to_the_bound() -> None:
     shares = [batch_seeds.schedule_alpha(n, 1e-6) for n in range(1, 200_000)]
     assert shares == sorted(shares, reverse=True) and 0.99999e-6 < sum(shares) <= 1e-6

@@ -14,7 +14,8 @@ Two parts, judged on each drawn schedule:
   probabilities of those tokens (computed here on a fresh copy of the model, never by the engine);
   ``m`` is the shortest opening with ``pi <= CHANCE`` (all of ``A`` where none is). The trials are
   independent, so the number of repeated openings is Poisson-binomial with those ``pi``; the check
-  fails when its upper tail (``scipy.stats.poisson_binom``) is at most ``seed_alpha``. The driver
+  fails when its exact upper tail (``upper_tail``, the Poisson-binomial law by convolution; the
+  tests compare it with ``scipy.stats.poisson_binom``) is at most ``seed_alpha``. The driver
   gives the n-th schedule ``schedule_alpha(n, FALSE_FAIL_BOUND)``; those shares sum to the bound
   over any number of schedules, so a run of a correct engine fails with probability at most
   ``FALSE_FAIL_BOUND`` however many schedules Hypothesis judges (a union bound).
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
-from scipy import stats
 
 from specproof.conformance.checks.batch import BatchSubject, request_of, run_failed, run_schedule
 from specproof.contract import BatchRequest, SamplingParams, Violation, run_alone
@@ -39,7 +39,15 @@ from specproof.strategies import BatchSchedule, ScheduledRequest
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
-__all__ = ["CHANCE", "TRIALS", "check_seeds", "detectable_copy_rate", "opening_chance", "schedule_alpha"]
+__all__ = [
+    "CHANCE",
+    "TRIALS",
+    "check_seeds",
+    "detectable_copy_rate",
+    "opening_chance",
+    "schedule_alpha",
+    "upper_tail",
+]
 
 Result = tuple[list[Violation], int, str]
 TRIALS = 4  # same-prompt unseeded pairs per schedule
@@ -148,7 +156,7 @@ def _independence(inv: Invariant, subject: BatchSubject, calm: BatchSchedule) ->
         chance, m = opening_chance(subject.make_reference(), list(spec.prompt), a, unseeded)
         chances.append(chance)
         hits += int(b[:m] == a[:m] and m > 0)
-    tail = float(stats.poisson_binom(chances).sf(hits - 1)) if hits else 1.0
+    tail = upper_tail(chances, hits)
     note = (
         f"{hits} of {TRIALS} unseeded same-prompt pairs repeated an opening ({sum(chances):.2g} expected); "
         f"upper tail {tail:.2g} vs {subject.seed_alpha:.1g}; a copy rate of "
@@ -196,12 +204,20 @@ def detectable_copy_rate(chances: Sequence[float], alpha: float) -> float:
     if not chances:
         return 1.0
     n = len(chances)
-    pb = stats.poisson_binom(list(chances))
-    need = next((x for x in range(1, n + 1) if pb.sf(x - 1) <= alpha), None)
+    need = next((x for x in range(1, n + 1) if upper_tail(chances, x) <= alpha), None)
     if need is None:
         return 1.0
     low, high = 0.0, 1.0
     for _ in range(40):  # hits >= Binomial(n, rho): power P(Binom >= need) is increasing in rho
         mid = (low + high) / 2
-        low, high = (mid, high) if stats.binom(n, mid).sf(need - 1) < 0.99 else (low, mid)
+        low, high = (mid, high) if upper_tail([mid] * n, need) < 0.99 else (low, mid)
     return high
+
+
+def upper_tail(chances: Sequence[float], hits: int) -> float:
+    """``P(X >= hits)`` for ``X`` the number of successes of independent trials with these
+    probabilities (the Poisson-binomial law, exact by convolution; scipy is not a runtime dependency)."""
+    pmf = np.ones(1)
+    for p in chances:
+        pmf = np.convolve(pmf, [1.0 - float(p), float(p)])
+    return float(min(1.0, pmf[max(int(hits), 0) :].sum()))
