@@ -136,7 +136,7 @@ OPTIONS: tuple[Option, ...] = (
         plugin="--specproof-batches",
         flag=True,
         help="also {verb} a batched engine's batches: the batch.* checks run only with it (at quick they add "
-        "64-82%% to the built-in stack's CPU time; docs/contract.md, Batches)",
+        "about 250%% to the built-in stack's CPU time; docs/contract.md, Batches)",
     ),
     Option(
         dest="decode_state",

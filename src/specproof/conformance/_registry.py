@@ -47,6 +47,7 @@ from hypothesis import strategies as st
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
+from specproof.conformance.checks import batch_seeds
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
@@ -647,7 +648,7 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         draws=_BATCH_DRAWS,
         driver="batch-schedules",
         check=_batch_check(batch_checks.check_isolation),
-        zoo=("batch_pads_recurrent_state", "batch_rollback_wrong_slot"),
+        zoo=("batch_pads_recurrent_state", "batch_rollback_wrong_slot", "batch_verify_depends_on_batch_size"),
         also=("batch_stale_zero_draft", "batch_slot_not_cleared"),
     ),
     Invariant(
@@ -696,6 +697,19 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         check=_batch_check(batch_checks.check_liveness),
         zoo=("batch_retries_rejected_row",),
         also=("batch_rollback_wrong_slot",),
+    ),
+    Invariant(
+        id="batch.seeds",
+        subject="engine",
+        summary="a seeded request emits its solo run's tokens beside neighbours seeded otherwise, unseeded or "
+        "greedy (where the engine declares batch_invariant_seeding); two unseeded requests with one prompt in "
+        "one batch repeat each other's opening no more often than independent streams (Poisson-binomial tail)",
+        needs=("batched",),
+        draws=_BATCH_DRAWS + "; per schedule, its first request seeded beside neighbours of each seeding and "
+        f"{batch_seeds.TRIALS} batches of two unseeded requests with its prompt",
+        driver="batch-schedules",
+        check=_batch_check(batch_seeds.check_seeds),
+        zoo=("batch_one_rng_stream", "batch_seed_ignored_beside_unseeded"),
     ),
 )
 

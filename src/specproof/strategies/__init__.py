@@ -26,6 +26,8 @@
   (docs/contract.md, "Decode state");
 - ``TreePlan`` / ``tree_plans(...)`` / ``tree_parents(...)`` / ``ScriptedTreeDrafter``: token trees for tree
   engines (docs/contract.md, "Trees"), scripted from the oracle's continuation, shrinking to one node;
+- ``BatchMachine.configure(...)`` / ``BatchMachineFailure``: a ``RuleBasedStateMachine`` over a batched
+  engine's scheduler (add, step, step(only=), abort, preempt) judged against plain greedy solo runs;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
   ``RuleBasedStateMachine`` that steps an engine round by round through every
   accept/reject/rollback path and checks the decode convention after each step.
@@ -33,6 +35,7 @@
 This module is the public facade; the implementation lives in private modules.
 """
 
+from specproof.strategies._batch_machine import BatchMachine, BatchMachineFailure
 from specproof.strategies._batch_schedules import BatchSchedule, ScheduledRequest, ScheduleEvent, batch_schedules
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
 from specproof.strategies._decode_params import DECODE_KINDS, draft_schedules, processor_configs, stop_sets
@@ -89,6 +92,8 @@ __all__ = [
     "RelationTracker",
     "relation_of",
     "unreached_relations",
+    "BatchMachine",
+    "BatchMachineFailure",
     "BatchSchedule",
     "ScriptedTreeDrafter",
     "TreePlan",

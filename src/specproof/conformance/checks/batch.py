@@ -50,7 +50,8 @@ class BatchSubject:
 
     ``make_engine``: a fresh (or reset) engine; ``greedy(prompt, n, eos)``: plain greedy on a fresh
     copy of the model; ``make_reference``: a fresh model whose ``state_arrays`` a slot is compared
-    with (None: no white-box state check).
+    with (None: no white-box state check); ``sampling``: the parameters of sampled requests (None:
+    ``SEEDED``); ``seed_alpha``: ``batch.seeds``' false-fail bound for one schedule.
     """
 
     make_engine: Callable[[], Any]
@@ -61,6 +62,13 @@ class BatchSubject:
     make_reference: Callable[[], Any] | None = None
     tie_tolerance: float = 0.0
     atol: float = 0.0
+    sampling: SamplingParams | None = None
+    seed_alpha: float = 1e-6
+
+    @property
+    def sampled(self) -> SamplingParams:
+        """The parameters a sampled request of a schedule is given (its seed set per request)."""
+        return SEEDED if self.sampling is None or self.sampling.greedy else self.sampling
 
 
 @attrs.define
@@ -83,7 +91,7 @@ def request_of(subject: BatchSubject, index: int, spec: ScheduledRequest) -> Bat
     continuation = subject.greedy(spec.prompt, spec.max_new_tokens + subject.k + 1, None)
     eos = None if spec.eos_at is None else continuation[spec.eos_at]
     drafter = ScriptedDrafter(spec.prompt, continuation, spec.plan, vocab_size=subject.vocab_size)
-    sampling = None if spec.seed is None else attrs.evolve(SEEDED, seed=spec.seed)
+    sampling = None if spec.seed is None else subject.sampled.with_seed(spec.seed)
     return BatchRequest(
         request_id=f"r{index}",
         prompt=spec.prompt,
@@ -100,10 +108,15 @@ def run_schedule(
     *,
     engine: Any = None,
     on_step: Callable[[Any, list[RequestOutput]], None] | None = None,
+    requests: Sequence[BatchRequest] | None = None,
 ) -> ScheduleRun:
-    """Run ``schedule`` on a fresh engine (or ``engine``); any exception is the run's ``error``."""
+    """Run ``schedule`` on a fresh engine (or ``engine``); any exception is the run's ``error``.
+
+    ``requests``: the schedule's requests as built (ids ``r0``, ``r1``, ...) where the caller sets
+    what ``request_of`` would not (``batch.seeds``: unseeded sampled neighbours)."""
     engine = subject.make_engine() if engine is None else engine
-    requests = [request_of(subject, i, r) for i, r in enumerate(schedule.requests)]
+    if requests is None:
+        requests = [request_of(subject, i, r) for i, r in enumerate(schedule.requests)]
     run = ScheduleRun()
     run.bound = sum(r.max_new_tokens + 2 for r in schedule.requests) + 2 * len(schedule.events) + 8
     pending = sorted(range(len(requests)), key=lambda i: schedule.requests[i].arrival)
@@ -153,7 +166,7 @@ def _apply_events(engine: Any, schedule: BatchSchedule, index: int, running: set
         run.applied.append(f"before step {index}: {event.action} {request_id}")
 
 
-def _failed(inv: Invariant, run: ScheduleRun, example: dict[str, object]) -> list[Violation]:
+def run_failed(inv: Invariant, run: ScheduleRun, example: dict[str, object]) -> list[Violation]:
     """The run's own failure (an exception, or a batch that never finished), as a violation."""
     if run.error is not None:
         return [inv.violation(f"the batched engine raised during the schedule: {run.error}", example=example)]
@@ -234,7 +247,7 @@ def check_isolation(inv: Invariant, subject: BatchSubject, schedule: BatchSchedu
     calm = schedule.calm()
     example = calm.describe()
     run = run_schedule(subject, calm)
-    found = _failed(inv, run, example) or _judge_outputs(inv, subject, calm, run, example)
+    found = run_failed(inv, run, example) or _judge_outputs(inv, subject, calm, run, example)
     return found, _counted(len(run.cobatched), found), "no two requests were in flight together"
 
 
@@ -246,7 +259,7 @@ def check_schedule_invariance(inv: Invariant, subject: BatchSubject, schedule: B
         example = variant.describe()
         run = run_schedule(subject, variant)
         exercised += len(run.applied) + (variant is not schedule)
-        found += _failed(inv, run, example) or _judge_outputs(inv, subject, variant, run, example)
+        found += run_failed(inv, run, example) or _judge_outputs(inv, subject, variant, run, example)
         if found:
             break
     return (
@@ -267,7 +280,7 @@ def check_slot_reuse(inv: Invariant, subject: BatchSubject, schedule: BatchSched
         single = BatchSchedule(requests=(spec,))
         example = {**calm.describe(), "order": [f"r{i}" for i in order[: turn + 1]]}
         run = run_schedule(subject, single, engine=engine)
-        found = _failed(inv, run, example) or _judge_outputs(inv, subject, single, run, example)
+        found = run_failed(inv, run, example) or _judge_outputs(inv, subject, single, run, example)
         if found:
             where = f"after {turn} earlier request(s) on the engine"
             return [attrs.evolve(v, explanation=f"{where}: {v.explanation}") for v in found], turn + 1, ""
@@ -304,7 +317,7 @@ def check_per_slot_state(inv: Invariant, subject: BatchSubject, schedule: BatchS
                 )
 
     run = run_schedule(subject, calm, on_step=on_step)
-    found = found or _failed(inv, run, example)
+    found = found or run_failed(inv, run, example)
     return found, _counted(compared[0], found), "no request was still running after a step"
 
 
@@ -313,7 +326,7 @@ def check_liveness(inv: Invariant, subject: BatchSubject, schedule: BatchSchedul
     some request while any is unfinished, and the batch finishes within its bound."""
     example = schedule.describe()
     run = run_schedule(subject, schedule)
-    found = _failed(inv, run, example)
+    found = run_failed(inv, run, example)
     for index, outs in enumerate(run.steps):
         for out in outs:
             if out.step is not None and not out.new_tokens:

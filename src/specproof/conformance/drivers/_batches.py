@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import attrs
 import hypothesis
 from hypothesis import strategies as st
 
 from specproof.conformance._engine_runs import case_greedy
 from specproof.conformance._records import Capabilities
+from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks.batch import BatchSubject
+from specproof.conformance.checks.batch_seeds import schedule_alpha
 from specproof.conformance.drivers._protocol import CheckItem, Driver
 from specproof.contract import BatchCapabilities, ViolationError
 from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceHybrid, ReferenceSlotPool
@@ -67,7 +70,9 @@ class BatchDriver(Driver):
         @hypothesis.given(data=st.data())
         def search(data: st.DataObject) -> None:
             result.examples += 1
-            outcome = inv.check(subject, data.draw(strategy, label="schedule"))
+            # batch.seeds: the n-th schedule's share of the run's false-fail bound (they sum to it)
+            judged = attrs.evolve(subject, seed_alpha=schedule_alpha(result.examples, FALSE_FAIL_BOUND))
+            outcome = inv.check(judged, data.draw(strategy, label="schedule"))
             result.exercised += outcome.exercised
             if outcome.note and not outcome.exercised:
                 notes.append(outcome.note)
@@ -116,6 +121,7 @@ class BatchDriver(Driver):
                 make_reference=make_reference,
                 tie_tolerance=case.tie_tolerance,
                 atol=case.atol,
+                sampling=plan.sampling,
             ),
             "",
         )

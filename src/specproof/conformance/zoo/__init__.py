@@ -28,13 +28,17 @@ from specproof.conformance._registry import REGISTRY, Invariant
 from specproof.conformance.zoo import _model_drafters
 from specproof.conformance.zoo._batch_engines import (
     BatchFifoTwoRows,
+    BatchOneRngStream,
     BatchPadsRecurrentState,
+    BatchRecomputeOnly,
     BatchReplayEngine,
     BatchRetriesRejectedRow,
     BatchRollbackWrongSlot,
+    BatchSeedIgnoredBesideUnseeded,
     BatchSlotNotCleared,
     BatchStaleResume,
     BatchStaleZeroDraft,
+    BatchVerifyDependsOnBatchSize,
     BatchZooEngine,
 )
 from specproof.conformance.zoo._decode_engines import (
@@ -303,6 +307,11 @@ def batch_fifo_two_rows() -> BatchFifoTwoRows:
     return BatchFifoTwoRows()
 
 
+def batch_recompute_only() -> BatchRecomputeOnly:
+    """Correct, differently: preempts by recompute only (declares no snapshot preemption), replay rollback."""
+    return BatchRecomputeOnly()
+
+
 def feature_head_drafter() -> HeadDrafter:
     """Correct: a feature head whose KV is append-only (the chain's slots are overwritten next call)."""
     return head_drafter()
@@ -449,6 +458,9 @@ _MEMBERS: dict[str, MemberEntry] = {
     "batch_rollback_wrong_slot": ("engine", BatchRollbackWrongSlot),
     "batch_stale_resume": ("engine", BatchStaleResume),
     "batch_retries_rejected_row": ("engine", BatchRetriesRejectedRow),
+    "batch_verify_depends_on_batch_size": ("engine", BatchVerifyDependsOnBatchSize),
+    "batch_one_rng_stream": ("engine", BatchOneRngStream),
+    "batch_seed_ignored_beside_unseeded": ("engine", BatchSeedIgnoredBesideUnseeded),
     "refeeds_accepted_first": ("engine", RefeedsAcceptedFirst),
     "eos_masked_by_length_cap": ("engine", EosMaskedByLengthCap),
     "ignores_suite_drafts": ("engine", IgnoresSuiteDrafts),
@@ -609,10 +621,11 @@ CORRECT_DRAFTERS: dict[str, str] = {
 """Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""
 
 CORRECT_BATCH: dict[str, str] = {
-    name: f"{_MODULE}:{name}" for name in ("batch_zoo_engine", "batch_replay_engine", "batch_fifo_two_rows")
+    name: f"{_MODULE}:{name}"
+    for name in ("batch_zoo_engine", "batch_replay_engine", "batch_fifo_two_rows", "batch_recompute_only")
 }
-"""Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list): the batch
-checks accept them (docs/contract.md, "Batches")."""
+"""Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list, preemption
+by recompute only): the batch checks accept them (docs/contract.md, "Batches")."""
 
 CORRECT_DECODE: dict[str, str] = {
     name: f"{_MODULE}:{name}"

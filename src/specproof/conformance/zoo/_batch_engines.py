@@ -4,7 +4,9 @@ Each member is ``BatchSpecDecoder`` (or its slot pool) with one change, in the s
 report: a zero-draft row that reads the state of before the previous round (vLLM #52942 /
 #40738), padding written into the recurrent state (vLLM #55178), a freed slot not cleared
 (vLLM #43559, A, B, A), a row's rollback applied to its neighbour's slot, a preempted request
-resumed from a stale snapshot (vLLM #49620). ``BatchZooEngine`` is their control; the correct
+resumed from a stale snapshot (vLLM #49620), a verify forward whose logits move with the batch size
+(vLLM RFC #54506 / #41758), unseeded requests replaying one default stream (TensorRT-LLM #19487),
+a seed ignored beside an unseeded neighbour (vLLM #51226 / #9441). ``BatchZooEngine`` is their control; the correct
 variants batch differently (replay rollback, a FIFO free list with fewer rows a step than slots).
 """
 
@@ -16,18 +18,29 @@ import attrs
 import numpy as np
 
 from specproof.conformance.zoo._targets import small_reference
-from specproof.contract import RequestOutput, Step
-from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceSlotPool, ReferenceSnapshot, SwappedSlot
+from specproof.contract import BatchRequest, RequestOutput, Step
+from specproof.engine import (
+    BatchForward,
+    BatchSpecDecoder,
+    NgramDrafter,
+    ReferenceSlotPool,
+    ReferenceSnapshot,
+    SwappedSlot,
+)
 
 __all__ = [
     "BatchFifoTwoRows",
+    "BatchOneRngStream",
     "BatchPadsRecurrentState",
+    "BatchRecomputeOnly",
     "BatchReplayEngine",
     "BatchRetriesRejectedRow",
     "BatchRollbackWrongSlot",
+    "BatchSeedIgnoredBesideUnseeded",
     "BatchSlotNotCleared",
     "BatchStaleResume",
     "BatchStaleZeroDraft",
+    "BatchVerifyDependsOnBatchSize",
     "BatchZooEngine",
 ]
 
@@ -50,6 +63,14 @@ class BatchReplayEngine(BatchZooEngine):
     """Correct, differently: replay rollback (restore the slot's snapshot, re-feed the kept tokens)."""
 
     rollback_kind = "replay"
+
+
+class BatchRecomputeOnly(BatchReplayEngine):
+    """Correct, differently: preemption by recompute only (the one mode it declares), replay rollback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_capabilities = attrs.evolve(self.batch_capabilities, preemption=("recompute",))
 
 
 class _FifoPool(ReferenceSlotPool):
@@ -172,3 +193,55 @@ class BatchStaleResume(BatchZooEngine):
             return swapped
         stale = attrs.evolve(swapped.saved, conv_state=before.conv_state, rec_state=before.rec_state)
         return attrs.evolve(swapped, saved=stale)
+
+
+class _BatchSizePool(ReferenceSlotPool):
+    """A verify step of more than one row adds a batch-size-dependent term to every logit (another
+    kernel or reduction order per batch size), half a logit per extra row: beyond any tie tolerance."""
+
+    def forward_batch(self, rows, *, checkpoints):  # type: ignore[no-untyped-def, override]
+        out: BatchForward = super().forward_batch(rows, checkpoints=checkpoints)
+        if len(rows) > 1:
+            drift = 0.5 * (len(rows) - 1) * np.cos(np.arange(self.vocab_size) * 1.3)
+            out.logits[out.mask] += drift.astype(out.logits.dtype)
+        return out
+
+
+class BatchVerifyDependsOnBatchSize(BatchZooEngine):
+    """A row verified beside others gets other logits than verified alone, by more than the tie
+    tolerance, so its greedy tokens change with the batch size (vLLM RFC #54506 / #41758)."""
+
+    pool_class = _BatchSizePool
+
+
+class BatchOneRngStream(BatchZooEngine):
+    """Every request without a seed samples from the engine's one default stream, started afresh
+    (TensorRT-LLM #19487): two unseeded requests with one prompt emit the same tokens."""
+
+    def add_request(self, request: BatchRequest) -> None:
+        super().add_request(request)
+        req = self._requests[request.request_id]
+        if req.sampler is not None and req.sampler.params.seed is None:
+            req.sampler = attrs.evolve(req.sampler, rng=np.random.default_rng(0))
+
+
+class BatchSeedIgnoredBesideUnseeded(BatchZooEngine):
+    """A round whose batch holds an unseeded sampled request draws every row from the engine's one
+    generator, a seeded row's own seed ignored (vLLM #51226 / #9441)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._engine_rng = np.random.default_rng()
+
+    def _verify_round(self, batch: list[Any]) -> Any:
+        if not any(r.sampler is not None and r.sampler.params.seed is None for r in batch):
+            return super()._verify_round(batch)
+        own = {r.id: r.sampler for r in batch}
+        for r in batch:
+            if r.sampler is not None:
+                r.sampler = attrs.evolve(r.sampler, rng=self._engine_rng)
+        try:
+            return super()._verify_round(batch)
+        finally:
+            for r in batch:
+                r.sampler = own[r.id]
