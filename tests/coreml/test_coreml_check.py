@@ -23,6 +23,7 @@ from specproof import cli  # noqa: E402
 from specproof.coreml import CheckOptions, _blocks, _program, check_bundle, export_bundle, family_target  # noqa: E402
 from specproof.engine import InvalidSettingError, PluginError, ReferenceHybrid  # noqa: E402
 from specproof.engine.targets._reference_blocks import router_margins  # noqa: E402
+from specproof.formats import validate  # noqa: E402
 from specproof.plugins import load_target  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "specproof"
@@ -149,6 +150,7 @@ def test_cli_exit_codes(root: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     capsys.readouterr()
     assert cli.main(["bundle", "check", str(good), "--examples", "10", "--json"]) == 0  # --against from metadata
     doc = json.loads(capsys.readouterr().out)
+    assert validate("bundle-check-1", doc) == []  # its JSON Schema (specproof/schemas/)
     assert doc["against"] == "family:lfm2-moe" and doc["verdict"] == "pass"
     assert [r["id"] for r in doc["results"]] == ["bundle.logits", "bundle.states", "bundle.greedy"]
     assert cli.main(["bundle", "check", str(good), "--against", "reference", "--examples", "5"]) == 1

@@ -32,6 +32,7 @@ import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
 from specproof.coreml._export import GOLDEN_PROMPTS
+from specproof.formats import bundle_check as bundle_check_format
 
 __all__ = ["CHECK_RULES", "BundleCheckReport", "CheckOptions", "CheckResult", "check_bundle"]
 
@@ -105,6 +106,7 @@ class BundleCheckReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "format": bundle_check_format.ID,
             "path": self.path,
             "against": self.against,
             "verdict": self.verdict,
