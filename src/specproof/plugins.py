@@ -6,7 +6,7 @@ and is the one place that knows all three; none of them imports it (tests/projec
 - ``load_target(spec)``: the engine's target families (``reference``, ``reference-moe``,
   ``reference:FIELD=V,...``, ``hf:``, ``mlx:``, ``coreml:``, ``coreml-eval:``, any ``register_target_family``
   prefix), the fixtures (``trained``, ``trained-small``; ``hf:lfm2-trained``/``mlx:lfm2-trained``
-  convert ``trained``), or ``MODULE:ATTRIBUTE``;
+  convert ``trained``), the Core ML export families' sources (``family:NAME``), or ``MODULE:ATTRIBUTE``;
 - ``drafter_factory(spec)`` / ``load_drafter(spec)``: ``ngram[:MIN_N,MAX_N[,recent|earliest]]``,
   ``model:TARGET``, ``combined:TARGET``, ``eagle:trained[,replay]``, ``mtp:trained``,
   ``suffix[:MIN_N,MAX_N]`` or ``MODULE:ATTRIBUTE`` (see ``DRAFTER_SPECS``);
@@ -55,10 +55,20 @@ DRAFTER_SPECS = (
     "MODULE:ATTRIBUTE",
 )  # fmt: skip
 
+
+def load_family_spec(args: str) -> ReferenceHybrid:
+    """``family:NAME[,max_context=N]``: a Core ML export family's source model (imported on use)."""
+    from specproof.coreml import load_family_spec as load
+
+    return load(args)
+
+
 #: target specs served by the packaged fixtures: prefix -> loader of the text after ``prefix:``
 FIXTURE_TARGETS: dict[str, Callable[[str], ReferenceHybrid]] = {
     "trained": load_trained_target,
     "trained-small": load_trained_small_target,
+    # the Core ML export families' source models (family:lfm2-moe[,max_context=N]; docs/coreml.md)
+    "family": load_family_spec,
 }
 
 # External engines over specproof-engine/1.

@@ -119,6 +119,7 @@ def test_exported_bundle_qualifies_for_k4(bundles: dict[str, Path]) -> None:
         "recurrent-state",
         "states-threaded",
         "position",
+        "declared-types",
     ]
     assert {s.name: s.dims for s in fn.states} == {
         "key_cache": (2, 2, 512, 16),

@@ -1,7 +1,10 @@
-"""``specproof bundle inspect|export``: judge a Core ML bundle for verify forwards; export a reference as one.
+"""``specproof bundle inspect|export|check``: judge a Core ML bundle for verify forwards; export a reference
+as one; check one against the model it was exported from.
 
 ``inspect`` exits 0 when a function of the bundle qualifies for a K-token verify
-forward, 1 when none does, 2 when the path is not a readable bundle.
+forward, 1 when none does, 2 when the path is not a readable bundle. ``check`` exits 0 when
+the bundle computes what its source computes, 1 when it does not, 2 on bad input, 3 when a
+rule exercised nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ins.add_argument("--json", action="store_true", help=f"print the verdict as JSON ({bundle_inspect_format.ID})")
     ins.set_defaults(func=run_inspect)
     _add_export_parser(bsub)
+    _add_check_parser(bsub)
     p.set_defaults(func=lambda args: _no_action(p))
 
 
@@ -113,6 +117,109 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
     for action in exp._actions:
         if action.dest == "target":
             action.help = _EXPORT_TARGET_HELP
+
+
+def _add_check_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from specproof.contract.validation import number_argument
+    from specproof.coreml import CheckOptions
+
+    defaults = CheckOptions()
+    chk = bsub.add_parser(
+        "check",
+        help="check a bundle (run by the ML-program evaluator, any OS) against the model it was exported from",
+        description=(
+            "Feed drawn token sequences in drawn chunkings to the bundle (through the numpy evaluator of its saved "
+            "program) and to the source model: logits per position within --rtol, the states both hold after every "
+            "chunk, greedy tokens of the golden prompts. Exit 0: it computes what the source computes; 1: it does "
+            "not; 2: bad input; 3: a rule exercised nothing. docs/coreml.md"
+        ),
+    )
+    chk.add_argument("path", help="the .mlpackage")
+    chk.add_argument(
+        "--against",
+        default=None,
+        metavar="SPEC",
+        help="the source model's target spec (trained, reference:..., family:NAME, hf:/path, mlx:/path); "
+        "default: the bundle's specproof.target metadata",
+    )
+    chk.add_argument("--examples", type=integer_argument, default=defaults.examples, help="drawn token sequences")
+    chk.add_argument("--max-tokens", type=integer_argument, default=defaults.max_tokens, help="longest drawn sequence")
+    chk.add_argument(
+        "--rtol",
+        type=number_argument,
+        default=defaults.rtol,
+        help=f"tolerance as a fraction of a row's (a state's) largest |source value| (default {defaults.rtol})",
+    )
+    chk.add_argument(
+        "--router-margin",
+        type=number_argument,
+        default=defaults.router_margin,
+        help="rows from the first source router decision closer than this (router logits) are not compared: "
+        f"an fp16 bundle may route it otherwise (default {defaults.router_margin})",
+    )
+    chk.add_argument(
+        "--tie-tolerance",
+        type=number_argument,
+        default=defaults.tie_tolerance,
+        help=f"top-2 logit margin that excuses a greedy divergence (default {defaults.tie_tolerance})",
+    )
+    chk.add_argument("--seed", type=integer_argument, default=None, help="Hypothesis seed (default: derandomized)")
+    chk.add_argument("--json", action="store_true", help="print the report as JSON")
+    chk.set_defaults(func=run_check)
+
+
+def _check_source(args: argparse.Namespace) -> tuple[Any, str]:
+    """The source model and its spec: --against, else the bundle's specproof.target metadata."""
+    from specproof.contract import UsageError
+    from specproof.contract.errors import SpecproofError
+    from specproof.coreml import BundleReadError, inspect_bundle
+    from specproof.plugins import load_target
+
+    spec = args.against
+    if spec is None:
+        try:
+            spec = inspect_bundle(args.path).metadata.get("specproof.target")
+        except BundleReadError as exc:
+            raise UsageError(f"bundle check: {exc}") from None
+        if not spec:
+            raise UsageError(
+                f"bundle check: {args.path!r} records no specproof.target; name the source: --against SPEC"
+            )
+    try:
+        return load_target(spec), spec
+    except SpecproofError as exc:
+        raise UsageError(f"bundle check --against {spec!r}: {exc}") from None
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from specproof.contract import UsageError
+    from specproof.contract.errors import InvalidSettingError
+    from specproof.coreml import CheckOptions, check_bundle
+
+    try:
+        options = CheckOptions(
+            examples=args.examples,
+            max_tokens=args.max_tokens,
+            rtol=args.rtol,
+            router_margin=args.router_margin,
+            tie_tolerance=args.tie_tolerance,
+            seed=args.seed,
+        )
+    except InvalidSettingError as exc:
+        raise UsageError(str(exc)) from None
+    source, spec = _check_source(args)
+    try:
+        report = check_bundle(args.path, source, against=spec, options=options)
+    except InvalidSettingError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return report.exit_code
+    print(f"specproof bundle check — {report.path} against {spec}")
+    for r in report.results:
+        print(f"{r.status:<12} {r.id:<14} ({r.exercised} exercised) {r.detail}")
+    print(f"verdict: {report.verdict.upper()} in {report.seconds:.1f} s (exit {report.exit_code})")
+    return report.exit_code
 
 
 def _no_action(parser: argparse.ArgumentParser) -> int:
@@ -203,7 +310,7 @@ def export_target_spec(spec: str, max_context: int) -> str:
 def _export_target(args: argparse.Namespace) -> tuple[Any, str]:
     """The target to export and the spec (or description) that names it."""
     from specproof.contract import UsageError
-    from specproof.coreml import DEFAULT_EXPORT_TARGET, check_exportable, family_spec, family_target
+    from specproof.coreml import DEFAULT_EXPORT_TARGET, check_exportable, family_target
     from specproof.engine import ReferenceHybrid
     from specproof.plugins import load_target
 
@@ -213,9 +320,8 @@ def _export_target(args: argparse.Namespace) -> tuple[Any, str]:
         if args.target != DEFAULT_EXPORT_TARGET:
             raise UsageError("--family and --target are exclusive: a family names its own reference target")
         target = family_target(args.family, max_context=args.max_context)
-        base = family_spec(args.family).partition(":")[2]
-        spec = export_target_spec(f"reference:{base}", target.max_context)
-        return target, f"{args.family}: {spec}, experts 0 and 1 sharing their router row"
+        # a spec that rebuilds the source (load_target): what `bundle check` compares the bundle with
+        return target, f"family:{args.family},max_context={target.max_context}"
     if args.target.split(":", 1)[0] not in ("reference", "reference-moe"):
         raise UsageError(f"--target {args.target!r}: only reference targets can be exported")
     spec = export_target_spec(args.target, 512 if args.max_context is None else args.max_context)

@@ -10,6 +10,8 @@
   ``qwen3.6-moe``).
 - ``write_golden(path, target, target_spec=...)``: greedy tokens for ``GOLDEN_PROMPTS``
   in the golden format (``specproof.formats.golden``) that ``specproof check-trace --greedy`` reads.
+- ``check_bundle(path, source, options=CheckOptions(...))`` -> ``BundleCheckReport``: the bundle (through
+  the evaluator) against the model it was exported from: logits, states and greedy tokens (``CHECK_RULES``).
 - ``MilEvaluator`` runs a saved program in numpy on any OS (the ops in ``EVALUATOR_OPS``);
   ``CoreMLEvalTarget`` (``coreml-eval:PATH``) and ``CoreMLTarget`` (``coreml:PATH``,
   macOS 15+ only) live in ``specproof.engine.targets``.
@@ -17,6 +19,7 @@
 coremltools is imported lazily: importing this module needs only the core install.
 """
 
+from specproof.coreml._check import CHECK_RULES, BundleCheckReport, CheckOptions, CheckResult, check_bundle
 from specproof.coreml._export import (
     DEFAULT_EXPORT_TARGET,
     DEFAULT_MAX_QUERY,
@@ -31,7 +34,7 @@ from specproof.coreml._export import (
     golden_cases,
     write_golden,
 )
-from specproof.coreml._families import FAMILIES, family_spec, family_target
+from specproof.coreml._families import FAMILIES, family_spec, family_target, load_family_spec
 from specproof.coreml._inspect import (
     BundleReadError,
     BundleReport,
@@ -45,6 +48,7 @@ from specproof.engine.targets.mil_eval import OPS as EVALUATOR_OPS
 from specproof.engine.targets.mil_eval import MilEvaluator, UnknownOpError, load_program
 
 __all__ = [
+    "CHECK_RULES",
     "DEFAULT_EXPORT_TARGET",
     "DEFAULT_MAX_QUERY",
     "DEFAULT_MAX_QUERY_GDN",
@@ -55,7 +59,10 @@ __all__ = [
     "GOLDEN_PROMPTS",
     "LAYOUTS",
     "PLANTED_BUGS",
+    "BundleCheckReport",
     "BundleReadError",
+    "CheckOptions",
+    "CheckResult",
     "BundleReport",
     "ExportOptions",
     "ExportResult",
@@ -65,6 +72,7 @@ __all__ = [
     "TensorInfo",
     "UnknownOpError",
     "build_program",
+    "check_bundle",
     "check_exportable",
     "export_bundle",
     "export_config",
@@ -72,6 +80,7 @@ __all__ = [
     "family_target",
     "golden_cases",
     "inspect_bundle",
+    "load_family_spec",
     "load_program",
     "write_golden",
 ]

@@ -20,7 +20,7 @@ from typing import Final
 from specproof.contract.errors import InvalidSettingError
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
-__all__ = ["FAMILIES", "family_spec", "family_target"]
+__all__ = ["FAMILIES", "family_spec", "family_target", "load_family_spec"]
 
 _SMALL: Final = (
     "vocab_size=256,d_model=32,n_heads=4,n_kv_heads=2,head_dim=8,ffn_dim=64,conv_kernel=3,"
@@ -59,3 +59,18 @@ def family_target(name: str, *, max_context: int | None = None) -> ReferenceHybr
         gate[b] = gate[a]
         weights[f"model.layers.{i}.feed_forward.gate.weight"] = gate
     return ReferenceHybrid(cfg, weights=weights)
+
+
+def load_family_spec(args: str) -> ReferenceHybrid:
+    """The ``family:NAME[,max_context=N]`` target spec: the exported family's source model (what a
+    ``bundle export --family NAME`` bundle records as its ``specproof.target``)."""
+    name, _, rest = args.partition(",")
+    max_context = None
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if key != "max_context" or not eq or not value.isdigit():
+            raise InvalidSettingError(f"family:{args}: option {item!r}; only max_context=N is known")
+        max_context = int(value)
+    if max_context is not None and max_context < 2:
+        raise InvalidSettingError(f"family:{args}: max_context={max_context} must be >= 2")
+    return family_target(name, max_context=max_context)

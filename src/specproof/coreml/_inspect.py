@@ -15,7 +15,10 @@ states, and gives each function a verdict made of these rules:
 - ``states-threaded`` (ML programs): every Core ML state is written back
   (``coreml_update_state``) and every input/output state pair returns a value of the
   input's shape and dtype that is not the input passed through;
-- ``position``: an input tells the bundle where the chunk starts (or a mask that does).
+- ``position``: an input tells the bundle where the chunk starts (or a mask that does);
+- ``declared-types`` (ML programs): every declared input, state and output has the dtype and
+  shape of the program's (``_declared.py``); ``states-threaded`` also fails a state written
+  with the value read from it (a no-op write) or with a value of another shape.
 
 A bundle qualifies when at least one function passes every rule. Each function also gets
 its state layout (``all-mlstate``, ``kv-mlstate``, ...; ``_layout.py``) and warnings: a
@@ -33,6 +36,7 @@ import attrs
 
 from specproof.contract.errors import SpecproofError
 from specproof.contract.validation import int_at_least
+from specproof.coreml._declared import declared_problems
 from specproof.coreml._layout import KV_NAME, io_pairs, state_layout, threading_problems
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.formats import bundle_inspect as bundle_inspect_format
@@ -443,6 +447,18 @@ def _rule_states(
     ]
 
 
+def _rule_declared(problems: Sequence[str]) -> RuleResult:
+    if problems:
+        return RuleResult(
+            id="declared-types",
+            passed=False,
+            detail="; ".join(problems),
+            why="Core ML and every host loop read the declared interface, the program runs its own types: a "
+            "bundle whose two disagree is refused at load time or fed tensors of the wrong shape",
+        )
+    return RuleResult(id="declared-types", passed=True, detail="every declared input, state and output as the program")
+
+
 def _rule_position(inputs: Sequence[TensorInfo], token: TensorInfo | None) -> RuleResult:
     pos = [t for t in inputs if t is not token and _POSITION_NAME.search(t.name)]
     if pos:
@@ -509,6 +525,7 @@ def inspect_bundle(path: str | Path, *, k: int = 4) -> BundleReport:
                     k,
                     model_type,
                     block,
+                    declared_problems(fdesc, func, block),
                 )
             )
     else:
@@ -537,6 +554,7 @@ def _judge(
     k: int,
     model_type: str,
     block: Any = None,
+    declared: Sequence[str] | None = None,
 ) -> FunctionReport:
     token_rule, token = _rule_token_input(inputs, k)
     rules = [
@@ -546,6 +564,7 @@ def _judge(
         *_rule_states(inputs, outputs, states),
         *([_rule_threaded(inputs, outputs, states, block)] if block is not None else []),
         _rule_position(inputs, token),
+        *([_rule_declared(declared)] if declared is not None else []),
     ]
     layout, warnings = state_layout(inputs, outputs, states)
     return FunctionReport(

@@ -110,20 +110,73 @@ def _passes_through(name: str, producers: Mapping[str, Any], source: str) -> boo
     return False
 
 
+def _dims(vt: Any) -> tuple[object, ...] | None:
+    """A MIL value type's dims (``"?"`` for a symbolic one); None when it is not a tensor."""
+    if vt.WhichOneof("type") != "tensorType":
+        return None
+    return tuple(d.constant.size if d.WhichOneof("dimension") == "constant" else "?" for d in vt.tensorType.dimensions)
+
+
+def _reads_back(name: str, producers: Mapping[str, Any], state: str) -> bool:
+    """Whether var ``name`` is the value ``read_state`` gave for ``state`` (up to casts, reshapes, identities)."""
+    op = producers.get(name)
+    for _ in range(16):
+        if op is None:
+            return False
+        if op.type == "read_state":
+            return _first_arg(op, "input") == state
+        if op.type not in _PASS_THROUGH_OPS:
+            return False
+        arg = _first_arg(op, "x")
+        if arg is None:
+            return False
+        op = producers.get(arg)
+    return False
+
+
+def _write_problems(states: Sequence[_Named], block: Any, producers: Mapping[str, Any]) -> tuple[set[str], list[str]]:
+    """(states written with a new value, problems): a write of the value read (a no-op) or of another shape."""
+    shapes = {s.name: tuple(s.dims) for s in states}
+    written, problems = set(), []
+    for op in _operations(block):
+        if op.type not in ("write_state", "coreml_update_state"):
+            continue
+        state = _first_arg(op, "input" if op.type == "write_state" else "state")
+        value = _first_arg(op, "data" if op.type == "write_state" else "value")
+        if state is None or value is None:
+            continue
+        if _reads_back(value, producers, state):
+            problems.append(f"state {state!r} is written back with the value read from it (a no-op write)")
+            continue
+        source = producers.get(value)
+        vt = next((o.type for o in source.outputs if o.name == value), None) if source is not None else None
+        dims = _dims(vt) if vt is not None else None
+        if dims is not None and state in shapes and dims != shapes[state]:
+            problems.append(f"state {state!r} {list(shapes[state])} is written with a value of shape {list(dims)}")
+            continue
+        written.add(state)
+    return written, problems
+
+
 def threading_problems(
     inputs: Sequence[_Named], outputs: Sequence[_Named], states: Sequence[_Named], block: Any
 ) -> tuple[list[str], list[str]]:
-    """(states written back, problems): an MLState never written (``write_state``); an input/output
-    pair whose output has another shape or dtype than its input, or is the input passed through."""
+    """(states written back, problems): an MLState never written (``write_state``), written with the value read
+    from it (a no-op write) or with a value of another shape; an input/output pair whose output has another
+    shape or dtype than its input, or is the input passed through."""
     # the saved program writes a state with ``write_state`` (``coreml_update_state`` in the MIL builder)
-    written = {_first_arg(op, "input") for op in _operations(block) if op.type == "write_state"}
-    written |= {_first_arg(op, "state") for op in _operations(block) if op.type == "coreml_update_state"}
     producers = {out.name: op for op in _operations(block) for out in op.outputs}
-    ok, problems = [], []
+    written, problems = _write_problems(states, block, producers)
+    attempted = {
+        _first_arg(op, "input" if op.type == "write_state" else "state")
+        for op in _operations(block)
+        if op.type in ("write_state", "coreml_update_state")
+    }
+    ok = []
     for s in states:
         if s.name in written:
             ok.append(s.name)
-        else:
+        elif s.name not in attempted:
             problems.append(f"state {s.name!r} is read but never written back (no coreml_update_state)")
     by_name = {o.name: o for o in outputs}
     for name, out_name in io_pairs(inputs, outputs).items():

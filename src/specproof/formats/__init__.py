@@ -13,6 +13,7 @@ module              format                          what
 ``generate``        generate's printed JSON         ``generate --json``
 ``check_trace``     check-trace's printed JSON      ``check-trace --json``
 ``bundle_inspect``  bundle inspect's printed JSON   ``bundle inspect --json``
+``bundle_check``    bundle check's printed JSON     ``bundle check --json``
 ``invariants``      the registry as JSON            ``invariants --json``
 ==================  ==============================  ==============================================
 
@@ -29,6 +30,7 @@ from typing import Final
 from specproof.formats import (
     baseline,
     bench,
+    bundle_check,
     bundle_inspect,
     check_trace,
     generate,
@@ -56,6 +58,7 @@ __all__ = [
     "SchemaProblem",
     "baseline",
     "bench",
+    "bundle_check",
     "bundle_inspect",
     "by_schema",
     "check_trace",
@@ -77,7 +80,19 @@ __all__ = [
 #: every format specproof defines, one per schema file
 FORMATS: Final[tuple[JsonFormat, ...]] = tuple(
     m.FORMAT
-    for m in (report, session, trace, golden, bench, baseline, generate, check_trace, bundle_inspect, invariants)
+    for m in (
+        report,
+        session,
+        trace,
+        golden,
+        bench,
+        baseline,
+        generate,
+        check_trace,
+        bundle_inspect,
+        bundle_check,
+        invariants,
+    )
 )
 
 

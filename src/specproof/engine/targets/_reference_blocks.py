@@ -82,8 +82,9 @@ class MoeFfn:
         self.experts = experts
         self.k = k
 
-    def route(self, x: _Arr) -> tuple[_Arr, npt.NDArray[np.int64]]:
-        """The output rows and the read-only ``[q, k]`` expert ids each row chose."""
+    def route(self, x: _Arr) -> tuple[_Arr, npt.NDArray[np.int64], _Arr]:
+        """The output rows, the read-only ``[q, k]`` expert ids each row chose, and each row's router margin
+        (``router_margins``)."""
         logits = _linear(x, self.gate_t)
         e = np.exp(logits - logits.max(axis=-1, keepdims=True))
         probs = e / np.add.reduce(e, axis=-1, keepdims=True)
@@ -100,9 +101,24 @@ class MoeFfn:
         out = ys[:, 0] * w[:, 0:1]
         for s in range(1, self.k):
             out += ys[:, s] * w[:, s : s + 1]
+        margins = router_margins(logits, chosen)
         chosen = chosen.astype(np.int64)
         chosen.flags.writeable = False
-        return out, chosen
+        return out, chosen, margins
+
+
+def router_margins(logits: _Arr, chosen: npt.NDArray[np.intp]) -> _Arr:
+    """Per row, the smallest nonzero gap between a chosen expert's router logit and an unchosen one's.
+
+    An exact tie (equal logits, as experts with one router row give) is broken by index and is
+    not a margin; a small nonzero gap is one that a lower-precision copy of the model (an fp16
+    export) may order the other way. ``inf`` where no such pair exists (k = E)."""
+    q, n = logits.shape
+    picked = np.zeros((q, n), np.bool_)
+    np.put_along_axis(picked, chosen, True, axis=-1)
+    gaps = logits[:, :, None] - logits[:, None, :]  # [q, chosen e, other j]
+    valid = picked[:, :, None] & ~picked[:, None, :] & (gaps != 0)
+    return np.where(valid, np.abs(gaps), np.inf).min(axis=(1, 2)).astype(_F32)
 
 
 Ffn = DenseFfn | MoeFfn

@@ -45,11 +45,21 @@ def load_program(path: str | Path) -> Any:
     p = Path(path)
     if not (p / "Manifest.json").is_file():
         raise InvalidSettingError(f"{str(p)!r} is not an .mlpackage (no Manifest.json)")
-    spec = ct.utils.load_spec(str(p))
+    try:
+        spec = ct.utils.load_spec(str(p))
+    except Exception as exc:  # a corrupt spec: a clear error, never coremltools' traceback
+        raise InvalidSettingError(f"{str(p)!r}: not a readable Core ML spec ({type(exc).__name__}: {exc})") from None
     if spec.WhichOneof("Type") != "mlProgram":
         raise InvalidSettingError(f"{str(p)!r} is not an ML program ({spec.WhichOneof('Type')})")
     weights = p / "Data" / "com.apple.CoreML" / "weights"
-    program = milproto.load(spec, spec.specificationVersion, file_weights_dir=str(weights))
+    try:
+        program = milproto.load(spec, spec.specificationVersion, file_weights_dir=str(weights))
+    except Exception as exc:  # e.g. "Mismatch between var types": a state or output typed unlike its values
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidSettingError(
+            f"{str(p)!r}: coremltools cannot load its ML program ({type(exc).__name__}: {first}); "
+            "`specproof bundle inspect` names the disagreement"
+        ) from None
     program.specproof_metadata = {str(k): str(v) for k, v in spec.description.metadata.userDefined.items()}
     return program
 
@@ -170,6 +180,28 @@ def _squeeze(a: Mapping[str, Any]) -> np.ndarray:
     return np.squeeze(a["x"]) if axes is None else np.squeeze(a["x"], axis=tuple(int(i) for i in axes))
 
 
+def _slice_by_size(a: Mapping[str, Any]) -> np.ndarray:
+    """``x[begin : begin + size]`` per axis; a size of -1 runs to the end (what the torch frontend writes)."""
+    x = a["x"]
+    begin = [int(b) for b in np.asarray(a["begin"]).reshape(-1)]
+    size = [int(s) for s in np.asarray(a["size"]).reshape(-1)]
+    if len(begin) != x.ndim or len(size) != x.ndim:
+        raise ValueError(f"slice_by_size: begin {begin} / size {size} do not match rank {x.ndim}")
+    index = []
+    for axis, (b, n) in enumerate(zip(begin, size, strict=True)):
+        b = b % x.shape[axis] if b < 0 else b
+        index.append(slice(b, None if n == -1 else b + n))
+    return x[tuple(index)]
+
+
+def _split(a: Mapping[str, Any]) -> list[np.ndarray]:
+    x, axis = a["x"], int(a["axis"])
+    if a.get("split_sizes") is not None:
+        bounds = np.cumsum([int(s) for s in np.asarray(a["split_sizes"]).reshape(-1)])[:-1]
+        return list(np.split(x, bounds, axis=axis))
+    return list(np.split(x, int(a["num_splits"]), axis=axis))
+
+
 def _slice_update(a: Mapping[str, Any]) -> np.ndarray:
     x = a["x"].copy()
     sl = _slices(x.shape, a)
@@ -241,6 +273,13 @@ OPS: Final[dict[str, _Fn]] = {
     "gather": _gather,
     "slice_by_index": lambda a: a["x"][_slices(a["x"].shape, a)],
     "slice_update": _slice_update,
+    "slice_by_size": _slice_by_size,
+    "split": _split,
+    "tile": lambda a: np.tile(a["x"], [int(r) for r in a["reps"]]),
+    "sqrt": lambda a: np.sqrt(a["x"]),
+    "tanh": lambda a: np.tanh(a["x"]),
+    "abs": lambda a: np.abs(a["x"]),
+    "pow": lambda a: np.power(a["x"], a["y"]),
     "shape": lambda a: np.array(a["x"].shape, np.int32),
     "range_1d": lambda a: np.arange(_int(a["start"]), _int(a["end"]), _int(a["step"]), dtype=np.int32),
 }
@@ -375,6 +414,10 @@ class MilEvaluator:
             elif step.op_type == "while_loop":
                 for name, value in zip(step.outs, self._loop(step, args["loop_vars"], env), strict=True):
                     env[name] = value
+            elif len(step.outs) > 1:  # split: one value per output
+                values = OPS[step.op_type](args)
+                for name, value, dtype in zip(step.outs, values, step.out_dtypes, strict=True):
+                    env[name] = _store(value, dtype)
             else:
                 env[step.outs[0]] = _store(OPS[step.op_type](args), step.out_dtypes[0])
 

@@ -494,7 +494,7 @@ def _copy_sharing_weights(model: ReferenceHybrid, memo: dict[int, Any]) -> Refer
     for name, value in model.__dict__.items():
         if name in _SHARED_BY_COPIES:
             new.__dict__[name] = value
-        elif name == "_routing":  # read-only arrays
+        elif name in ("_routing", "_margins"):  # read-only arrays
             new.__dict__[name] = list(value)
         else:
             new.__dict__[name] = copy.deepcopy(value, memo)
@@ -533,6 +533,7 @@ class ReferenceHybrid:
         self._blocks: tuple[Block, ...] = _build_blocks(cfg, w)
         self._moe: tuple[MoeFfn, ...] = tuple(blk.ffn for blk in self._blocks if isinstance(blk.ffn, MoeFfn))
         self._routing: list[npt.NDArray[np.int64]] = [_no_routing(ffn.k) for ffn in self._moe]
+        self._margins: list[FloatArray] = [np.zeros(0, _F32) for _ in self._moe]
         self._embed = w["model.embed_tokens.weight"]
         self._final_norm = w["model.embedding_norm.weight"]
         head = self._embed if cfg.tie_embeddings else w["lm_head.weight"]
@@ -571,6 +572,12 @@ class ReferenceHybrid:
     def last_routing(self) -> tuple[npt.NDArray[np.int64], ...]:
         """Per MoE layer, the expert ids ``[q, experts_per_token]`` each position of the last forward chose."""
         return tuple(self._routing)
+
+    @property
+    def last_router_margins(self) -> tuple[FloatArray, ...]:
+        """Per MoE layer, ``[q]``: each position's router margin in the last forward (``router_margins``: the
+        smallest nonzero gap between a chosen and an unchosen expert's router logit; ``inf`` if none)."""
+        return tuple(self._margins)
 
     @property
     def last_experts_touched(self) -> tuple[frozenset[int], ...]:
@@ -687,6 +694,7 @@ class ReferenceHybrid:
         self._stamps.fill(self._clock)
         self._processed = 0
         self._routing = [_no_routing(ffn.k) for ffn in self._moe]
+        self._margins = [np.zeros(0, _F32) for _ in self._moe]
 
     def state_arrays(self) -> dict[str, FloatArray]:
         """Copies of the four device states, KV caches cut to the valid prefix."""
@@ -763,6 +771,7 @@ class ReferenceHybrid:
             rec_ck = np.zeros((q, *self._rec_state.shape), _F32)
         if q == 0:
             self._routing = [_no_routing(ffn.k) for ffn in self._moe]
+            self._margins = [np.zeros(0, _F32) for _ in self._moe]
             conv_ck.flags.writeable = False
             rec_ck.flags.writeable = False
             return np.zeros((0, self.vocab_size), _F32), conv_ck, rec_ck
@@ -773,6 +782,7 @@ class ReferenceHybrid:
         conv_rec = conv_ck if record else None
         rec_rec = rec_ck if record else None
         routing: list[npt.NDArray[np.int64]] = []
+        margins: list[FloatArray] = []
         with np.errstate(over="ignore"):  # silu/sigmoid of large negatives overflow exp harmlessly
             h = self._embed[toks]
             for index, blk in enumerate(self._blocks):
@@ -784,8 +794,9 @@ class ReferenceHybrid:
                 else:
                     h += blk.mix(x, self._conv_state, self._rec_state, conv_rec, rec_rec)
                 if isinstance(blk.ffn, MoeFfn):
-                    y, chosen = blk.ffn.route(_rms_norm(h, blk.ffn_norm, eps))
+                    y, chosen, margin = blk.ffn.route(_rms_norm(h, blk.ffn_norm, eps))
                     routing.append(chosen)
+                    margins.append(margin)
                     h += y
                 else:
                     h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
@@ -793,6 +804,7 @@ class ReferenceHybrid:
                     features[index] = h.copy()
             logits = _linear(_rms_norm(h, self._final_norm, eps), self._head_t)
         self._routing = routing
+        self._margins = margins
         self._clock += 1
         self._stamps[base:total] = self._clock
         self._processed = total
