@@ -655,7 +655,7 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         id="batch.schedule-invariance",
         subject="engine",
         summary="the same outputs with preemptions (snapshot, recompute) and cancellations placed between steps, "
-        "and with the arrivals reversed",
+        "with the arrivals reversed, and with the longest request preempted after its first round in each mode",
         needs=("batched",),
         draws=_BATCH_DRAWS,
         driver="batch-schedules",

@@ -70,6 +70,13 @@ class BatchSchedule:
         flipped = tuple(attrs.evolve(r, arrival=last - r.arrival) for r in reversed(self.requests))
         return BatchSchedule(requests=flipped)
 
+    def preempted(self, mode: str) -> BatchSchedule:
+        """The same requests with one event only: the one with the most tokens to make preempted by ``mode``
+        right after its first round (so every schedule meets a preemption, whatever events it drew)."""
+        index = max(range(len(self.requests)), key=lambda i: self.requests[i].max_new_tokens)
+        event = ScheduleEvent(at=self.requests[index].arrival + 1, request=index, action=mode)
+        return BatchSchedule(requests=self.requests, events=(event,))
+
     def describe(self) -> dict[str, object]:
         return {
             "requests": [f"r{i}: {r.describe()}" for i, r in enumerate(self.requests)],

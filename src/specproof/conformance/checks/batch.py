@@ -252,10 +252,13 @@ def check_isolation(inv: Invariant, subject: BatchSubject, schedule: BatchSchedu
 
 
 def check_schedule_invariance(inv: Invariant, subject: BatchSubject, schedule: BatchSchedule) -> Result:
-    """The same outputs with the drawn preemptions and cancellations, and with the arrivals reversed."""
+    """The same outputs with the drawn preemptions and cancellations, with the arrivals reversed, and with
+    the longest request preempted after its first round in each declared mode."""
     found: list[Violation] = []
     exercised = 0
-    for variant in (schedule, schedule.reordered()) if len(schedule.requests) > 1 else (schedule,):
+    variants = [schedule, *((schedule.reordered(),) if len(schedule.requests) > 1 else ())]
+    variants += [schedule.preempted(mode) for mode in subject.capabilities.preemption]
+    for variant in variants:
         example = variant.describe()
         run = run_schedule(subject, variant)
         exercised += len(run.applied) + (variant is not schedule)
