@@ -47,7 +47,7 @@ from hypothesis import strategies as st
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
-from specproof.conformance.checks import batch_seeds
+from specproof.conformance.checks import batch_distribution, batch_seeds
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
@@ -710,6 +710,20 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         driver="batch-schedules",
         check=_batch_check(batch_seeds.check_seeds),
         zoo=("batch_one_rng_stream", "batch_seed_ignored_beside_unseeded"),
+    ),
+    Invariant(
+        id="batch.sampled-distribution",
+        subject="engine",
+        summary="every token of a sampled request in a batch is drawn from p, whatever is batched with it: the "
+        "randomized PIT of every emitted token, accumulated over the run's schedules, is uniform (DKW-Massart, "
+        "false-fail bound 1e-6 for the run)",
+        needs=("batched",),
+        draws=_BATCH_DRAWS + "; per schedule, a greedy neighbour first that outlasts the others, then the "
+        f"schedule's requests sampled (the --sampling parameters), each with a fresh seed and at least "
+        f"{batch_distribution.MIN_NEW_TOKENS} new tokens",
+        driver="batch-schedules",
+        check=_batch_check(batch_distribution.check_sampled_distribution),
+        zoo=("batch_temperature_from_first_row",),
     ),
 )
 

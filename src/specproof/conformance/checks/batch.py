@@ -51,7 +51,8 @@ class BatchSubject:
     ``make_engine``: a fresh (or reset) engine; ``greedy(prompt, n, eos)``: plain greedy on a fresh
     copy of the model; ``make_reference``: a fresh model whose ``state_arrays`` a slot is compared
     with (None: no white-box state check); ``sampling``: the parameters of sampled requests (None:
-    ``SEEDED``); ``seed_alpha``: ``batch.seeds``' false-fail bound for one schedule.
+    ``SEEDED``); ``seed_alpha``: ``batch.seeds``' false-fail bound for one schedule; ``tally``: the
+    run's PIT test that ``batch.sampled-distribution`` accumulates across schedules (None: one per call).
     """
 
     make_engine: Callable[[], Any]
@@ -64,6 +65,7 @@ class BatchSubject:
     atol: float = 0.0
     sampling: SamplingParams | None = None
     seed_alpha: float = 1e-6
+    tally: Any = None
 
     @property
     def sampled(self) -> SamplingParams:

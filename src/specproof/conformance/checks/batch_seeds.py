@@ -5,8 +5,9 @@ Two parts, judged on each drawn schedule:
 - **reproduction** (where the engine declares ``batch_invariant_seeding``): the schedule's first
   request, seeded, emits the tokens it emits run alone on a fresh engine, beside neighbours that are
   seeded with other seeds, sampled with no seed, and greedy. Token equality: no statistics. An engine
-  that does not declare it is held to its solo run in distribution only, which the sampling checks
-  judge on the solo engine; this part then says so and judges nothing.
+  that does not declare it is held to its solo run in distribution only, which
+  ``batch.sampled-distribution`` judges in batches (and the sampling checks on the solo engine);
+  this part then says so and judges nothing.
 - **independence** (every batched engine, where the suite has the model): ``TRIALS`` batches, each
   of two *unseeded* sampled requests with one prompt. Under a correct engine the second stream ``B``
   is drawn independently of the first ``A``, so given ``A``, ``B`` opens with ``A``'s first ``m``
@@ -74,7 +75,7 @@ def check_seeds(inv: Invariant, subject: BatchSubject, schedule: BatchSchedule) 
     else:
         notes.append(
             "the engine does not declare batch_invariant_seeding: a seeded request is held to its solo run in "
-            "distribution only (the sampling checks judge the solo engine), not token by token"
+            "distribution only (batch.sampled-distribution judges that in batches), not token by token"
         )
     if not found:
         more, pairs, note = _independence(inv, subject, calm)

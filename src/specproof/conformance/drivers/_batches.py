@@ -17,9 +17,11 @@ import hypothesis
 from hypothesis import strategies as st
 
 from specproof.conformance._engine_runs import case_greedy
+from specproof.conformance._pit import PitTest
 from specproof.conformance._records import Capabilities
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks.batch import BatchSubject
+from specproof.conformance.checks.batch_distribution import SampledTally
 from specproof.conformance.checks.batch_seeds import schedule_alpha
 from specproof.conformance.drivers._protocol import CheckItem, Driver
 from specproof.contract import BatchCapabilities, ViolationError
@@ -66,6 +68,9 @@ class BatchDriver(Driver):
             seeds=subject.capabilities.batch_invariant_seeding,
         )
         notes: list[str] = []
+        # batch.sampled-distribution: one PIT test for the run, its values accumulated across the schedules
+        tally = SampledTally(PitTest(name=inv.id, alpha=FALSE_FAIL_BOUND))
+        subject = attrs.evolve(subject, tally=tally)
 
         @hypothesis.given(data=st.data())
         def search(data: st.DataObject) -> None:
@@ -80,8 +85,10 @@ class BatchDriver(Driver):
                 raise ViolationError(outcome.violations)
 
         self.context.replay.settings(search, max_examples=self.plan.profile.max_examples, item=item)()
+        if tally.generations:
+            result.notes.append(f"{tally.describe()} (false-fail bound {FALSE_FAIL_BOUND:g} for the run)")
         if not result.exercised:
-            result.skip(notes[0] if notes else "no schedule reached this check")
+            result.skip(notes[-1] if notes else "no schedule reached this check")
 
     def _subject(self, case: EngineCase) -> tuple[BatchSubject | None, str]:
         """The case as a batch subject, or None and why it does not batch."""

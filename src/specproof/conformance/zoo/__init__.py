@@ -38,6 +38,7 @@ from specproof.conformance.zoo._batch_engines import (
     BatchSlotNotCleared,
     BatchStaleResume,
     BatchStaleZeroDraft,
+    BatchTemperatureFromFirstRow,
     BatchVerifyDependsOnBatchSize,
     BatchZooEngine,
 )
@@ -461,6 +462,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "batch_verify_depends_on_batch_size": ("engine", BatchVerifyDependsOnBatchSize),
     "batch_one_rng_stream": ("engine", BatchOneRngStream),
     "batch_seed_ignored_beside_unseeded": ("engine", BatchSeedIgnoredBesideUnseeded),
+    "batch_temperature_from_first_row": ("engine", BatchTemperatureFromFirstRow),
     "refeeds_accepted_first": ("engine", RefeedsAcceptedFirst),
     "eos_masked_by_length_cap": ("engine", EosMaskedByLengthCap),
     "ignores_suite_drafts": ("engine", IgnoresSuiteDrafts),

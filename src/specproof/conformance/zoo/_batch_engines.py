@@ -6,7 +6,8 @@ report: a zero-draft row that reads the state of before the previous round (vLLM
 (vLLM #43559, A, B, A), a row's rollback applied to its neighbour's slot, a preempted request
 resumed from a stale snapshot (vLLM #49620), a verify forward whose logits move with the batch size
 (vLLM RFC #54506 / #41758), unseeded requests replaying one default stream (TensorRT-LLM #19487),
-a seed ignored beside an unseeded neighbour (vLLM #51226 / #9441). ``BatchZooEngine`` is their control; the correct
+a seed ignored beside an unseeded neighbour (vLLM #51226 / #9441), every row sampled with the batch's
+first row's temperature (a per-row parameter broadcast from row 0). ``BatchZooEngine`` is their control; the correct
 variants batch differently (replay rollback, a FIFO free list with fewer rows a step than slots).
 """
 
@@ -40,6 +41,7 @@ __all__ = [
     "BatchSlotNotCleared",
     "BatchStaleResume",
     "BatchStaleZeroDraft",
+    "BatchTemperatureFromFirstRow",
     "BatchVerifyDependsOnBatchSize",
     "BatchZooEngine",
 ]
@@ -240,6 +242,30 @@ class BatchSeedIgnoredBesideUnseeded(BatchZooEngine):
         for r in batch:
             if r.sampler is not None:
                 r.sampler = attrs.evolve(r.sampler, rng=self._engine_rng)
+        try:
+            return super()._verify_round(batch)
+        finally:
+            for r in batch:
+                r.sampler = own[r.id]
+
+
+class BatchTemperatureFromFirstRow(BatchZooEngine):
+    """Every sampled row of a verify step is judged with the first row's temperature (a per-row parameter
+    broadcast from row 0): beside a greedy first row (temperature 0) the sampled rows are verified and
+    drawn greedily, and their tokens no longer follow ``p``."""
+
+    def _verify_round(self, batch: list[Any]) -> Any:
+        first = batch[0].sampler if batch else None
+        own = {r.id: r.sampler for r in batch}
+        for r in batch:
+            if r.sampler is not None:
+                r.sampler = (
+                    None
+                    if first is None
+                    else attrs.evolve(
+                        r.sampler, params=attrs.evolve(r.sampler.params, temperature=first.params.temperature)
+                    )
+                )
         try:
             return super()._verify_round(batch)
         finally:
