@@ -65,8 +65,8 @@ from specproof.engine.targets._reference_blocks import (
     key_width,
     rope_tables,
 )
-from specproof.engine.targets._reference_blocks import _silu as _silu
-from specproof.engine.targets._reference_tree import tree_forward  # re-exported for engine.drafters.heads
+from specproof.engine.targets._reference_blocks import _silu as _silu  # re-exported for engine.drafters.heads
+from specproof.engine.targets._reference_tree import tree_forward
 
 __all__ = [
     "BLOCK_KINDS",
@@ -502,6 +502,33 @@ def _copy_sharing_weights(model: ReferenceHybrid, memo: dict[int, Any]) -> Refer
     return new
 
 
+def _restorable(
+    snapshot: object, target_id: int, stamps: npt.NDArray[np.int64], current: int
+) -> tuple[ReferenceSnapshot, int]:
+    """``ReferenceHybrid.restore``'s checks: ``snapshot`` is one of target ``target_id``'s, and no KV slot below
+    the part it keeps was rewritten since; returns it and that part's length (a tree checkpoint rewrites the rest).
+    """
+    if not isinstance(snapshot, ReferenceSnapshot):
+        raise TargetContractError(
+            f"ReferenceHybrid.restore: expected a ReferenceSnapshot taken from this target, "
+            f"got {type(snapshot).__name__}"
+        )
+    if snapshot.target_id != target_id:
+        raise TargetContractError(
+            f"ReferenceHybrid.restore: the snapshot (processed={snapshot.processed}) was taken from a different "
+            f"ReferenceHybrid instance (#{snapshot.target_id}; this is #{target_id})"
+        )
+    n = snapshot.processed
+    stable = n if snapshot.path_keys_t is None else snapshot.kv_base
+    newer = stamps[:stable] > snapshot.write_clock
+    if newer.any():
+        raise StaleSnapshotError(
+            f"ReferenceHybrid.restore: the snapshot at processed={n} is stale: KV slot {int(np.argmax(newer))} was "
+            f"overwritten after it was taken (current processed={current})"
+        )
+    return snapshot, stable
+
+
 class ReferenceHybrid:
     """A seeded hybrid LM in numpy implementing ``Target``, ``CheckpointingTarget`` and ``WhiteBoxTarget``.
 
@@ -657,26 +684,8 @@ class ReferenceHybrid:
         Raises ``TargetContractError`` for anything else and ``StaleSnapshotError``
         when a KV slot below the snapshot's ``processed`` was rewritten after it was taken.
         """
-        if not isinstance(snapshot, ReferenceSnapshot):
-            raise TargetContractError(
-                f"ReferenceHybrid.restore: expected a ReferenceSnapshot taken from this target, "
-                f"got {type(snapshot).__name__}"
-            )
-        if snapshot.target_id != self._id:
-            raise TargetContractError(
-                f"ReferenceHybrid.restore: the snapshot (processed={snapshot.processed}) was taken from a different "
-                f"ReferenceHybrid instance (#{snapshot.target_id}; this is #{self._id})"
-            )
+        snapshot, stable = _restorable(snapshot, self._id, self._stamps, self._processed)
         n = snapshot.processed
-        stable = n if snapshot.path_keys_t is None else snapshot.kv_base  # a tree checkpoint rewrites the rest
-        if stable:
-            newer = self._stamps[:stable] > snapshot.write_clock
-            if newer.any():
-                slot = int(np.argmax(newer))
-                raise StaleSnapshotError(
-                    f"ReferenceHybrid.restore: the snapshot at processed={n} is stale: KV slot {slot} was "
-                    f"overwritten after it was taken (current processed={self._processed})"
-                )
         if snapshot.path_keys_t is not None and snapshot.path_values is not None:
             self._keys_t[..., stable:n] = snapshot.path_keys_t
             self._value_cache[:, :, stable:n] = snapshot.path_values
