@@ -102,28 +102,24 @@ def redis_server(tmp_path: Any) -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
-def seed_reaching_max_context(shared_runs: Any) -> int:
+def seed_reaching_max_context() -> int:
     """A ``--seed`` whose quick search of the built-in stack reaches ``clamped_at_max_context`` in both
     engine cases (the derandomized gate reaches it in neither): the rare path of the covering-example tests.
 
     Which seeds do depends on the Hypothesis version (3 under 6.155.2 and 6.170.15; constraints.txt
     pins the version tox and CI install, and a new one may move it), so it is searched for, about a
-    second a seed, not written down. None in 1..40 is a skip naming the version, never a pass.
+    second a seed, not written down. None in 1..40 is a skip naming the version, never a pass. Searched in
+    each xdist worker, not shared: a worker that read another's answer failed the covering-example tests
+    in a full run (the plain gate then reached max_context: a cause not found yet, see the CHANGELOG).
     """
     import hypothesis
 
     from specproof.conformance import certify
 
-    def search() -> int | None:  # searched once a session, whichever xdist worker asks first
-        for seed in range(1, 41):
-            report = certify("engine", only=("engine.stop",), seed=seed, db="none")
-            if all(row["clamped_at_max_context"] for row in report.path_coverage.values()):
-                return seed
-        return None
-
-    found = shared_runs.once("seed_reaching_max_context", search)
-    if found is not None:
-        return int(found)
+    for seed in range(1, 41):
+        report = certify("engine", only=("engine.stop",), seed=seed, db="none")
+        if all(row["clamped_at_max_context"] for row in report.path_coverage.values()):
+            return seed
     pytest.skip(f"no --seed in 1..40 reaches max_context in a quick search under Hypothesis {hypothesis.__version__}")
 
 

@@ -21,7 +21,6 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.database import choices_to_bytes
 
-from _shared_runs import SharedRuns
 from specproof.cli import main
 from specproof.conformance import Report, certify
 from specproof.conformance._database import derandomized_seed, open_database
@@ -207,11 +206,11 @@ def _clamped(report: Report) -> dict[str, int]:
 
 
 def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(
-    tmp_path: Path, seed_reaching_max_context: int, shared_runs: SharedRuns
+    tmp_path: Path, seed_reaching_max_context: int
 ) -> None:
     db = str(tmp_path / "db")
     # without the database the derandomized gate never reaches max_context (the check can fail)
-    plain = shared_runs.certify("engine", only=STOP, db="none")
+    plain = certify("engine", only=STOP, db="none")
     assert _clamped(plain) == {"checkpoint": 0, "replay": 0}
     seeded = certify("engine", only=STOP, seed=seed_reaching_max_context, db=db)
     assert all(_clamped(seeded).values())
@@ -233,7 +232,7 @@ def test_a_rare_path_a_seeded_run_reached_is_covered_by_the_next_gate(
 
 
 def test_db_replay_failures_leaves_the_covering_examples_unreplayed(
-    tmp_path: Path, seed_reaching_max_context: int, shared_runs: SharedRuns
+    tmp_path: Path, seed_reaching_max_context: int
 ) -> None:
     """``--db-replay failures``: the gate's examples and cost are its own, whatever campaigns saved;
     the covering examples stay in the database for a gate that replays all."""
@@ -241,7 +240,7 @@ def test_db_replay_failures_leaves_the_covering_examples_unreplayed(
     certify("engine", only=STOP, seed=seed_reaching_max_context, db=db)
     own = certify("engine", only=STOP, db=db, db_replay="failures")
     assert _database(own)["replay"] == "failures" and _database(own)["covering_replayed"] == {}
-    assert own.path_coverage == shared_runs.certify("engine", only=STOP, db="none").path_coverage
+    assert own.path_coverage == certify("engine", only=STOP, db="none").path_coverage
     everything = certify("engine", only=STOP, db=db)
     assert _database(everything)["replay"] == "all"
     assert _database(everything)["covering_replayed"] == {"checkpoint": 1, "replay": 1}
