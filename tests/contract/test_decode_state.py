@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests._targets import small_target as small_hybrid
 
+from _targets import small_target as small_hybrid
 from specproof.contract import DecodeParams
 from specproof.contract.decode_state import OracleProcessors, plain_decode_with, processor_state
 from specproof.contract.errors import InvalidSettingError, TokenRangeError

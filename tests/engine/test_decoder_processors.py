@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests._targets import small_target
 
+from _targets import small_target
 from specproof.conformance.checks.decode_state import ScheduleDrafter
 from specproof.contract import DecodeParams, SamplingParams
 from specproof.contract.decode_state import OracleProcessors, plain_decode_with, processor_state

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from scipy import stats
-from tests._targets import small_target
 
+from _targets import small_target
 from specproof.conformance.zoo._decode_engines import PenaltiesIgnoredWhenDrafting
 from specproof.contract import DecodeParams, SamplingParams, processed_distribution
 from specproof.contract.decode_state import OracleProcessors
