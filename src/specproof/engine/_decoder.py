@@ -17,6 +17,7 @@ from specproof.engine._processors import RequestProcessors
 from specproof.engine._sampling import match_accept_tokens, rejection_accept_tokens, target_distribution
 from specproof.engine.conventions import (
     check_draft,
+    check_eos_token,
     check_logits,
     check_prompt,
     check_proposal_rows,
@@ -363,10 +364,7 @@ class DecodeSession:
         decoder = self.decoder
         target = decoder.target
         max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
-        if eos_token_id is not None and not (
-            isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < target.vocab_size
-        ):
-            raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {target.vocab_size})")
+        check_eos_token(eos_token_id, vocab_size=target.vocab_size)
         self._processors = decoder.processors_class.for_call(decode, self._ctx, eos_token_id, target.vocab_size)
         self.processor_states = []
         counter = _StatsCounter(decoder.k)

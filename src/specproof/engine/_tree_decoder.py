@@ -16,10 +16,10 @@ import attrs
 import numpy as np
 
 from specproof.contract import Generation, Stats, Step, StopReason, Target
-from specproof.contract.errors import DrafterContractError, InvalidSettingError, SpecproofError, TokenRangeError
+from specproof.contract.errors import DrafterContractError, InvalidSettingError, SpecproofError
 from specproof.contract.tree import TreeDraft, TreeVerdict, greedy_tree_accept
 from specproof.contract.validation import int_at_least
-from specproof.engine.conventions import check_logits, check_prompt, component_name
+from specproof.engine.conventions import check_eos_token, check_logits, check_prompt, component_name
 
 __all__ = ["TreeRound", "TreeSpecDecoder"]
 
@@ -94,10 +94,7 @@ class TreeSpecDecoder:
         name = component_name(target)
         ctx = check_prompt(prompt, vocab_size=target.vocab_size, max_context=target.max_context)
         max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
-        if eos_token_id is not None and not (
-            isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < target.vocab_size
-        ):
-            raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {target.vocab_size})")
+        check_eos_token(eos_token_id, vocab_size=target.vocab_size)
         target.reset()
         reset = getattr(self.drafter, "reset", None)
         if callable(reset):

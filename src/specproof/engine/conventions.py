@@ -22,6 +22,7 @@ __all__ = [
     "check_logits",
     "check_proposal_rows",
     "check_prompt",
+    "check_eos_token",
 ]
 
 
@@ -51,6 +52,14 @@ def check_prompt(prompt: Sequence[int], *, vocab_size: int, max_context: int) ->
     if len(tokens) > max_context:
         raise PromptTooLongError(f"prompt has {len(tokens)} tokens but the target's max_context is {max_context}")
     return [int(t) for t in tokens]
+
+
+def check_eos_token(eos_token_id: int | None, *, vocab_size: int) -> None:
+    """Raise ``TokenRangeError`` unless ``eos_token_id`` is None or a token id in ``[0, vocab_size)``."""
+    if eos_token_id is not None and not (
+        isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < vocab_size
+    ):
+        raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {vocab_size})")
 
 
 def draft_sequence_problem(draft: object) -> str | None:
