@@ -53,6 +53,8 @@ def tree_subject_of(engine: Any, *, greedy: Any, make_reference: Any, vocab_size
         make_reference=make_reference,
         greedy=greedy,
         vocab_size=vocab_size,
+        atol=float(getattr(engine, "atol", 0.0)),
+        no_state=getattr(engine, "no_state_reason", None),
     )
 
 
