@@ -351,7 +351,9 @@ class WireEngine(BatchMethods):
         """Plain greedy decoding by the engine (capability ``greedy``)."""
         return _requests.greedy(self._channel, prompt, max_new_tokens, eos_token_id=eos_token_id)
 
-    def _tree_decoder(self, drafter: object, *, max_nodes: int, max_depth: int, target: object = None) -> WireTreeDecoder:
+    def _tree_decoder(
+        self, drafter: object, *, max_nodes: int, max_depth: int, target: object = None
+    ) -> WireTreeDecoder:
         """A greedy tree decoder whose rounds this engine verifies (capability ``trees``); ``target`` must be
         None: the engine's own model verifies the trees (it exposes no ``tree_target``)."""
         if target is not None:

@@ -143,7 +143,9 @@ class _TreeRounds:
         while True:
             budget -= 1
             if budget < 0:
-                self._fault(f"more messages than {self.max_new_tokens} new tokens allow (3 per round and a final state)")
+                self._fault(
+                    f"more messages than {self.max_new_tokens} new tokens allow (3 per round and a final state)"
+                )
             msg = self.channel.receive(("round", "state", "propose", "final", "error"), self.request)
             self.channel.check_id(msg, self.rid, self.request)
             kind = msg["type"]
@@ -238,9 +240,7 @@ class _TreeRounds:
         if self.eos is not None and self.eos in emitted:
             emitted = emitted[: emitted.index(self.eos) + 1]
         path = tuple(int(n) for n in msg["path"])
-        self.rounds.append(
-            TreeRound(base=msg["base"], tree=tree, path=path, accepted=accepted, emitted=tuple(emitted))
-        )
+        self.rounds.append(TreeRound(base=msg["base"], tree=tree, path=path, accepted=accepted, emitted=tuple(emitted)))
         path_tokens = tuple(tree.tokens[n] for n in path if 0 <= n < len(tree))
         self.steps.append(
             Step(
