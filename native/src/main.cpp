@@ -177,7 +177,7 @@ class Engine {
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
           << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\","
-             "\"sampling\",\"seeded\",\"batched\",\"trees\"],\"sampling_schemes\":[\""
+             "\"sampling\",\"seeded\",\"batched\",\"trees\",\"tree_state\"],\"sampling_schemes\":[\""
           << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]"
           << ",\"batch\":{\"max_batch\":" << opt_.slots << ",\"slots\":" << opt_.slots
           << ",\"continuous_arrivals\":true,\"preemption\":[\"snapshot\",\"recompute\"],\"schedulable\":true,"
@@ -802,11 +802,13 @@ class Engine {
 
     // ---- trees (capability trees; defined in tree.hpp)
     int tree_nodes_ = 0;  // this request's max_nodes; 0: a chain request
+    bool tree_node_state_ = false;  // capability tree_state: each node's state before the round record
     void parse_tree(const Json& req, bool greedy, bool suite, bool sampling);
     void ask_tree(Channel& ch, long long id, int round, int ctx_len, int k, std::vector<int>& tokens,
                   std::vector<int>& parents);
     std::vector<int> tree_round(Channel& ch, long long id, int round, const std::vector<int>& ctx, int k_eff,
                                 int remaining, int eos, StatsCounter& st);
+    void send_node_states(Channel& ch, long long id, struct TreeForward& f, const std::vector<int>& parents);
 
     void keep_snapshot() {
         snaps_[m_.processed] = m_.conv_state;

@@ -125,6 +125,37 @@ inline void Engine::parse_tree(const Json& req, bool greedy, bool suite, bool sa
     if (!suite) throw RequestError("tree drafts come from the suite: a tree request needs drafts \"suite\"");
     if (sampling) throw RequestError("this engine verifies trees greedily only: a tree request takes no sampling");
     tree_nodes_ = static_cast<int>(n->integer);
+    tree_node_state_ = false;
+    if (const Json* ns = t->get("node_state"); ns && ns->kind == Json::Bool) tree_node_state_ = ns->boolean;
+}
+
+// Capability tree_state: each draft node's state, as restoring its checkpoint would leave the engine (the
+// context and the node's root path: KV rows, conv state), whole, with its logits row. The engine's own
+// state is as it was on return.
+inline void Engine::send_node_states(Channel& ch, long long id, TreeForward& f, const std::vector<int>& parents) {
+    const int base = m_.processed, V = m_.cfg.vocab_size;
+    const std::vector<float> entry = m_.conv_state;
+    for (int j = 1; j < static_cast<int>(parents.size()); ++j) {
+        for (int a = j; a >= 0; a = parents[a]) tree_kv_rows(m_, f, a, base + f.depth[a], true);
+        std::copy(f.conv.begin() + static_cast<long>(j * m_.conv_size()),
+                  f.conv.begin() + static_cast<long>((j + 1) * m_.conv_size()), m_.conv_state.begin());
+        m_.processed = base + f.depth[j] + 1;
+        std::ostringstream o;
+        o << "{\"type\":\"state\",\"id\":" << id << ",\"node\":" << j - 1 << ",\"processed\":" << m_.processed
+          << ",\"logits\":\"" << base64(&f.logits[static_cast<size_t>(j) * V], static_cast<size_t>(V) * 4)
+          << "\",\"arrays\":{";
+        bool first = true;
+        for (const auto& kv : m_.state_arrays()) {
+            o << (first ? "" : ",") << json_quote(kv.first) << ":{\"dtype\":\"float32\",\"shape\":"
+              << json_int_list(kv.second.shape) << ",\"data\":\"" << base64(kv.second.data.data(), kv.second.data.size() * 4)
+              << "\"}";
+            first = false;
+        }
+        o << "}}";
+        send(ch, o.str());
+    }
+    m_.conv_state = entry;
+    m_.processed = base;
 }
 
 // Ask the suite for a tree of at most tree_nodes_ nodes and depth k; its tokens and parents, checked.
@@ -186,6 +217,7 @@ inline std::vector<int> Engine::tree_round(Channel& ch, long long id, int round,
     const int base = m_.processed;
     TreeForward f = tree_forward(m_, fed, run_parents);
     ++st.verify;
+    if (tree_node_state_) send_node_states(ch, id, f, run_parents);
     const int V = m_.cfg.vocab_size;
     std::vector<int> argmax(static_cast<size_t>(n) + 1);
     for (int r = 0; r <= n; ++r) {

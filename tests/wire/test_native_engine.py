@@ -157,6 +157,7 @@ def test_handshake(engine: ExecEngine) -> None:
         "seeded",
         "batched",
         "trees",
+        "tree_state",
     }
     assert engine.sampling_schemes == ("rejection", "match")  # --scheme rejection, the default, first
     assert engine.state_kind() == "digests"  # the default where the engine offers them

@@ -1,9 +1,10 @@
 """Tree drafts over specproof-engine/1 (capability ``trees``; docs/protocol.md, Trees) on the native C++
-engine: it passes the tree checks over ``exec:`` on both rollbacks (the white-box per-node check skips,
-saying why), its planted ``--bug tree-as-chain`` (the flattened order verified as a chain) is rejected at
-quick on ``tree.greedy-lossless`` and ``tree.committed-state``, a round whose winner is not the first
-sibling commits the winner's path, bad tree requests get errors naming the problem, and an engine
-without the capability is never sent a tree: the tree checks skip it.
+engine: it passes the five tree checks over ``exec:`` on both rollbacks (the white-box per-node check
+through capability ``tree_state``), its planted ``--bug tree-as-chain`` (the flattened order verified as a
+chain) is rejected at quick on ``tree.per-node-state``, ``tree.greedy-lossless`` and
+``tree.committed-state``, each node's reported state is its root path's (also past the engine's k), a
+round whose winner is not the first sibling commits the winner's path, bad tree requests get errors
+naming the problem, and an engine without the capability is never sent a tree: the tree checks skip it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from specproof.wire import ExecEngine
 pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
 
 TREE_CHECKS = ("tree.committed-state", "tree.greedy-lossless", "tree.round-bounds", "tree.well-formed")
+ALL_TREE_CHECKS = ("tree.per-node-state", *TREE_CHECKS)
 PY_ENGINE = Path(__file__).resolve().parents[1] / "_wire_py_engine.py"
 
 
@@ -48,15 +50,14 @@ def tree_results(native: tuple[Path, Path], *args: str) -> dict[str, dict[str, o
 @pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
 def test_the_native_engine_passes_the_tree_checks_over_exec(native: tuple[Path, Path], rollback: str) -> None:
     results = tree_results(native, "--rollback", rollback)
-    for check in TREE_CHECKS:
+    for check in ALL_TREE_CHECKS:
         assert results[check]["status"] == "pass", results[check]
         assert int(results[check]["exercised"]) > 0, results[check]  # type: ignore[call-overload]
-    per_node = results["tree.per-node-state"]
-    assert per_node["status"] == "skip" and "tree target" in str(per_node["detail"])
 
 
 def test_the_planted_tree_as_chain_bug_is_rejected_over_exec(native: tuple[Path, Path]) -> None:
     results = tree_results(native, "--bug", "tree-as-chain")
+    assert results["tree.per-node-state"]["status"] == "fail", results["tree.per-node-state"]
     assert results["tree.greedy-lossless"]["status"] == "fail", results["tree.greedy-lossless"]
     assert results["tree.committed-state"]["status"] == "fail", results["tree.committed-state"]
 
@@ -97,6 +98,29 @@ def test_a_second_sibling_wins_and_its_path_is_committed(start: Callable[..., Ex
             assert np.allclose(state[name], array, rtol=0, atol=engine.atol), name
 
 
+def test_each_node_state_is_its_root_paths_also_past_the_engines_k(start: Callable[..., ExecEngine]) -> None:
+    """The probe verifies the nodes within k (4) in one tree request and a deeper node after its ancestors."""
+    context = [72, 101, 108, 108, 111]
+    tokens, parents = (32, 119, 111, 114, 108, 100, 33), (-1, 0, 1, 2, 3, 4, 0)  # a chain of 6 and a sibling
+    oracle = load_target("trained")
+    with start() as engine:
+        probe = engine.tree_probe()
+        probe.forward(context)
+        logits, checkpoints = probe.forward_tree(tokens, parents)
+        assert logits.shape == (7, 256)
+        for node, walk in enumerate(
+            ([0], [0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5], [0, 6])
+        ):
+            oracle.reset()
+            oracle.forward(context)
+            row = oracle.forward([tokens[n] for n in walk])[-1]
+            assert np.allclose(logits[node], row, rtol=0, atol=engine.atol), node
+            probe.restore(checkpoints[node])
+            assert probe.processed == len(context) + len(walk)
+            for name, array in oracle.state_arrays().items():
+                assert np.allclose(probe.state_arrays()[name], array, rtol=0, atol=engine.atol), (node, name)
+
+
 def test_bad_tree_requests_get_errors_naming_them(start: Callable[..., ExecEngine]) -> None:
     with start() as engine:
         channel = engine._channel
@@ -130,7 +154,7 @@ def test_an_engine_without_the_capability_is_sent_no_tree_and_skipped() -> None:
     with ExecEngine([sys.executable, str(PY_ENGINE), "ok"], load_target=load_target) as engine:
         assert "trees" not in engine.capabilities and not hasattr(engine, "tree_decoder")
     results = by_invariant(certify("engine", engine=spec, profile="quick", only=("tree.*",), trees=True))
-    for check in (*TREE_CHECKS, "tree.per-node-state"):
+    for check in ALL_TREE_CHECKS:
         assert results[check]["status"] == "skip", results[check]
         assert "does not verify trees" in str(results[check]["detail"]), results[check]
 

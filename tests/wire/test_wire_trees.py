@@ -16,6 +16,7 @@ import pytest
 from specproof.contract.errors import DrafterContractError, InvalidSettingError
 from specproof.contract.tree import TreeDraft
 from specproof.wire import EngineProtocolError, ExecEngine, load_schema
+from specproof.wire._trees import WireTreeDecoder
 
 FAKE = Path(__file__).resolve().parents[1] / "_wire_fake_tree_engine.py"
 
@@ -93,6 +94,10 @@ def test_bad_settings_are_refused_before_anything_is_sent() -> None:
             engine.tree_decoder(object(), max_nodes=4, max_depth=2)
         with pytest.raises(InvalidSettingError, match="target must be None"):
             engine.tree_decoder(Trees(), max_nodes=4, max_depth=2, target=object())
+        # no tree_state: no per-node state to ask for, and no probe for tree.per-node-state
+        assert not hasattr(engine, "tree_probe")
+        with pytest.raises(InvalidSettingError, match="'tree_state' capability"):
+            WireTreeDecoder(engine, Trees(), max_nodes=4, max_depth=2, node_state=True)
 
 
 def test_the_tree_fields_schemas() -> None:
@@ -121,3 +126,7 @@ def test_the_tree_fields_schemas() -> None:
         "processed": 2,
     }
     jsonschema.validate(record, load_schema("round"))
+    node = {"type": "state", "id": 1, "processed": 3, "arrays": {}, "node": 0, "logits": "AAAAAA=="}
+    jsonschema.validate(node, load_schema("state"))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**node, "node": 64}, load_schema("state"))

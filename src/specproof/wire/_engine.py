@@ -26,7 +26,7 @@ from specproof.wire._limits import HANDSHAKE_LINE_BYTES, default_line_limit
 from specproof.wire._sampling_ask import check_sampling, check_scheme, offered_schemes
 from specproof.wire._state_view import WireTargetView
 from specproof.wire._transport import Transport
-from specproof.wire._trees import TREES, WireTreeDecoder
+from specproof.wire._trees import TREE_STATE, TREES, WireTreeDecoder, WireTreeProbe
 
 __all__ = ["DEFAULT_MAX_RESTARTS", "DEFAULT_TIMEOUT", "DIGEST_PROJECTIONS", "STATE_MODES", "WireEngine"]
 
@@ -207,6 +207,9 @@ class WireEngine(BatchMethods):
             #: capability ``trees``: tree drafts verified by the engine (docs/protocol.md, Trees); absent
             #: otherwise, so the tree checks skip the engine saying it does not verify trees
             self.tree_decoder = self._tree_decoder
+        if TREES in self.capabilities and TREE_STATE in self.capabilities:
+            #: capability ``tree_state``: each node's state, for the white-box ``tree.per-node-state``
+            self.tree_probe = lambda: WireTreeProbe(self)
         #: capability ``sessions``: the engine keeps its caches between requests and says how many prompt
         #: tokens it served from them (``stats.prefix_reused``); ``engine.session`` holds it to the figure
         #: where a ``final`` reports it (docs/protocol.md, Compatibility)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 import numpy.typing as npt
 
@@ -25,13 +26,26 @@ from specproof.engine import TreeRound
 from specproof.engine.conventions import component_name
 from specproof.wire._channel import Channel, request_text
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
+from specproof.wire._limits import check_array_shape
 from specproof.wire._requests import _stats
-from specproof.wire._state_view import WireTargetView
+from specproof.wire._state_view import WireTargetView, decode_float32
 
-__all__ = ["TREES", "WireTreeDecoder", "WireTreeTarget"]
+__all__ = ["TREES", "TREE_STATE", "WireTreeDecoder", "WireTreeProbe", "WireTreeTarget"]
 
 #: the capability: the engine takes ``generate.tree`` and verifies tree drafts
 TREES = "trees"
+#: the capability: with ``generate.tree.node_state`` the engine sends each draft node's state and logits row
+TREE_STATE = "tree_state"
+
+
+@attrs.frozen
+class NodeState:
+    """One draft node's state as the engine reported it (``state.node``): the context and the node's root
+    path processed, whole arrays, and the node's logits row."""
+
+    processed: int
+    arrays: dict[str, npt.NDArray[np.float32]]
+    logits: npt.NDArray[np.float32]
 
 
 class WireTreeTarget:
@@ -66,9 +80,13 @@ class WireTreeDecoder:
     (``propose_tree(context, *, max_nodes, max_depth)``) drafts every round's tree, within ``max_nodes`` and
     ``max_depth`` and the round's ``k``; the engine verifies it and commits the winning path."""
 
-    def __init__(self, engine: Any, drafter: object, *, max_nodes: int, max_depth: int) -> None:
+    def __init__(
+        self, engine: Any, drafter: object, *, max_nodes: int, max_depth: int, node_state: bool = False
+    ) -> None:
         if TREES not in engine.capabilities:
             raise InvalidSettingError(f"engine {engine.label} does not declare the '{TREES}' capability")
+        if node_state and TREE_STATE not in engine.capabilities:
+            raise InvalidSettingError(f"engine {engine.label} does not declare the '{TREE_STATE}' capability")
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or not 1 <= max_nodes <= MAX_TREE_NODES:
             raise InvalidSettingError(f"WireTreeDecoder max_nodes={max_nodes!r} must be an int in 1..{MAX_TREE_NODES}")
         if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
@@ -77,6 +95,9 @@ class WireTreeDecoder:
             raise InvalidSettingError(f"drafter {component_name(drafter)} has no propose_tree(context, ...) method")
         self.engine, self.drafter = engine, drafter
         self.max_nodes, self.max_depth = max_nodes, max_depth
+        self.node_state = bool(node_state)
+        #: with ``node_state``: each round's draft nodes' states (round -> node -> state)
+        self.last_node_states: list[dict[int, NodeState]] = []
         view = getattr(engine, "target", None) if engine.send_state else None
         self._view: WireTargetView | None = view
         self.target: Any = WireTreeTarget(engine._channel, view, engine.vocab_size, engine.max_context)
@@ -101,7 +122,7 @@ class WireTreeDecoder:
                 "eos_token_id": None if eos_token_id is None else int(eos_token_id),
                 "drafts": "suite",
                 "state": self._view is not None,
-                "tree": {"max_nodes": self.max_nodes},
+                "tree": {"max_nodes": self.max_nodes, **({"node_state": True} if self.node_state else {})},
             },
             request,
         )
@@ -113,6 +134,7 @@ class WireTreeDecoder:
         rounds = _TreeRounds(self, channel, rid, request, tokens, int(max_new_tokens), eos_token_id)
         generation = rounds.run()
         self.last_rounds = tuple(rounds.rounds)
+        self.last_node_states = rounds.node_states
         return generation
 
 
@@ -136,10 +158,13 @@ class _TreeRounds:
         self.out: list[int] = []
         self.states = 0
         self.sent: TreeDraft | None = None  # the tree sent for the round in progress
+        self.node_states: list[dict[int, NodeState]] = []
 
     def run(self) -> Generation:
         # every round emits a token: at most a state, a propose and a round per round, a state at the end
         budget = 3 * (max(0, self.max_new_tokens) + 1) + 2
+        if self.decoder.node_state:  # and a state message per draft node of every round
+            budget += (max(0, self.max_new_tokens) + 1) * self.decoder.max_nodes
         while True:
             budget -= 1
             if budget < 0:
@@ -166,6 +191,9 @@ class _TreeRounds:
         self.channel.fault(f"{problem} (docs/protocol.md, Trees)", self.request)
 
     def _state(self, msg: dict[str, Any]) -> None:
+        if "node" in msg:
+            self._node_state(msg)
+            return
         view = self.decoder._view
         if view is None:
             self._fault("a state message, but the request asked for none")
@@ -176,6 +204,27 @@ class _TreeRounds:
         except EngineProtocolError as exc:
             self.channel.fault(str(exc), self.request)
         self.decoder._wire_target.processed = view.processed
+
+    def _node_state(self, msg: dict[str, Any]) -> None:
+        tree, node = self.sent, int(msg["node"])
+        if not self.decoder.node_state or tree is None:
+            self._fault("a state message for a tree node, but the round asked for none")
+        assert tree is not None
+        while len(self.node_states) <= len(self.rounds):
+            self.node_states.append({})
+        held = self.node_states[len(self.rounds)]
+        if node >= len(tree) or node in held or "logits" not in msg:
+            self._fault(f"state.node={node}: not a new node of the round's tree of {len(tree)}, or no logits")
+        view = WireTargetView(self.decoder.engine.vocab_size, self.decoder.engine.max_context, self.decoder.name)
+        view.begin_request()
+        vocab = self.decoder.engine.vocab_size
+        try:
+            view.update(msg)
+            check_array_shape("logits", [vocab], msg["logits"])
+            _, logits = decode_float32(msg["logits"], [vocab], "state.logits")
+        except EngineProtocolError as exc:
+            self.channel.fault(str(exc), self.request)
+        held[node] = NodeState(processed=msg["processed"], arrays=view.state_arrays(), logits=logits)
 
     def _propose(self, msg: dict[str, Any]) -> None:
         if "max_nodes" not in msg:
@@ -264,3 +313,90 @@ class _TreeRounds:
             self._fault(f"final.tokens {msg['tokens']} are not the rounds' emitted tokens {self.out}")
         stop: StopReason = msg["stop_reason"]
         return Generation(tokens=self.out, stop_reason=stop, steps=tuple(self.steps), stats=_stats(msg.get("stats")))
+
+
+class _OneTree:
+    """Drafts ``tree`` in the first round, nothing after."""
+
+    def __init__(self, tree: TreeDraft) -> None:
+        self.tree: TreeDraft | None = tree
+
+    def propose_tree(self, context: Sequence[int], *, max_nodes: int, max_depth: int) -> TreeDraft:
+        tree, self.tree = self.tree, None
+        return tree if tree is not None else TreeDraft((), ())
+
+
+class WireTreeProbe:
+    """A wire engine's per-node tree state as a tree target (capability ``tree_state``), for the white-box
+    ``tree.per-node-state``: ``forward(tokens)`` extends the context (nothing is sent yet),
+    ``forward_tree(tokens, parents)`` runs a tree request over it and returns every node's logits row and a
+    checkpoint — the state the engine reported for it — which ``restore`` makes ``state_arrays()``.
+
+    The nodes no deeper than the engine's ``k`` are verified in one tree request; a deeper node (a tree
+    deeper than the engine drafts) in a request of its own, its ancestors' tokens appended to the prompt.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.vocab_size: int = engine.vocab_size
+        self.max_context: int = engine.max_context
+        self._context: list[int] = []
+        self._held: NodeState | None = None
+
+    @property
+    def processed(self) -> int:
+        return self._held.processed if self._held is not None else len(self._context)
+
+    def reset(self) -> None:
+        self._context, self._held = [], None
+
+    def forward(self, tokens: Sequence[int]) -> None:
+        self._context.extend(int(t) for t in tokens)
+        self._held = None
+
+    def restore(self, checkpoint: object) -> None:
+        if not isinstance(checkpoint, NodeState):
+            raise InvalidSettingError(f"WireTreeProbe.restore: {checkpoint!r} is not one of its checkpoints")
+        self._held = checkpoint
+
+    def state_arrays(self) -> dict[str, npt.NDArray[np.float32]]:
+        if self._held is None:
+            raise InvalidSettingError("WireTreeProbe holds no node's state: restore a checkpoint of forward_tree")
+        return self._held.arrays
+
+    def forward_tree(
+        self, tokens: Sequence[int], parents: Sequence[int]
+    ) -> tuple[npt.NDArray[np.float32], list[NodeState]]:
+        if not self._context:
+            raise InvalidSettingError("WireTreeProbe.forward_tree: forward a context first (a tree hangs under it)")
+        tree = TreeDraft(tokens, parents).check(self.vocab_size)
+        k = int(self._engine.k)
+        shallow = [i for i in range(len(tree)) if tree.depths[i] <= k]
+        index = {old: new for new, old in enumerate(shallow)}
+        states: dict[int, NodeState] = {}
+        if shallow:
+            sub = TreeDraft(
+                [tree.tokens[i] for i in shallow],
+                [index[p] if p >= 0 else -1 for p in (tree.parents[i] for i in shallow)],
+            )
+            got = self._run(self._context, sub)
+            states.update({old: got[new] for old, new in index.items()})
+        for i in range(len(tree)):
+            if i not in states:  # deeper than the engine's k: the node alone after its ancestors
+                ancestors = [tree.tokens[a] for a in tree.path(i)[:-1]]
+                states[i] = self._run([*self._context, *ancestors], TreeDraft((tree.tokens[i],), (-1,)))[0]
+        logits = np.stack([states[i].logits for i in range(len(tree))]) if len(tree) else np.zeros((0, self.vocab_size))
+        return logits.astype(np.float32), [states[i] for i in range(len(tree))]
+
+    def _run(self, prompt: list[int], tree: TreeDraft) -> dict[int, NodeState]:
+        decoder = WireTreeDecoder(
+            self._engine, _OneTree(tree), max_nodes=max(1, len(tree)), max_depth=tree.depth, node_state=True
+        )
+        decoder.generate(prompt, tree.depth + 1)
+        first = decoder.last_node_states[0] if decoder.last_node_states else {}
+        if set(first) != set(range(len(tree))):
+            raise EngineProtocolError(
+                f"engine {self._engine.label}: asked for the state of the {len(tree)} nodes of a tree, it sent "
+                f"{sorted(first)} (docs/protocol.md, Trees)"
+            )
+        return first

@@ -55,6 +55,7 @@ def tree_subject_of(engine: Any, *, greedy: Any, make_reference: Any, vocab_size
         vocab_size=vocab_size,
         atol=float(getattr(engine, "atol", 0.0)),
         no_state=getattr(engine, "no_state_reason", None),
+        make_probe=getattr(engine, "tree_probe", None),
     )
 
 
@@ -96,11 +97,14 @@ class TreeDriver(Driver):
         if subject is None:
             result.skip(why)
             return
-        has = {"tree", *(("tree_state",) if subject.make_target is not None else ())}
+        has = {"tree", *(("tree_state",) if (subject.make_target or subject.make_probe) is not None else ())}
         lacks = inv.applies(
             Capabilities(
                 has=has,
-                why_not={"tree_state": "the engine exposes no tree target (`tree_target()`) to read per-node state"},
+                why_not={
+                    "tree_state": "the engine exposes no tree target (`tree_target()`; over the wire, capability "
+                    "`tree_state`) to read per-node state"
+                },
             )
         )
         if lacks is not None:
