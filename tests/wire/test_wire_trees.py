@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from specproof.contract.errors import DrafterContractError, InvalidSettingError
+from specproof.contract.errors import DrafterContractError, InvalidSettingError, SpecproofError
 from specproof.contract.tree import TreeDraft
 from specproof.wire import EngineProtocolError, ExecEngine, load_schema
 from specproof.wire._trees import WireTreeDecoder
@@ -94,6 +94,16 @@ def test_bad_settings_are_refused_before_anything_is_sent() -> None:
             engine.tree_decoder(object(), max_nodes=4, max_depth=2)
         with pytest.raises(InvalidSettingError, match="target must be None"):
             engine.tree_decoder(Trees(), max_nodes=4, max_depth=2, target=object())
+        decoder = engine.tree_decoder(Trees(), max_nodes=4, max_depth=2)
+        for prompt, n, eos, problem in (
+            ([], 2, None, "empty"),
+            ([256], 2, None, "256"),
+            ([1], -1, None, "max_new_tokens"),
+            ([1], 2, 300, "eos"),
+        ):
+            with pytest.raises(SpecproofError, match=problem):
+                decoder.generate(prompt, n, eos_token_id=eos)
+        assert list(decoder.generate([4], 2).tokens) == [4, 4]  # nothing was sent: the engine is fine
         # no tree_state: no per-node state to ask for, and no probe for tree.per-node-state
         assert not hasattr(engine, "tree_probe")
         with pytest.raises(InvalidSettingError, match="'tree_state' capability"):

@@ -22,8 +22,9 @@ import numpy.typing as npt
 from specproof.contract import Generation, Step, StopReason
 from specproof.contract.errors import DrafterContractError, InvalidSettingError
 from specproof.contract.tree import MAX_TREE_NODES, TreeDraft
+from specproof.contract.validation import int_at_least
 from specproof.engine import TreeRound
-from specproof.engine.conventions import component_name
+from specproof.engine.conventions import check_eos_token, check_prompt, component_name
 from specproof.wire._channel import Channel, request_text
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._limits import check_array_shape
@@ -110,7 +111,11 @@ class WireTreeDecoder:
 
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
         channel: Channel = self.engine._channel
-        tokens = [int(t) for t in prompt]
+        engine = self.engine
+        # bad input is refused here, before anything is sent (the engine would answer an error)
+        tokens = check_prompt(prompt, vocab_size=engine.vocab_size, max_context=engine.max_context)
+        max_new_tokens = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0)
+        check_eos_token(eos_token_id, vocab_size=engine.vocab_size)
         rid = channel.new_id()
         request = request_text("generate", rid, tokens, max_new_tokens) + " with tree drafts"
         channel.send(
