@@ -156,7 +156,7 @@ def test_an_engine_without_the_capability_is_sent_no_tree_and_skipped() -> None:
     results = by_invariant(certify("engine", engine=spec, profile="quick", only=("tree.*",), trees=True))
     for check in ALL_TREE_CHECKS:
         assert results[check]["status"] == "skip", results[check]
-        assert "does not verify trees" in str(results[check]["detail"]), results[check]
+        assert "does not declare the `trees` capability" in str(results[check]["detail"]), results[check]
 
 
 def test_a_round_with_no_room_for_a_draft_verifies_the_pending_token_alone(

@@ -173,5 +173,7 @@ class TreeDriver(Driver):
             case.engine, greedy=greedy, make_reference=case.make_reference, vocab_size=case.vocab_size
         )
         if subject is None:
+            if isinstance(getattr(case.engine, "capabilities", None), frozenset):  # a wire engine's handshake
+                return None, "the engine does not declare the `trees` capability: it does not verify trees"
             return None, "the engine has no tree_decoder(drafter, *, max_nodes, max_depth): it does not verify trees"
         return subject, ""
