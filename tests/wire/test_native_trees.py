@@ -9,6 +9,7 @@ naming the problem, and an engine without the capability is never sent a tree: t
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.contract.tree import TreeDraft
 from specproof.engine import greedy_decode
 from specproof.plugins import load_target
-from specproof.wire import ExecEngine
+from specproof.wire import ExecEngine, TcpEngine
 
 pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, always in `tox`
 
@@ -168,3 +169,32 @@ def test_a_round_with_no_room_for_a_draft_verifies_the_pending_token_alone(
         gen = decoder.generate([1, 2, 3], 1)
         assert len(gen.tokens) == 1 and decoder.last_rounds[0].tree == TreeDraft((), ())
         assert decoder.last_rounds[0].accepted == tuple(gen.tokens)
+
+
+def test_trees_over_tcp(native: tuple[Path, Path]) -> None:
+    """Over ``tcp:`` the same tree rounds run and each node's state travels (a new connection, a new session)."""
+    binary, weights = native
+    prompt = [72, 101, 108, 108, 111, 32]
+    oracle = load_target("trained")
+    want = list(greedy_decode(oracle, prompt, 6).tokens)
+    proc = subprocess.Popen(
+        [binary, "--weights", weights, "--listen", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().rsplit(":", 1)[1])
+        for _ in range(2):
+            with TcpEngine("127.0.0.1", port, timeout=30.0, load_target=load_target) as engine:
+                decoder = engine.tree_decoder(FixedTrees([*prompt, *want]), max_nodes=8, max_depth=4)
+                assert list(decoder.generate(prompt, 6).tokens) == want
+                probe = engine.tree_probe()
+                probe.forward(prompt)
+                logits, _ = probe.forward_tree([want[0], 7], [-1, -1])
+                assert int(np.argmax(logits[0])) == want[1]
+        with TcpEngine("127.0.0.1", port, timeout=30.0, load_target=load_target) as engine:
+            engine.shutdown()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
