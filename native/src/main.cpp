@@ -39,7 +39,7 @@ static const char* kVersion = "0.1.0";
 static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
                               "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos",
                               "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse", "wrong-residual",
-                              "slot-reuse-stale-state"};
+                              "slot-reuse-stale-state", "tree-as-chain"};
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t0) {
@@ -177,7 +177,7 @@ class Engine {
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
           << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\","
-             "\"sampling\",\"seeded\",\"batched\"],\"sampling_schemes\":[\""
+             "\"sampling\",\"seeded\",\"batched\",\"trees\",\"tree_state\"],\"sampling_schemes\":[\""
           << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]"
           << ",\"batch\":{\"max_batch\":" << opt_.slots << ",\"slots\":" << opt_.slots
           << ",\"continuous_arrivals\":true,\"preemption\":[\"snapshot\",\"recompute\"],\"schedulable\":true,"
@@ -244,6 +244,7 @@ class Engine {
                 scheme = s->str;
             }
         }
+        parse_tree(req, greedy, suite, sampling);  // capability trees (tree.hpp)
         if (!sampling) smp.has_seed = true;  // a greedy request draws nothing: no entropy is read for it
         Rng rng(smp);
         if (prompt.empty()) throw RequestError("the prompt is empty: a generation needs at least one token (the pending one)");
@@ -276,6 +277,16 @@ class Engine {
             const int remaining = max_new - static_cast<int>(out.size());
             const int k_eff = std::max(0, std::min({k, remaining - 1, room - 1}));
             if (state) send_state(ch, id);
+            if (tree_nodes_ > 0) {  // a tree round (tree.hpp)
+                const std::vector<int> emitted = tree_round(ch, id, round++, ctx, k_eff, remaining, eos, st);
+                ctx.insert(ctx.end(), emitted.begin(), emitted.end());
+                out.insert(out.end(), emitted.begin(), emitted.end());
+                if (eos >= 0 && emitted.back() == eos) {
+                    stop = "eos";
+                    break;
+                }
+                continue;
+            }
             std::vector<int> draft;
             std::vector<std::vector<double>> qrows;  // the suite's q rows (empty: one-hot)
             if (k_eff > 0)
@@ -789,6 +800,16 @@ class Engine {
         if (!ch.write_line(line)) throw PeerGone("the client closed the connection");
     }
 
+    // ---- trees (capability trees; defined in tree.hpp)
+    int tree_nodes_ = 0;  // this request's max_nodes; 0: a chain request
+    bool tree_node_state_ = false;  // capability tree_state: each node's state before the round record
+    void parse_tree(const Json& req, bool greedy, bool suite, bool sampling);
+    void ask_tree(Channel& ch, long long id, int round, int ctx_len, int k, std::vector<int>& tokens,
+                  std::vector<int>& parents);
+    std::vector<int> tree_round(Channel& ch, long long id, int round, const std::vector<int>& ctx, int k_eff,
+                                int remaining, int eos, StatsCounter& st);
+    void send_node_states(Channel& ch, long long id, struct TreeForward& f, const std::vector<int>& parents);
+
     void keep_snapshot() {
         snaps_[m_.processed] = m_.conv_state;
         while (static_cast<int>(snaps_.size()) > opt_.max_snapshots) snaps_.erase(snaps_.begin());
@@ -1023,6 +1044,10 @@ class Engine {
         return draft;
     }
 };
+
+}  // namespace sp
+#include "tree.hpp"  // the Engine's tree rounds (capability trees)
+namespace sp {
 
 // --------------------------------------------------------------------------- serving
 

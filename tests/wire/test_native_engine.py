@@ -156,6 +156,8 @@ def test_handshake(engine: ExecEngine) -> None:
         "sampling",
         "seeded",
         "batched",
+        "trees",
+        "tree_state",
     }
     assert engine.sampling_schemes == ("rejection", "match")  # --scheme rejection, the default, first
     assert engine.state_kind() == "digests"  # the default where the engine offers them

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specproof.contract.errors import InvalidSettingError
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Target
 from specproof.engine.targets import load_target as load_engine_target
@@ -25,6 +26,7 @@ from specproof.wire._limits import HANDSHAKE_LINE_BYTES, default_line_limit
 from specproof.wire._sampling_ask import check_sampling, check_scheme, offered_schemes
 from specproof.wire._state_view import WireTargetView
 from specproof.wire._transport import Transport
+from specproof.wire._trees import TREE_STATE, TREES, WireTreeDecoder, WireTreeProbe
 
 __all__ = ["DEFAULT_MAX_RESTARTS", "DEFAULT_TIMEOUT", "DIGEST_PROJECTIONS", "STATE_MODES", "WireEngine"]
 
@@ -201,6 +203,13 @@ class WireEngine(BatchMethods):
             )
         if "greedy" in self.capabilities:
             self.greedy = self._greedy
+        if TREES in self.capabilities:
+            #: capability ``trees``: tree drafts verified by the engine (docs/protocol.md, Trees); absent
+            #: otherwise, so the tree checks skip the engine saying it does not verify trees
+            self.tree_decoder = self._tree_decoder
+        if TREES in self.capabilities and TREE_STATE in self.capabilities:
+            #: capability ``tree_state``: each node's state, for the white-box ``tree.per-node-state``
+            self.tree_probe = lambda: WireTreeProbe(self)
         #: capability ``sessions``: the engine keeps its caches between requests and says how many prompt
         #: tokens it served from them (``stats.prefix_reused``); ``engine.session`` holds it to the figure
         #: where a ``final`` reports it (docs/protocol.md, Compatibility)
@@ -344,6 +353,15 @@ class WireEngine(BatchMethods):
     def _greedy(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> list[int]:
         """Plain greedy decoding by the engine (capability ``greedy``)."""
         return _requests.greedy(self._channel, prompt, max_new_tokens, eos_token_id=eos_token_id)
+
+    def _tree_decoder(
+        self, drafter: object, *, max_nodes: int, max_depth: int, target: object = None
+    ) -> WireTreeDecoder:
+        """A greedy tree decoder whose rounds this engine verifies (capability ``trees``); ``target`` must be
+        None: the engine's own model verifies the trees (it exposes no ``tree_target``)."""
+        if target is not None:
+            raise InvalidSettingError(f"engine {self.label} verifies trees on its own model: target must be None")
+        return WireTreeDecoder(self, drafter, max_nodes=max_nodes, max_depth=max_depth)
 
     def reset(self) -> None:
         """Start a new session: the engine forgets its caches.

@@ -53,6 +53,9 @@ def tree_subject_of(engine: Any, *, greedy: Any, make_reference: Any, vocab_size
         make_reference=make_reference,
         greedy=greedy,
         vocab_size=vocab_size,
+        atol=float(getattr(engine, "atol", 0.0)),
+        no_state=getattr(engine, "no_state_reason", None),
+        make_probe=getattr(engine, "tree_probe", None),
     )
 
 
@@ -94,11 +97,14 @@ class TreeDriver(Driver):
         if subject is None:
             result.skip(why)
             return
-        has = {"tree", *(("tree_state",) if subject.make_target is not None else ())}
+        has = {"tree", *(("tree_state",) if (subject.make_target or subject.make_probe) is not None else ())}
         lacks = inv.applies(
             Capabilities(
                 has=has,
-                why_not={"tree_state": "the engine exposes no tree target (`tree_target()`) to read per-node state"},
+                why_not={
+                    "tree_state": "the engine exposes no tree target (`tree_target()`; over the wire, capability "
+                    "`tree_state`) to read per-node state"
+                },
             )
         )
         if lacks is not None:
@@ -167,5 +173,7 @@ class TreeDriver(Driver):
             case.engine, greedy=greedy, make_reference=case.make_reference, vocab_size=case.vocab_size
         )
         if subject is None:
+            if isinstance(getattr(case.engine, "capabilities", None), frozenset):  # a wire engine's handshake
+                return None, "the engine does not declare the `trees` capability: it does not verify trees"
             return None, "the engine has no tree_decoder(drafter, *, max_nodes, max_depth): it does not verify trees"
         return subject, ""
