@@ -86,7 +86,7 @@ class BenchConfig:
     trees: bool = False  # token trees beside chains (``_trees``): off by default, so the default gate never pays
     tree_shapes: tuple[str, ...] = TREE_SHAPES
     tree_drafters: tuple[str, ...] = TREE_DRAFTERS
-    tree_tokens: int = 48  # new tokens after each workload's prompt in the timed tree decoding
+    tree_tokens: int = 64  # new tokens after each workload's prompt in the timed tree decoding
 
     def __attrs_post_init__(self) -> None:
         _check_ints("ks", self.ks, 1)
