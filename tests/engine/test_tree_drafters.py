@@ -177,3 +177,18 @@ def test_decoding_the_trained_fixture_with_each_tree_drafter_is_plain_greedy(spe
     assert decoder.generate(prompt, 24).tokens == want
     ngram = TreeSpecDecoder(load_target("trained"), NgramTreeDrafter(), max_nodes=16, max_depth=4)
     assert ngram.generate(prompt, 24).tokens == want
+
+
+@pytest.mark.parametrize("spec", ["model:trained-small", "eagle:trained", "eagle:trained,replay", "mtp:trained"])
+def test_a_tree_along_a_decoding_is_a_fresh_drafters_tree(spec: str) -> None:
+    """Called as a decoder calls it (trees and chains, contexts growing by an accepted prefix and a bonus),
+    each tree equals a fresh drafter's on the same context: the rows' paths leave no trace."""
+    text = list(b"def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n")
+    drafter = TopKTreeDrafter(load_drafter(spec), "dynamic:12")  # type: ignore[arg-type]
+    for cut in range(12, len(text), 5):
+        context = text[:cut]
+        tree = drafter.propose_tree(context, max_nodes=12, max_depth=4)
+        fresh = TopKTreeDrafter(load_drafter(spec), "dynamic:12")  # type: ignore[arg-type]
+        assert tree == fresh.propose_tree(context, max_nodes=12, max_depth=4), cut
+        if cut % 2:
+            assert drafter.propose(context, 3) == load_drafter(spec).propose(context, 3)
