@@ -104,3 +104,10 @@ def test_the_tree_figures_sit_beside_the_chain_lossless_and_in_the_schema() -> N
     jsonschema.validate(trees, load_schema("bench-2")["properties"]["trees"])
     lines = tree_lines({"trees": trees})
     assert any("2x2x2" in line for line in lines) and "sampled trees: not measured" in lines[-1]
+
+
+def test_trees_do_not_go_with_a_drafter_run(capsys: pytest.CaptureFixture[str]) -> None:
+    from specproof.cli import main
+
+    assert main(["bench", "--drafter", "ngram", "--trees"]) == 2
+    assert "--trees does not go with --drafter" in capsys.readouterr().err

@@ -153,6 +153,7 @@ def _check_gate_options(args: argparse.Namespace) -> None:
         for flag, given, why in (
             *((flag, given, f"it gates {clock} figures") for flag, given, clock in timed),
             ("--plot", args.plot, "it draws speedup"),
+            ("--trees", args.trees, "it measures the trees of the bench's own tree drafters"),
         ):
             if given:
                 raise InvalidSettingError(
