@@ -1,16 +1,20 @@
-"""``drafter.tree-well-formed``: broken tree drafters rejected at quick on its id, correct ones accepted."""
+"""``drafter.tree-well-formed`` and ``drafter.tree-deterministic``: broken tree drafters rejected at quick on
+their id, correct ones accepted."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from specproof.conformance import certify
 from specproof.conformance._registry import REGISTRY
-from specproof.conformance.checks.tree_drafter import check_tree_well_formed, tree_problem
+from specproof.conformance.checks.tree_drafter import check_tree_deterministic, check_tree_well_formed, tree_problem
 from specproof.contract.tree import TreeDraft
 from specproof.engine.drafters import NgramDrafter
 
 INV = next(inv for inv in REGISTRY if inv.id == "drafter.tree-well-formed")
+DET = next(inv for inv in REGISTRY if inv.id == "drafter.tree-deterministic")
 
 
 @pytest.mark.parametrize(
@@ -56,15 +60,41 @@ def test_a_chain_declared_as_a_tree_passes_and_an_empty_drafter_exercises_nothin
     assert violations == [] and exercised == 0 and "no tree node" in note
 
 
-@pytest.mark.parametrize("member", ["tree_drafter_child_before_parent", "tree_drafter_over_budget"])
-def test_quick_rejects_the_broken_tree_drafters_on_their_id(member: str) -> None:
-    report = certify(
-        "drafter", drafter=f"specproof.conformance.zoo:{member}", profile="quick", only=(INV.id,)
-    ).to_json()
-    assert report["verdict"] == "fail"
-    (result,) = report["results"]
-    assert result["invariant"] == INV.id and result["status"] == "fail"
-    assert member in INV.zoo
+@pytest.mark.parametrize(
+    ("member", "inv"),
+    [
+        ("tree_drafter_child_before_parent", INV),
+        ("tree_drafter_over_budget", INV),
+        ("tree_drafter_left_on_last_branch", DET),
+    ],
+)
+def test_quick_rejects_the_broken_tree_drafters_on_their_id(member: str, inv: Any) -> None:
+    report = certify("drafter", drafter=f"specproof.conformance.zoo:{member}", profile="quick", only=(inv.id,))
+    data = report.to_json()
+    assert data["verdict"] == "fail"
+    (result,) = data["results"]
+    assert result["invariant"] == inv.id and result["status"] == "fail"
+    assert member in inv.zoo
+
+
+class _Counter:
+    """Broken: a tree that grows with every call (state kept between calls)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose_tree(self, context: list[int], *, max_nodes: int, max_depth: int) -> tuple[list[int], list[int]]:
+        self.calls += 1
+        n = min(self.calls, max_nodes)
+        return [1] * n, [-1] * n
+
+
+def test_determinism_compares_with_a_fresh_drafter() -> None:
+    calls = [(2, 4, 2), (4, 4, 2), (6, 4, 2)]
+    found, _, _ = check_tree_deterministic(DET, _Counter, [1, 2, 3, 4, 5, 6], calls)
+    assert len(found) == 1 and "call 1" in found[0].explanation
+    found, compared, _ = check_tree_deterministic(DET, _Chain, [1, 2, 1, 2, 1, 2], calls)
+    assert found == [] and compared == 2  # the first prefix, [1, 2], has no earlier match: no tree
 
 
 @pytest.mark.parametrize(
@@ -78,9 +108,10 @@ def test_quick_rejects_the_broken_tree_drafters_on_their_id(member: str) -> None
     ],
 )
 def test_quick_accepts_the_tree_drafters(spec: str) -> None:
-    report = certify("drafter", drafter=spec, profile="quick", only=(INV.id,)).to_json()
-    (result,) = report["results"]
-    assert result["status"] == "pass" and result["exercised"] > 0, result
+    report = certify("drafter", drafter=spec, profile="quick", only=(INV.id, DET.id)).to_json()
+    assert len(report["results"]) == 2
+    for result in report["results"]:
+        assert result["status"] == "pass" and result["exercised"] > 0, result
 
 
 def test_a_chain_drafter_is_a_skip_that_says_why() -> None:

@@ -747,6 +747,11 @@ def _check_tree_drafter(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcom
     return Outcome(vs, exercised=exercised, note=note)
 
 
+def _check_tree_drafter_deterministic(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    vs, compared, note = tree_drafter_checks.check_tree_deterministic(inv, case.make, ex["context"], ex["calls"])
+    return Outcome(vs, exercised=compared, note=note)
+
+
 _TREE_DRAWS = (
     "tree cases: a prompt, 1-12 new tokens, an EOS from plain greedy's output (so on non-first branches too), "
     "a tree plan for every round (1-3 siblings a level, 1-4 levels, the winner at any sibling position, decoys "
@@ -905,6 +910,18 @@ REGISTRY: tuple[Invariant, ...] = (
         check=_check_tree_drafter,
         draw=_draw_tree_drafter_example,
         zoo=("tree_drafter_child_before_parent", "tree_drafter_over_budget"),
+    ),
+    Invariant(
+        id="drafter.tree-deterministic",
+        subject="drafter",
+        summary="a tree drafter's tree depends only on the context and the call's budget: called along growing "
+        "prefixes, every tree equals a fresh drafter's",
+        needs=("tree_drafter",),
+        draws="a context and 1-6 calls on its growing prefixes, each with a node budget (0-24) and a depth (0-6); "
+        "each call also asked of a fresh drafter",
+        check=_check_tree_drafter_deterministic,
+        draw=_draw_tree_drafter_example,
+        zoo=("tree_drafter_left_on_last_branch",),
     ),
     Invariant(
         id="target.shape",

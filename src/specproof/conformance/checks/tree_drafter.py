@@ -1,10 +1,13 @@
-"""``drafter.tree-well-formed`` (docs/contract.md, "Trees"): a tree drafter's trees, called as a decoder calls it.
+"""``drafter.tree-well-formed`` and ``drafter.tree-deterministic`` (docs/contract.md, "Tree drafters"): a tree
+drafter's trees, called as a decoder calls it.
 
 The drafter is asked for a tree at growing prefixes of one context, each call with its own node budget
 and depth, and every answer is judged with the suite's own reading of the contract (not the engine's
 ``TreeDraft``, which the subject may share): a ``TreeDraft``-like record or a ``(tokens, parents)`` pair of
 equal lengths, each parent ``-1`` or an earlier node, token ids ints in ``[0, vocab_size)``, at most
-``max_nodes`` nodes and no root path longer than ``max_depth``.
+``max_nodes`` nodes and no root path longer than ``max_depth``. ``drafter.tree-deterministic`` compares every
+call's tree with a fresh drafter's on the same prefix and budget: a tree depends on nothing else (a drafter
+whose model or head is left on the last branch it expanded proposes from the wrong state next time).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from specproof.contract import Violation
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
-__all__ = ["check_tree_well_formed", "tree_problem"]
+__all__ = ["check_tree_deterministic", "check_tree_well_formed", "tree_problem"]
 
 
 def _ints(value: Any) -> list[Any] | None:
@@ -81,3 +84,29 @@ def check_tree_well_formed(
             break
         exercised += bool(_ints(answer.tokens if hasattr(answer, "tokens") else answer[0]))
     return out, exercised, "" if exercised or out else "the drafter proposed no tree node at any call"
+
+
+def _as_pair(answer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if hasattr(answer, "tokens") and hasattr(answer, "parents"):
+        return tuple(int(t) for t in answer.tokens), tuple(int(p) for p in answer.parents)
+    return tuple(int(t) for t in answer[0]), tuple(int(p) for p in answer[1])
+
+
+def check_tree_deterministic(
+    inv: Invariant, make: Any, context: Sequence[int], calls: Sequence[tuple[int, int, int]]
+) -> tuple[list[Violation], int, str]:
+    """One drafter called along ``calls`` (``(prefix_length, max_nodes, max_depth)``), each answer against a
+    fresh drafter's (``make()``) on the same call. Returns the violations, the calls compared where either
+    tree had a node, and why none was compared."""
+    drafter = make()
+    compared = 0
+    for index, (length, max_nodes, max_depth) in enumerate(calls):
+        prefix = list(context[:length])
+        got = _as_pair(drafter.propose_tree(prefix, max_nodes=max_nodes, max_depth=max_depth))
+        want = _as_pair(make().propose_tree(list(prefix), max_nodes=max_nodes, max_depth=max_depth))
+        if got != want:
+            example = {"context": prefix, "max_nodes": max_nodes, "max_depth": max_depth, "call": index}
+            explanation = f"call {index}: the tree differs from a fresh drafter's on the same context and budget"
+            return [inv.violation(explanation, expected=list(want), actual=list(got), example=example)], 1, ""
+        compared += bool(got[0] or want[0])
+    return [], compared, "" if compared else "the drafter proposed no tree node at any call"

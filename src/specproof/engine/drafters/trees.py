@@ -273,6 +273,8 @@ class TopKTreeDrafter:
     features=None)`` the tree (a head drafter takes the engine's features as its ``propose`` does).
     """
 
+    model_rows: type[_ModelRows] = _ModelRows  # the zoo overrides it to plant a rollback bug
+
     def __init__(self, drafter: ModelDrafter | HeadDrafter, shape: TreeShape | str) -> None:
         if not isinstance(drafter, (ModelDrafter, HeadDrafter)):
             raise InvalidSettingError(
@@ -316,7 +318,7 @@ class TopKTreeDrafter:
             max_depth = min(max_depth, drafter.max_context - n + 1)  # the model holds context + path[:-1]
             if max_nodes and max_depth:
                 drafter.proposals += 1
-                rows = _ModelRows(drafter, context)
+                rows = self.model_rows(drafter, context)
                 return build_tree(rows, self.shape, max_nodes=max_nodes, max_depth=max_depth)
             return TreeDraft((), ())
         if n < 2 or n - 1 > drafter.max_context:
