@@ -9,12 +9,13 @@ and is the one place that knows all three; none of them imports it (tests/projec
   convert ``trained``), the Core ML export families' sources (``family:NAME``), or ``MODULE:ATTRIBUTE``;
 - ``drafter_factory(spec)`` / ``load_drafter(spec)``: ``ngram[:MIN_N,MAX_N[,recent|earliest]]``,
   ``model:TARGET``, ``combined:TARGET``, ``eagle:trained[,replay]``, ``mtp:trained``,
-  ``suffix[:MIN_N,MAX_N]`` or ``MODULE:ATTRIBUTE`` (see ``DRAFTER_SPECS``);
+  ``suffix[:MIN_N,MAX_N]``, the tree drafters ``tree:SHAPE:DRAFTER`` and ``tree:ngram``, or
+  ``MODULE:ATTRIBUTE`` (see ``DRAFTER_SPECS``);
 - ``plugin_factory(spec, kind=...)`` / ``resolve_plugin(spec, kind=...)``: ``MODULE:ATTRIBUTE``,
   and for engines ``exec:CMD ARGS`` / ``tcp:HOST:PORT`` (``specproof-engine/1``), ``vllm:DIR,...`` and
   ``llamacpp:FILE,...`` (docs/real-engines.md).
 
-``ngram``, ``model``, ``combined``, ``eagle``, ``mtp`` and ``suffix`` are reserved drafter prefixes:
+``ngram``, ``model``, ``combined``, ``eagle``, ``mtp``, ``suffix`` and ``tree`` are reserved drafter prefixes:
 a plug-in module of that name must be spelled as a longer dotted path.
 """
 
@@ -37,6 +38,7 @@ from specproof.engine import (
 from specproof.engine import plugin_modules as engine_plugins
 from specproof.engine import targets as engine_targets
 from specproof.engine.drafters import SuffixDrafter
+from specproof.engine.drafters.trees import NgramTreeDrafter, TopKTreeDrafter, parse_tree_shape
 from specproof.fixtures import load_head_drafter, load_trained_small_target, load_trained_target
 
 __all__ = [
@@ -52,7 +54,7 @@ __all__ = [
 
 DRAFTER_SPECS = (
     "ngram[:MIN_N,MAX_N]", "model:TARGET", "combined:TARGET", "eagle:trained", "mtp:trained", "suffix[:MIN_N,MAX_N]",
-    "MODULE:ATTRIBUTE",
+    "tree:SHAPE:DRAFTER", "tree:ngram", "MODULE:ATTRIBUTE",
 )  # fmt: skip
 
 
@@ -275,9 +277,35 @@ def drafter_factory(spec: str) -> Callable[[], Drafter]:
         except SpecproofError as exc:
             raise PluginError(f"--drafter {spec!r}: {exc}") from exc
         return lambda: load_head_drafter(prefix, rest)
+    if prefix == "tree":
+        return _tree_factory(spec, rest)
     if sep:
         return plugin_factory(spec, kind="drafter")  # type: ignore[return-value]
     raise PluginError(f"--drafter {spec!r}: unknown drafter; expected {', '.join(DRAFTER_SPECS)}")
+
+
+def _tree_factory(spec: str, rest: str) -> Callable[[], Drafter]:
+    """``tree:ngram`` or ``tree:SHAPE:DRAFTER`` (SHAPE ``2x2x2``, ``4-2-1``, ``dynamic:16[,k=4]``; DRAFTER a
+    ``model:``, ``eagle:`` or ``mtp:`` spec): a tree drafter (docs/contract.md, "Trees")."""
+    if rest == "ngram":
+        return NgramTreeDrafter  # type: ignore[return-value]
+    shape_text, _, inner = rest.partition(":")
+    if shape_text == "dynamic":
+        budget, _, inner = inner.partition(":")
+        shape_text = f"dynamic:{budget}"
+    usage = (
+        "expected tree:ngram or tree:SHAPE:DRAFTER (a model:, eagle: or mtp: spec), e.g. "
+        "tree:2x2x2:model:trained-small or tree:dynamic:16:eagle:trained"
+    )
+    if inner.partition(":")[0] not in ("model", "eagle", "mtp"):
+        raise PluginError(f"--drafter {spec!r}: {usage}")
+    try:
+        shape = parse_tree_shape(shape_text)
+        make_chain = drafter_factory(inner)
+        TopKTreeDrafter(make_chain(), shape)  # type: ignore[arg-type]
+    except SpecproofError as exc:
+        raise PluginError(f"--drafter {spec!r}: {exc}") from exc
+    return lambda: TopKTreeDrafter(make_chain(), shape)  # type: ignore[arg-type,return-value]
 
 
 def load_drafter(spec: str) -> Drafter:

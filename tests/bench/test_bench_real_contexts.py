@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specproof.bench import DEGENERATE_SHARE, compare, distinct_ngram_share, figures, final_period, make_baseline
-from specproof.bench._real import RealContextText, _continuations, measure_real_contexts, real_context_texts
+from specproof.bench._real import RealContextText, greedy_continuations, measure_real_contexts, real_context_texts
 from specproof.engine import InvalidSettingError, NgramDrafter, greedy_decode
 from specproof.plugins import load_target
 
@@ -84,7 +84,7 @@ def _texts() -> list[RealContextText]:
 def test_continuations_equal_a_fresh_greedy_decode_from_each_prefix():
     target = load_target(TARGET_SPEC)
     (text,) = _texts()
-    conts = _continuations(target, text, 5)
+    conts = greedy_continuations(target, text, 5)
     fresh = load_target(TARGET_SPEC)
     for p, cont in zip(text.positions, conts):
         assert cont == greedy_decode(fresh, list(text.tokens[:p]), 5).tokens, p

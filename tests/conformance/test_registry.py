@@ -50,6 +50,8 @@ def test_every_zoo_member_names_a_registered_invariant() -> None:
                 "drafter.deterministic",
                 "drafter.no-mutation",
                 "drafter.features",
+                "drafter.tree-well-formed",
+                "drafter.tree-deterministic",
                 "drafter.proposal-distribution",
             ),
         ),

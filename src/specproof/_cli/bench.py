@@ -65,6 +65,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "machine; by default they are reported, since another job's load moves them",
     )
     p.add_argument("--save-baseline", default=None, metavar="BASELINE", help="write this run as the new baseline")
+    p.add_argument(
+        "--trees",
+        action="store_true",
+        help="also measure token trees beside chains (2x2x2, 4-2-1, dynamic:16 for the EAGLE head and the draft "
+        "model): tokens per round on the real contexts and CPU speedup decoding (docs/bench.md, Trees); "
+        "reported, not gated",
+    )
     p.set_defaults(func=run)
 
 
@@ -97,6 +104,10 @@ def run(args: argparse.Namespace) -> int:
         _require_matplotlib()
     baseline = load_baseline(args.gate) if args.gate else None
     config = BenchConfig.quick(target=args.target) if args.quick else BenchConfig.full(target=args.target)
+    if args.trees:
+        import attrs
+
+        config = attrs.evolve(config, trees=True)
     if baseline is not None:
         check_acceptance_baseline(baseline, where=args.gate, drafter=None, target=config.target, mode=config.mode)
         for field, value in (("mode", config.mode), ("target", config.target)):
@@ -125,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save_baseline:
         save_baseline(args.save_baseline, data)
         console.print(f"baseline written to {args.save_baseline}")
-    failed_peers = _print_peer_errors(data) + _print_lossy_batches(data)
+    failed_peers = _print_peer_errors(data) + _print_lossy_batches(data) + _print_lossy_trees(data)
     if baseline is None:
         return 1 if failed_peers else 0
     report = compare(baseline, data, gate_wall=args.gate_wall, gate_cpu=args.gate_cpu)
@@ -142,6 +153,7 @@ def _check_gate_options(args: argparse.Namespace) -> None:
         for flag, given, why in (
             *((flag, given, f"it gates {clock} figures") for flag, given, clock in timed),
             ("--plot", args.plot, "it draws speedup"),
+            ("--trees", args.trees, "it measures the trees of the bench's own tree drafters"),
         ):
             if given:
                 raise InvalidSettingError(
@@ -283,6 +295,18 @@ def _print_peer_errors(data: dict[str, Any]) -> int:
     return len(failed)
 
 
+def _print_lossy_trees(data: dict[str, Any]) -> int:
+    """A tree decoding whose tokens differ from plain greedy's fails the bench: one line each on stderr."""
+    cells = ((data.get("trees") or {}).get("decoding") or {}).get("cells", ())
+    lossy = [c for c in cells if not c.get("lossless", True)]
+    for cell in lossy:
+        print(
+            f"specproof bench: error: decoding with {cell['drafter']} at {cell['shape']} was not lossless",
+            file=sys.stderr,
+        )
+    return len(lossy)
+
+
 def _print_lossy_batches(data: dict[str, Any]) -> int:
     """A batch whose requests' tokens differ from their solo runs fails the bench: one line each on stderr."""
     lossy = [c for c in (data.get("batches") or {}).get("cells", ()) if not c.get("lossless", True)]
@@ -366,9 +390,16 @@ def _print_tables(console: Any, data: dict[str, Any]) -> None:
         console.print(f"specproof certify --profile ci: {cert['seconds']:.1f} s wall ({cert['status']})")
     else:
         console.print(escape(f"specproof certify --profile ci: not measured ({cert.get('reason')})"))
-    from specproof.bench.cli_support import batch_lines, drafter_table_lines, peer_lines, real_context_lines
+    from specproof.bench.cli_support import (
+        batch_lines,
+        drafter_table_lines,
+        peer_lines,
+        real_context_lines,
+        tree_lines,
+    )
 
-    for line in [*drafter_table_lines(data), *real_context_lines(data), *batch_lines(data), *peer_lines(data)]:
+    lines = [*drafter_table_lines(data), *real_context_lines(data), *batch_lines(data), *tree_lines(data)]
+    for line in [*lines, *peer_lines(data)]:
         console.print(line, markup=False, highlight=False)
     console.print(f"bench wall time {data['seconds']:.1f} s")
 

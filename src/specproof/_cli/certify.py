@@ -333,7 +333,7 @@ def _print_table(console: Any, report: dict[str, Any]) -> None:
     ]
     command = "specproof fuzz" if report.get("campaign") else "specproof certify"
     title = f"{command} — " + (", ".join(x for x in parts if x) or "nothing") + f" — profile {report['profile']}"
-    table = Table(title=title)
+    table = Table(title=Text(title))  # plain text: ":eagle:" in a spec (tree:dynamic:16:eagle:trained) is no emoji
     for col in ("check", "status", "examples", "exercised", "seconds"):
         table.add_column(col, justify="left" if col in ("check", "status") else "right", no_wrap=True)
     table.add_column("detail", overflow="fold")

@@ -13,6 +13,7 @@ import attrs
 
 from specproof.bench._workloads import WORKLOAD_NAMES
 from specproof.contract.errors import InvalidSettingError
+from specproof.engine.drafters.trees import parse_tree_shape
 
 __all__ = [
     "BATCH_SIZES",
@@ -21,6 +22,8 @@ __all__ = [
     "MOE_COMPANION",
     "OPTIONAL_DRAFTERS",
     "SAMPLED_TEMPERATURES",
+    "TREE_DRAFTERS",
+    "TREE_SHAPES",
     "BenchConfig",
     "first_k",
 ]
@@ -38,6 +41,9 @@ OPTIONAL_DRAFTERS: Final = ("eagle:trained", "mtp:trained", "suffix")
 SAMPLED_TEMPERATURES: Final = (0.7, 1.0)
 # The batch sizes the batched reference decoder is measured at, beside the single-request engine.
 BATCH_SIZES: Final = (1, 4, 16)
+# With ``trees`` (``--trees``): the tree shapes and the drafters whose trees are set beside their chains.
+TREE_SHAPES: Final = ("2x2x2", "4-2-1", "dynamic:16")
+TREE_DRAFTERS: Final = ("eagle:trained", "model:trained-small")
 
 
 def _check_ints(name: str, values: Sequence[int], minimum: int) -> tuple[int, ...]:
@@ -77,6 +83,10 @@ class BenchConfig:
     real_seeds: int = 2  # seeded rejection-sampling rounds per position, drafter and temperature
     batch_sizes: tuple[int, ...] = BATCH_SIZES  # the batched decoder beside the single engine (empty: not measured)
     batch_tokens: int = 32  # new tokens of each request of a batch
+    trees: bool = False  # token trees beside chains (``_trees``): off by default, so the default gate never pays
+    tree_shapes: tuple[str, ...] = TREE_SHAPES
+    tree_drafters: tuple[str, ...] = TREE_DRAFTERS
+    tree_tokens: int = 64  # new tokens after each workload's prompt in the timed tree decoding
 
     def __attrs_post_init__(self) -> None:
         _check_ints("ks", self.ks, 1)
@@ -87,6 +97,17 @@ class BenchConfig:
         if self.batch_sizes:
             _check_ints("batch_sizes", self.batch_sizes, 1)
         _check_ints("batch_tokens", [self.batch_tokens], 1)
+        _check_ints("tree_tokens", [self.tree_tokens], 1)
+        if not isinstance(self.trees, bool):
+            raise InvalidSettingError(f"BenchConfig.trees={self.trees!r} must be True or False")
+        for shape in self.tree_shapes:
+            parse_tree_shape(shape)  # a bad shape names itself here, before any measuring
+        for spec in self.tree_drafters:
+            if spec.partition(":")[0] not in ("model", "eagle", "mtp"):
+                raise InvalidSettingError(
+                    f"BenchConfig.tree_drafters: {spec!r} is not a model:, eagle: or mtp: drafter "
+                    "(a top-k tree needs its logits rows)"
+                )
         for name in ("real_tokens", "real_stride", "real_min_prefix", "real_seeds"):
             _check_ints(name, [getattr(self, name)], 1)
         for t in self.real_temperatures:

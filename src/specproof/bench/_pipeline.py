@@ -23,6 +23,7 @@ from specproof.bench._protocol import BenchRun, Measurement, ProgressHook
 from specproof.bench._real_figures import RealContexts
 from specproof.bench._records import BenchResult, platform_info
 from specproof.bench._speed import SpeedCells
+from specproof.bench._trees import TreeFigures
 from specproof.bench._workloads import build_workloads
 from specproof.contract import Drafter
 from specproof.engine import NgramDrafter
@@ -35,6 +36,7 @@ MEASUREMENTS: Final[tuple[Measurement, ...]] = (
     DrafterCells(),
     RealContexts(),
     BatchFigures(),
+    TreeFigures(),
     DrafterCost(),
     CertifyWall(),
     Peers(),

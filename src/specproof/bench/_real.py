@@ -36,7 +36,13 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
 from specproof.engine import ContextView
 
-__all__ = ["RealContextCell", "RealContextText", "measure_real_contexts", "real_context_texts"]
+__all__ = [
+    "RealContextCell",
+    "RealContextText",
+    "greedy_continuations",
+    "measure_real_contexts",
+    "real_context_texts",
+]
 
 _MIN_FILE_BYTES: Final = 4096
 
@@ -120,7 +126,7 @@ def real_context_texts(
     return out
 
 
-def _continuations(target: Target, text: RealContextText, steps: int) -> list[tuple[int, ...]]:
+def greedy_continuations(target: Target, text: RealContextText, steps: int) -> list[tuple[int, ...]]:
     """The target's greedy ``steps`` tokens after ``text.tokens[:p]`` for each position ``p``: one pass over
     the text (each token fed once), a snapshot at each position, ``steps`` one-token forwards from it."""
     target.reset()
@@ -153,7 +159,7 @@ def measure_real_contexts(
     """Every drafter's acceptance against the target's greedy continuations at every position of ``texts``."""
     if target.vocab_size < 256 and not callable(getattr(target, "encode", None)):
         raise InvalidSettingError(f"real contexts: target {target_spec} is not byte-level (vocab {target.vocab_size})")
-    conts = [_continuations(target, text, k + 1) for text in texts]
+    conts = [greedy_continuations(target, text, k + 1) for text in texts]
     tick(f"real contexts: {target_spec} continuations")
     cells: list[RealContextCell] = []
     for name, factory in drafters:

@@ -116,6 +116,7 @@ class BenchResult:
     real_contexts: Mapping[str, Any] = attrs.field(factory=dict)
     drafters_skipped: tuple[Mapping[str, str], ...] = ()
     batches: Mapping[str, Any] = attrs.field(factory=dict)
+    trees: Mapping[str, Any] = attrs.field(factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -133,6 +134,7 @@ class BenchResult:
             "peers": [dict(p) for p in self.peers],
             "seconds": self.seconds,
             **({"batches": dict(self.batches)} if self.batches else {}),
+            **({"trees": dict(self.trees)} if self.trees else {}),
         }
 
 

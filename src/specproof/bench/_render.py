@@ -145,3 +145,29 @@ def batch_lines(result: Mapping[str, Any]) -> list[str]:
             f"{c['throughput_ratio']:4.2f}x | {'yes' if c['lossless'] else 'NO'}"
         )
     return lines
+
+
+def tree_lines(result: Mapping[str, Any]) -> list[str]:
+    """Token trees beside chains (``--trees``): per drafter and shape, real-context tokens per round against the
+    physical limit, and decoding's tokens per round and CPU speedup against plain greedy."""
+    trees = result.get("trees") or {}
+    if trees.get("status") == "skip":
+        return [f"trees: not measured ({trees.get('reason')})"]
+    if not trees:
+        return []
+    real = {(c["drafter"], c["shape"]): c for c in (trees.get("real_contexts") or {}).get("cells", [])}
+    decoding = trees.get("decoding") or {}
+    lines = [
+        f"trees on {trees['target']} (depth <= {trees['depth']}; real contexts teacher-forced | "
+        f"decoding {decoding.get('tokens')} tokens a workload): shape | nodes | tok/round real (limit) | "
+        "tok/round decoding | CPU speedup | lossless"
+    ]
+    for c in decoding.get("cells", []):
+        r = real.get((c["drafter"], c["shape"]))
+        real_text = f"{r['nodes_per_round']:5.1f} | {r['tokens_per_round']:4.2f} ({r['limit']})" if r else "    - | -"
+        lines.append(
+            f"  {c['drafter']:<20} {c['shape']:<10} {real_text} | {c['tokens_per_round']:4.2f} | "
+            f"{c['cpu_speedup']:4.2f}x | {'yes' if c['lossless'] else 'NO'}"
+        )
+    lines.append(f"  sampled trees: {trees['sampled']['reason']}")
+    return lines

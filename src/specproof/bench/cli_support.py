@@ -18,6 +18,7 @@ from specproof.bench._render import (
     peer_lines,
     real_context_lines,
     sampled_context_lines,
+    tree_lines,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "plan_size",
     "real_context_lines",
     "sampled_context_lines",
+    "tree_lines",
 ]

@@ -38,6 +38,7 @@ CAPABILITIES: dict[str, str] = {
     "batched": "the engine batches: it declares `batch_capabilities` (a `BatchEngine`), or is the built-in stack",
     "tree": "the engine verifies token trees (`forward_tree` on the target), or is the built-in stack on the "
     "reference hybrid",
+    "tree_drafter": "the drafter proposes token trees (`propose_tree(context, *, max_nodes, max_depth)`)",
     "tree_state": "a tree engine exposes its tree target (`tree_target()`), whose per-node state can be compared "
     "with a model",
     "per_slot_state": "a batched engine's slot state can be read (`slot_state(id)`) and compared with a model",

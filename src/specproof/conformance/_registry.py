@@ -56,6 +56,7 @@ from specproof.conformance.checks import generation as generation_checks
 from specproof.conformance.checks import sampling as sampling_checks
 from specproof.conformance.checks import target as target_checks
 from specproof.conformance.checks import tree as tree_checks
+from specproof.conformance.checks import tree_drafter as tree_drafter_checks
 from specproof.conformance.checks.generation import round_of_index
 from specproof.contract import Generation, Step, UsageError, Violation
 from specproof.contract.errors import InvalidSettingError
@@ -728,6 +729,29 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
 )
 
 
+def _draw_tree_drafter_example(data: st.DataObject, case: Any, profile: Profile) -> dict[str, Any]:
+    ctx = data.draw(contexts(case.vocab_size, min_size=1, max_size=profile.max_prompt * 2), label="context")
+    lengths = data.draw(st.lists(st.integers(1, len(ctx)), min_size=1, max_size=6), label="prefix lengths")
+    budgets = data.draw(
+        st.lists(st.tuples(st.integers(0, 24), st.integers(0, 6)), min_size=len(lengths), max_size=len(lengths)),
+        label="max_nodes and max_depth per call",
+    )
+    calls = [(n, nodes, depth) for n, (nodes, depth) in zip(sorted(lengths), budgets, strict=True)]
+    return {"context": ctx, "calls": calls}
+
+
+def _check_tree_drafter(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    vs, exercised, note = tree_drafter_checks.check_tree_well_formed(
+        inv, case.make(), ex["context"], ex["calls"], vocab_size=case.vocab_size
+    )
+    return Outcome(vs, exercised=exercised, note=note)
+
+
+def _check_tree_drafter_deterministic(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    vs, compared, note = tree_drafter_checks.check_tree_deterministic(inv, case.make, ex["context"], ex["calls"])
+    return Outcome(vs, exercised=compared, note=note)
+
+
 _TREE_DRAWS = (
     "tree cases: a prompt, 1-12 new tokens, an EOS from plain greedy's output (so on non-first branches too), "
     "a tree plan for every round (1-3 siblings a level, 1-4 levels, the winner at any sibling position, decoys "
@@ -875,6 +899,29 @@ REGISTRY: tuple[Invariant, ...] = (
         check=_check_features,
         draw=_draw_features_example,
         zoo=("head_keeps_chain",),
+    ),
+    Invariant(
+        id="drafter.tree-well-formed",
+        subject="drafter",
+        summary="a tree drafter's `propose_tree` answers, at every call, a tree of parents before children, "
+        "ids in `[0, vocab_size)`, at most the call's `max_nodes` nodes and `max_depth` levels",
+        needs=("tree_drafter",),
+        draws="a context and 1-6 calls on its growing prefixes, each with a node budget (0-24) and a depth (0-6)",
+        check=_check_tree_drafter,
+        draw=_draw_tree_drafter_example,
+        zoo=("tree_drafter_child_before_parent", "tree_drafter_over_budget"),
+    ),
+    Invariant(
+        id="drafter.tree-deterministic",
+        subject="drafter",
+        summary="a tree drafter's tree depends only on the context and the call's budget: called along growing "
+        "prefixes, every tree equals a fresh drafter's",
+        needs=("tree_drafter",),
+        draws="a context and 1-6 calls on its growing prefixes, each with a node budget (0-24) and a depth (0-6); "
+        "each call also asked of a fresh drafter",
+        check=_check_tree_drafter_deterministic,
+        draw=_draw_tree_drafter_example,
+        zoo=("tree_drafter_left_on_last_branch",),
     ),
     Invariant(
         id="target.shape",

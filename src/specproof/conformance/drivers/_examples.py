@@ -37,11 +37,14 @@ class _DrafterCase:
             has.add("feature_layers")
         if isinstance(spec, str) and spec:
             has.add("feature_target_spec")
+        if callable(getattr(drafter, "propose_tree", None)):
+            has.add("tree_drafter")
         return Capabilities(
             has=has,
             why_not={
                 "feature_layers": "not a feature drafter (it declares no feature_layers)",
                 "feature_target_spec": "the feature drafter names no feature_target_spec to compute its features with",
+                "tree_drafter": "not a tree drafter (it has no propose_tree)",
             },
         )
 

@@ -192,6 +192,10 @@ from specproof.conformance.zoo._targets import (
     ZooTarget,
     small_reference,
 )
+from specproof.conformance.zoo._tree_drafters import TREE_DRAFTER_MEMBERS
+from specproof.conformance.zoo._tree_drafters import dynamic_tree_drafter as dynamic_tree_drafter
+from specproof.conformance.zoo._tree_drafters import ngram_tree_drafter as ngram_tree_drafter
+from specproof.conformance.zoo._tree_drafters import tree_drafter as tree_drafter
 from specproof.conformance.zoo._tree_engines import TREE_MEMBERS, TreeReplayEngine, TreeZooEngine
 from specproof.engine.drafters.suffix import SuffixDrafter
 
@@ -453,6 +457,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "emits_after_eos": ("engine", EmitsAfterEos),
     "stale_state_after_zero_draft": ("engine", StaleStateAfterZeroDraft),
     **{name: ("engine", cls) for name, cls in TREE_MEMBERS.items()},
+    **{name: ("drafter", cls) for name, cls in TREE_DRAFTER_MEMBERS.items()},
     "batch_stale_zero_draft": ("engine", BatchStaleZeroDraft),
     "batch_pads_recurrent_state": ("engine", BatchPadsRecurrentState),
     "batch_slot_not_cleared": ("engine", BatchSlotNotCleared),
@@ -618,6 +623,9 @@ CORRECT_DRAFTERS: dict[str, str] = {
         "declared_prompt_only_lookup",
         "suffix_drafter",
         "sampling_drafter",
+        "tree_drafter",
+        "dynamic_tree_drafter",
+        "ngram_tree_drafter",
     )
 }
 """Correct drafters that keep a draft model (checkpoint, replay or no rollback): certification accepts them."""

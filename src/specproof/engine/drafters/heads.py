@@ -296,6 +296,27 @@ class HeadDrafter:
             return []  # no feature yet (a one-token context), or past the head's capacity
         k = min(int(k), self.max_context - (m - 1) + 1)
         self.proposals += 1
+        head = self.head
+        last = self._catch_up(context, features)
+        draft = [pick(head.logits(last)[0])]
+        pos = m - 1
+        saved = None
+        if self.rollback == "replay" and k > 1:  # snapshot the chain's cache slots, put them back after
+            saved = (self._cache[0][:, pos : pos + k - 1].copy(), self._cache[1][:, pos : pos + k - 1].copy())
+        while len(draft) < k:  # the chain: positions past the accepted prefix, overwritten next call
+            last = head.step(self._cache, pos, [draft[-1][0]], last[None, :])[0]
+            draft.append(pick(head.logits(last)[0]))
+            pos += 1
+            self.chain_steps += 1
+        if saved is not None:
+            self._cache[0][:, m - 1 : m - 1 + saved[0].shape[1]] = saved[0]
+            self._cache[1][:, m - 1 : m - 1 + saved[1].shape[1]] = saved[1]
+        return draft
+
+    def _catch_up(self, context: Sequence[int], features: Mapping[int, np.ndarray] | None) -> np.ndarray:
+        """Bring the head's real positions to ``context[:-1]`` (``len(context) >= 2``) and return the output
+        hidden of the last one, which predicts the first draft token (the tree drafters build on it too)."""
+        m = len(context)
         feats = self._own_features(context) if features is None else self._checked(features, m - 1)
         head = self.head
         # head position i consumed (feature i, token i + 1): reusable while the tokens agree
@@ -311,18 +332,4 @@ class HeadDrafter:
             self.head_positions += m - 1 - reuse
         self._n = m - 1
         self._toks = [int(t) for t in context[:m]]
-        last = self._out[m - 2]
-        draft = [pick(head.logits(last)[0])]
-        pos = m - 1
-        saved = None
-        if self.rollback == "replay" and k > 1:  # snapshot the chain's cache slots, put them back after
-            saved = (self._cache[0][:, pos : pos + k - 1].copy(), self._cache[1][:, pos : pos + k - 1].copy())
-        while len(draft) < k:  # the chain: positions past the accepted prefix, overwritten next call
-            last = head.step(self._cache, pos, [draft[-1][0]], last[None, :])[0]
-            draft.append(pick(head.logits(last)[0]))
-            pos += 1
-            self.chain_steps += 1
-        if saved is not None:
-            self._cache[0][:, m - 1 : m - 1 + saved[0].shape[1]] = saved[0]
-            self._cache[1][:, m - 1 : m - 1 + saved[1].shape[1]] = saved[1]
-        return draft
+        return self._out[m - 2]
