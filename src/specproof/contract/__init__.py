@@ -26,6 +26,7 @@ from specproof.contract._batch import (
     run_batch,
 )
 from specproof.contract._decode_params import DECODE_FEATURES, DecodeParams
+from specproof.contract._grammar import GRAMMAR_KINDS, Grammar
 from specproof.contract._protocols import (
     CheckpointingTarget,
     Drafter,
@@ -53,6 +54,8 @@ __all__ = [
     "BatchRequest",
     "CheckpointingTarget",
     "DecodeParams",
+    "GRAMMAR_KINDS",
+    "Grammar",
     "Drafter",
     "Engine",
     "FeatureDrafter",
