@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from specproof.conformance.checks.decode_grammar import GRAMMARS, GrammarDrafter
 from specproof.conformance.zoo._grammar_engines import GrammarOffWhenDelimiterInBlock, ScratchMatcherEngine
 from specproof.conformance.zoo._targets import small_reference
-from specproof.contract import DecodeParams, Generation, Grammar
+from specproof.contract import DecodeParams, Generation, Grammar, SamplingParams
 from specproof.contract._grammar_oracle import first_invalid_token, grammar_state
 from specproof.contract.decode_state import plain_decode_with
 from specproof.engine import NgramDrafter, RequestProcessors, SpecDecoder
@@ -111,7 +111,7 @@ def test_the_delimiter_at_every_offset_of_a_draft_block(offset: int) -> None:
     expected = plain_decode_with(small_reference(), PROMPT, 20, decode=params)
     try:
         wrong = _run(broken, params, FULL_BLOCKS).tokens != expected.tokens
-    except Exception:  # noqa: BLE001 — the grammar refusing a token emitted unconstrained is a rejection too
+    except Exception:  # the grammar refusing a token emitted unconstrained is a rejection too
         wrong = True
     assert wrong == (offset < 4)
 
@@ -126,3 +126,15 @@ def test_any_delimiter_place_and_schedule_equal_plain_decoding(data: st.DataObje
     rollback = data.draw(st.sampled_from(["checkpoint", "replay"]), label="rollback")
     engine = SpecDecoder(small_reference(), NgramDrafter(), k=4, rollback=rollback)  # type: ignore[arg-type]
     _judge(engine, params, _run(engine, params, schedule))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["rejection", "match"])
+def test_sampled_generations_with_a_grammar_emit_only_valid_prefixes(scheme: str) -> None:
+    """The sampled rules see the masked rows: a forbidden token has p = 0, so it is never accepted nor drawn."""
+    engine = SpecDecoder(small_reference(), NgramDrafter(), k=4, scheme=scheme)  # type: ignore[arg-type]
+    for grammar in GRAMMARS:
+        params = DecodeParams(grammar=grammar, eos_token_ids=[EOS])
+        for seed in range(3):
+            gen = engine.generate(list(PROMPT), 20, decode=params, sampling=SamplingParams(temperature=1.5, seed=seed))
+            assert first_invalid_token(grammar, frozenset({EOS}), 64, gen.tokens) is None, gen.tokens
