@@ -7,10 +7,8 @@ import pytest
 
 from specproof.conformance.checks.decode_grammar import GRAMMARS, grammar_eos, usable
 from specproof.conformance.zoo._targets import small_reference
-from specproof.contract import DecodeParams, Grammar
-from specproof.contract._grammar_oracle import OracleGrammar, first_invalid_token, grammar_state
-from specproof.contract._vocab_bytes import SMALL_ALPHABET, token_bytes
-from specproof.contract.decode_state import plain_decode_with
+from specproof.contract import SMALL_ALPHABET, DecodeParams, Grammar, token_bytes
+from specproof.contract.decode_state import OracleGrammar, first_invalid_token, grammar_state, plain_decode_with
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 
 EOS = 63  # the zoo's vocabulary: ids 56-63 stand for no text

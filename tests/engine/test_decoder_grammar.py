@@ -15,10 +15,8 @@ from specproof.conformance.checks.decode_grammar import GRAMMARS, GrammarDrafter
 from specproof.conformance.zoo._grammar_engines import GrammarOffWhenDelimiterInBlock, ScratchMatcherEngine
 from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import DecodeParams, Generation, Grammar, SamplingParams
-from specproof.contract._grammar_oracle import first_invalid_token, grammar_state
-from specproof.contract.decode_state import plain_decode_with
-from specproof.engine import NgramDrafter, RequestProcessors, SpecDecoder
-from specproof.engine._grammar import EngineGrammar
+from specproof.contract.decode_state import first_invalid_token, grammar_state, plain_decode_with
+from specproof.engine import EngineGrammar, NgramDrafter, RequestProcessors, SpecDecoder
 
 EOS = 63
 PROMPT = (5, 9, 20, 30)

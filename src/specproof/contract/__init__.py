@@ -39,6 +39,7 @@ from specproof.contract._protocols import (
 )
 from specproof.contract._records import STOP_REASONS, Generation, Stats, Step, StopReason
 from specproof.contract._violations import INVARIANT_ID, Violation, ViolationError
+from specproof.contract._vocab_bytes import SMALL_ALPHABET, token_bytes
 from specproof.contract.compare import arrays_differ, live_state_differs, states_differ
 from specproof.contract.errors import SpecproofError, UsageError
 from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
@@ -56,6 +57,8 @@ __all__ = [
     "DecodeParams",
     "GRAMMAR_KINDS",
     "Grammar",
+    "SMALL_ALPHABET",
+    "token_bytes",
     "Drafter",
     "Engine",
     "FeatureDrafter",

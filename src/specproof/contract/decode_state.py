@@ -17,12 +17,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from specproof.contract._decode_params import DecodeParams
-from specproof.contract._grammar_oracle import OracleGrammar
+from specproof.contract._grammar_oracle import OracleGrammar, first_invalid_token, grammar_state
 from specproof.contract._protocols import Target
 from specproof.contract._records import Generation, Stats, Step, StopReason
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 
-__all__ = ["OracleProcessors", "plain_decode_with", "processor_state"]
+__all__ = [
+    "OracleGrammar",
+    "OracleProcessors",
+    "first_invalid_token",
+    "grammar_state",
+    "plain_decode_with",
+    "processor_state",
+]
 
 
 def processor_state(output: Sequence[int]) -> dict[str, object]:

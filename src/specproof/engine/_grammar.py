@@ -20,8 +20,7 @@ from functools import lru_cache
 import llguidance
 import numpy as np
 
-from specproof.contract import Grammar
-from specproof.contract._vocab_bytes import token_bytes
+from specproof.contract import Grammar, token_bytes
 from specproof.contract.errors import SpecproofError
 
 __all__ = ["EngineGrammar"]

@@ -28,10 +28,8 @@ from specproof.conformance.checks.decode_state import (
     ScheduleDrafter,
     check_decode_output,
 )
-from specproof.contract import DecodeParams, Generation, Grammar, Violation
-from specproof.contract._grammar_oracle import OracleGrammar, first_invalid_token, grammar_state
-from specproof.contract._vocab_bytes import token_bytes
-from specproof.contract.decode_state import plain_decode_with
+from specproof.contract import DecodeParams, Generation, Grammar, Violation, token_bytes
+from specproof.contract.decode_state import OracleGrammar, first_invalid_token, grammar_state, plain_decode_with
 from specproof.strategies import contexts, processor_configs
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -18,8 +18,7 @@ import llguidance
 import numpy as np
 
 from specproof.conformance.zoo._decode_engines import DecodeZooEngine
-from specproof.engine import RequestProcessors
-from specproof.engine._grammar import EngineGrammar
+from specproof.engine import EngineGrammar, RequestProcessors
 
 __all__ = [
     "GrammarMaskFirstRowOnly",
