@@ -150,6 +150,7 @@ class EngineGrammar:
         if n > 0:
             if not self.matcher.rollback(n):
                 self._check(f"rolling back {n} tokens")
+                raise SpecproofError(f"the grammar matcher could not roll back {n} of its {len(self.fed)} tokens")
             del self.fed[len(self.fed) - n :]
 
     def commit_token(self, token: int) -> None:
