@@ -16,7 +16,13 @@ MEMBERS = sorted(name for name, member in ZOO.items() if member.invariant in DEC
 
 
 def test_there_is_a_check_per_kind_and_a_member_per_check() -> None:
-    assert set(DECODE_IDS) == {"decode.penalties", "decode.min-tokens", "decode.stop", "decode.processor-state"}
+    assert set(DECODE_IDS) == {
+        "decode.penalties",
+        "decode.min-tokens",
+        "decode.stop",
+        "decode.processor-state",
+        "decode.grammar",
+    }
     assert {ZOO[m].invariant for m in MEMBERS} == set(DECODE_IDS)
 
 

@@ -47,6 +47,8 @@ CAPABILITIES: dict[str, str] = {
     "decode_processors": "the engine declares a logits processor (`penalties`, `logit_bias` or `bad_words`)",
     "decode_min_tokens": "the engine declares `min_tokens` among its `decode_features`",
     "decode_stops": "the engine declares `stop_sequences` among its `decode_features`",
+    "decode_grammar": "the engine declares `grammar` among its `decode_features` and its vocabulary can write the "
+    "grammar check's grammars",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

@@ -48,6 +48,7 @@ from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
 from specproof.conformance.checks import batch_distribution, batch_seeds
+from specproof.conformance.checks import decode_grammar as grammar_checks
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
@@ -619,6 +620,45 @@ _DECODE_REGISTRY: tuple[Invariant, ...] = (
         draw=_decode_draw("penalties"),
         zoo=("penalty_buffer_keeps_rejected",),
         also=("penalty_from_last_token",),
+    ),
+)
+
+
+_GRAMMAR_DRAWS = (
+    "with an engine that declares grammar in decode_features: a prompt, 8-20 new tokens, one of the check's "
+    "grammars (two JSON schemas, a regex, a Lark CFG) with an EOS id that stands for no text, maybe the "
+    "processors it declares, and maybe a reasoning delimiter of 1-3 tokens ending at a drawn place of plain "
+    "decoding's free continuation; the suite's drafts follow the constrained output and run on past it with the "
+    "free continuation, on a drawn schedule of full, empty, rejected-at-0 and partial rounds"
+)
+
+
+def _grammar_check(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    violations, exercised, note = grammar_checks.check_grammar(
+        inv, grammar_checks.run_grammar_example(subject, example)
+    )
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+_GRAMMAR_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="decode.grammar",
+        subject="engine",
+        summary="with a grammar (JSON schema, regex, CFG, or free text until a reasoning delimiter), every emitted "
+        "prefix is valid, the output equals plain decoding's with the grammar, and the matcher after each round is a "
+        "fresh matcher fed the committed tokens",
+        needs=("decode_state", "decode_grammar"),
+        draws=_GRAMMAR_DRAWS,
+        driver="decode-state",
+        check=_grammar_check,
+        draw=lambda data, subject, profile: grammar_checks.draw_grammar_example(data, subject),
+        zoo=(
+            "grammar_mask_first_row_only",
+            "grammar_not_rolled_back",
+            "grammar_one_behind_after_block",
+            "grammar_off_when_delimiter_in_block",
+            "grammar_terminated_advanced",
+        ),
     ),
 )
 
@@ -1283,6 +1323,7 @@ REGISTRY: tuple[Invariant, ...] = (
     ),
     *_BATCH_REGISTRY,
     *_DECODE_REGISTRY,
+    *_GRAMMAR_REGISTRY,
     *_TREE_REGISTRY,
 )
 

@@ -26,6 +26,7 @@ from specproof.contract._batch import (
     run_batch,
 )
 from specproof.contract._decode_params import DECODE_FEATURES, DecodeParams
+from specproof.contract._grammar import GRAMMAR_KINDS, Grammar
 from specproof.contract._protocols import (
     CheckpointingTarget,
     Drafter,
@@ -38,6 +39,7 @@ from specproof.contract._protocols import (
 )
 from specproof.contract._records import STOP_REASONS, Generation, Stats, Step, StopReason
 from specproof.contract._violations import INVARIANT_ID, Violation, ViolationError
+from specproof.contract._vocab_bytes import SMALL_ALPHABET, token_bytes
 from specproof.contract.compare import arrays_differ, live_state_differs, states_differ
 from specproof.contract.errors import SpecproofError, UsageError
 from specproof.contract.sampling import SampledDraft, SamplingParams, processed_distribution
@@ -53,6 +55,10 @@ __all__ = [
     "BatchRequest",
     "CheckpointingTarget",
     "DecodeParams",
+    "GRAMMAR_KINDS",
+    "Grammar",
+    "SMALL_ALPHABET",
+    "token_bytes",
     "Drafter",
     "Engine",
     "FeatureDrafter",

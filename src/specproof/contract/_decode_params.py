@@ -14,11 +14,19 @@ from numbers import Integral, Real
 
 import attrs
 
+from specproof.contract._grammar import Grammar
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 
 __all__ = ["DECODE_FEATURES", "DecodeParams"]
 
-DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
+DECODE_FEATURES: tuple[str, ...] = (
+    "penalties",
+    "logit_bias",
+    "bad_words",
+    "min_tokens",
+    "stop_sequences",
+    "grammar",
+)
 """What an engine may declare it honours (``decode_features``); a check needing an undeclared one skips."""
 
 
@@ -81,6 +89,10 @@ def _min_tokens(value: object) -> int:
     return int(value)
 
 
+def _grammar(value: object) -> Grammar | None:
+    return None if value is None else Grammar.from_json(value)
+
+
 @attrs.frozen(kw_only=True)
 class DecodeParams:
     """A request's logits processors and stops (all off by default).
@@ -91,7 +103,9 @@ class DecodeParams:
     a bias per token id; ``bad_words`` bans a sequence's last token where the output ends with the rest
     of it; ``min_tokens`` masks every EOS id until that many tokens are out; ``eos_token_ids`` (beside
     ``generate``'s ``eos_token_id``) end the output with stop reason ``eos``, ``stop`` (token
-    sequences) with ``stop_sequence``, the stopping tokens included.
+    sequences) with ``stop_sequence``, the stopping tokens included. ``grammar`` (a ``Grammar``, or its
+    ``to_json`` form) masks every token the grammar does not allow next, after the other processors; it
+    needs an EOS id to end on (``grammar_eos``).
     """
 
     repetition_penalty: float = attrs.field(
@@ -108,6 +122,7 @@ class DecodeParams:
     min_tokens: int = attrs.field(default=0, converter=_min_tokens)
     eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_ids)
     stop: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_stops)
+    grammar: Grammar | None = attrs.field(default=None, converter=_grammar)
 
     def features(self) -> frozenset[str]:
         """The ``DECODE_FEATURES`` this request uses (what an engine must declare to be judged on it)."""
@@ -118,6 +133,7 @@ class DecodeParams:
             "bad_words": bool(self.bad_words),
             "min_tokens": self.min_tokens > 0,
             "stop_sequences": bool(self.stop),
+            "grammar": self.grammar is not None,
         }
         return frozenset(name for name, on in used.items() if on)
 
@@ -128,6 +144,7 @@ class DecodeParams:
             "bad_words": (t for seq in self.bad_words for t in seq),
             "eos_token_ids": self.eos_token_ids,
             "stop": (t for seq in self.stop for t in seq),
+            "grammar reasoning_end": () if self.grammar is None else self.grammar.reasoning_end,
         }
         for name, tokens in fields.items():
             for token in tokens:
@@ -138,8 +155,17 @@ class DecodeParams:
         """Every EOS id of a call: ``eos_token_ids`` and ``generate``'s ``eos_token_id``."""
         return frozenset((*self.eos_token_ids, *(() if eos_token_id is None else (int(eos_token_id),))))
 
+    def grammar_eos(self, eos_token_id: int | None) -> frozenset[int]:
+        """The EOS ids a grammar ends on (``eos_set``); an ``InvalidSettingError`` when there is none."""
+        eos = self.eos_set(eos_token_id)
+        if self.grammar is not None and not eos:
+            raise InvalidSettingError(
+                "decode grammar needs an EOS id to end on: give eos_token_ids or generate's eos_token_id"
+            )
+        return eos
+
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "repetition_penalty": self.repetition_penalty,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
@@ -149,6 +175,9 @@ class DecodeParams:
             "eos_token_ids": list(self.eos_token_ids),
             "stop": [list(s) for s in self.stop],
         }
+        if self.grammar is not None:  # absent when off: a request without one reads as before
+            data["grammar"] = self.grammar.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> DecodeParams:

@@ -17,11 +17,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from specproof.contract._decode_params import DecodeParams
+from specproof.contract._grammar_oracle import OracleGrammar, first_invalid_token, grammar_state
 from specproof.contract._protocols import Target
 from specproof.contract._records import Generation, Stats, Step, StopReason
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 
-__all__ = ["OracleProcessors", "plain_decode_with", "processor_state"]
+__all__ = [
+    "OracleGrammar",
+    "OracleProcessors",
+    "first_invalid_token",
+    "grammar_state",
+    "plain_decode_with",
+    "processor_state",
+]
 
 
 def processor_state(output: Sequence[int]) -> dict[str, object]:
@@ -35,12 +43,24 @@ class OracleProcessors:
     """One request's processors, fed one committed token at a time (the oracle's copy).
 
     ``apply(row)`` gives the processed logits of the next position, in the contract's order:
-    repetition penalty, presence and frequency penalties, logit bias, bad words, ``min_tokens``.
+    repetition penalty, presence and frequency penalties, logit bias, bad words, ``min_tokens``, the grammar.
     """
 
-    def __init__(self, params: DecodeParams, prompt: Sequence[int], *, eos_token_id: int | None = None) -> None:
+    def __init__(
+        self,
+        params: DecodeParams,
+        prompt: Sequence[int],
+        *,
+        eos_token_id: int | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
         self.params = params
-        self.eos = params.eos_set(eos_token_id)
+        self.eos = params.grammar_eos(eos_token_id)
+        self.grammar: OracleGrammar | None = None
+        if params.grammar is not None:
+            if vocab_size is None:
+                raise InvalidSettingError("OracleProcessors with a grammar needs the vocab_size")
+            self.grammar = OracleGrammar(params.grammar, self.eos, vocab_size)
         self.seen = {int(t) for t in prompt}  # the repetition penalty counts the prompt too
         self.output: list[int] = []
         self.counts: Counter[int] = Counter()
@@ -49,6 +69,8 @@ class OracleProcessors:
         self.output.append(int(token))
         self.counts[int(token)] += 1
         self.seen.add(int(token))
+        if self.grammar is not None:
+            self.grammar.feed(int(token))
 
     def state(self) -> dict[str, object]:
         return processor_state(self.output)
@@ -71,6 +93,9 @@ class OracleProcessors:
         if len(self.output) < p.min_tokens:
             for t in self.eos:
                 out[t] = -np.inf
+        allowed = None if self.grammar is None else self.grammar.allowed()
+        if allowed is not None:  # the grammar last: a token it forbids is out whatever the others did
+            out[~allowed] = -np.inf
         if not np.isfinite(out).any():
             raise InvalidSettingError(f"the decode processors masked every token at output position {len(self.output)}")
         return out
@@ -102,7 +127,7 @@ def plain_decode_with(
     if not ctx or any(not 0 <= t < target.vocab_size for t in ctx):
         raise TokenRangeError(f"plain_decode_with: the prompt must be non-empty token ids in [0, {target.vocab_size})")
     decode.check_vocab(target.vocab_size)
-    processors = OracleProcessors(decode, ctx, eos_token_id=eos_token_id)
+    processors = OracleProcessors(decode, ctx, eos_token_id=eos_token_id, vocab_size=target.vocab_size)
     target.reset()
     if len(ctx) > 1:
         target.forward(ctx[:-1])

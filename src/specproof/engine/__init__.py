@@ -41,6 +41,7 @@ from specproof.engine._decoder import (
     SpecDecoder,
     longest_accepted_prefix,
 )
+from specproof.engine._grammar import EngineGrammar
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
 from specproof.engine._processors import RequestProcessors
 from specproof.engine._tree_decoder import TreeRound, TreeSpecDecoder
@@ -67,6 +68,7 @@ __all__ = [
     "DrafterContractError",
     "EmptyPromptError",
     "Engine",
+    "EngineGrammar",
     "FeatureDrafter",
     "FeatureTarget",
     "Generation",

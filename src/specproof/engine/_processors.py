@@ -18,12 +18,15 @@ import numpy as np
 
 from specproof.contract import DecodeParams, StopReason
 from specproof.contract.errors import InvalidSettingError
+from specproof.engine._grammar import EngineGrammar
 
 __all__ = ["RequestProcessors"]
 
 
 class RequestProcessors:
     """One request's processors: ``params``, the call's prompt and EOS ids, and the committed output."""
+
+    grammar_class: type[EngineGrammar] = EngineGrammar
 
     def __init__(self, params: DecodeParams, prompt: Sequence[int], eos: frozenset[int], vocab_size: int) -> None:
         self.params = params
@@ -38,6 +41,7 @@ class RequestProcessors:
         for token, value in params.logit_bias:
             bias[token] += value
         self.bias = bias
+        self.grammar = None if params.grammar is None else self.grammar_class(params.grammar, eos, vocab_size)
 
     @classmethod
     def for_call(
@@ -49,7 +53,7 @@ class RequestProcessors:
         if not isinstance(decode, DecodeParams):
             raise InvalidSettingError(f"decode={decode!r} must be a DecodeParams or None")
         decode.check_vocab(vocab_size)
-        return cls(decode, context, decode.eos_set(eos_token_id), vocab_size)
+        return cls(decode, context, decode.grammar_eos(eos_token_id), vocab_size)
 
     # ------------------------------------------------------------ one position
 
@@ -71,6 +75,9 @@ class RequestProcessors:
                 z[word[-1]] = -np.inf
         if self.masks_eos(len(history), draft_row=draft_row):
             z[self.eos] = -np.inf
+        allowed = None if self.grammar is None else self.grammar.row_mask(history, draft_row=draft_row)
+        if allowed is not None:  # the grammar last (docs/contract.md, "Decode state")
+            z[~allowed] = -np.inf
         return z
 
     def apply_bias(self, z: np.ndarray, *, draft_row: int) -> np.ndarray:
@@ -116,10 +123,18 @@ class RequestProcessors:
         """The round's output after the stops, committed; ``finished`` says why the request ended, if it did."""
         kept, reason = self.cut(emitted)
         self.commit(kept, draft=draft)
+        if self.grammar is not None:  # rolled back to the emitted tokens, advanced by the rest
+            self.grammar.settle(self.output, draft=draft)
         self.finished = reason
         return kept
 
     def state(self) -> dict[str, object]:
         """The processors' state in the contract's format: the output length and each output token's count."""
         values, counts = np.unique(np.asarray(self.counted, dtype=np.int64), return_counts=True)
-        return {"generated": len(self.output), "counts": {str(int(v)): int(c) for v, c in zip(values, counts)}}
+        state: dict[str, object] = {
+            "generated": len(self.output),
+            "counts": {str(int(v)): int(c) for v, c in zip(values, counts)},
+        }
+        if self.grammar is not None:  # the matcher's, beside the counts (contract: grammar_state)
+            state["grammar"] = self.grammar.state()
+        return state

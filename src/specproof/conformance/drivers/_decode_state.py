@@ -16,6 +16,7 @@ import hypothesis
 from hypothesis import strategies as st
 
 from specproof.conformance._records import Capabilities
+from specproof.conformance.checks.decode_grammar import usable as grammar_vocabulary
 from specproof.conformance.checks.decode_state import PROCESSOR_FEATURES, DecodeSubject
 from specproof.conformance.drivers._protocol import CheckItem, Driver
 from specproof.contract import DECODE_FEATURES, ViolationError
@@ -34,9 +35,13 @@ _UNDECLARED = (
 )
 
 
-def decode_capabilities(features: frozenset[str], *, reports_states: bool) -> Capabilities:
-    """What an engine declaring ``features`` (and reporting ``processor_states`` or not) lets the checks judge."""
+def decode_capabilities(
+    features: frozenset[str], *, reports_states: bool, writes_grammars: bool = True
+) -> Capabilities:
+    """What an engine declaring ``features`` (and reporting ``processor_states`` or not) lets the checks judge;
+    ``writes_grammars``: its vocabulary can write the grammar check's grammars."""
     present = {
+        "decode_grammar": "grammar" in features and writes_grammars,
         "decode_state": True,
         "decode_processors": bool(features & PROCESSOR_FEATURES),
         "decode_min_tokens": "min_tokens" in features,
@@ -50,6 +55,9 @@ def decode_capabilities(features: frozenset[str], *, reports_states: bool) -> Ca
             "decode_min_tokens": "the engine does not declare min_tokens in decode_features",
             "decode_stops": "the engine does not declare stop_sequences in decode_features",
             "processor_state": "the engine reports no processor_states (its processors' state per round)",
+            "decode_grammar": "the engine does not declare grammar in decode_features"
+            if "grammar" not in features
+            else "the vocabulary cannot write the grammar check's grammars (docs/contract.md, Decode state)",
         },
     )
 
@@ -132,4 +140,5 @@ class DecodeStateDriver(Driver):
             max_prompt=profile.max_prompt,
             max_new_tokens=profile.max_new_tokens,
         )
-        return subject, decode_capabilities(features, reports_states=states), ""
+        caps = decode_capabilities(features, reports_states=states, writes_grammars=grammar_vocabulary(case.vocab_size))
+        return subject, caps, ""

@@ -105,6 +105,14 @@ from specproof.conformance.zoo._feature_sessions import (
     PrefixHitStaleFeatures,
     PrefixHitZeroFeatures,
 )
+from specproof.conformance.zoo._grammar_engines import (
+    GrammarMaskFirstRowOnly,
+    GrammarNotRolledBack,
+    GrammarOffWhenDelimiterInBlock,
+    GrammarOneBehindAfterBlock,
+    GrammarTerminatedAdvanced,
+    ScratchMatcherEngine,
+)
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
@@ -407,6 +415,11 @@ def decode_checkpointed_processors() -> CheckpointedProcessorsEngine:
     return CheckpointedProcessorsEngine()
 
 
+def grammar_scratch_matcher() -> ScratchMatcherEngine:
+    """Correct, differently: each draft scanned on a copy of the grammar matcher instead of rolling it back."""
+    return ScratchMatcherEngine()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -529,6 +542,11 @@ _MEMBERS: dict[str, MemberEntry] = {
     "min_tokens_extra_row": ("engine", MinTokensExtraRow),
     "penalty_buffer_keeps_rejected": ("engine", PenaltyBufferKeepsRejected),
     "stop_missed_inside_block": ("engine", StopMissedInsideBlock),
+    "grammar_mask_first_row_only": ("engine", GrammarMaskFirstRowOnly),
+    "grammar_not_rolled_back": ("engine", GrammarNotRolledBack),
+    "grammar_one_behind_after_block": ("engine", GrammarOneBehindAfterBlock),
+    "grammar_off_when_delimiter_in_block": ("engine", GrammarOffWhenDelimiterInBlock),
+    "grammar_terminated_advanced": ("engine", GrammarTerminatedAdvanced),
 }
 
 
@@ -639,7 +657,12 @@ by recompute only): the batch checks accept them (docs/contract.md, "Batches")."
 
 CORRECT_DECODE: dict[str, str] = {
     name: f"{_MODULE}:{name}"
-    for name in ("decode_zoo_engine", "decode_replay_engine", "decode_checkpointed_processors")
+    for name in (
+        "decode_zoo_engine",
+        "decode_replay_engine",
+        "decode_checkpointed_processors",
+        "grammar_scratch_matcher",
+    )
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
 the decode-state checks accept them (docs/contract.md, "Decode state")."""
