@@ -12,12 +12,14 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from specproof.contract import DecodeParams
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Target
 from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
 from specproof.wire._batch import BatchMethods, open_batch
 from specproof.wire._channel import Channel
+from specproof.wire._decode_ask import LOGPROBS_CAPABILITY, check_decode, decode_fields, declared_decode_features
 from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError
@@ -209,6 +211,13 @@ class WireEngine(BatchMethods):
             #: the suite's drafter (capability ``suite_drafts``); absent otherwise, so the suite
             #: judges the engine on its own drafts
             self.drafter: Any = None
+        # decode-time state (protocol.md, Decode state): ``decode_features`` only with one of its capabilities, so
+        # the decode checks skip an engine that declares none; logprobs are asked for whenever offered
+        declared = declared_decode_features(self.capabilities)
+        if declared:
+            self.decode_features: tuple[str, ...] = declared
+        #: ask every generate for ``final.logprobs`` (capability ``logprobs``; set False to leave them out)
+        self.ask_logprobs: bool = LOGPROBS_CAPABILITY in self.capabilities
         # capability ``batched``: a ``BatchEngine`` too (protocol.md, Batches); else the batch checks skip it
         self._batch = open_batch(self)
         if self._batch is not None:
@@ -316,11 +325,17 @@ class WireEngine(BatchMethods):
         *,
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
         """One speculative generation; drafts from ``self.drafter`` when it is set. ``sampling``: sample
         (capability ``sampling``; an ``InvalidSettingError`` before anything is sent without it), with the
-        acceptance rule ``self.scheme`` when set; None: greedy."""
+        acceptance rule ``self.scheme`` when set; None: greedy. ``decode``: the request's processors and stops
+        (each feature it uses must be a capability of the engine; ``InvalidSettingError`` before anything is
+        sent otherwise). With ``ask_logprobs`` the generation carries ``logprobs``."""
         check_sampling(sampling, self.capabilities, self.label)
+        decode = check_decode(decode, self.capabilities, self.label)
+        if decode is not None:
+            decode.check_vocab(self.vocab_size)
         tokens = [int(t) for t in prompt]
         digest = (
             (self._digest_seed(tokens, max_new_tokens, eos_token_id), DIGEST_PROJECTIONS) if self.state_digest else None
@@ -336,6 +351,7 @@ class WireEngine(BatchMethods):
             state=_requests.StateAsk(send=self.send_state, delta=self.state_delta, digest=digest),
             sampling=sampling,
             scheme=self._scheme,
+            decode=decode_fields(decode, logprobs=self.ask_logprobs and LOGPROBS_CAPABILITY in self.capabilities),
         )
         self.last_elapsed_us, self.last_prefill_us = timing.elapsed_us, timing.prefill_us
         self.last_wall_us = timing.wall_us

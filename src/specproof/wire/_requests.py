@@ -53,9 +53,11 @@ def generate(
     state: StateAsk,
     sampling: SamplingParams | None = None,
     scheme: str | None = None,
+    decode: dict[str, object] | None = None,
 ) -> tuple[Generation, Timing]:
     """One ``generate`` request and its answer (drafts from ``drafter`` when it is not None; sampled with
-    ``sampling`` and the acceptance rule ``scheme`` when they are not None)."""
+    ``sampling`` and the acceptance rule ``scheme`` when they are not None; ``decode``: the decode-state
+    fields, ``_decode_ask.decode_fields``)."""
     tokens = [int(t) for t in prompt]
     rid = channel.new_id()
     request = request_text("generate", rid, tokens, max_new_tokens)
@@ -78,6 +80,7 @@ def generate(
         **({"feature_layers": list(layers)} if layers else {}),
         **({"sampling": sampling.to_json()} if sampling is not None else {}),
         **({"scheme": scheme} if sampling is not None and scheme is not None else {}),
+        **(decode or {}),
     }
     channel.send(message, request)
     bridge.begin(layers, sampling)
@@ -85,6 +88,7 @@ def generate(
         assert view is not None
         view.begin_request(digest=state.digest)
     rounds = _Rounds(channel, bridge, view, state, drafter, rid=rid, request=request, prompt=tokens)
+    rounds.want_logprobs = bool(decode and decode.get("logprobs"))
     generation, elapsed_us, prefill_us = rounds.run(max_new_tokens)
     timing = Timing(elapsed_us, prefill_us, (time.perf_counter() - started) * 1e6, rounds.drafter_us)
     _count(channel.traffic, len(rounds.steps), timing)
@@ -122,6 +126,7 @@ class _Rounds:
         self.steps: list[Step] = []
         self.states = 0
         self.drafter_us = 0.0  # the suite's drafter: neither the engine's time nor the protocol's
+        self.want_logprobs = False  # the request asked for final.logprobs
 
     def run(self, max_new_tokens: int) -> tuple[Generation, float | None, float | None]:
         """The generation and the engine's ``elapsed_us`` and ``prefill_us``."""
@@ -184,8 +189,27 @@ class _Rounds:
                 self.request,
             )
         return Generation(
-            tokens=msg["tokens"], stop_reason=msg["stop_reason"], steps=tuple(steps), stats=_stats(msg.get("stats"))
+            tokens=msg["tokens"],
+            stop_reason=msg["stop_reason"],
+            steps=tuple(steps),
+            stats=_stats(msg.get("stats")),
+            logprobs=self._logprobs(msg),
         )
+
+    def _logprobs(self, msg: dict[str, Any]) -> tuple[float, ...] | None:
+        """``final.logprobs`` when the request asked for them: one per emitted token, else a fault (never a
+        placeholder); None when not asked (an engine's unasked logprobs are ignored)."""
+        if not self.want_logprobs:
+            return None
+        values = msg.get("logprobs")
+        if values is None or len(values) != len(msg["tokens"]):
+            have = "none" if values is None else f"{len(values)}"
+            self.channel.fault(
+                f"the request asked for logprobs, but the final carries {have} for {len(msg['tokens'])} tokens "
+                "(docs/protocol.md, Decode state)",
+                self.request,
+            )
+        return tuple(float(v) for v in values)
 
 
 def _stats(stats: dict[str, Any] | None) -> Stats | None:
