@@ -19,7 +19,7 @@ from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
 from specproof.wire._batch import BatchMethods, open_batch
 from specproof.wire._channel import Channel
-from specproof.wire._decode_ask import LOGPROBS_CAPABILITY, check_decode, decode_fields, declared_decode_features
+from specproof.wire._decode_ask import LOGPROBS_CAPABILITY, check_decode, declared_decode_features, decode_fields
 from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError
