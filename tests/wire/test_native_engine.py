@@ -156,6 +156,12 @@ def test_handshake(engine: ExecEngine) -> None:
         "sampling",
         "seeded",
         "batched",
+        "penalties",
+        "logit_bias",
+        "bad_words",
+        "min_tokens",
+        "stop_sequences",
+        "logprobs",
     }
     assert engine.sampling_schemes == ("rejection", "match")  # --scheme rejection, the default, first
     assert engine.state_kind() == "digests"  # the default where the engine offers them
