@@ -179,7 +179,7 @@ class Engine {
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
           << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\","
              "\"sampling\",\"seeded\",\"batched\",\"penalties\",\"logit_bias\",\"bad_words\",\"min_tokens\","
-             "\"stop_sequences\",\"logprobs\"],\"sampling_schemes\":[\""
+             "\"stop_sequences\",\"logprobs\",\"processor_state\"],\"sampling_schemes\":[\""
           << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]"
           << ",\"batch\":{\"max_batch\":" << opt_.slots << ",\"slots\":" << opt_.slots
           << ",\"continuous_arrivals\":true,\"preemption\":[\"snapshot\",\"recompute\"],\"schedulable\":true,"
@@ -220,7 +220,7 @@ class Engine {
         bool sampling = false;
         SamplingParams smp;
         std::string scheme = opt_.scheme;
-        bool decoding = false, want_logprobs = false;  // decode state (docs/protocol.md, Decode state)
+        bool decoding = false, want_logprobs = false, want_pstate = false;  // docs/protocol.md, Decode state
         DecodeParams dp;
         delta_ = false;
         digest_n_ = 0;
@@ -256,6 +256,7 @@ class Engine {
                 decoding = true;
             }
             if (const Json* l = req.get("logprobs")) want_logprobs = l->kind == Json::Bool && l->boolean;
+            if (const Json* ps = req.get("processor_state")) want_pstate = ps->kind == Json::Bool && ps->boolean;
         }
         if (!sampling) smp.has_seed = true;  // a greedy request draws nothing: no entropy is read for it
         Rng rng(smp);
@@ -357,7 +358,9 @@ class Engine {
                 std::ostringstream o;
                 o << "{\"type\":\"round\",\"id\":" << id << ",\"round\":" << round << ",\"base\":" << base
                   << ",\"draft\":" << json_int_list(draft) << ",\"argmax\":" << json_int_list(argmax)
-                  << ",\"accepted\":" << json_int_list(accepted) << ",\"processed\":" << m_.processed << "}";
+                  << ",\"accepted\":" << json_int_list(accepted) << ",\"processed\":" << m_.processed;
+                if (decoding && want_pstate) o << ",\"processor\":" << procs.state_json();
+                o << "}";
                 send(ch, o.str());
             }
             ctx.insert(ctx.end(), emitted.begin(), emitted.end());

@@ -203,6 +203,18 @@ class RequestProcessors {
         return static_cast<double>(row[token]) - top - std::log(sum);
     }
 
+    // The state after the committed output, as round.processor carries it: {"generated": n, "counts": {...}}
+    std::string state_json() const {
+        std::string s = "{\"generated\":" + std::to_string(output_.size()) + ",\"counts\":{";
+        bool first = true;
+        for (int t = 0; t < vocab_; ++t) {
+            if (!counts_[static_cast<size_t>(t)]) continue;
+            s += (first ? "\"" : ",\"") + std::to_string(t) + "\":" + std::to_string(counts_[static_cast<size_t>(t)]);
+            first = false;
+        }
+        return s + "}}";
+    }
+
    private:
     int at(size_t i, const std::vector<int>& ahead) const {
         return i < output_.size() ? output_[i] : ahead[i - output_.size()];

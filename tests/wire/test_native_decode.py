@@ -24,7 +24,7 @@ import pytest
 from _wire_helpers import Certified, certify_command, slow_certify
 from specproof.conformance.checks.decode_state import ScheduleDrafter
 from specproof.contract import DecodeParams, Generation
-from specproof.contract.decode_state import OracleProcessors, plain_decode_with
+from specproof.contract.decode_state import OracleProcessors, plain_decode_with, processor_state
 from specproof.contract.sampling import SamplingParams
 from specproof.plugins import load_target
 from specproof.wire import ExecEngine, WireEngine
@@ -95,7 +95,8 @@ def teacher_forced(params: DecodeParams, eos: int | None, tokens: Sequence[int])
 
 
 def test_the_handshake_declares_every_decode_feature_and_logprobs(engine: WireEngine) -> None:
-    assert {"penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences", "logprobs"} <= engine.capabilities
+    decode = {"penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences", "logprobs", "processor_state"}
+    assert decode <= engine.capabilities
     assert engine.decode_features == ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
     assert engine.ask_logprobs
 
@@ -112,6 +113,11 @@ def test_each_feature_equals_plain_decoding_with_its_logprobs(
     assert got.logprobs is not None and len(got.logprobs) == len(got.tokens)
     np.testing.assert_allclose(got.logprobs, teacher_forced(params, eos, got.tokens), atol=LOGPROB_ATOL, rtol=0)
     assert got.stats is not None and got.stats.drafted > 0
+    # white-box: after every round, a fresh processor's state fed only the committed tokens
+    states = engine.processor_states
+    assert got.steps is not None and states is not None and len(states) == len(got.steps)
+    assert all(s == processor_state(got.tokens[: s["generated"]]) for s in states)  # type: ignore[index]
+    assert states[-1]["generated"] == len(got.tokens)
 
 
 def test_logprobs_without_decode_state_and_none_when_not_asked(engine: WireEngine) -> None:
@@ -145,6 +151,8 @@ def test_the_planted_penalty_bug_shows_as_a_divergence(start: Callable[..., Wire
     with start("--rollback", rollback, "--bug", "penalty-counts-rejected") as buggy:
         assert scripted(buggy, params, None, SCHEDULES[0]).tokens == plain(params, None).tokens  # nothing rejected
         assert scripted(buggy, params, None, SCHEDULES[2]).tokens != plain(params, None).tokens
+        first = buggy.processor_states[0]  # type: ignore[attr-defined]
+        assert first["generated"] == 3 and first != processor_state(plain(params, None).tokens[:3])
 
 
 def _exchange(native: tuple[Path, Path], *requests: dict[str, object]) -> list[dict[str, object]]:
@@ -175,6 +183,7 @@ def test_a_bad_decode_is_answered_with_an_error_naming_it(
     error, ok, bye = _exchange(native, request, {**request, "id": 2, "decode": {}})
     assert error["type"] == "error" and named in str(error["message"]), error
     assert ok["type"] == "final" and len(ok["tokens"]) == 3  # the engine stays usable
+    assert "logprobs" not in ok  # not asked for
     assert bye["type"] == "ok"
 
 
@@ -182,18 +191,19 @@ def _certify(native: tuple[Path, Path], *engine_args: str) -> Certified:
     binary, weights = native
     spec = "exec:" + shlex.join([str(binary), "--weights", str(weights), *engine_args])
     args = ["engine", "--engine", spec, "--profile", "quick", "--decode-state", "--db", "none", "--only"]
-    return certify_command([*args, "decode.penalties,decode.min-tokens,decode.stop"], timeout=300)
+    return certify_command([*args, "decode.*"], timeout=300)
 
 
 @slow_certify
 def test_certify_with_decode_state_passes_the_native_engine(native: tuple[Path, Path]) -> None:
     done = _certify(native)
     assert done.returncode == 0, done.output[-5000:]
-    assert "verdict: PASS (3 pass)" in done.output, done.output[-3000:]
+    assert "verdict: PASS (4 pass)" in done.output, done.output[-3000:]
 
 
 @slow_certify
 def test_certify_with_decode_state_rejects_the_planted_penalty_bug(native: tuple[Path, Path]) -> None:
     done = _certify(native, "--bug", "penalty-counts-rejected")
     assert done.returncode == 1, done.output[-5000:]
-    assert re.search(r"decode\.penalties\s*│\s*fail", done.output), done.output[-5000:]
+    for check in ("penalties", "processor-state"):  # the black-box and the white-box check alike
+        assert re.search(rf"decode\.{check}\s*│\s*fail", done.output), done.output[-5000:]

@@ -162,6 +162,7 @@ def test_handshake(engine: ExecEngine) -> None:
         "min_tokens",
         "stop_sequences",
         "logprobs",
+        "processor_state",
     }
     assert engine.sampling_schemes == ("rejection", "match")  # --scheme rejection, the default, first
     assert engine.state_kind() == "digests"  # the default where the engine offers them

@@ -63,6 +63,17 @@ def test_a_final_may_carry_logprobs_and_stop_at_a_stop_sequence() -> None:
     assert message_errors({**final, "logprobs": ["-0.5", -1.0]})
 
 
+def test_a_round_may_carry_the_processor_state_when_asked() -> None:
+    fields = decode_fields(PARAMS, logprobs=False, processor_state=True)
+    assert fields == {"decode": PARAMS.to_json(), "processor_state": True} and message_errors(_generate(**fields)) == []
+    assert decode_fields(None, logprobs=False, processor_state=True) == {}  # only beside a decode
+    round_ = {"type": "round", "id": 1, "round": 0, "base": 1, "draft": [4], "argmax": [4, 5], "accepted": [4, 5]}
+    round_ = {**round_, "processed": 3, "processor": {"generated": 2, "counts": {"4": 1, "5": 1}}}
+    assert message_errors(round_) == []
+    assert message_errors({**round_, "processor": {"generated": 2, "counts": {"4": 0}}})  # a count is >= 1
+    assert message_errors({**round_, "processor": {"generated": 2}})
+
+
 def test_the_client_asks_only_for_what_the_engine_declares() -> None:
     assert declared_decode_features(EVERY) == ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
     assert declared_decode_features(frozenset({"greedy", "state"})) == ()

@@ -8,10 +8,18 @@ from __future__ import annotations
 from specproof.contract import DECODE_FEATURES, DecodeParams
 from specproof.contract.errors import InvalidSettingError
 
-__all__ = ["LOGPROBS_CAPABILITY", "check_decode", "decode_fields", "declared_decode_features"]
+__all__ = [
+    "LOGPROBS_CAPABILITY",
+    "PROCESSOR_STATE_CAPABILITY",
+    "check_decode",
+    "decode_fields",
+    "declared_decode_features",
+]
 
 #: the capability that lets a ``generate`` ask for ``final.logprobs``
 LOGPROBS_CAPABILITY = "logprobs"
+#: the capability that lets a ``generate`` with ``decode`` ask for ``round.processor`` (white-box state)
+PROCESSOR_STATE_CAPABILITY = "processor_state"
 
 
 def declared_decode_features(capabilities: frozenset[str]) -> tuple[str, ...]:
@@ -39,12 +47,15 @@ def check_decode(decode: object, capabilities: frozenset[str], label: str) -> De
     return decode if used else None
 
 
-def decode_fields(decode: DecodeParams | None, *, logprobs: bool) -> dict[str, object]:
-    """The ``generate`` fields for ``decode`` and a logprobs request: none for a request without either, so
-    an engine without the capabilities gets the message it always got."""
+def decode_fields(decode: DecodeParams | None, *, logprobs: bool, processor_state: bool = False) -> dict[str, object]:
+    """The ``generate`` fields for ``decode`` (and, with it, a request for the per-round processor state) and a
+    logprobs request: none for a request without either, so an engine without the capabilities gets the
+    message it always got."""
     fields: dict[str, object] = {}
     if decode is not None:
         fields["decode"] = decode.to_json()
+        if processor_state:
+            fields["processor_state"] = True
     if logprobs:
         fields["logprobs"] = True
     return fields

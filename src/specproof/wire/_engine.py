@@ -19,7 +19,13 @@ from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
 from specproof.wire._batch import BatchMethods, open_batch
 from specproof.wire._channel import Channel
-from specproof.wire._decode_ask import LOGPROBS_CAPABILITY, check_decode, declared_decode_features, decode_fields
+from specproof.wire._decode_ask import (
+    LOGPROBS_CAPABILITY,
+    PROCESSOR_STATE_CAPABILITY,
+    check_decode,
+    declared_decode_features,
+    decode_fields,
+)
 from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError
@@ -216,6 +222,10 @@ class WireEngine(BatchMethods):
         declared = declared_decode_features(self.capabilities)
         if declared:
             self.decode_features: tuple[str, ...] = declared
+        if declared and PROCESSOR_STATE_CAPABILITY in self.capabilities:
+            #: the processor state after each round of the last generate with decode parameters (capability
+            #: ``processor_state``; None after one without): what ``decode.processor-state`` judges
+            self.processor_states: list[dict[str, object]] | None = None
         #: ask every generate for ``final.logprobs`` (capability ``logprobs``; set False to leave them out)
         self.ask_logprobs: bool = LOGPROBS_CAPABILITY in self.capabilities
         # capability ``batched``: a ``BatchEngine`` too (protocol.md, Batches); else the batch checks skip it
@@ -336,6 +346,8 @@ class WireEngine(BatchMethods):
         decode = check_decode(decode, self.capabilities, self.label)
         if decode is not None:
             decode.check_vocab(self.vocab_size)
+        white_box = decode is not None and hasattr(self, "processor_states")
+        states: list[dict[str, object]] | None = [] if white_box else None
         tokens = [int(t) for t in prompt]
         digest = (
             (self._digest_seed(tokens, max_new_tokens, eos_token_id), DIGEST_PROJECTIONS) if self.state_digest else None
@@ -351,8 +363,15 @@ class WireEngine(BatchMethods):
             state=_requests.StateAsk(send=self.send_state, delta=self.state_delta, digest=digest),
             sampling=sampling,
             scheme=self._scheme,
-            decode=decode_fields(decode, logprobs=self.ask_logprobs and LOGPROBS_CAPABILITY in self.capabilities),
+            decode=decode_fields(
+                decode,
+                logprobs=self.ask_logprobs and LOGPROBS_CAPABILITY in self.capabilities,
+                processor_state=white_box,
+            ),
+            processor_states=states,
         )
+        if hasattr(self, "processor_states"):
+            self.processor_states = states
         self.last_elapsed_us, self.last_prefill_us = timing.elapsed_us, timing.prefill_us
         self.last_wall_us = timing.wall_us
         return generation

@@ -54,10 +54,12 @@ def generate(
     sampling: SamplingParams | None = None,
     scheme: str | None = None,
     decode: dict[str, object] | None = None,
+    processor_states: list[dict[str, object]] | None = None,
 ) -> tuple[Generation, Timing]:
     """One ``generate`` request and its answer (drafts from ``drafter`` when it is not None; sampled with
     ``sampling`` and the acceptance rule ``scheme`` when they are not None; ``decode``: the decode-state
-    fields, ``_decode_ask.decode_fields``)."""
+    fields, ``_decode_ask.decode_fields``; each round's ``processor`` state is appended to ``processor_states``
+    when the request asked for it)."""
     tokens = [int(t) for t in prompt]
     rid = channel.new_id()
     request = request_text("generate", rid, tokens, max_new_tokens)
@@ -89,6 +91,8 @@ def generate(
         view.begin_request(digest=state.digest)
     rounds = _Rounds(channel, bridge, view, state, drafter, rid=rid, request=request, prompt=tokens)
     rounds.want_logprobs = bool(decode and decode.get("logprobs"))
+    if decode and decode.get("processor_state"):
+        rounds.processor_states = processor_states
     generation, elapsed_us, prefill_us = rounds.run(max_new_tokens)
     timing = Timing(elapsed_us, prefill_us, (time.perf_counter() - started) * 1e6, rounds.drafter_us)
     _count(channel.traffic, len(rounds.steps), timing)
@@ -127,6 +131,7 @@ class _Rounds:
         self.states = 0
         self.drafter_us = 0.0  # the suite's drafter: neither the engine's time nor the protocol's
         self.want_logprobs = False  # the request asked for final.logprobs
+        self.processor_states: list[dict[str, object]] | None = None  # asked for: each round's processor state
 
     def run(self, max_new_tokens: int) -> tuple[Generation, float | None, float | None]:
         """The generation and the engine's ``elapsed_us`` and ``prefill_us``."""
@@ -168,6 +173,15 @@ class _Rounds:
             )
         )
         self.ctx.extend(msg["accepted"])
+        if self.processor_states is not None:
+            state = msg.get("processor")
+            if state is None:
+                self.channel.fault(
+                    f"the request asked for the processor state, but round {msg['round']} carries none "
+                    "(docs/protocol.md, Decode state)",
+                    self.request,
+                )
+            self.processor_states.append(state)
 
     def _state(self, msg: dict[str, Any]) -> None:
         if not self.state.send:
