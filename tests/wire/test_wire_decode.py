@@ -92,10 +92,12 @@ def test_the_client_asks_only_for_what_the_engine_declares() -> None:
 @pytest.mark.slow
 def test_an_engine_without_the_capabilities_is_never_sent_decode_state() -> None:
     with start(PY_ENGINE, "ok", timeout=30.0) as plain:
-        assert not hasattr(plain, "decode_features") and plain.ask_logprobs is False  # the decode checks skip it
+        assert plain.decode_features is None and plain.ask_logprobs is False  # the decode checks skip it
+        plain.ask_logprobs = True
+        assert plain.ask_logprobs is False  # never asked of an engine that does not offer them
         before = plain.traffic["bytes_sent"]
         with pytest.raises(InvalidSettingError, match=r"does not declare the capabilit.*nothing was sent"):
             plain.generate([1, 2, 3], 4, decode=DecodeParams(frequency_penalty=1.0))
         assert plain.traffic["bytes_sent"] == before
         gen = plain.generate([1, 2, 3], 4)  # greedy without decode state works as before
-        assert len(gen.tokens) == 4 and gen.logprobs is None
+        assert len(gen.tokens) == 4 and gen.logprobs is None and plain.processor_states is None

@@ -5,11 +5,17 @@ engine does not declare (before anything is sent), and the ``generate`` fields t
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
+
 from specproof.contract import DECODE_FEATURES, DecodeParams
 from specproof.contract.errors import InvalidSettingError
 
 __all__ = [
     "LOGPROBS_CAPABILITY",
+    "DecodeAsk",
+    "DecodeMethods",
     "PROCESSOR_STATE_CAPABILITY",
     "check_decode",
     "decode_fields",
@@ -59,3 +65,56 @@ def decode_fields(decode: DecodeParams | None, *, logprobs: bool, processor_stat
     if logprobs:
         fields["logprobs"] = True
     return fields
+
+
+class DecodeMethods:
+    """``WireEngine``'s decode-state half: what the decode checks look for, and the ``generate`` fields of a
+    request's ``DecodeParams``. ``generate(..., sampling=, decode=)`` samples with ``self.scheme`` (capability
+    ``sampling``) and sends ``decode`` (a capability per feature it uses); either, without its capabilities,
+    is an ``InvalidSettingError`` before anything is sent. ``decode_features`` is None and
+    ``processor_states`` stays None without their capabilities, so the checks skip the engine saying why."""
+
+    capabilities: frozenset[str]
+    vocab_size: int
+    #: the processor state after each round of the last generate (capability ``processor_state``, a request with
+    #: decode parameters; None otherwise): what ``decode.processor-state`` judges
+    processor_states: list[dict[str, Any]] | None = None
+    _ask_logprobs: bool | None = None
+
+    @property
+    def label(self) -> str:  # WireEngine's: the engine's name and spec, for messages
+        raise NotImplementedError
+
+    @property
+    def decode_features(self) -> tuple[str, ...] | None:
+        """The ``DECODE_FEATURES`` the engine declares as capabilities; None when it declares none."""
+        return declared_decode_features(self.capabilities) or None
+
+    @property
+    def ask_logprobs(self) -> bool:
+        """Ask every generate for ``final.logprobs``: by default whenever the engine offers them (``logprobs``)."""
+        offered = LOGPROBS_CAPABILITY in self.capabilities
+        return offered if self._ask_logprobs is None else self._ask_logprobs and offered
+
+    @ask_logprobs.setter
+    def ask_logprobs(self, value: bool) -> None:
+        self._ask_logprobs = bool(value)
+
+    def _decode_ask(self, decode: object) -> DecodeAsk:
+        """The ``generate`` fields for ``decode``, checked before anything is sent (``check_decode`` and the
+        vocabulary), and ``processor_states`` renewed: a list the rounds fill when the engine reports them."""
+        params = check_decode(decode, self.capabilities, self.label)
+        if params is not None:
+            params.check_vocab(self.vocab_size)
+        white_box = params is not None and PROCESSOR_STATE_CAPABILITY in self.capabilities
+        self.processor_states = [] if white_box else None
+        fields = decode_fields(params, logprobs=self.ask_logprobs, processor_state=white_box)
+        return DecodeAsk(fields=fields, processor_states=self.processor_states)
+
+
+@attrs.frozen(kw_only=True)
+class DecodeAsk:
+    """What a ``generate`` carries for decode-time state, and where its rounds' processor states go."""
+
+    fields: dict[str, object]
+    processor_states: list[dict[str, Any]] | None

@@ -19,13 +19,7 @@ from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
 from specproof.wire._batch import BatchMethods, open_batch
 from specproof.wire._channel import Channel
-from specproof.wire._decode_ask import (
-    LOGPROBS_CAPABILITY,
-    PROCESSOR_STATE_CAPABILITY,
-    check_decode,
-    declared_decode_features,
-    decode_fields,
-)
+from specproof.wire._decode_ask import DecodeMethods
 from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError
@@ -103,7 +97,7 @@ def _load_oracle(
         ) from exc
 
 
-class WireEngine(BatchMethods):
+class WireEngine(BatchMethods, DecodeMethods):
     """An engine behind ``specproof-engine/1`` (see the module docstring and docs/protocol.md).
 
     ``connect(limit)`` makes a transport (starts the process, or connects); it is called again
@@ -217,17 +211,6 @@ class WireEngine(BatchMethods):
             #: the suite's drafter (capability ``suite_drafts``); absent otherwise, so the suite
             #: judges the engine on its own drafts
             self.drafter: Any = None
-        # decode-time state (protocol.md, Decode state): ``decode_features`` only with one of its capabilities, so
-        # the decode checks skip an engine that declares none; logprobs are asked for whenever offered
-        declared = declared_decode_features(self.capabilities)
-        if declared:
-            self.decode_features: tuple[str, ...] = declared
-        if declared and PROCESSOR_STATE_CAPABILITY in self.capabilities:
-            #: the processor state after each round of the last generate with decode parameters (capability
-            #: ``processor_state``; None after one without): what ``decode.processor-state`` judges
-            self.processor_states: list[dict[str, object]] | None = None
-        #: ask every generate for ``final.logprobs`` (capability ``logprobs``; set False to leave them out)
-        self.ask_logprobs: bool = LOGPROBS_CAPABILITY in self.capabilities
         # capability ``batched``: a ``BatchEngine`` too (protocol.md, Batches); else the batch checks skip it
         self._batch = open_batch(self)
         if self._batch is not None:
@@ -337,17 +320,8 @@ class WireEngine(BatchMethods):
         sampling: SamplingParams | None = None,
         decode: DecodeParams | None = None,
     ) -> Generation:
-        """One speculative generation; drafts from ``self.drafter`` when it is set. ``sampling``: sample
-        (capability ``sampling``; an ``InvalidSettingError`` before anything is sent without it), with the
-        acceptance rule ``self.scheme`` when set; None: greedy. ``decode``: the request's processors and stops
-        (each feature it uses must be a capability of the engine; ``InvalidSettingError`` before anything is
-        sent otherwise). With ``ask_logprobs`` the generation carries ``logprobs``."""
+        """One generation, drafted by ``self.drafter`` when set; ``sampling``, ``decode``: see DecodeMethods."""
         check_sampling(sampling, self.capabilities, self.label)
-        decode = check_decode(decode, self.capabilities, self.label)
-        if decode is not None:
-            decode.check_vocab(self.vocab_size)
-        white_box = decode is not None and hasattr(self, "processor_states")
-        states: list[dict[str, object]] | None = [] if white_box else None
         tokens = [int(t) for t in prompt]
         digest = (
             (self._digest_seed(tokens, max_new_tokens, eos_token_id), DIGEST_PROJECTIONS) if self.state_digest else None
@@ -363,15 +337,8 @@ class WireEngine(BatchMethods):
             state=_requests.StateAsk(send=self.send_state, delta=self.state_delta, digest=digest),
             sampling=sampling,
             scheme=self._scheme,
-            decode=decode_fields(
-                decode,
-                logprobs=self.ask_logprobs and LOGPROBS_CAPABILITY in self.capabilities,
-                processor_state=white_box,
-            ),
-            processor_states=states,
+            decode=self._decode_ask(decode),
         )
-        if hasattr(self, "processor_states"):
-            self.processor_states = states
         self.last_elapsed_us, self.last_prefill_us = timing.elapsed_us, timing.prefill_us
         self.last_wall_us = timing.wall_us
         return generation

@@ -13,6 +13,7 @@ import attrs
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Stats, Step
 from specproof.wire._channel import Channel, request_text
+from specproof.wire._decode_ask import DecodeAsk
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._state_view import WireTargetView
@@ -53,13 +54,11 @@ def generate(
     state: StateAsk,
     sampling: SamplingParams | None = None,
     scheme: str | None = None,
-    decode: dict[str, object] | None = None,
-    processor_states: list[dict[str, object]] | None = None,
+    decode: DecodeAsk | None = None,
 ) -> tuple[Generation, Timing]:
     """One ``generate`` request and its answer (drafts from ``drafter`` when it is not None; sampled with
     ``sampling`` and the acceptance rule ``scheme`` when they are not None; ``decode``: the decode-state
-    fields, ``_decode_ask.decode_fields``; each round's ``processor`` state is appended to ``processor_states``
-    when the request asked for it)."""
+    fields and the list each round's ``processor`` state goes into, when asked for)."""
     tokens = [int(t) for t in prompt]
     rid = channel.new_id()
     request = request_text("generate", rid, tokens, max_new_tokens)
@@ -82,7 +81,7 @@ def generate(
         **({"feature_layers": list(layers)} if layers else {}),
         **({"sampling": sampling.to_json()} if sampling is not None else {}),
         **({"scheme": scheme} if sampling is not None and scheme is not None else {}),
-        **(decode or {}),
+        **(decode.fields if decode is not None else {}),
     }
     channel.send(message, request)
     bridge.begin(layers, sampling)
@@ -90,9 +89,9 @@ def generate(
         assert view is not None
         view.begin_request(digest=state.digest)
     rounds = _Rounds(channel, bridge, view, state, drafter, rid=rid, request=request, prompt=tokens)
-    rounds.want_logprobs = bool(decode and decode.get("logprobs"))
-    if decode and decode.get("processor_state"):
-        rounds.processor_states = processor_states
+    if decode is not None:
+        rounds.want_logprobs = bool(decode.fields.get("logprobs"))
+        rounds.processor_states = decode.processor_states
     generation, elapsed_us, prefill_us = rounds.run(max_new_tokens)
     timing = Timing(elapsed_us, prefill_us, (time.perf_counter() - started) * 1e6, rounds.drafter_us)
     _count(channel.traffic, len(rounds.steps), timing)
@@ -131,7 +130,7 @@ class _Rounds:
         self.states = 0
         self.drafter_us = 0.0  # the suite's drafter: neither the engine's time nor the protocol's
         self.want_logprobs = False  # the request asked for final.logprobs
-        self.processor_states: list[dict[str, object]] | None = None  # asked for: each round's processor state
+        self.processor_states: list[dict[str, Any]] | None = None  # asked for: each round's processor state
 
     def run(self, max_new_tokens: int) -> tuple[Generation, float | None, float | None]:
         """The generation and the engine's ``elapsed_us`` and ``prefill_us``."""
