@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from _wire_helpers import PY_ENGINE, start
+from _wire_helpers import FAKE, PY_ENGINE, start
 from specproof.contract import DecodeParams
 from specproof.contract.errors import InvalidSettingError
-from specproof.wire import message_errors
+from specproof.wire import EngineProtocolError, message_errors
 from specproof.wire._decode_ask import check_decode, declared_decode_features, decode_fields
 
 PARAMS = DecodeParams(
@@ -101,3 +101,15 @@ def test_an_engine_without_the_capabilities_is_never_sent_decode_state() -> None
         assert plain.traffic["bytes_sent"] == before
         gen = plain.generate([1, 2, 3], 4)  # greedy without decode state works as before
         assert len(gen.tokens) == 4 and gen.logprobs is None and plain.processor_states is None
+
+
+@pytest.mark.slow
+def test_an_engine_that_does_not_keep_its_decode_promises_is_a_protocol_error() -> None:
+    with start(FAKE, "decode-unkept", timeout=30.0) as engine:
+        assert engine.decode_features == ("penalties",) and engine.ask_logprobs
+        with pytest.raises(EngineProtocolError, match="processor state, but round 0 carries none"):
+            engine.generate([1, 2], 2, decode=DecodeParams(presence_penalty=1.0))
+        with pytest.raises(EngineProtocolError, match="asked for logprobs, but the final carries none for 2 tokens"):
+            engine.generate([1, 2], 2)
+        engine.ask_logprobs = False
+        assert engine.generate([1, 2], 2).logprobs is None  # not asked: not judged
