@@ -10,7 +10,9 @@ It sends a valid handshake (unless MODE is about the handshake), answers ``reset
 - ``segv``: killed by SIGSEGV mid-request (``exit-mid-generation`` exits with status 139 instead);
 - ``no-state``: advertises ``state`` but sends no state message;
 - ``error``: answers every generate with an ``error`` message (and stays usable);
-- ``hello-invalid``, ``hello-hang``, ``hello-exit``: the handshake itself is broken.
+- ``hello-invalid``, ``hello-hang``, ``hello-exit``: the handshake itself is broken;
+- ``decode-unkept``: advertises ``penalties``, ``logprobs`` and ``processor_state`` but sends neither
+  ``round.processor`` nor ``final.logprobs``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ HELLO = {
 }
 if MODE == "no-state":
     HELLO["capabilities"] = ["greedy", "state"]
+if MODE == "decode-unkept":
+    HELLO["capabilities"] = ["greedy", "penalties", "logprobs", "processor_state"]
 if MODE == "future-capabilities":  # a newer engine: capabilities this client has never heard of
     HELLO["capabilities"] = ["greedy", "telepathy", "state_hologram"]
 

@@ -31,6 +31,7 @@
 
 #include "json.hpp"
 #include "model.hpp"
+#include "processors.hpp"
 #include "sampling.hpp"
 
 namespace sp {
@@ -39,7 +40,7 @@ static const char* kVersion = "0.1.0";
 static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
                               "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos",
                               "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse", "wrong-residual",
-                              "slot-reuse-stale-state", "tree-as-chain"};
+                              "slot-reuse-stale-state", "tree-as-chain", "penalty-counts-rejected"};
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t0) {
@@ -177,7 +178,8 @@ class Engine {
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
           << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\","
-             "\"sampling\",\"seeded\",\"batched\",\"trees\",\"tree_state\"],\"sampling_schemes\":[\""
+             "\"sampling\",\"seeded\",\"batched\",\"trees\",\"tree_state\",\"penalties\",\"logit_bias\",\"bad_words\","
+             "\"min_tokens\",\"stop_sequences\",\"logprobs\",\"processor_state\"],\"sampling_schemes\":[\""
           << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]"
           << ",\"batch\":{\"max_batch\":" << opt_.slots << ",\"slots\":" << opt_.slots
           << ",\"continuous_arrivals\":true,\"preemption\":[\"snapshot\",\"recompute\"],\"schedulable\":true,"
@@ -218,6 +220,8 @@ class Engine {
         bool sampling = false;
         SamplingParams smp;
         std::string scheme = opt_.scheme;
+        bool decoding = false, want_logprobs = false, want_pstate = false;  // docs/protocol.md, Decode state
+        DecodeParams dp;
         delta_ = false;
         digest_n_ = 0;
         sent_rows_ = -1;  // the first state message of a request is whole
@@ -243,6 +247,16 @@ class Engine {
                     throw RequestError("scheme must be \"rejection\" or \"match\"");
                 scheme = s->str;
             }
+            if (const Json* d = req.get("decode"); d && d->kind != Json::Null) {
+                try {
+                    dp = parse_decode(*d, m_.cfg.vocab_size);
+                } catch (const DecodeError& e) {
+                    throw RequestError(e.what());
+                }
+                decoding = true;
+            }
+            if (const Json* l = req.get("logprobs")) want_logprobs = l->kind == Json::Bool && l->boolean;
+            if (const Json* ps = req.get("processor_state")) want_pstate = ps->kind == Json::Bool && ps->boolean;
         }
         parse_tree(req, greedy, suite, sampling);  // capability trees (tree.hpp)
         if (!sampling) smp.has_seed = true;  // a greedy request draws nothing: no entropy is read for it
@@ -256,6 +270,9 @@ class Engine {
         if (static_cast<int>(prompt.size()) > max_context_)
             throw RequestError("the prompt has " + std::to_string(prompt.size()) + " tokens, more than max_context=" +
                                std::to_string(max_context_));
+        RequestProcessors procs;
+        if (decoding) procs = RequestProcessors(dp, prompt, eos, m_.cfg.vocab_size);
+        std::vector<double> logprobs;
         const auto t0 = Clock::now();
         io_us_ = 0;
         StatsCounter st;
@@ -300,6 +317,7 @@ class Engine {
             logits.resize(static_cast<size_t>(q) * m_.cfg.vocab_size);
             m_.forward(fed.data(), q, logits.data(), checkpoint ? &ck : nullptr);
             ++st.verify;
+            if (decoding) process_rows(procs, logits, draft, q);
             std::vector<int> argmax(q);
             for (int r = 0; r < q; ++r) {
                 const float* row = &logits[static_cast<size_t>(r) * m_.cfg.vocab_size];
@@ -329,6 +347,11 @@ class Engine {
                 auto it = std::find(emitted.begin(), emitted.end(), eos);
                 if (it != emitted.end()) emitted.erase(it + 1, emitted.end());
             }
+            const std::string decode_stop = decoding ? procs.cut(emitted) : "";
+            if (decoding) procs.commit(emitted, std::vector<int>(draft.begin() + j, draft.end()), bug("penalty-counts-rejected"));
+            if (want_logprobs)
+                for (size_t r = 0; r < emitted.size() && static_cast<int>(r) < q; ++r)
+                    logprobs.push_back(RequestProcessors::logprob(&logits[r * m_.cfg.vocab_size], m_.cfg.vocab_size, emitted[r]));
             const int keep = std::max(1, std::min(static_cast<int>(emitted.size()), q));
             if (keep < q) rollback(fed, base, keep, j, checkpoint, ck, before, st);
             if (bug("processed-off-by-one") && keep < q) m_.processed -= 1;
@@ -346,18 +369,25 @@ class Engine {
                 std::ostringstream o;
                 o << "{\"type\":\"round\",\"id\":" << id << ",\"round\":" << round << ",\"base\":" << base
                   << ",\"draft\":" << json_int_list(draft) << ",\"argmax\":" << json_int_list(argmax)
-                  << ",\"accepted\":" << json_int_list(accepted) << ",\"processed\":" << m_.processed << "}";
+                  << ",\"accepted\":" << json_int_list(accepted) << ",\"processed\":" << m_.processed;
+                if (decoding && want_pstate) o << ",\"processor\":" << procs.state_json();
+                o << "}";
                 send(ch, o.str());
             }
             ctx.insert(ctx.end(), emitted.begin(), emitted.end());
             out.insert(out.end(), emitted.begin(), emitted.end());
             ++round;
+            if (!decode_stop.empty()) {
+                stop = decode_stop;
+                break;
+            }
             if (eos >= 0 && std::find(emitted.begin(), emitted.end(), eos) != emitted.end()) {
                 stop = "eos";
                 break;
             }
         }
         if (static_cast<int>(out.size()) > max_new && !bug("tokens-after-eos")) out.resize(max_new);
+        if (logprobs.size() > out.size()) logprobs.resize(out.size());
         if (static_cast<int>(fed_.size()) == m_.processed) keep_snapshot();
         if (state) send_state(ch, id);
         st.emitted = static_cast<int>(out.size());
@@ -371,6 +401,7 @@ class Engine {
               << ",\"position_attempts\":" << json_int_list(st.attempts)
               << ",\"position_accepts\":" << json_int_list(st.accepts) << ",\"prefix_reused\":" << st.reused
               << "}";
+        if (want_logprobs) o << ",\"logprobs\":" << json_number_list(logprobs);
         o << ",\"elapsed_us\":" << static_cast<long long>(us_since(t0) - io_us_)
           << ",\"prefill_us\":" << static_cast<long long>(prefill_us) << "}";
         io_us_ = 0;
@@ -784,6 +815,27 @@ class Engine {
             if ((*out)[i][static_cast<size_t>(draft[i])] <= 0.0)
                 throw RequestError(where + " gives the draft token no mass");
         }
+    }
+
+    // Each verify row processed with the state advanced through the draft before it (processors.hpp).
+    void process_rows(const RequestProcessors& procs, std::vector<float>& logits, const std::vector<int>& draft, int q) {
+        const size_t vocab = static_cast<size_t>(m_.cfg.vocab_size);
+        try {
+            for (int r = 0; r < q; ++r)
+                procs.process(&logits[static_cast<size_t>(r) * vocab], std::vector<int>(draft.begin(), draft.begin() + r));
+        } catch (const DecodeError& e) {
+            throw RequestError(e.what());
+        }
+    }
+
+    static std::string json_number_list(const std::vector<double>& v) {
+        std::string s = "[";
+        char buf[32];
+        for (size_t i = 0; i < v.size(); ++i) {
+            std::snprintf(buf, sizeof buf, "%.9g", v[i]);
+            s += (i ? "," : "") + std::string(buf);
+        }
+        return s + "]";
     }
 
     static std::vector<int> int_list(const Json* v, const char* what) {

@@ -158,6 +158,13 @@ def test_handshake(engine: ExecEngine) -> None:
         "batched",
         "trees",
         "tree_state",
+        "penalties",
+        "logit_bias",
+        "bad_words",
+        "min_tokens",
+        "stop_sequences",
+        "logprobs",
+        "processor_state",
     }
     assert engine.sampling_schemes == ("rejection", "match")  # --scheme rejection, the default, first
     assert engine.state_kind() == "digests"  # the default where the engine offers them

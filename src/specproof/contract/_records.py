@@ -24,6 +24,10 @@ def _int_tuple(values: object) -> tuple[int, ...]:
     return out
 
 
+def _float_tuple_or_none(values: object) -> tuple[float, ...] | None:
+    return None if values is None else tuple(float(v) for v in values)  # type: ignore[attr-defined]
+
+
 @attrs.frozen(kw_only=True)
 class Step:
     """One speculative round.
@@ -109,7 +113,12 @@ class Generation:
     stop_reason: StopReason
     steps: tuple[Step, ...] | None = None
     stats: Stats | None = None
+    #: each emitted token's log-probability under the target after the decode processors, aligned with
+    #: ``tokens``; None when the engine gives none (docs/contract.md, Decode state)
+    logprobs: tuple[float, ...] | None = attrs.field(default=None, converter=_float_tuple_or_none)
 
     def __attrs_post_init__(self) -> None:
+        if self.logprobs is not None and len(self.logprobs) != len(self.tokens):
+            raise ValueError(f"Generation.logprobs has {len(self.logprobs)} values for {len(self.tokens)} tokens")
         if self.stop_reason not in STOP_REASONS:
             raise ValueError(f"Generation.stop_reason={self.stop_reason!r} is not one of {STOP_REASONS}")

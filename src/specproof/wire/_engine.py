@@ -12,13 +12,14 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from specproof.contract.errors import InvalidSettingError
+from specproof.contract import DecodeParams
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Target
 from specproof.engine.targets import load_target as load_engine_target
 from specproof.wire import _requests
 from specproof.wire._batch import BatchMethods, open_batch
 from specproof.wire._channel import Channel
+from specproof.wire._decode_ask import DecodeMethods
 from specproof.wire._digest import digest_key, request_seed
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError
@@ -26,7 +27,7 @@ from specproof.wire._limits import HANDSHAKE_LINE_BYTES, default_line_limit
 from specproof.wire._sampling_ask import check_sampling, check_scheme, offered_schemes
 from specproof.wire._state_view import WireTargetView
 from specproof.wire._transport import Transport
-from specproof.wire._trees import TREE_STATE, TREES, WireTreeDecoder, WireTreeProbe
+from specproof.wire._trees import TreeMethods
 
 __all__ = ["DEFAULT_MAX_RESTARTS", "DEFAULT_TIMEOUT", "DIGEST_PROJECTIONS", "STATE_MODES", "WireEngine"]
 
@@ -97,7 +98,7 @@ def _load_oracle(
         ) from exc
 
 
-class WireEngine(BatchMethods):
+class WireEngine(BatchMethods, DecodeMethods, TreeMethods):
     """An engine behind ``specproof-engine/1`` (see the module docstring and docs/protocol.md).
 
     ``connect(limit)`` makes a transport (starts the process, or connects); it is called again
@@ -203,13 +204,7 @@ class WireEngine(BatchMethods):
             )
         if "greedy" in self.capabilities:
             self.greedy = self._greedy
-        if TREES in self.capabilities:
-            #: capability ``trees``: tree drafts verified by the engine (docs/protocol.md, Trees); absent
-            #: otherwise, so the tree checks skip the engine saying it does not verify trees
-            self.tree_decoder = self._tree_decoder
-        if TREES in self.capabilities and TREE_STATE in self.capabilities:
-            #: capability ``tree_state``: each node's state, for the white-box ``tree.per-node-state``
-            self.tree_probe = lambda: WireTreeProbe(self)
+        self._offer_trees()
         #: capability ``sessions``: the engine keeps its caches between requests and says how many prompt
         #: tokens it served from them (``stats.prefix_reused``); ``engine.session`` holds it to the figure
         #: where a ``final`` reports it (docs/protocol.md, Compatibility)
@@ -325,10 +320,9 @@ class WireEngine(BatchMethods):
         *,
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
-        """One speculative generation; drafts from ``self.drafter`` when it is set. ``sampling``: sample
-        (capability ``sampling``; an ``InvalidSettingError`` before anything is sent without it), with the
-        acceptance rule ``self.scheme`` when set; None: greedy."""
+        """One generation, drafted by ``self.drafter`` when set; ``sampling``, ``decode``: see DecodeMethods."""
         check_sampling(sampling, self.capabilities, self.label)
         tokens = [int(t) for t in prompt]
         digest = (
@@ -345,6 +339,7 @@ class WireEngine(BatchMethods):
             state=_requests.StateAsk(send=self.send_state, delta=self.state_delta, digest=digest),
             sampling=sampling,
             scheme=self._scheme,
+            decode=self._decode_ask(decode),
         )
         self.last_elapsed_us, self.last_prefill_us = timing.elapsed_us, timing.prefill_us
         self.last_wall_us = timing.wall_us
@@ -353,15 +348,6 @@ class WireEngine(BatchMethods):
     def _greedy(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> list[int]:
         """Plain greedy decoding by the engine (capability ``greedy``)."""
         return _requests.greedy(self._channel, prompt, max_new_tokens, eos_token_id=eos_token_id)
-
-    def _tree_decoder(
-        self, drafter: object, *, max_nodes: int, max_depth: int, target: object = None
-    ) -> WireTreeDecoder:
-        """A greedy tree decoder whose rounds this engine verifies (capability ``trees``); ``target`` must be
-        None: the engine's own model verifies the trees (it exposes no ``tree_target``)."""
-        if target is not None:
-            raise InvalidSettingError(f"engine {self.label} verifies trees on its own model: target must be None")
-        return WireTreeDecoder(self, drafter, max_nodes=max_nodes, max_depth=max_depth)
 
     def reset(self) -> None:
         """Start a new session: the engine forgets its caches.

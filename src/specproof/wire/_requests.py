@@ -13,6 +13,7 @@ import attrs
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Stats, Step
 from specproof.wire._channel import Channel, request_text
+from specproof.wire._decode_ask import DecodeAsk
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._state_view import WireTargetView
@@ -53,9 +54,11 @@ def generate(
     state: StateAsk,
     sampling: SamplingParams | None = None,
     scheme: str | None = None,
+    decode: DecodeAsk | None = None,
 ) -> tuple[Generation, Timing]:
     """One ``generate`` request and its answer (drafts from ``drafter`` when it is not None; sampled with
-    ``sampling`` and the acceptance rule ``scheme`` when they are not None)."""
+    ``sampling`` and the acceptance rule ``scheme`` when they are not None; ``decode``: the decode-state
+    fields and the list each round's ``processor`` state goes into, when asked for)."""
     tokens = [int(t) for t in prompt]
     rid = channel.new_id()
     request = request_text("generate", rid, tokens, max_new_tokens)
@@ -78,6 +81,7 @@ def generate(
         **({"feature_layers": list(layers)} if layers else {}),
         **({"sampling": sampling.to_json()} if sampling is not None else {}),
         **({"scheme": scheme} if sampling is not None and scheme is not None else {}),
+        **(decode.fields if decode is not None else {}),
     }
     channel.send(message, request)
     bridge.begin(layers, sampling)
@@ -85,6 +89,9 @@ def generate(
         assert view is not None
         view.begin_request(digest=state.digest)
     rounds = _Rounds(channel, bridge, view, state, drafter, rid=rid, request=request, prompt=tokens)
+    if decode is not None:
+        rounds.want_logprobs = bool(decode.fields.get("logprobs"))
+        rounds.processor_states = decode.processor_states
     generation, elapsed_us, prefill_us = rounds.run(max_new_tokens)
     timing = Timing(elapsed_us, prefill_us, (time.perf_counter() - started) * 1e6, rounds.drafter_us)
     _count(channel.traffic, len(rounds.steps), timing)
@@ -122,6 +129,8 @@ class _Rounds:
         self.steps: list[Step] = []
         self.states = 0
         self.drafter_us = 0.0  # the suite's drafter: neither the engine's time nor the protocol's
+        self.want_logprobs = False  # the request asked for final.logprobs
+        self.processor_states: list[dict[str, Any]] | None = None  # asked for: each round's processor state
 
     def run(self, max_new_tokens: int) -> tuple[Generation, float | None, float | None]:
         """The generation and the engine's ``elapsed_us`` and ``prefill_us``."""
@@ -163,6 +172,15 @@ class _Rounds:
             )
         )
         self.ctx.extend(msg["accepted"])
+        if self.processor_states is not None:
+            state = msg.get("processor")
+            if state is None:
+                self.channel.fault(
+                    f"the request asked for the processor state, but round {msg['round']} carries none "
+                    "(docs/protocol.md, Decode state)",
+                    self.request,
+                )
+            self.processor_states.append(state)
 
     def _state(self, msg: dict[str, Any]) -> None:
         if not self.state.send:
@@ -184,8 +202,27 @@ class _Rounds:
                 self.request,
             )
         return Generation(
-            tokens=msg["tokens"], stop_reason=msg["stop_reason"], steps=tuple(steps), stats=_stats(msg.get("stats"))
+            tokens=msg["tokens"],
+            stop_reason=msg["stop_reason"],
+            steps=tuple(steps),
+            stats=_stats(msg.get("stats")),
+            logprobs=self._logprobs(msg),
         )
+
+    def _logprobs(self, msg: dict[str, Any]) -> tuple[float, ...] | None:
+        """``final.logprobs`` when the request asked for them: one per emitted token, else a fault (never a
+        placeholder); None when not asked (an engine's unasked logprobs are ignored)."""
+        if not self.want_logprobs:
+            return None
+        values = msg.get("logprobs")
+        if values is None or len(values) != len(msg["tokens"]):
+            have = "none" if values is None else f"{len(values)}"
+            self.channel.fault(
+                f"the request asked for logprobs, but the final carries {have} for {len(msg['tokens'])} tokens "
+                "(docs/protocol.md, Decode state)",
+                self.request,
+            )
+        return tuple(float(v) for v in values)
 
 
 def _stats(stats: dict[str, Any] | None) -> Stats | None:

@@ -114,7 +114,8 @@ def _type(schema: dict[str, Any]) -> str:
     if kind == "object":
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict) and not schema.get("properties"):
-            return "object: name → object (below)"
+            inner = "object (below)" if extra.get("type", "object") == "object" else _type(extra)
+            return f"object: name → {inner}"
         return "object (below)" if schema.get("properties") else "object"
     return kind if isinstance(kind, str) else "any JSON value"
 

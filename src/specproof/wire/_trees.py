@@ -405,3 +405,31 @@ class WireTreeProbe:
                 f"{sorted(first)} (docs/protocol.md, Trees)"
             )
         return first
+
+
+class TreeMethods:
+    """``WireEngine``'s tree half: ``tree_decoder`` (capability ``trees``) and ``tree_probe`` (with
+    ``tree_state`` too), set only when the handshake declares them, so the tree checks skip an engine
+    without them saying it does not verify trees (docs/protocol.md, Trees)."""
+
+    capabilities: frozenset[str]
+
+    @property
+    def label(self) -> str:  # WireEngine's: the engine's name and spec, for messages
+        raise NotImplementedError
+
+    def _offer_trees(self) -> None:
+        if TREES in self.capabilities:
+            self.tree_decoder = self._tree_decoder
+        if TREES in self.capabilities and TREE_STATE in self.capabilities:
+            # for the white-box ``tree.per-node-state``: each node's state
+            self.tree_probe = lambda: WireTreeProbe(self)  # type: ignore[arg-type]
+
+    def _tree_decoder(
+        self, drafter: object, *, max_nodes: int, max_depth: int, target: object = None
+    ) -> WireTreeDecoder:
+        """A greedy tree decoder whose rounds this engine verifies (capability ``trees``); ``target`` must be
+        None: the engine's own model verifies the trees (it exposes no ``tree_target``)."""
+        if target is not None:
+            raise InvalidSettingError(f"engine {self.label} verifies trees on its own model: target must be None")
+        return WireTreeDecoder(self, drafter, max_nodes=max_nodes, max_depth=max_depth)  # type: ignore[arg-type]
