@@ -47,7 +47,7 @@ from hypothesis import strategies as st
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
-from specproof.conformance.checks import batch_distribution, batch_seeds
+from specproof.conformance.checks import batch_distribution, batch_seeds, decode_logprobs, decode_parity
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
@@ -57,7 +57,7 @@ from specproof.conformance.checks import sampling as sampling_checks
 from specproof.conformance.checks import target as target_checks
 from specproof.conformance.checks import tree as tree_checks
 from specproof.conformance.checks.generation import round_of_index
-from specproof.contract import Generation, Step, UsageError, Violation
+from specproof.contract import LOGPROB_TOLERANCE, Generation, Step, UsageError, Violation
 from specproof.contract.errors import InvalidSettingError
 from specproof.strategies import REQUEST_RELATIONS, contexts
 
@@ -618,6 +618,58 @@ _DECODE_REGISTRY: tuple[Invariant, ...] = (
         draw=_decode_draw("penalties"),
         zoo=("penalty_buffer_keeps_rejected",),
         also=("penalty_from_last_token",),
+    ),
+)
+
+
+def _check_logprobs(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    run = decode_checks.run_decode_example(subject, example)
+    violations, exercised, note = decode_logprobs.check_logprobs(inv, run, subject)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _check_parity(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    violations, exercised, note = decode_parity.check_parameter_parity(inv, subject, example)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _draw_parity(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+    return decode_parity.draw_parity_example(data, subject)
+
+
+_DECODE_OUTPUT_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="decode.logprobs",
+        subject="engine",
+        summary="each emitted token's logprob, after the processors, equals the teacher-forced scoring of the "
+        f"output within {LOGPROB_TOLERANCE:g} (top-n alternatives too), one per token, cut with the tokens at the "
+        "stop: never a placeholder, never the drafter's, never the wrong row's",
+        needs=("decode_state", "decode_logprobs"),
+        draws=_DECODE_DRAWS + "; for logprobs every declared processor on, stops half the time, 0-3 alternatives",
+        driver="decode-state",
+        check=_check_logprobs,
+        draw=_decode_draw("logprobs"),
+        zoo=(
+            "logprobs_from_drafter",
+            "logprobs_wrong_row",
+            "logprobs_before_processors",
+            "logprobs_past_stop",
+        ),
+    ),
+    Invariant(
+        id="decode.parameter-parity",
+        subject="engine",
+        summary="a decode parameter that changes plain decoding's output changes the engine's output the same "
+        "way, or the engine refuses the request: never silently ignored (also for an engine that declares no "
+        "decode_features)",
+        needs=("decode_state",),
+        draws="a prompt, 8-20 new tokens and one parameter alone (frequency, presence or repetition penalty, a "
+        "-100 logit bias on a token of plain decoding's continuation, or min_tokens past an EOS id placed on it), "
+        "the suite's drafts following plain decoding with it under a drawn schedule",
+        driver="decode-state",
+        check=_check_parity,
+        draw=_draw_parity,
+        zoo=("frequency_penalty_ignored",),
     ),
 )
 
@@ -1236,6 +1288,7 @@ REGISTRY: tuple[Invariant, ...] = (
     ),
     *_BATCH_REGISTRY,
     *_DECODE_REGISTRY,
+    *_DECODE_OUTPUT_REGISTRY,
     *_TREE_REGISTRY,
 )
 

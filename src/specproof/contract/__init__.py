@@ -26,6 +26,7 @@ from specproof.contract._batch import (
     run_batch,
 )
 from specproof.contract._decode_params import DECODE_FEATURES, DecodeParams
+from specproof.contract._logprobs import LOGPROB_TOLERANCE, TokenLogprob
 from specproof.contract._protocols import (
     CheckpointingTarget,
     Drafter,
@@ -46,6 +47,7 @@ from specproof.contract.validation import int_at_least, validate_tolerance
 __all__ = [
     "DECODE_FEATURES",
     "INVARIANT_ID",
+    "LOGPROB_TOLERANCE",
     "PREEMPTION_MODES",
     "STOP_REASONS",
     "BatchCapabilities",
@@ -66,6 +68,7 @@ __all__ = [
     "Step",
     "StopReason",
     "Target",
+    "TokenLogprob",
     "UsageError",
     "Violation",
     "RequestOutput",

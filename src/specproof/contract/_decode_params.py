@@ -18,7 +18,14 @@ from specproof.contract.errors import InvalidSettingError, TokenRangeError
 
 __all__ = ["DECODE_FEATURES", "DecodeParams"]
 
-DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
+DECODE_FEATURES: tuple[str, ...] = (
+    "penalties",
+    "logit_bias",
+    "bad_words",
+    "min_tokens",
+    "stop_sequences",
+    "logprobs",
+)
 """What an engine may declare it honours (``decode_features``); a check needing an undeclared one skips."""
 
 
@@ -75,6 +82,20 @@ def _ids(value: object) -> tuple[int, ...]:
     return tuple(sorted({_token("eos_token_ids", t) for t in value}))
 
 
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives a request may ask for per position (as OpenAI-style APIs allow)."""
+
+
+def _top_logprobs(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= int(value) <= MAX_TOP_LOGPROBS:
+        raise InvalidSettingError(
+            f"decode logprobs={value!r} must be None (not asked) or how many alternatives, 0-{MAX_TOP_LOGPROBS}"
+        )
+    return int(value)
+
+
 def _min_tokens(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 0:
         raise InvalidSettingError(f"decode min_tokens={value!r} must be an integer >= 0")
@@ -91,7 +112,9 @@ class DecodeParams:
     a bias per token id; ``bad_words`` bans a sequence's last token where the output ends with the rest
     of it; ``min_tokens`` masks every EOS id until that many tokens are out; ``eos_token_ids`` (beside
     ``generate``'s ``eos_token_id``) end the output with stop reason ``eos``, ``stop`` (token
-    sequences) with ``stop_sequence``, the stopping tokens included.
+    sequences) with ``stop_sequence``, the stopping tokens included. ``logprobs`` (None: not asked) asks
+    for each emitted token's logprob after the processors and that many top alternatives
+    (``Generation.logprobs``).
     """
 
     repetition_penalty: float = attrs.field(
@@ -108,6 +131,7 @@ class DecodeParams:
     min_tokens: int = attrs.field(default=0, converter=_min_tokens)
     eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_ids)
     stop: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_stops)
+    logprobs: int | None = attrs.field(default=None, converter=_top_logprobs)
 
     def features(self) -> frozenset[str]:
         """The ``DECODE_FEATURES`` this request uses (what an engine must declare to be judged on it)."""
@@ -118,6 +142,7 @@ class DecodeParams:
             "bad_words": bool(self.bad_words),
             "min_tokens": self.min_tokens > 0,
             "stop_sequences": bool(self.stop),
+            "logprobs": self.logprobs is not None,
         }
         return frozenset(name for name, on in used.items() if on)
 
@@ -129,6 +154,10 @@ class DecodeParams:
             "eos_token_ids": self.eos_token_ids,
             "stop": (t for seq in self.stop for t in seq),
         }
+        if self.logprobs is not None and self.logprobs > vocab_size:
+            raise TokenRangeError(
+                f"decode logprobs={self.logprobs} asks for more alternatives than the {vocab_size} ids"
+            )
         for name, tokens in fields.items():
             for token in tokens:
                 if token >= vocab_size:
@@ -148,6 +177,7 @@ class DecodeParams:
             "min_tokens": self.min_tokens,
             "eos_token_ids": list(self.eos_token_ids),
             "stop": [list(s) for s in self.stop],
+            "logprobs": self.logprobs,
         }
 
     @classmethod

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
+
+from specproof.contract._logprobs import TokenLogprob
 
 __all__ = ["STOP_REASONS", "Generation", "Stats", "Step", "StopReason"]
 
@@ -101,14 +104,20 @@ class Stats:
         return data
 
 
+def _optional_tuple(values: Iterable[TokenLogprob] | None) -> tuple[TokenLogprob, ...] | None:
+    return None if values is None else tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class Generation:
-    """What an engine returns. A black-box engine may leave ``steps`` and ``stats`` as None."""
+    """What an engine returns. A black-box engine may leave ``steps`` and ``stats`` as None; ``logprobs``, one
+    per token, only where the request asked for them (docs/contract.md, "Decode state")."""
 
     tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
     stop_reason: StopReason
     steps: tuple[Step, ...] | None = None
     stats: Stats | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = attrs.field(default=None, converter=_optional_tuple)
 
     def __attrs_post_init__(self) -> None:
         if self.stop_reason not in STOP_REASONS:

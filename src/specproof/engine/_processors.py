@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specproof.contract import DecodeParams, StopReason
+from specproof.contract import DecodeParams, StopReason, TokenLogprob
 from specproof.contract.errors import InvalidSettingError
 
 __all__ = ["RequestProcessors"]
@@ -119,7 +119,33 @@ class RequestProcessors:
         self.finished = reason
         return kept
 
+    # ------------------------------------------------------------ logprobs
+
+    def score(self, rows: np.ndarray, emitted: Sequence[int], *, raw: np.ndarray, q: np.ndarray) -> list[TokenLogprob]:
+        """The emitted tokens' logprobs: row ``i`` of the processed verify forward (``rows``) scores
+        ``emitted[i]``, after the processors and before any sampling transform; ``raw`` (the rows before the
+        processors) and ``q`` (the draft's rows) are what a wrong engine would score from instead."""
+        n = self.params.logprobs or 0
+        scored = []
+        for i, token in enumerate(emitted):
+            logprobs = _log_probabilities(rows[i])
+            scored.append(TokenLogprob(token=token, logprob=float(logprobs[token]), top=_top(logprobs, n)))
+        return scored
+
     def state(self) -> dict[str, object]:
         """The processors' state in the contract's format: the output length and each output token's count."""
         values, counts = np.unique(np.asarray(self.counted, dtype=np.int64), return_counts=True)
         return {"generated": len(self.output), "counts": {str(int(v)): int(c) for v, c in zip(values, counts)}}
+
+
+def _log_probabilities(row: np.ndarray) -> np.ndarray:
+    shifted = row - np.max(row)
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def _top(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The ``n`` most likely tokens, most likely first, ties by the lower id; masked tokens left out."""
+    if n == 0:
+        return ()
+    ranked = sorted(range(len(logprobs)), key=lambda t: (-logprobs[t], t))[:n]
+    return tuple((t, float(logprobs[t])) for t in ranked if logprobs[t] > -np.inf)

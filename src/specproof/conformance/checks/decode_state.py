@@ -97,14 +97,17 @@ def draw_decode_example(data: st.DataObject, subject: DecodeSubject, kind: str) 
     prompt = data.draw(contexts(vocab, min_size=1, max_size=min(subject.max_prompt, 16)), label="prompt")
     n = data.draw(st.integers(8, max(8, min(subject.max_new_tokens, 20))), label="max_new_tokens")
     processors = subject.features & PROCESSOR_FEATURES
-    if kind != "penalties" and not data.draw(st.booleans(), label="with processors"):
+    if kind not in ("penalties", "logprobs") and not data.draw(st.booleans(), label="with processors"):
         processors = frozenset()
-    active = kind == "penalties"  # the penalties search never shrinks its processors to off
+    active = kind in ("penalties", "logprobs")  # these searches never shrink their processors to off
     base = data.draw(processor_configs(vocab, features=processors, active=active), label="processors")
     params, eos = base, None
-    if kind != "penalties":
+    stops = kind != "logprobs" or ("stop_sequences" in subject.features and data.draw(st.booleans(), label="stops"))
+    if kind != "penalties" and stops:
         free = plain_decode_with(subject.make_reference(), prompt, n, decode=base)
         params, eos = data.draw(stop_sets(base, free.tokens, kind=kind), label="stops")
+    if kind == "logprobs":  # each token's logprob, and 0-3 alternatives
+        params = attrs.evolve(params, logprobs=data.draw(st.integers(0, 3), label="top logprobs"))
     schedule = data.draw(draft_schedules(k=subject.k), label="draft schedule")
     return DecodeExample(
         kind=kind, prompt=tuple(prompt), max_new_tokens=n, params=params, eos_token_id=eos, schedule=tuple(schedule)
@@ -135,6 +138,7 @@ def run_decode_example(subject: DecodeSubject, ex: DecodeExample) -> DecodeRun:
         "penalties": lambda: _plain(subject, ex, DecodeParams(), ex.eos_token_id),
         "min_tokens": lambda: _plain(subject, ex, attrs.evolve(ex.params, min_tokens=0), ex.eos_token_id),
         "stops": lambda: free,
+        "logprobs": lambda: free,
     }[ex.kind]()
     source = list(expected.tokens)
     if tuple(free.tokens[: len(source)]) == expected.tokens:  # drafts run on past the stop

@@ -34,23 +34,27 @@ _UNDECLARED = (
 )
 
 
-def decode_capabilities(features: frozenset[str], *, reports_states: bool) -> Capabilities:
-    """What an engine declaring ``features`` (and reporting ``processor_states`` or not) lets the checks judge."""
+def decode_capabilities(features: frozenset[str], *, reports_states: bool, declared: bool = True) -> Capabilities:
+    """What an engine declaring ``features`` (and reporting ``processor_states`` or not) lets the checks judge;
+    an engine that declares no ``decode_features`` (``declared=False``) is judged on parameter parity only."""
     present = {
         "decode_state": True,
         "decode_processors": bool(features & PROCESSOR_FEATURES),
         "decode_min_tokens": "min_tokens" in features,
         "decode_stops": "stop_sequences" in features,
+        "decode_logprobs": "logprobs" in features,
         "processor_state": reports_states,
+    }
+    why_not = {
+        "decode_processors": "the engine declares none of penalties, logit_bias, bad_words in decode_features",
+        "decode_min_tokens": "the engine does not declare min_tokens in decode_features",
+        "decode_stops": "the engine does not declare stop_sequences in decode_features",
+        "decode_logprobs": "the engine does not declare logprobs in decode_features",
+        "processor_state": "the engine reports no processor_states (its processors' state per round)",
     }
     return Capabilities(
         has={name for name, on in present.items() if on},
-        why_not={
-            "decode_processors": "the engine declares none of penalties, logit_bias, bad_words in decode_features",
-            "decode_min_tokens": "the engine does not declare min_tokens in decode_features",
-            "decode_stops": "the engine does not declare stop_sequences in decode_features",
-            "processor_state": "the engine reports no processor_states (its processors' state per round)",
-        },
+        why_not=why_not if declared else dict.fromkeys(why_not, _UNDECLARED),
     )
 
 
@@ -109,13 +113,14 @@ class DecodeStateDriver(Driver):
             states = True
         else:
             declared = getattr(case.engine, "decode_features", None)
-            if declared is None:
-                return None, None, _UNDECLARED
             if case.make_reference is None:
-                return None, None, "the engine exposes no model (`oracle`, `target`) to decode plainly with"
+                no_model = "the engine exposes no model (`oracle`, `target`) to decode plainly with"
+                return None, None, _UNDECLARED if declared is None else no_model
             make_engine = case.make_engine or (lambda: case.engine)
             make_reference, takes, k = case.make_reference, case.takes_drafter, case.k or 4
             states = hasattr(case.engine, "processor_states")
+        if declared is None:  # judged on parameter parity only: does it honour or refuse what it is sent?
+            declared, states = (), False
         if not isinstance(declared, (tuple, list, frozenset, set)) or not all(isinstance(f, str) for f in declared):
             return None, None, f"decode_features={declared!r} must be a tuple of names from {DECODE_FEATURES}"
         features = frozenset(str(f) for f in declared)
@@ -132,4 +137,4 @@ class DecodeStateDriver(Driver):
             max_prompt=profile.max_prompt,
             max_new_tokens=profile.max_new_tokens,
         )
-        return subject, decode_capabilities(features, reports_states=states), ""
+        return subject, decode_capabilities(features, reports_states=states, declared=bool(features)), ""

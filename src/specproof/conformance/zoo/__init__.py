@@ -106,6 +106,14 @@ from specproof.conformance.zoo._feature_sessions import (
     PrefixHitZeroFeatures,
 )
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
+from specproof.conformance.zoo._logprob_engines import (
+    Float32LogprobsEngine,
+    FrequencyPenaltyIgnored,
+    LogprobsBeforeProcessors,
+    LogprobsFromDrafter,
+    LogprobsPastStop,
+    LogprobsWrongRow,
+)
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
     DraftNoRollback,
@@ -403,6 +411,11 @@ def decode_checkpointed_processors() -> CheckpointedProcessorsEngine:
     return CheckpointedProcessorsEngine()
 
 
+def decode_float32_logprobs() -> Float32LogprobsEngine:
+    """Correct, differently: logprobs computed in float32, within the contract's tolerance."""
+    return Float32LogprobsEngine()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -524,6 +537,11 @@ _MEMBERS: dict[str, MemberEntry] = {
     "min_tokens_extra_row": ("engine", MinTokensExtraRow),
     "penalty_buffer_keeps_rejected": ("engine", PenaltyBufferKeepsRejected),
     "stop_missed_inside_block": ("engine", StopMissedInsideBlock),
+    "logprobs_from_drafter": ("engine", LogprobsFromDrafter),
+    "logprobs_wrong_row": ("engine", LogprobsWrongRow),
+    "logprobs_before_processors": ("engine", LogprobsBeforeProcessors),
+    "logprobs_past_stop": ("engine", LogprobsPastStop),
+    "frequency_penalty_ignored": ("engine", FrequencyPenaltyIgnored),
 }
 
 
@@ -631,7 +649,12 @@ by recompute only): the batch checks accept them (docs/contract.md, "Batches")."
 
 CORRECT_DECODE: dict[str, str] = {
     name: f"{_MODULE}:{name}"
-    for name in ("decode_zoo_engine", "decode_replay_engine", "decode_checkpointed_processors")
+    for name in (
+        "decode_zoo_engine",
+        "decode_replay_engine",
+        "decode_checkpointed_processors",
+        "decode_float32_logprobs",
+    )
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
 the decode-state checks accept them (docs/contract.md, "Decode state")."""
