@@ -49,6 +49,7 @@ CAPABILITIES: dict[str, str] = {
     "decode_min_tokens": "the engine declares `min_tokens` among its `decode_features`",
     "decode_stops": "the engine declares `stop_sequences` among its `decode_features`",
     "decode_logprobs": "the engine declares `logprobs` among its `decode_features` (`Generation.logprobs`)",
+    "decode_stop_strings": "the engine declares `stop_strings` among its `decode_features` (byte vocabularies)",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

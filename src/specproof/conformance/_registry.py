@@ -628,6 +628,12 @@ def _check_logprobs(inv: Invariant, subject: Any, example: Any) -> Outcome:
     return Outcome(violations, exercised=exercised, note=note)
 
 
+def _check_stop_strings(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    run = decode_checks.run_decode_example(subject, example)
+    violations, exercised, note = decode_logprobs.check_stop_strings(inv, run, subject)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
 def _check_parity(inv: Invariant, subject: Any, example: Any) -> Outcome:
     violations, exercised, note = decode_parity.check_parameter_parity(inv, subject, example)
     return Outcome(violations, exercised=exercised, note=note)
@@ -655,6 +661,21 @@ _DECODE_OUTPUT_REGISTRY: tuple[Invariant, ...] = (
             "logprobs_before_processors",
             "logprobs_past_stop",
         ),
+    ),
+    Invariant(
+        id="decode.stop-strings",
+        subject="engine",
+        summary="with byte-level stop strings (a byte vocabulary), the output, its token ids and its logprobs are "
+        "cut where plain decoding stops (inside an accepted block, straddling two rounds, on an EOS), with the "
+        "same stop reason",
+        needs=("decode_state", "decode_stop_strings"),
+        draws=_DECODE_DRAWS + "; for stop strings the placed stop sequences as their tokens' bytes, logprobs asked "
+        "where the engine declares them",
+        driver="decode-state",
+        check=_check_stop_strings,
+        draw=_decode_draw("stop_strings"),
+        zoo=("stop_string_missed_across_rounds",),
+        also=("stop_missed_inside_block",),
     ),
     Invariant(
         id="decode.parameter-parity",

@@ -25,6 +25,7 @@ DECODE_FEATURES: tuple[str, ...] = (
     "min_tokens",
     "stop_sequences",
     "logprobs",
+    "stop_strings",
 )
 """What an engine may declare it honours (``decode_features``); a check needing an undeclared one skips."""
 
@@ -82,6 +83,20 @@ def _ids(value: object) -> tuple[int, ...]:
     return tuple(sorted({_token("eos_token_ids", t) for t in value}))
 
 
+def _stop_strings(value: object) -> tuple[bytes, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidSettingError(f"decode stop_strings={value!r} must be a list of strings (str or bytes)")
+    out = []
+    for text in value:
+        if not isinstance(text, (str, bytes)):
+            raise InvalidSettingError(f"decode stop_strings holds {text!r}, which is not a str or bytes")
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if not data:
+            raise InvalidSettingError("decode stop_strings holds an empty string (it would match everywhere)")
+        out.append(data)
+    return tuple(out)
+
+
 MAX_TOP_LOGPROBS = 20
 """The most alternatives a request may ask for per position (as OpenAI-style APIs allow)."""
 
@@ -114,7 +129,8 @@ class DecodeParams:
     ``generate``'s ``eos_token_id``) end the output with stop reason ``eos``, ``stop`` (token
     sequences) with ``stop_sequence``, the stopping tokens included. ``logprobs`` (None: not asked) asks
     for each emitted token's logprob after the processors and that many top alternatives
-    (``Generation.logprobs``).
+    (``Generation.logprobs``). ``stop_strings`` (str, UTF-8, or bytes) end the output with ``stop_sequence`` at
+    the token whose text completes one, on a byte vocabulary (token ``t < 256`` is the byte ``t``).
     """
 
     repetition_penalty: float = attrs.field(
@@ -132,6 +148,7 @@ class DecodeParams:
     eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_ids)
     stop: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_stops)
     logprobs: int | None = attrs.field(default=None, converter=_top_logprobs)
+    stop_strings: tuple[bytes, ...] = attrs.field(default=(), converter=_stop_strings)
 
     def features(self) -> frozenset[str]:
         """The ``DECODE_FEATURES`` this request uses (what an engine must declare to be judged on it)."""
@@ -143,6 +160,7 @@ class DecodeParams:
             "min_tokens": self.min_tokens > 0,
             "stop_sequences": bool(self.stop),
             "logprobs": self.logprobs is not None,
+            "stop_strings": bool(self.stop_strings),
         }
         return frozenset(name for name, on in used.items() if on)
 
@@ -178,6 +196,7 @@ class DecodeParams:
             "eos_token_ids": list(self.eos_token_ids),
             "stop": [list(s) for s in self.stop],
             "logprobs": self.logprobs,
+            "stop_strings": [list(text) for text in self.stop_strings],  # bytes as JSON: their values
         }
 
     @classmethod
@@ -187,6 +206,12 @@ class DecodeParams:
         if unknown:
             raise InvalidSettingError(f"decode: unknown parameter {unknown[0]!r} (known: {', '.join(sorted(known))})")
         values = dict(data)
+        strings = values.get("stop_strings")
+        if isinstance(strings, list) and all(isinstance(t, list) for t in strings):  # to_json's byte values
+            try:
+                values["stop_strings"] = [bytes(t) for t in strings]
+            except (TypeError, ValueError):
+                raise InvalidSettingError(f"decode stop_strings={strings!r} holds a value that is not a byte") from None
         bias = values.get("logit_bias")
         if isinstance(bias, Mapping):  # JSON object keys are strings
             try:

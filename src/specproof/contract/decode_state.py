@@ -23,6 +23,8 @@ from specproof.contract._records import Generation, Stats, Step, StopReason
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 
 __all__ = [
+    "ends_a_stop_string",
+    "token_text",
     "OracleProcessors",
     "log_softmax",
     "plain_decode_with",
@@ -31,6 +33,25 @@ __all__ = [
     "scored_rows",
     "top_alternatives",
 ]
+
+
+def token_text(token: int) -> bytes:
+    """A token's text on the byte vocabularies stop strings are judged on: id ``t < 256`` is the byte ``t``;
+    any other id has none."""
+    return bytes((token,)) if 0 <= token < 256 else b""
+
+
+def ends_a_stop_string(output: Sequence[int], stop_strings: Sequence[bytes]) -> bool:
+    """Whether the output's last token completes a stop string: one occurs in the output's text ending
+    inside that token's bytes (the prompt's text never counts)."""
+    if not output or not stop_strings:
+        return False
+    last = len(token_text(output[-1]))
+    if last == 0:
+        return False
+    whole = b"".join(token_text(t) for t in output)
+    before = len(whole) - last  # a match must end after this offset, inside the last token's bytes
+    return any(whole.find(text, max(0, before - len(text) + 1)) != -1 for text in stop_strings)
 
 
 def processor_state(output: Sequence[int]) -> dict[str, object]:
@@ -93,6 +114,8 @@ class OracleProcessors:
         for seq in self.params.stop:
             if len(self.output) >= len(seq) and tuple(self.output[-len(seq) :]) == seq:
                 return "stop_sequence"
+        if ends_a_stop_string(self.output, self.params.stop_strings):
+            return "stop_sequence"
         return None
 
 

@@ -105,7 +105,17 @@ class RequestProcessors:
             return "eos"
         if any(len(output) >= len(seq) and tuple(output[-len(seq) :]) == seq for seq in self.params.stop):
             return "stop_sequence"
+        if self.params.stop_strings and self.completes_string(output):
+            return "stop_sequence"
         return None
+
+    def completes_string(self, output: Sequence[int]) -> bool:
+        """A stop string ends with the last token's byte (a byte vocabulary: id ``t < 256`` is the byte ``t``,
+        one byte a token, so the text ends with it exactly when the last token completes it)."""
+        if output[-1] >= 256:
+            return False
+        text = bytes(int(t) for t in output if int(t) < 256)
+        return any(text.endswith(stop) for stop in self.params.stop_strings)
 
     def commit(self, emitted: Sequence[int], *, draft: Sequence[int]) -> None:
         """Advance the committed state by the round's emitted tokens (never a rejected draft token)."""

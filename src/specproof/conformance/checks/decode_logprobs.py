@@ -22,7 +22,7 @@ from specproof.contract.decode_state import scored_rows
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
-__all__ = ["check_logprobs"]
+__all__ = ["check_logprobs", "check_stop_strings"]
 
 
 def _placeholder(got: tuple[TokenLogprob, ...]) -> str:
@@ -83,3 +83,12 @@ def check_logprobs(inv: Invariant, run: DecodeRun, subject: DecodeSubject) -> tu
             text = f"token {i}'s top-{n} alternatives: {problem}"
             return [inv.violation(text, actual=entry.to_json(), example=example)], i + 1, ""
     return [], len(got), ""
+
+
+def check_stop_strings(inv: Invariant, run: DecodeRun, subject: DecodeSubject) -> tuple[list[Violation], int, str]:
+    """With stop strings, the output and its stop reason equal plain decoding's, and where logprobs were asked
+    they are cut with the tokens; exercised when plain decoding met a stop."""
+    violations, exercised, note = check_decode_output(inv, run)
+    if violations or run.example.params.logprobs is None:
+        return violations, exercised, note
+    return check_logprobs(inv, run, subject)[0], exercised, note

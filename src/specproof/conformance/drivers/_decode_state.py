@@ -43,6 +43,7 @@ def decode_capabilities(features: frozenset[str], *, reports_states: bool, decla
         "decode_min_tokens": "min_tokens" in features,
         "decode_stops": "stop_sequences" in features,
         "decode_logprobs": "logprobs" in features,
+        "decode_stop_strings": "stop_strings" in features,
         "processor_state": reports_states,
     }
     why_not = {
@@ -50,6 +51,7 @@ def decode_capabilities(features: frozenset[str], *, reports_states: bool, decla
         "decode_min_tokens": "the engine does not declare min_tokens in decode_features",
         "decode_stops": "the engine does not declare stop_sequences in decode_features",
         "decode_logprobs": "the engine does not declare logprobs in decode_features",
+        "decode_stop_strings": "the engine does not declare stop_strings in decode_features",
         "processor_state": "the engine reports no processor_states (its processors' state per round)",
     }
     return Capabilities(

@@ -113,6 +113,7 @@ from specproof.conformance.zoo._logprob_engines import (
     LogprobsFromDrafter,
     LogprobsPastStop,
     LogprobsWrongRow,
+    StopStringMissedAcrossRounds,
 )
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
@@ -542,6 +543,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "logprobs_before_processors": ("engine", LogprobsBeforeProcessors),
     "logprobs_past_stop": ("engine", LogprobsPastStop),
     "frequency_penalty_ignored": ("engine", FrequencyPenaltyIgnored),
+    "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
 }
 
 

@@ -17,7 +17,7 @@ import attrs
 import numpy as np
 
 from specproof.conformance.zoo._decode_engines import DecodeZooEngine
-from specproof.contract import TokenLogprob
+from specproof.contract import StopReason, TokenLogprob
 from specproof.engine import RequestProcessors
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "LogprobsFromDrafter",
     "LogprobsPastStop",
     "LogprobsWrongRow",
+    "StopStringMissedAcrossRounds",
 ]
 
 
@@ -86,6 +87,25 @@ class LogprobsPastStop(DecodeZooEngine):
     """The tokens are cut at a stop inside an accepted block, their logprobs are not (vLLM #47616)."""
 
     processors_class = _PastStop
+
+
+class _StringsWithinRound(RequestProcessors):
+    _round_start = 0
+
+    def cut(self, emitted: Sequence[int]) -> tuple[list[int], StopReason | None]:
+        self._round_start = len(self.output)
+        return super().cut(emitted)
+
+    def completes_string(self, output: Sequence[int]) -> bool:
+        return super().completes_string(output[self._round_start :])  # the earlier rounds' text forgotten
+
+
+class StopStringMissedAcrossRounds(DecodeZooEngine):
+    """A stop string is looked for in the text of the current round only, so one that straddles two rounds is
+    missed (stop strings matched per step, the shape of the stop-string reports issue 36 cites: SGLang
+    #23802, #31599)."""
+
+    processors_class = _StringsWithinRound
 
 
 class _Float32(RequestProcessors):
