@@ -24,6 +24,7 @@ def test_there_is_a_check_per_kind_and_a_member_per_check() -> None:
         "decode.logprobs",
         "decode.parameter-parity",
         "decode.stop-strings",
+        "decode.sampled",
     }
     assert {ZOO[m].invariant for m in MEMBERS} == set(DECODE_IDS)
 
@@ -88,3 +89,11 @@ def test_parity_names_a_silently_ignored_parameter() -> None:
     assert "silently ignored" in by_id["decode.parameter-parity"]["violations"][0]["explanation"]
     # it declares no decode_features, so nothing else judges it: parity is what catches it
     assert {r["status"] for i, r in by_id.items() if i != "decode.parameter-parity"} == {"skip"}
+
+
+def test_sample_and_match_under_decode_parameters_passes_the_sampled_check() -> None:
+    report = certify(
+        "engine", engine=CORRECT_DECODE["decode_match_scheme"], only=("decode.sampled",), decode_state=True
+    )
+    [result] = report.to_json()["results"]
+    assert result["status"] == "pass" and result["exercised"] > 0, result

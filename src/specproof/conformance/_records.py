@@ -50,6 +50,8 @@ CAPABILITIES: dict[str, str] = {
     "decode_stops": "the engine declares `stop_sequences` among its `decode_features`",
     "decode_logprobs": "the engine declares `logprobs` among its `decode_features` (`Generation.logprobs`)",
     "decode_stop_strings": "the engine declares `stop_strings` among its `decode_features` (byte vocabularies)",
+    "decode_sampled": "the engine samples, seeded (`seeded = True`, `generate(..., sampling=SamplingParams)`), "
+    "with its decode parameters",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

@@ -47,7 +47,13 @@ from hypothesis import strategies as st
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
-from specproof.conformance.checks import batch_distribution, batch_seeds, decode_logprobs, decode_parity
+from specproof.conformance.checks import (
+    batch_distribution,
+    batch_seeds,
+    decode_logprobs,
+    decode_parity,
+    decode_sampled,
+)
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
@@ -634,6 +640,16 @@ def _check_stop_strings(inv: Invariant, subject: Any, example: Any) -> Outcome:
     return Outcome(violations, exercised=exercised, note=note)
 
 
+def _check_sampled_decode(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    violations, exercised, note = decode_sampled.check_sampled_decode(inv, subject, example)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _draw_sampled_decode(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+    # the false-fail bound split over the examples: each example's PIT test is at FALSE_FAIL_BOUND / max_examples
+    return decode_sampled.draw_sampled_decode(data, subject, alpha=FALSE_FAIL_BOUND / profile.max_examples)
+
+
 def _check_parity(inv: Invariant, subject: Any, example: Any) -> Outcome:
     violations, exercised, note = decode_parity.check_parameter_parity(inv, subject, example)
     return Outcome(violations, exercised=exercised, note=note)
@@ -676,6 +692,20 @@ _DECODE_OUTPUT_REGISTRY: tuple[Invariant, ...] = (
         draw=_decode_draw("stop_strings"),
         zoo=("stop_string_missed_across_rounds",),
         also=("stop_missed_inside_block",),
+    ),
+    Invariant(
+        id="decode.sampled",
+        subject="engine",
+        summary="sampled with penalties, a logit bias and bad words, the emitted tokens follow plain sampling from "
+        "the processed p (all-token PIT, DKW-Massart; false-fail bound 1e-6 a run)",
+        needs=("decode_state", "decode_processors", "decode_sampled"),
+        draws="a prompt, 8-16 new tokens, every processor the engine declares on, one of three sampling settings "
+        f"(T=1; T=1.5, top-k 12; T=0.8, top-p 0.95) and {decode_sampled.GENERATIONS} seeded generations, the "
+        "suite's full drafts following plain greedy decoding with the processors",
+        driver="decode-state",
+        check=_check_sampled_decode,
+        draw=_draw_sampled_decode,
+        zoo=("penalties_skipped_when_sampling",),
     ),
     Invariant(
         id="decode.parameter-parity",

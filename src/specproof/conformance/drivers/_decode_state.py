@@ -34,7 +34,9 @@ _UNDECLARED = (
 )
 
 
-def decode_capabilities(features: frozenset[str], *, reports_states: bool, declared: bool = True) -> Capabilities:
+def decode_capabilities(
+    features: frozenset[str], *, reports_states: bool, declared: bool = True, seeded: bool = False
+) -> Capabilities:
     """What an engine declaring ``features`` (and reporting ``processor_states`` or not) lets the checks judge;
     an engine that declares no ``decode_features`` (``declared=False``) is judged on parameter parity only."""
     present = {
@@ -45,6 +47,7 @@ def decode_capabilities(features: frozenset[str], *, reports_states: bool, decla
         "decode_logprobs": "logprobs" in features,
         "decode_stop_strings": "stop_strings" in features,
         "processor_state": reports_states,
+        "decode_sampled": seeded,
     }
     why_not = {
         "decode_processors": "the engine declares none of penalties, logit_bias, bad_words in decode_features",
@@ -53,6 +56,7 @@ def decode_capabilities(features: frozenset[str], *, reports_states: bool, decla
         "decode_logprobs": "the engine does not declare logprobs in decode_features",
         "decode_stop_strings": "the engine does not declare stop_strings in decode_features",
         "processor_state": "the engine reports no processor_states (its processors' state per round)",
+        "decode_sampled": "the engine does not declare seeded sampling (`seeded = True`, generate(..., sampling=))",
     }
     return Capabilities(
         has={name for name, on in present.items() if on},
@@ -112,7 +116,7 @@ class DecodeStateDriver(Driver):
 
             make_engine, make_reference, takes = make_builtin, target.make, True
             declared: object = SpecDecoder.decode_features
-            states = True
+            states, seeded = True, True
         else:
             declared = getattr(case.engine, "decode_features", None)
             if case.make_reference is None:
@@ -121,6 +125,7 @@ class DecodeStateDriver(Driver):
             make_engine = case.make_engine or (lambda: case.engine)
             make_reference, takes, k = case.make_reference, case.takes_drafter, case.k or 4
             states = hasattr(case.engine, "processor_states")
+            seeded = getattr(case.engine, "seeded", False) is True
         if declared is None:  # judged on parameter parity only: does it honour or refuse what it is sent?
             declared, states = (), False
         if not isinstance(declared, (tuple, list, frozenset, set)) or not all(isinstance(f, str) for f in declared):
@@ -139,4 +144,5 @@ class DecodeStateDriver(Driver):
             max_prompt=profile.max_prompt,
             max_new_tokens=profile.max_new_tokens,
         )
-        return subject, decode_capabilities(features, reports_states=states, declared=bool(features)), ""
+        caps = decode_capabilities(features, reports_states=states, declared=bool(features), seeded=seeded)
+        return subject, caps, ""

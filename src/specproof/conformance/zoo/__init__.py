@@ -107,12 +107,14 @@ from specproof.conformance.zoo._feature_sessions import (
 )
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
 from specproof.conformance.zoo._logprob_engines import (
+    DecodeMatchEngine,
     Float32LogprobsEngine,
     FrequencyPenaltyIgnored,
     LogprobsBeforeProcessors,
     LogprobsFromDrafter,
     LogprobsPastStop,
     LogprobsWrongRow,
+    PenaltiesSkippedWhenSampling,
     StopStringMissedAcrossRounds,
 )
 from specproof.conformance.zoo._model_drafters import (
@@ -417,6 +419,11 @@ def decode_float32_logprobs() -> Float32LogprobsEngine:
     return Float32LogprobsEngine()
 
 
+def decode_match_scheme() -> DecodeMatchEngine:
+    """Correct, differently: sample-and-match acceptance under decode parameters."""
+    return DecodeMatchEngine()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -544,6 +551,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "logprobs_past_stop": ("engine", LogprobsPastStop),
     "frequency_penalty_ignored": ("engine", FrequencyPenaltyIgnored),
     "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
+    "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
 }
 
 
@@ -656,6 +664,7 @@ CORRECT_DECODE: dict[str, str] = {
         "decode_replay_engine",
         "decode_checkpointed_processors",
         "decode_float32_logprobs",
+        "decode_match_scheme",
     )
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):

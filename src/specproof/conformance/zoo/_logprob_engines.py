@@ -16,9 +16,10 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from specproof.conformance.zoo._decode_engines import DecodeZooEngine
-from specproof.contract import StopReason, TokenLogprob
-from specproof.engine import RequestProcessors
+from specproof.conformance.zoo._decode_engines import DecodeZooEngine, _dropping
+from specproof.conformance.zoo._targets import small_reference
+from specproof.contract import DecodeParams, Generation, SamplingParams, StopReason, TokenLogprob
+from specproof.engine import NgramDrafter, RequestProcessors, SpecDecoder
 
 __all__ = [
     "Float32LogprobsEngine",
@@ -27,6 +28,8 @@ __all__ = [
     "LogprobsFromDrafter",
     "LogprobsPastStop",
     "LogprobsWrongRow",
+    "DecodeMatchEngine",
+    "PenaltiesSkippedWhenSampling",
     "StopStringMissedAcrossRounds",
 ]
 
@@ -141,3 +144,31 @@ class FrequencyPenaltyIgnored(DecodeZooEngine):
 
     decode_features = None  # type: ignore[assignment]  # a black box: it says nothing about what it honours
     processors_class = _NoFrequencyWhenDrafting
+
+
+class PenaltiesSkippedWhenSampling(DecodeZooEngine):
+    """Greedy requests get every processor; a sampled one gets its penalties dropped on the verify path of every
+    round with a draft (the rejection sampler reading the unpenalized rows): greedy checks pass, sampling
+    from the processed p does not."""
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
+    ) -> Generation:
+        self.processors_class = _NO_PENALTIES if sampling is not None else RequestProcessors
+        return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id, sampling=sampling, decode=decode)
+
+
+_NO_PENALTIES = _dropping(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+
+
+class DecodeMatchEngine(DecodeZooEngine):
+    """Correct, differently: sample-and-match acceptance under decode parameters."""
+
+    def __init__(self) -> None:
+        SpecDecoder.__init__(self, small_reference(), NgramDrafter(), k=4, scheme="match")  # type: ignore[arg-type]
