@@ -2,7 +2,8 @@
 "Decode state"), validated here and nowhere else.
 
 A request's processors (repetition / presence / frequency penalties, a logit bias, bad words,
-``min_tokens``) and its stops (several EOS ids, token-sequence stops). Every field is keyword-only;
+``min_tokens``), its stops (several EOS ids, token-sequence stops, byte-level stop strings) and whether it
+asks for logprobs. Every field is keyword-only;
 ``check_vocab`` checks the token ids against a vocabulary before any decoding starts.
 """
 

@@ -215,7 +215,8 @@ class SpecDecoder:
 
     ``decode=DecodeParams(...)`` applies the request's logits processors per draft position and its stops
     (docs/contract.md, "Decode state"); ``processor_states`` then holds the committed processor state after
-    each round of the last call.
+    each round of the last call, and ``Generation.logprobs`` each emitted token's logprob on its processed
+    verify row where ``decode.logprobs`` asks.
     """
 
     decode_features: tuple[str, ...] = DECODE_FEATURES  # docs/contract.md, "Decode state": all of them

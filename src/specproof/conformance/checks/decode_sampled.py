@@ -86,7 +86,8 @@ def check_sampled_decode(
     inv: Invariant, subject: DecodeSubject, ex: SampledDecodeExample
 ) -> tuple[list[Violation], int, str]:
     """The PIT values of every emitted token against the processed ``p`` are uniform (DKW-Massart at ``alpha``)."""
-    source = plain_decode_with(subject.make_reference(), ex.prompt, ex.max_new_tokens + 8, decode=ex.params).tokens
+    reference = subject.make_reference()  # one fresh copy, reset before each use (scored_rows resets it)
+    source = plain_decode_with(reference, ex.prompt, ex.max_new_tokens + 8, decode=ex.params).tokens
     test = PitTest(name=inv.id, alpha=ex.alpha)
     example = ex.to_json()
     for seed in range(ex.first_seed, ex.first_seed + GENERATIONS):
@@ -97,7 +98,7 @@ def check_sampled_decode(
             return [inv.violation(text, example=example)], 1, ""
         if not gen.tokens:
             continue
-        rows = scored_rows(subject.make_reference(), ex.prompt, gen.tokens, decode=ex.params, eos_token_id=None)
+        rows = scored_rows(reference, ex.prompt, gen.tokens, decode=ex.params, eos_token_id=None)
         p = processed_distribution(rows, ex.sampling)
         test.add(pit_values(p, list(gen.tokens), seed=seed))
         if test.rejected:
