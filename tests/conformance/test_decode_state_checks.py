@@ -22,6 +22,10 @@ def test_there_is_a_check_per_kind_and_a_member_per_check() -> None:
         "decode.stop",
         "decode.processor-state",
         "decode.grammar",
+        "decode.logprobs",
+        "decode.parameter-parity",
+        "decode.stop-strings",
+        "decode.sampled",
     }
     assert {ZOO[m].invariant for m in MEMBERS} == set(DECODE_IDS)
 
@@ -57,7 +61,40 @@ def test_without_the_option_the_checks_skip_saying_how_to_run_them() -> None:
 
 
 def test_an_engine_that_declares_no_decode_features_is_skipped_saying_why() -> None:
+    """...except on parameter parity, which every engine with a model faces: the control has no ``decode``
+    keyword, so it refuses every parameter, and refusing is allowed."""
     report = certify("engine", engine=CONTROLS["engine"], only=("decode.*",), decode_state=True).to_json()
     assert {r["status"] for r in report["results"]} == {"skip"}
-    assert all("declares no decode_features" in r["detail"] for r in report["results"]), report["results"]
+    parity = [r for r in report["results"] if r["invariant"] == "decode.parameter-parity"]
+    others = [r for r in report["results"] if r["invariant"] != "decode.parameter-parity"]
+    assert all("declares no decode_features" in r["detail"] for r in others), report["results"]
+    assert [r["detail"].startswith("the engine refused") for r in parity] == [True], parity
     assert report["verdict"] != "fail"
+
+
+def test_a_placeholder_logprob_is_named_as_one() -> None:
+    """llama.cpp #27972's shape: every logprob 0.0 (a deterministic drafter's one-hot q, all blocks accepted)."""
+    report = certify(
+        "engine", engine=ZOO["logprobs_from_drafter"].spec, only=("decode.logprobs",), decode_state=True
+    ).to_json()
+    [result] = report["results"]
+    assert result["status"] == "fail"
+    assert "teacher-forced scoring after the processors" in result["violations"][0]["explanation"]
+
+
+def test_parity_names_a_silently_ignored_parameter() -> None:
+    member = ZOO["frequency_penalty_ignored"]
+    report = certify("engine", engine=member.spec, only=("decode.*",), decode_state=True).to_json()
+    by_id = {r["invariant"]: r for r in report["results"]}
+    assert by_id["decode.parameter-parity"]["status"] == "fail"
+    assert "silently ignored" in by_id["decode.parameter-parity"]["violations"][0]["explanation"]
+    # it declares no decode_features, so nothing else judges it: parity is what catches it
+    assert {r["status"] for i, r in by_id.items() if i != "decode.parameter-parity"} == {"skip"}
+
+
+def test_sample_and_match_under_decode_parameters_passes_the_sampled_check() -> None:
+    report = certify(
+        "engine", engine=CORRECT_DECODE["decode_match_scheme"], only=("decode.sampled",), decode_state=True
+    )
+    [result] = report.to_json()["results"]
+    assert result["status"] == "pass" and result["exercised"] > 0, result

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from _wire_helpers import FAKE, PY_ENGINE, start
-from specproof.contract import DecodeParams
+from specproof.contract import DecodeParams, Grammar
 from specproof.contract.errors import InvalidSettingError
 from specproof.wire import EngineProtocolError, message_errors
 from specproof.wire._decode_ask import check_decode, declared_decode_features, decode_fields
@@ -75,7 +75,10 @@ def test_a_round_may_carry_the_processor_state_when_asked() -> None:
 
 
 def test_the_client_asks_only_for_what_the_engine_declares() -> None:
-    assert declared_decode_features(EVERY) == ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
+    declared = ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences", "logprobs")
+    assert declared_decode_features(EVERY) == declared
+    # top-n alternatives are not carried by the wire: never declared, whatever the handshake says
+    assert declared_decode_features(EVERY | {"top_logprobs"}) == declared
     assert declared_decode_features(frozenset({"greedy", "state"})) == ()
     assert check_decode(PARAMS, EVERY, "e") is PARAMS
     assert check_decode(None, frozenset(), "e") is None
@@ -87,6 +90,24 @@ def test_the_client_asks_only_for_what_the_engine_declares() -> None:
         check_decode(DecodeParams(eos_token_ids=[4]), frozenset({"penalties"}), "e")
     with pytest.raises(InvalidSettingError, match=r"decode=.*DecodeParams"):
         check_decode({"min_tokens": 2}, EVERY, "e")
+    with pytest.raises(InvalidSettingError, match=r"capability 'top_logprobs'"):
+        check_decode(DecodeParams(logprobs=2), EVERY | {"top_logprobs"}, "e")
+
+
+def test_logprobs_asked_in_decode_travel_as_the_logprobs_flag() -> None:
+    # a request asking only for logprobs sends no decode object; with processors, decode without the key
+    assert decode_fields(DecodeParams(logprobs=0), logprobs=False) == {"logprobs": True}
+    fields = decode_fields(DecodeParams(min_tokens=2, logprobs=0), logprobs=False)
+    assert fields == {"decode": DecodeParams(min_tokens=2).to_json(), "logprobs": True}
+    assert message_errors(_generate(**fields)) == []
+
+
+def test_stop_strings_and_grammars_have_their_wire_fields() -> None:
+    grammar = Grammar(kind="regex", source="[a-c]+")
+    params = DecodeParams(stop_strings=[b"ab"], grammar=grammar)
+    assert message_errors(_generate(decode=params.to_json())) == []
+    assert message_errors(_generate(decode={**params.to_json(), "stop_strings": [[256]]}))  # not a byte
+    assert message_errors(_generate(decode={**params.to_json(), "grammar": {"kind": "ebnf", "source": "x"}}))
 
 
 @pytest.mark.slow

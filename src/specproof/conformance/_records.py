@@ -42,13 +42,19 @@ CAPABILITIES: dict[str, str] = {
     "tree_state": "a tree engine exposes its tree target (`tree_target()`), whose per-node state can be compared "
     "with a model",
     "per_slot_state": "a batched engine's slot state can be read (`slot_state(id)`) and compared with a model",
-    "decode_state": "the engine declares `decode_features` and takes `generate(..., decode=DecodeParams)`",
+    "decode_state": "decode-time parameters were asked for (`--decode-state`) and the engine exposes a model to "
+    "decode plainly with; it declares `decode_features` and takes `generate(..., decode=DecodeParams)`, or it is "
+    "judged on parameter parity only",
     "processor_state": "the engine reports `processor_states`: its processors' state after each round of a call",
     "decode_processors": "the engine declares a logits processor (`penalties`, `logit_bias` or `bad_words`)",
     "decode_min_tokens": "the engine declares `min_tokens` among its `decode_features`",
     "decode_stops": "the engine declares `stop_sequences` among its `decode_features`",
     "decode_grammar": "the engine declares `grammar` among its `decode_features` and its vocabulary can write the "
     "grammar check's grammars",
+    "decode_logprobs": "the engine declares `logprobs` among its `decode_features` (`Generation.logprobs`)",
+    "decode_stop_strings": "the engine declares `stop_strings` among its `decode_features` (byte vocabularies)",
+    "decode_sampled": "the engine samples, seeded (`seeded = True`, `generate(..., sampling=SamplingParams)`), "
+    "with its decode parameters",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

@@ -47,7 +47,13 @@ from hypothesis import strategies as st
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
-from specproof.conformance.checks import batch_distribution, batch_seeds
+from specproof.conformance.checks import (
+    batch_distribution,
+    batch_seeds,
+    decode_logprobs,
+    decode_parity,
+    decode_sampled,
+)
 from specproof.conformance.checks import decode_grammar as grammar_checks
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
@@ -59,7 +65,7 @@ from specproof.conformance.checks import target as target_checks
 from specproof.conformance.checks import tree as tree_checks
 from specproof.conformance.checks import tree_drafter as tree_drafter_checks
 from specproof.conformance.checks.generation import round_of_index
-from specproof.contract import Generation, Step, UsageError, Violation
+from specproof.contract import LOGPROB_TOLERANCE, Generation, Step, UsageError, Violation
 from specproof.contract.errors import InvalidSettingError
 from specproof.strategies import REQUEST_RELATIONS, contexts
 
@@ -659,6 +665,103 @@ _GRAMMAR_REGISTRY: tuple[Invariant, ...] = (
             "grammar_off_when_delimiter_in_block",
             "grammar_terminated_advanced",
         ),
+    ),
+)
+
+
+def _check_logprobs(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    run = decode_checks.run_decode_example(subject, example)
+    violations, exercised, note = decode_logprobs.check_logprobs(inv, run, subject)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _check_stop_strings(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    run = decode_checks.run_decode_example(subject, example)
+    violations, exercised, note = decode_logprobs.check_stop_strings(inv, run, subject)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _check_sampled_decode(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    violations, exercised, note = decode_sampled.check_sampled_decode(inv, subject, example)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _draw_sampled_decode(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+    # the false-fail bound split over the examples: each example's PIT test is at FALSE_FAIL_BOUND / max_examples
+    return decode_sampled.draw_sampled_decode(data, subject, alpha=FALSE_FAIL_BOUND / profile.max_examples)
+
+
+def _check_parity(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    violations, exercised, note = decode_parity.check_parameter_parity(inv, subject, example)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _draw_parity(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+    return decode_parity.draw_parity_example(data, subject)
+
+
+_DECODE_OUTPUT_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="decode.logprobs",
+        subject="engine",
+        summary="each emitted token's logprob, after the processors, equals the teacher-forced scoring of the "
+        f"output within {LOGPROB_TOLERANCE:g} (top-n alternatives too), one per token, cut with the tokens at the "
+        "stop: never a placeholder, never the drafter's, never the wrong row's",
+        needs=("decode_state", "decode_logprobs"),
+        draws=_DECODE_DRAWS + "; for logprobs every declared processor on, stops half the time, 0-3 alternatives",
+        driver="decode-state",
+        check=_check_logprobs,
+        draw=_decode_draw("logprobs"),
+        zoo=(
+            "logprobs_from_drafter",
+            "logprobs_wrong_row",
+            "logprobs_before_processors",
+            "logprobs_past_stop",
+        ),
+    ),
+    Invariant(
+        id="decode.stop-strings",
+        subject="engine",
+        summary="with byte-level stop strings (a byte vocabulary), the output, its token ids and its logprobs are "
+        "cut where plain decoding stops (inside an accepted block, straddling two rounds, on an EOS), with the "
+        "same stop reason",
+        needs=("decode_state", "decode_stop_strings"),
+        draws=_DECODE_DRAWS + "; for stop strings the placed stop sequences as their tokens' bytes, logprobs asked "
+        "where the engine declares them",
+        driver="decode-state",
+        check=_check_stop_strings,
+        draw=_decode_draw("stop_strings"),
+        zoo=("stop_string_missed_across_rounds",),
+        also=("stop_missed_inside_block",),
+    ),
+    Invariant(
+        id="decode.sampled",
+        subject="engine",
+        summary="sampled with penalties, a logit bias and bad words, the emitted tokens follow plain sampling from "
+        "the processed p (all-token PIT, DKW-Massart; false-fail bound 1e-6 a run)",
+        needs=("decode_state", "decode_processors", "decode_sampled"),
+        draws="a prompt, 8-16 new tokens, every processor the engine declares on, one of three sampling settings "
+        f"(T=1; T=1.5, top-k 12; T=0.8, top-p 0.95) and {decode_sampled.GENERATIONS} seeded generations, the "
+        "suite's full drafts following plain greedy decoding with the processors",
+        driver="decode-state",
+        check=_check_sampled_decode,
+        draw=_draw_sampled_decode,
+        zoo=("penalties_skipped_when_sampling",),
+    ),
+    Invariant(
+        id="decode.parameter-parity",
+        subject="engine",
+        summary="a decode parameter that changes plain decoding's output changes the engine's output the same "
+        "way, or the engine refuses the request: never silently ignored (also for an engine that declares no "
+        "decode_features)",
+        needs=("decode_state",),
+        draws="a prompt, 8-20 new tokens and one parameter alone (frequency, presence or repetition penalty, a "
+        "-100 logit bias on a token of plain decoding's continuation, or min_tokens past an EOS id placed on it), "
+        "the suite's drafts following plain decoding with it under a drawn schedule",
+        driver="decode-state",
+        check=_check_parity,
+        draw=_draw_parity,
+        zoo=("frequency_penalty_ignored",),
     ),
 )
 
@@ -1324,6 +1427,7 @@ REGISTRY: tuple[Invariant, ...] = (
     *_BATCH_REGISTRY,
     *_DECODE_REGISTRY,
     *_GRAMMAR_REGISTRY,
+    *_DECODE_OUTPUT_REGISTRY,
     *_TREE_REGISTRY,
 )
 

@@ -27,6 +27,7 @@ from specproof.contract._batch import (
 )
 from specproof.contract._decode_params import DECODE_FEATURES, DecodeParams
 from specproof.contract._grammar import GRAMMAR_KINDS, Grammar
+from specproof.contract._logprobs import LOGPROB_TOLERANCE, TokenLogprob
 from specproof.contract._protocols import (
     CheckpointingTarget,
     Drafter,
@@ -48,6 +49,7 @@ from specproof.contract.validation import int_at_least, validate_tolerance
 __all__ = [
     "DECODE_FEATURES",
     "INVARIANT_ID",
+    "LOGPROB_TOLERANCE",
     "PREEMPTION_MODES",
     "STOP_REASONS",
     "BatchCapabilities",
@@ -72,6 +74,7 @@ __all__ = [
     "Step",
     "StopReason",
     "Target",
+    "TokenLogprob",
     "UsageError",
     "Violation",
     "RequestOutput",

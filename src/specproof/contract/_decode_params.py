@@ -2,7 +2,8 @@
 "Decode state"), validated here and nowhere else.
 
 A request's processors (repetition / presence / frequency penalties, a logit bias, bad words,
-``min_tokens``) and its stops (several EOS ids, token-sequence stops). Every field is keyword-only;
+``min_tokens``), its stops (several EOS ids, token-sequence stops, byte-level stop strings) and whether it
+asks for logprobs. Every field is keyword-only;
 ``check_vocab`` checks the token ids against a vocabulary before any decoding starts.
 """
 
@@ -26,6 +27,9 @@ DECODE_FEATURES: tuple[str, ...] = (
     "min_tokens",
     "stop_sequences",
     "grammar",
+    "logprobs",
+    "top_logprobs",
+    "stop_strings",
 )
 """What an engine may declare it honours (``decode_features``); a check needing an undeclared one skips."""
 
@@ -83,6 +87,34 @@ def _ids(value: object) -> tuple[int, ...]:
     return tuple(sorted({_token("eos_token_ids", t) for t in value}))
 
 
+def _stop_strings(value: object) -> tuple[bytes, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidSettingError(f"decode stop_strings={value!r} must be a list of strings (str or bytes)")
+    out = []
+    for text in value:
+        if not isinstance(text, (str, bytes)):
+            raise InvalidSettingError(f"decode stop_strings holds {text!r}, which is not a str or bytes")
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if not data:
+            raise InvalidSettingError("decode stop_strings holds an empty string (it would match everywhere)")
+        out.append(data)
+    return tuple(out)
+
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives a request may ask for per position (as OpenAI-style APIs allow)."""
+
+
+def _top_logprobs(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= int(value) <= MAX_TOP_LOGPROBS:
+        raise InvalidSettingError(
+            f"decode logprobs={value!r} must be None (not asked) or how many alternatives, 0-{MAX_TOP_LOGPROBS}"
+        )
+    return int(value)
+
+
 def _min_tokens(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or int(value) < 0:
         raise InvalidSettingError(f"decode min_tokens={value!r} must be an integer >= 0")
@@ -105,7 +137,10 @@ class DecodeParams:
     ``generate``'s ``eos_token_id``) end the output with stop reason ``eos``, ``stop`` (token
     sequences) with ``stop_sequence``, the stopping tokens included. ``grammar`` (a ``Grammar``, or its
     ``to_json`` form) masks every token the grammar does not allow next, after the other processors; it
-    needs an EOS id to end on (``grammar_eos``).
+    needs an EOS id to end on (``grammar_eos``). ``logprobs`` (None: not asked) asks
+    for each emitted token's logprob after the processors and that many top alternatives
+    (``Generation.logprobs``). ``stop_strings`` (str, UTF-8, or bytes) end the output with ``stop_sequence`` at
+    the token whose text completes one, on a byte vocabulary (token ``t < 256`` is the byte ``t``).
     """
 
     repetition_penalty: float = attrs.field(
@@ -123,6 +158,8 @@ class DecodeParams:
     eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_ids)
     stop: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_stops)
     grammar: Grammar | None = attrs.field(default=None, converter=_grammar)
+    logprobs: int | None = attrs.field(default=None, converter=_top_logprobs)
+    stop_strings: tuple[bytes, ...] = attrs.field(default=(), converter=_stop_strings)
 
     def features(self) -> frozenset[str]:
         """The ``DECODE_FEATURES`` this request uses (what an engine must declare to be judged on it)."""
@@ -134,6 +171,9 @@ class DecodeParams:
             "min_tokens": self.min_tokens > 0,
             "stop_sequences": bool(self.stop),
             "grammar": self.grammar is not None,
+            "logprobs": self.logprobs is not None,
+            "top_logprobs": bool(self.logprobs),  # alternatives beside each token's logprob
+            "stop_strings": bool(self.stop_strings),
         }
         return frozenset(name for name, on in used.items() if on)
 
@@ -146,6 +186,10 @@ class DecodeParams:
             "stop": (t for seq in self.stop for t in seq),
             "grammar reasoning_end": () if self.grammar is None else self.grammar.reasoning_end,
         }
+        if self.logprobs is not None and self.logprobs > vocab_size:
+            raise TokenRangeError(
+                f"decode logprobs={self.logprobs} asks for more alternatives than the {vocab_size} ids"
+            )
         for name, tokens in fields.items():
             for token in tokens:
                 if token >= vocab_size:
@@ -175,7 +219,12 @@ class DecodeParams:
             "eos_token_ids": list(self.eos_token_ids),
             "stop": [list(s) for s in self.stop],
         }
-        if self.grammar is not None:  # absent when off: a request without one reads as before
+        # absent when off: a request without them reads as before (and as an engine of the wire expects)
+        if self.logprobs is not None:
+            data["logprobs"] = self.logprobs
+        if self.stop_strings:
+            data["stop_strings"] = [list(text) for text in self.stop_strings]  # bytes as JSON: their values
+        if self.grammar is not None:
             data["grammar"] = self.grammar.to_json()
         return data
 
@@ -186,6 +235,12 @@ class DecodeParams:
         if unknown:
             raise InvalidSettingError(f"decode: unknown parameter {unknown[0]!r} (known: {', '.join(sorted(known))})")
         values = dict(data)
+        strings = values.get("stop_strings")
+        if isinstance(strings, list) and all(isinstance(t, list) for t in strings):  # to_json's byte values
+            try:
+                values["stop_strings"] = [bytes(t) for t in strings]
+            except (TypeError, ValueError):
+                raise InvalidSettingError(f"decode stop_strings={strings!r} holds a value that is not a byte") from None
         bias = values.get("logit_bias")
         if isinstance(bias, Mapping):  # JSON object keys are strings
             try:

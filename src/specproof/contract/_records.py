@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
+
+from specproof.contract._logprobs import TokenLogprob
 
 __all__ = ["STOP_REASONS", "Generation", "Stats", "Step", "StopReason"]
 
@@ -22,10 +25,6 @@ def _int_tuple(values: object) -> tuple[int, ...]:
         if v != n:
             raise ValueError(f"token {i} is {v!r}, not an integer token id")
     return out
-
-
-def _float_tuple_or_none(values: object) -> tuple[float, ...] | None:
-    return None if values is None else tuple(float(v) for v in values)  # type: ignore[attr-defined]
 
 
 @attrs.frozen(kw_only=True)
@@ -105,17 +104,23 @@ class Stats:
         return data
 
 
+def _optional_tuple(values: Iterable[TokenLogprob] | None) -> tuple[TokenLogprob, ...] | None:
+    return None if values is None else tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class Generation:
-    """What an engine returns. A black-box engine may leave ``steps`` and ``stats`` as None."""
+    """What an engine returns. A black-box engine may leave ``steps`` and ``stats`` as None; ``logprobs``, one
+    per token, only where the request asked for them (docs/contract.md, "Decode state")."""
 
     tokens: tuple[int, ...] = attrs.field(converter=_int_tuple)
     stop_reason: StopReason
     steps: tuple[Step, ...] | None = None
     stats: Stats | None = None
-    #: each emitted token's log-probability under the target after the decode processors, aligned with
-    #: ``tokens``; None when the engine gives none (docs/contract.md, Decode state)
-    logprobs: tuple[float, ...] | None = attrs.field(default=None, converter=_float_tuple_or_none)
+    #: each emitted token's logprob under the target after the decode processors (and its top-n alternatives
+    #: where asked), aligned with ``tokens``; None when not asked or the engine gives none (docs/contract.md,
+    #: Decode state, Logprobs)
+    logprobs: tuple[TokenLogprob, ...] | None = attrs.field(default=None, converter=_optional_tuple)
 
     def __attrs_post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.tokens):

@@ -18,18 +18,44 @@ import numpy as np
 
 from specproof.contract._decode_params import DecodeParams
 from specproof.contract._grammar_oracle import OracleGrammar, first_invalid_token, grammar_state
+from specproof.contract._logprobs import TokenLogprob
 from specproof.contract._protocols import Target
 from specproof.contract._records import Generation, Stats, Step, StopReason
 from specproof.contract.errors import InvalidSettingError, TokenRangeError
 
 __all__ = [
-    "OracleGrammar",
-    "OracleProcessors",
+    "ends_a_stop_string",
     "first_invalid_token",
     "grammar_state",
+    "log_softmax",
+    "OracleGrammar",
+    "OracleProcessors",
     "plain_decode_with",
     "processor_state",
+    "score_output",
+    "scored_rows",
+    "token_text",
+    "top_alternatives",
 ]
+
+
+def token_text(token: int) -> bytes:
+    """A token's text on the byte vocabularies stop strings are judged on: id ``t < 256`` is the byte ``t``;
+    any other id has none."""
+    return bytes((token,)) if 0 <= token < 256 else b""
+
+
+def ends_a_stop_string(output: Sequence[int], stop_strings: Sequence[bytes]) -> bool:
+    """Whether the output's last token completes a stop string: one occurs in the output's text ending
+    inside that token's bytes (the prompt's text never counts)."""
+    if not output or not stop_strings:
+        return False
+    last = len(token_text(output[-1]))
+    if last == 0:
+        return False
+    whole = b"".join(token_text(t) for t in output)
+    before = len(whole) - last  # a match must end after this offset, inside the last token's bytes
+    return any(whole.find(text, max(0, before - len(text) + 1)) != -1 for text in stop_strings)
 
 
 def processor_state(output: Sequence[int]) -> dict[str, object]:
@@ -109,6 +135,8 @@ class OracleProcessors:
         for seq in self.params.stop:
             if len(self.output) >= len(seq) and tuple(self.output[-len(seq) :]) == seq:
                 return "stop_sequence"
+        if ends_a_stop_string(self.output, self.params.stop_strings):
+            return "stop_sequence"
         return None
 
 
@@ -150,3 +178,58 @@ def plain_decode_with(
     n = len(processors.output)
     stats = Stats(rounds=n, emitted=n, prefill_forwards=int(len(prompt) > 1), verify_forwards=n)
     return Generation(tokens=processors.output, stop_reason=stop, steps=tuple(steps), stats=stats)
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    """The processed row's log-probabilities (a masked token's is -inf), in float64."""
+    z = np.asarray(row, dtype=np.float64)
+    top = np.max(z)
+    return z - (top + np.log(np.sum(np.exp(z - top))))
+
+
+def top_alternatives(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The ``n`` most likely tokens of a row as (id, logprob), most likely first, the lower id first on a tie;
+    a masked token (-inf) is never an alternative."""
+    order = np.lexsort((np.arange(len(logprobs)), -logprobs))[:n]
+    return tuple((int(t), float(logprobs[t])) for t in order if np.isfinite(logprobs[t]))
+
+
+def score_output(
+    target: Target,
+    prompt: Sequence[int],
+    output: Sequence[int],
+    *,
+    decode: DecodeParams,
+    eos_token_id: int | None = None,
+) -> tuple[TokenLogprob, ...]:
+    """Teacher-forced scoring of ``output`` after ``prompt``: one forward of the whole text on a fresh model,
+    each row processed with the processors fed the output before it, then log-softmax (docs/contract.md,
+    "Decode state", "Logprobs"); ``decode.logprobs`` alternatives per position (0 when not asked)."""
+    ctx = [int(t) for t in prompt]
+    tokens = [int(t) for t in output]
+    if not ctx or any(not 0 <= t < target.vocab_size for t in (*ctx, *tokens)):
+        raise TokenRangeError(f"score_output: the prompt and output must be token ids in [0, {target.vocab_size})")
+    rows = scored_rows(target, ctx, tokens, decode=decode, eos_token_id=eos_token_id)
+    n = decode.logprobs or 0
+    return tuple(
+        TokenLogprob(token=token, logprob=float(row[token]), top=top_alternatives(row, n))
+        for row, token in zip(rows, tokens, strict=True)
+    )
+
+
+def scored_rows(
+    target: Target, prompt: Sequence[int], output: Sequence[int], *, decode: DecodeParams, eos_token_id: int | None
+) -> np.ndarray:
+    """``score_output``'s whole rows: ``[i, t]`` is token ``t``'s logprob at output position ``i``."""
+    ctx, tokens = [int(t) for t in prompt], [int(t) for t in output]
+    decode.check_vocab(target.vocab_size)
+    if not tokens:
+        return np.zeros((0, target.vocab_size))
+    target.reset()
+    rows = np.asarray(target.forward([*ctx, *tokens[:-1]]), dtype=np.float64)[len(ctx) - 1 :]
+    processors = OracleProcessors(decode, ctx, eos_token_id=eos_token_id)
+    out = np.empty_like(rows)
+    for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
+        out[i] = log_softmax(processors.apply(row))
+        processors.feed(token)
+    return out

@@ -8,7 +8,17 @@ from typing import Literal, overload
 import attrs
 import numpy as np
 
-from specproof.contract import DECODE_FEATURES, DecodeParams, Drafter, Generation, Stats, Step, StopReason, Target
+from specproof.contract import (
+    DECODE_FEATURES,
+    DecodeParams,
+    Drafter,
+    Generation,
+    Stats,
+    Step,
+    StopReason,
+    Target,
+    TokenLogprob,
+)
 from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.contract.sampling import SAMPLING_SCHEMES, SamplingParams
 from specproof.contract.validation import int_at_least
@@ -205,7 +215,8 @@ class SpecDecoder:
 
     ``decode=DecodeParams(...)`` applies the request's logits processors per draft position and its stops
     (docs/contract.md, "Decode state"); ``processor_states`` then holds the committed processor state after
-    each round of the last call.
+    each round of the last call, and ``Generation.logprobs`` each emitted token's logprob on its processed
+    verify row where ``decode.logprobs`` asks.
     """
 
     decode_features: tuple[str, ...] = DECODE_FEATURES  # docs/contract.md, "Decode state": all of them
@@ -280,6 +291,7 @@ class DecodeSession:
     _sampler: _Sampler | None = None  # the current call's sampler; None: greedy
     _processors: RequestProcessors | None = None  # the current call's decode state; None: no DecodeParams
     processor_states: list[dict[str, object]]  # the committed processor state after each round of this call
+    _logprobs: list[TokenLogprob]  # this call's emitted tokens' logprobs (when its DecodeParams ask for them)
 
     def __init__(self, decoder: SpecDecoder, prompt: Sequence[int]) -> None:
         self.decoder = decoder
@@ -367,6 +379,7 @@ class DecodeSession:
         check_eos_token(eos_token_id, vocab_size=target.vocab_size)
         self._processors = decoder.processors_class.for_call(decode, self._ctx, eos_token_id, target.vocab_size)
         self.processor_states = []
+        self._logprobs = []
         counter = _StatsCounter(decoder.k)
         counter.prefill, self._pending_prefill = self._pending_prefill, 0
         out: list[int] = []
@@ -397,7 +410,9 @@ class DecodeSession:
         else:
             stop = "max_new_tokens"
         counter.emitted = len(out)
-        return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=counter.freeze())
+        asked = self._processors is not None and self._processors.params.logprobs is not None
+        logprobs = tuple(self._logprobs) if asked else None
+        return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=counter.freeze(), logprobs=logprobs)
 
     def _partial(self, out: list[int], steps: list[Step], counter: _StatsCounter) -> Generation:
         counter.emitted = len(out)
@@ -415,6 +430,7 @@ class DecodeSession:
             logits, checkpoints, feats = self._verify(fed, round_index)
             counter.verify += 1
             processors = self._processors
+            raw = logits
             if processors is not None:  # each row processed with the state advanced through the draft before it
                 logits, eos = processors.verify_rows(logits, draft), None
             if self._sampler is None:
@@ -424,6 +440,8 @@ class DecodeSession:
             if processors is not None:  # cut at the first stop; commit only what is emitted
                 verdict = attrs.evolve(verdict, emitted=processors.settle(verdict.emitted, draft=draft))
                 self.processor_states.append(processors.state())
+                if processors.params.logprobs is not None:  # scored on the processed rows, cut with the tokens
+                    self._logprobs.extend(processors.score(logits, verdict.emitted, raw=raw, q=q))
             feats = self._roll_back(fed, verdict.keep, checkpoints, before, feats, round_index, counter)
             if feats is not None and self._features is not None:
                 self._features.append(feats, verdict.keep)  # the kept positions only, never a rejected one

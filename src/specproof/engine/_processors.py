@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specproof.contract import DecodeParams, StopReason
+from specproof.contract import DecodeParams, StopReason, TokenLogprob
 from specproof.contract.errors import InvalidSettingError
 from specproof.engine._grammar import EngineGrammar
 
@@ -112,7 +112,17 @@ class RequestProcessors:
             return "eos"
         if any(len(output) >= len(seq) and tuple(output[-len(seq) :]) == seq for seq in self.params.stop):
             return "stop_sequence"
+        if self.params.stop_strings and self.completes_string(output):
+            return "stop_sequence"
         return None
+
+    def completes_string(self, output: Sequence[int]) -> bool:
+        """A stop string ends with the last token's byte (a byte vocabulary: id ``t < 256`` is the byte ``t``,
+        one byte a token, so the text ends with it exactly when the last token completes it)."""
+        if output[-1] >= 256:
+            return False
+        text = bytes(int(t) for t in output if int(t) < 256)
+        return any(text.endswith(stop) for stop in self.params.stop_strings)
 
     def commit(self, emitted: Sequence[int], *, draft: Sequence[int]) -> None:
         """Advance the committed state by the round's emitted tokens (never a rejected draft token)."""
@@ -128,6 +138,19 @@ class RequestProcessors:
         self.finished = reason
         return kept
 
+    # ------------------------------------------------------------ logprobs
+
+    def score(self, rows: np.ndarray, emitted: Sequence[int], *, raw: np.ndarray, q: np.ndarray) -> list[TokenLogprob]:
+        """The emitted tokens' logprobs: row ``i`` of the processed verify forward (``rows``) scores
+        ``emitted[i]``, after the processors and before any sampling transform; ``raw`` (the rows before the
+        processors) and ``q`` (the draft's rows) are what a wrong engine would score from instead."""
+        n = self.params.logprobs or 0
+        scored = []
+        for i, token in enumerate(emitted):
+            logprobs = _log_probabilities(rows[i])
+            scored.append(TokenLogprob(token=token, logprob=float(logprobs[token]), top=_top(logprobs, n)))
+        return scored
+
     def state(self) -> dict[str, object]:
         """The processors' state in the contract's format: the output length and each output token's count."""
         values, counts = np.unique(np.asarray(self.counted, dtype=np.int64), return_counts=True)
@@ -138,3 +161,16 @@ class RequestProcessors:
         if self.grammar is not None:  # the matcher's, beside the counts (contract: grammar_state)
             state["grammar"] = self.grammar.state()
         return state
+
+
+def _log_probabilities(row: np.ndarray) -> np.ndarray:
+    shifted = row - np.max(row)
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def _top(logprobs: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    """The ``n`` most likely tokens, most likely first, ties by the lower id; masked tokens left out."""
+    if n == 0:
+        return ()
+    ranked = sorted(range(len(logprobs)), key=lambda t: (-logprobs[t], t))[:n]
+    return tuple((t, float(logprobs[t])) for t in ranked if logprobs[t] > -np.inf)

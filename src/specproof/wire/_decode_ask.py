@@ -14,6 +14,7 @@ from specproof.contract.errors import InvalidSettingError
 
 __all__ = [
     "LOGPROBS_CAPABILITY",
+    "WIRE_DECODE_FEATURES",
     "DecodeAsk",
     "DecodeMethods",
     "PROCESSOR_STATE_CAPABILITY",
@@ -28,10 +29,15 @@ LOGPROBS_CAPABILITY = "logprobs"
 PROCESSOR_STATE_CAPABILITY = "processor_state"
 
 
+#: the ``DECODE_FEATURES`` that ``specproof-engine/1`` carries: all but the top-n alternatives of each
+#: logprob (``final.logprobs`` holds the emitted token's only), so a wire engine is never judged on them
+WIRE_DECODE_FEATURES: tuple[str, ...] = tuple(f for f in DECODE_FEATURES if f != "top_logprobs")
+
+
 def declared_decode_features(capabilities: frozenset[str]) -> tuple[str, ...]:
-    """The ``DECODE_FEATURES`` an engine's handshake declares (each is a capability of the same name), in the
-    contract's order; an engine that declares none takes no ``decode`` at all."""
-    return tuple(f for f in DECODE_FEATURES if f in capabilities)
+    """The ``WIRE_DECODE_FEATURES`` an engine's handshake declares (each is a capability of the same name), in
+    the contract's order; an engine that declares none takes no ``decode`` at all."""
+    return tuple(f for f in WIRE_DECODE_FEATURES if f in capabilities)
 
 
 def check_decode(decode: object, capabilities: frozenset[str], label: str) -> DecodeParams | None:
@@ -43,7 +49,7 @@ def check_decode(decode: object, capabilities: frozenset[str], label: str) -> De
     if not isinstance(decode, DecodeParams):
         raise InvalidSettingError(f"decode={decode!r} must be a DecodeParams or None")
     used = decode.features() | ({"stop_sequences"} if decode.eos_token_ids else set())
-    missing = sorted(used - capabilities)
+    missing = sorted(used - set(declared_decode_features(capabilities)))
     if missing:
         raise InvalidSettingError(
             f"engine {label} does not declare the capabilit{'y' if len(missing) == 1 else 'ies'} "
@@ -59,9 +65,13 @@ def decode_fields(decode: DecodeParams | None, *, logprobs: bool, processor_stat
     message it always got."""
     fields: dict[str, object] = {}
     if decode is not None:
-        fields["decode"] = decode.to_json()
-        if processor_state:
-            fields["processor_state"] = True
+        body = decode.to_json()
+        # ``decode.logprobs`` travels as the top-level ``logprobs`` flag (its alternatives are refused above)
+        logprobs = body.pop("logprobs", None) is not None or logprobs
+        if body != DecodeParams().to_json():  # a request that only asks for logprobs sends no decode
+            fields["decode"] = body
+            if processor_state:
+                fields["processor_state"] = True
     if logprobs:
         fields["logprobs"] = True
     return fields

@@ -101,13 +101,11 @@ def _load_oracle(
 class WireEngine(BatchMethods, DecodeMethods, TreeMethods):
     """An engine behind ``specproof-engine/1`` (see the module docstring and docs/protocol.md).
 
-    ``connect(limit)`` makes a transport (starts the process, or connects); it is called again
-    by ``reset()`` after a fault — at most ``max_restarts`` times — so one crash costs one
-    check its verdict, not the run. ``max_line_bytes`` bounds every line the engine sends
-    (default: the handshake's, see docs/protocol.md "Limits"). ``load_target`` turns the handshake's
-    ``model`` into the oracle (default: engine-level target specs only; ``specproof.plugins`` passes
-    its own, which also knows the fixtures).
-    """
+    ``connect(limit)`` makes a transport (starts the process, or connects); it is called again by ``reset()``
+    after a fault — at most ``max_restarts`` times — so one crash costs one check its verdict, not the run.
+    ``max_line_bytes`` bounds every line the engine sends (default: the handshake's, docs/protocol.md
+    "Limits"). ``load_target`` turns the handshake's ``model`` into the oracle (default: engine-level target
+    specs only; ``specproof.plugins`` passes its own, which also knows the fixtures)."""
 
     #: whether ``close()`` asks the engine to exit (a process we started) or only disconnects
     shutdown_on_close = True

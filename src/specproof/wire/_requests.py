@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from specproof.contract import TokenLogprob
 from specproof.contract.sampling import SamplingParams
 from specproof.engine import Generation, Stats, Step
 from specproof.wire._channel import Channel, request_text
@@ -209,7 +210,7 @@ class _Rounds:
             logprobs=self._logprobs(msg),
         )
 
-    def _logprobs(self, msg: dict[str, Any]) -> tuple[float, ...] | None:
+    def _logprobs(self, msg: dict[str, Any]) -> tuple[TokenLogprob, ...] | None:
         """``final.logprobs`` when the request asked for them: one per emitted token, else a fault (never a
         placeholder); None when not asked (an engine's unasked logprobs are ignored)."""
         if not self.want_logprobs:
@@ -222,7 +223,7 @@ class _Rounds:
                 "(docs/protocol.md, Decode state)",
                 self.request,
             )
-        return tuple(float(v) for v in values)
+        return tuple(TokenLogprob(token=t, logprob=v) for t, v in zip(msg["tokens"], values, strict=True))
 
 
 def _stats(stats: dict[str, Any] | None) -> Stats | None:

@@ -97,14 +97,22 @@ def draw_decode_example(data: st.DataObject, subject: DecodeSubject, kind: str) 
     prompt = data.draw(contexts(vocab, min_size=1, max_size=min(subject.max_prompt, 16)), label="prompt")
     n = data.draw(st.integers(8, max(8, min(subject.max_new_tokens, 20))), label="max_new_tokens")
     processors = subject.features & PROCESSOR_FEATURES
-    if kind != "penalties" and not data.draw(st.booleans(), label="with processors"):
+    if kind not in ("penalties", "logprobs") and not data.draw(st.booleans(), label="with processors"):
         processors = frozenset()
-    active = kind == "penalties"  # the penalties search never shrinks its processors to off
+    active = kind in ("penalties", "logprobs")  # these searches never shrink their processors to off
     base = data.draw(processor_configs(vocab, features=processors, active=active), label="processors")
     params, eos = base, None
-    if kind != "penalties":
+    stops = kind != "logprobs" or ("stop_sequences" in subject.features and data.draw(st.booleans(), label="stops"))
+    if kind != "penalties" and stops:
         free = plain_decode_with(subject.make_reference(), prompt, n, decode=base)
         params, eos = data.draw(stop_sets(base, free.tokens, kind=kind), label="stops")
+    if kind == "logprobs":  # each token's logprob, and 0-3 alternatives
+        alternatives = st.integers(0, 3) if "top_logprobs" in subject.features else st.just(0)
+        params = attrs.evolve(params, logprobs=data.draw(alternatives, label="top logprobs"))
+    if kind == "stop_strings":  # the placed stop sequences as the text of their tokens, logprobs cut with them
+        texts = [bytes(seq) for seq in params.stop if all(t < 256 for t in seq)]
+        asked = 0 if "logprobs" in subject.features else None
+        params = attrs.evolve(params, stop=(), stop_strings=texts, logprobs=asked)
     schedule = data.draw(draft_schedules(k=subject.k), label="draft schedule")
     return DecodeExample(
         kind=kind, prompt=tuple(prompt), max_new_tokens=n, params=params, eos_token_id=eos, schedule=tuple(schedule)
@@ -129,12 +137,14 @@ def _plain(subject: DecodeSubject, ex: DecodeExample, params: DecodeParams, eos:
 
 def run_decode_example(subject: DecodeSubject, ex: DecodeExample) -> DecodeRun:
     expected = _plain(subject, ex, ex.params, ex.eos_token_id)
-    unstopped = attrs.evolve(ex.params, stop=(), eos_token_ids=(), min_tokens=0)
+    unstopped = attrs.evolve(ex.params, stop=(), stop_strings=(), eos_token_ids=(), min_tokens=0)
     free = _plain(subject, ex, unstopped, None)
     baseline = {
         "penalties": lambda: _plain(subject, ex, DecodeParams(), ex.eos_token_id),
         "min_tokens": lambda: _plain(subject, ex, attrs.evolve(ex.params, min_tokens=0), ex.eos_token_id),
         "stops": lambda: free,
+        "logprobs": lambda: free,
+        "stop_strings": lambda: free,
     }[ex.kind]()
     source = list(expected.tokens)
     if tuple(free.tokens[: len(source)]) == expected.tokens:  # drafts run on past the stop
@@ -159,7 +169,7 @@ def run_decode_example(subject: DecodeSubject, ex: DecodeExample) -> DecodeRun:
 
 
 def _exercised(run: DecodeRun) -> tuple[int, str]:
-    if run.example.kind == "stops":
+    if run.example.kind in ("stops", "stop_strings"):
         hit = run.expected.stop_reason in ("eos", "stop_sequence")
         return int(hit), "" if hit else "plain decoding met none of the drawn stops"
     mattered = run.expected.tokens != run.baseline.tokens

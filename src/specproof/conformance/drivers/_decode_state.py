@@ -36,29 +36,42 @@ _UNDECLARED = (
 
 
 def decode_capabilities(
-    features: frozenset[str], *, reports_states: bool, writes_grammars: bool = True
+    features: frozenset[str],
+    *,
+    reports_states: bool,
+    writes_grammars: bool = True,
+    declared: bool = True,
+    seeded: bool = False,
 ) -> Capabilities:
     """What an engine declaring ``features`` (and reporting ``processor_states`` or not) lets the checks judge;
-    ``writes_grammars``: its vocabulary can write the grammar check's grammars."""
+    ``writes_grammars``: its vocabulary can write the grammar check's grammars; an engine that declares no
+    ``decode_features`` (``declared=False``) is judged on parameter parity only."""
     present = {
         "decode_grammar": "grammar" in features and writes_grammars,
         "decode_state": True,
         "decode_processors": bool(features & PROCESSOR_FEATURES),
         "decode_min_tokens": "min_tokens" in features,
         "decode_stops": "stop_sequences" in features,
+        "decode_logprobs": "logprobs" in features,
+        "decode_stop_strings": "stop_strings" in features,
         "processor_state": reports_states,
+        "decode_sampled": seeded,
+    }
+    why_not = {
+        "decode_processors": "the engine declares none of penalties, logit_bias, bad_words in decode_features",
+        "decode_min_tokens": "the engine does not declare min_tokens in decode_features",
+        "decode_stops": "the engine does not declare stop_sequences in decode_features",
+        "decode_logprobs": "the engine does not declare logprobs in decode_features",
+        "decode_stop_strings": "the engine does not declare stop_strings in decode_features",
+        "processor_state": "the engine reports no processor_states (its processors' state per round)",
+        "decode_sampled": "the engine does not declare seeded sampling (`seeded = True`, generate(..., sampling=))",
+        "decode_grammar": "the engine does not declare grammar in decode_features"
+        if "grammar" not in features
+        else "the vocabulary cannot write the grammar check's grammars (docs/contract.md, Decode state)",
     }
     return Capabilities(
         has={name for name, on in present.items() if on},
-        why_not={
-            "decode_processors": "the engine declares none of penalties, logit_bias, bad_words in decode_features",
-            "decode_min_tokens": "the engine does not declare min_tokens in decode_features",
-            "decode_stops": "the engine does not declare stop_sequences in decode_features",
-            "processor_state": "the engine reports no processor_states (its processors' state per round)",
-            "decode_grammar": "the engine does not declare grammar in decode_features"
-            if "grammar" not in features
-            else "the vocabulary cannot write the grammar check's grammars (docs/contract.md, Decode state)",
-        },
+        why_not=why_not if declared else dict.fromkeys(why_not, _UNDECLARED),
     )
 
 
@@ -114,16 +127,18 @@ class DecodeStateDriver(Driver):
 
             make_engine, make_reference, takes = make_builtin, target.make, True
             declared: object = SpecDecoder.decode_features
-            states = True
+            states, seeded = True, True
         else:
             declared = getattr(case.engine, "decode_features", None)
-            if declared is None:
-                return None, None, _UNDECLARED
             if case.make_reference is None:
-                return None, None, "the engine exposes no model (`oracle`, `target`) to decode plainly with"
+                no_model = "the engine exposes no model (`oracle`, `target`) to decode plainly with"
+                return None, None, _UNDECLARED if declared is None else no_model
             make_engine = case.make_engine or (lambda: case.engine)
             make_reference, takes, k = case.make_reference, case.takes_drafter, case.k or 4
             states = hasattr(case.engine, "processor_states")
+            seeded = getattr(case.engine, "seeded", False) is True
+        if declared is None:  # judged on parameter parity only: does it honour or refuse what it is sent?
+            declared, states = (), False
         if not isinstance(declared, (tuple, list, frozenset, set)) or not all(isinstance(f, str) for f in declared):
             return None, None, f"decode_features={declared!r} must be a tuple of names from {DECODE_FEATURES}"
         features = frozenset(str(f) for f in declared)
@@ -140,5 +155,11 @@ class DecodeStateDriver(Driver):
             max_prompt=profile.max_prompt,
             max_new_tokens=profile.max_new_tokens,
         )
-        caps = decode_capabilities(features, reports_states=states, writes_grammars=grammar_vocabulary(case.vocab_size))
+        caps = decode_capabilities(
+            features,
+            reports_states=states,
+            writes_grammars=grammar_vocabulary(case.vocab_size),
+            declared=bool(features),
+            seeded=seeded,
+        )
         return subject, caps, ""

@@ -114,6 +114,17 @@ from specproof.conformance.zoo._grammar_engines import (
     ScratchMatcherEngine,
 )
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
+from specproof.conformance.zoo._logprob_engines import (
+    DecodeMatchEngine,
+    Float32LogprobsEngine,
+    FrequencyPenaltyIgnored,
+    LogprobsBeforeProcessors,
+    LogprobsFromDrafter,
+    LogprobsPastStop,
+    LogprobsWrongRow,
+    PenaltiesSkippedWhenSampling,
+    StopStringMissedAcrossRounds,
+)
 from specproof.conformance.zoo._model_drafters import (
     DraftKVOnlyRollback,
     DraftNoRollback,
@@ -420,6 +431,16 @@ def grammar_scratch_matcher() -> ScratchMatcherEngine:
     return ScratchMatcherEngine()
 
 
+def decode_float32_logprobs() -> Float32LogprobsEngine:
+    """Correct, differently: logprobs computed in float32, within the contract's tolerance."""
+    return Float32LogprobsEngine()
+
+
+def decode_match_scheme() -> DecodeMatchEngine:
+    """Correct, differently: sample-and-match acceptance under decode parameters."""
+    return DecodeMatchEngine()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -547,6 +568,13 @@ _MEMBERS: dict[str, MemberEntry] = {
     "grammar_one_behind_after_block": ("engine", GrammarOneBehindAfterBlock),
     "grammar_off_when_delimiter_in_block": ("engine", GrammarOffWhenDelimiterInBlock),
     "grammar_terminated_advanced": ("engine", GrammarTerminatedAdvanced),
+    "logprobs_from_drafter": ("engine", LogprobsFromDrafter),
+    "logprobs_wrong_row": ("engine", LogprobsWrongRow),
+    "logprobs_before_processors": ("engine", LogprobsBeforeProcessors),
+    "logprobs_past_stop": ("engine", LogprobsPastStop),
+    "frequency_penalty_ignored": ("engine", FrequencyPenaltyIgnored),
+    "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
+    "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
 }
 
 
@@ -662,6 +690,8 @@ CORRECT_DECODE: dict[str, str] = {
         "decode_replay_engine",
         "decode_checkpointed_processors",
         "grammar_scratch_matcher",
+        "decode_float32_logprobs",
+        "decode_match_scheme",
     )
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
