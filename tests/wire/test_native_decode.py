@@ -97,7 +97,8 @@ def teacher_forced(params: DecodeParams, eos: int | None, tokens: Sequence[int])
 def test_the_handshake_declares_every_decode_feature_and_logprobs(engine: WireEngine) -> None:
     decode = {"penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences", "logprobs", "processor_state"}
     assert decode <= engine.capabilities
-    assert engine.decode_features == ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
+    features = ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences", "logprobs")
+    assert engine.decode_features == features
     assert engine.ask_logprobs
 
 
@@ -111,7 +112,9 @@ def test_each_feature_equals_plain_decoding_with_its_logprobs(
     got = scripted(engine, params, eos, schedule)
     assert (got.tokens, got.stop_reason) == (want.tokens, want.stop_reason)
     assert got.logprobs is not None and len(got.logprobs) == len(got.tokens)
-    np.testing.assert_allclose(got.logprobs, teacher_forced(params, eos, got.tokens), atol=LOGPROB_ATOL, rtol=0)
+    assert [entry.token for entry in got.logprobs] == list(got.tokens)
+    values = [entry.logprob for entry in got.logprobs]
+    np.testing.assert_allclose(values, teacher_forced(params, eos, got.tokens), atol=LOGPROB_ATOL, rtol=0)
     assert got.stats is not None and got.stats.drafted > 0
     # white-box: after every round, a fresh processor's state fed only the committed tokens
     states = engine.processor_states
@@ -123,7 +126,8 @@ def test_each_feature_equals_plain_decoding_with_its_logprobs(
 def test_logprobs_without_decode_state_and_none_when_not_asked(engine: WireEngine) -> None:
     got = engine.generate(PROMPT, 12)
     assert got.logprobs is not None
-    np.testing.assert_allclose(got.logprobs, teacher_forced(DecodeParams(), None, got.tokens), atol=LOGPROB_ATOL)
+    values = [entry.logprob for entry in got.logprobs]
+    np.testing.assert_allclose(values, teacher_forced(DecodeParams(), None, got.tokens), atol=LOGPROB_ATOL)
     engine.ask_logprobs = False
     try:
         assert engine.generate(PROMPT, 12).logprobs is None

@@ -127,7 +127,7 @@ def test_an_engine_without_the_capabilities_is_never_sent_decode_state() -> None
 @pytest.mark.slow
 def test_an_engine_that_does_not_keep_its_decode_promises_is_a_protocol_error() -> None:
     with start(FAKE, "decode-unkept", timeout=30.0) as engine:
-        assert engine.decode_features == ("penalties",) and engine.ask_logprobs
+        assert engine.decode_features == ("penalties", "logprobs") and engine.ask_logprobs
         with pytest.raises(EngineProtocolError, match="processor state, but round 0 carries none"):
             engine.generate([1, 2], 2, decode=DecodeParams(presence_penalty=1.0))
         with pytest.raises(EngineProtocolError, match="asked for logprobs, but the final carries none for 2 tokens"):
