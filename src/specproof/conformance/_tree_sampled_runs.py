@@ -5,8 +5,9 @@ The suite drafts with ``SuiteTreeSampler``: deterministic trees (a function of t
 ``q`` is one-hot) read off the oracle model: two or three siblings of mixed rank (the top token first or
 not, a duplicate sibling), a subtree under a first or a later sibling, up to three levels. Under any lossless
 tree rule the token at a position where the emitted path sits at a tree node is drawn from ``p`` given the
-past, so two events there have known probabilities: "the token is the first child's" (``p(first)``) and
-"the token is some child's" (``p`` of the children's distinct tokens). They are ``_sequential`` event tests
+past, so two events there have known probabilities: "the token is the first child's" (``p(first)``, scored
+where the node's children carry two or more distinct tokens) and "the token is some child's" (``p`` of the
+children's distinct tokens). They are ``_sequential`` event tests
 (Freedman); every emitted token also goes to the all-token PIT test (``_pit``, DKW-Massart). A scheme that
 lets a later sibling override a kept one moves mass from the first child to later ones; one that does not
 update the residual after a rejection puts too much on the children (and the first).
@@ -33,8 +34,8 @@ from specproof.contract.tree import TreeDraft
 __all__ = ["TREE_EVENTS", "SuiteTreeSampler", "TreeSampledSearch", "run_tree_sampled_search"]
 
 TREE_EVENTS: dict[str, str] = {
-    "first": "where the emitted path is at a node of the suite's tree, the token is its first child's "
-    "(probability p(first child))",
+    "first": "where the emitted path is at a node of the suite's tree with two or more distinct child tokens, "
+    "the token is its first child's (probability p(first child))",
     "children": "where the emitted path is at a node of the suite's tree, the token is one of its children's "
     "(probability p of their distinct tokens)",
 }
@@ -217,8 +218,9 @@ def _score(
                 break
             row, token = p[position - len(prompt)], sequence[position]
             first = tree.tokens[kids[0]]
-            search.tests["first"].add(token == first, row[first])
             distinct = {tree.tokens[k] for k in kids}
+            if len(distinct) > 1:  # a lone child's event is the children event: scored once, there
+                search.tests["first"].add(token == first, row[first])
             search.tests["children"].add(token in distinct, float(sum(row[t] for t in distinct)))
             node = next((k for k in kids if tree.tokens[k] == token), -2)
             if node == -2:  # the token is no child's: the round ended at this node

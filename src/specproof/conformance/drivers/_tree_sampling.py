@@ -40,12 +40,12 @@ class TreeSamplingDriver(TreeDriver):
         if not plan.trees:
             result.skip("trees were not asked for: give --trees (docs/contract.md, Trees)")
             return
-        if plan.sampling is None:
-            result.skip("sampled decoding was not asked for: give --sampling temperature=T[,top_p=P,...]")
-            return
         subject, why = self._subject(case)
         if subject is None:
             result.skip(why)
+            return
+        if plan.sampling is None:
+            result.skip("sampled decoding was not asked for: give --sampling temperature=T[,top_p=P,...]")
             return
         profile = plan.profile
         room = (case.capacity or case.max_context or 64) - profile.max_new_tokens - MAX_DEPTH - 1
