@@ -114,3 +114,13 @@ def test_correct_sampled_tree_engines_are_accepted_at_quick(name: str) -> None:
     [row] = report["results"]
     assert row["status"] == "pass" and row["exercised"] > 0, row
     assert row["statistics"]["configurations"][0]["generations"] == 128
+
+
+def test_a_generate_that_returns_no_generation_is_named() -> None:
+    class ReturnsTokens:
+        def generate(self, prompt: Any, n: int, *, sampling: Any = None) -> Any:
+            return [1, 2, 3]
+
+    search = _search(None, 4, make=lambda *args: ReturnsTokens())
+    violations, exercised, _ = check_sampled_distribution(search)
+    assert exercised == 0 and "not a specproof.engine.Generation" in violations[0].explanation

@@ -175,16 +175,20 @@ def run_tree_sampled_search(
     first_seed = 0 if seed == 0 else int(np.random.default_rng([seed, 37]).integers(0, 2**40))
     for i in range(generations):
         prompt, run_seed = prompts[i % len(prompts)], first_seed + i
+        error: str | None = None
         try:
             with waiting(f"a sampled tree generation (seed {run_seed})"):
                 gen = decoder.generate(list(prompt), max_new_tokens, sampling=params.with_seed(run_seed))
-            error = None if isinstance(gen, Generation) else f"generate returned {type(gen).__name__}"
-            bad = token_id_problem(gen.tokens, vocab) if error is None else None
-            error = error or (f"an emitted id is not a token: {bad[2]}" if bad is not None else None)
+            if not isinstance(gen, Generation):
+                gen, error = None, f"generate returned {type(gen).__name__}, not a specproof.engine.Generation"
+            else:
+                bad = token_id_problem(gen.tokens, vocab)
+                if bad is not None:
+                    error = f"an emitted id is not a token: {bad[2]}"
         except Exception as exc:  # a generation that raised fails the check, with the cause
             gen, error = None, f"{type(exc).__name__}: {exc}"
         search.runs.append(TreeSampledRun(prompt=tuple(prompt), seed=run_seed, generation=gen, error=error))
-        if error is not None:
+        if error is not None or gen is None:
             break
         _score(search, oracle, prompt, list(gen.tokens), drafter.calls, run_seed)
         if search.rejected:
