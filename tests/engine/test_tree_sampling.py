@@ -120,3 +120,33 @@ def test_one_round_continues_a_held_context() -> None:
     assert 1 <= len(round_.emitted) <= 5 and target.processed == len(prompt) - 1 + len(round_.emitted)
     with pytest.raises(InvalidSettingError, match="holds"):
         decoder.round(prompt, 5)
+
+
+class _IidRoots:
+    """Two roots drawn i.i.d. from a uniform q with the request's generator (a sampling tree drafter)."""
+
+    def __init__(self, answer: object = None) -> None:
+        self.answer = answer
+
+    def propose_tree(self, context: object, *, max_nodes: int, max_depth: int) -> TreeDraft:
+        return TreeDraft((1,), (-1,))
+
+    def propose_tree_sampled(
+        self, context: object, *, max_nodes: int, max_depth: int, sampling: SamplingParams, rng: np.random.Generator
+    ) -> object:
+        if self.answer is not None:
+            return self.answer
+        q = np.full(64, 1 / 64)
+        tokens = tuple(int(t) for t in rng.choice(64, size=min(2, max_nodes), p=q))
+        return SampledTreeDraft(TreeDraft(tokens, (-1,) * len(tokens)), np.vstack([q] * len(tokens)))
+
+
+def test_a_drafter_that_declares_q_is_sampled_against_it() -> None:
+    params = SamplingParams(temperature=1.0, seed=5)
+    decoder = TreeSpecDecoder(small_reference(), _IidRoots(), max_nodes=4, max_depth=2)
+    first = decoder.generate([5, 6, 7], 12, sampling=params)
+    assert first.tokens == decoder.generate([5, 6, 7], 12, sampling=params).tokens and len(first.tokens) == 12
+    assert all(len(r.tree) == 2 for r in decoder.last_rounds[:-1])  # the declared trees were verified
+    bad = TreeSpecDecoder(small_reference(), _IidRoots(answer=TreeDraft((1,), (-1,))), max_nodes=4, max_depth=2)
+    with pytest.raises(DrafterContractError, match="not a SampledTreeDraft"):
+        bad.generate([5, 6, 7], 4, sampling=params)

@@ -206,7 +206,7 @@ class TreeSpecDecoder:
                     "SampledTreeDraft (tree.well-formed)"
                 )
             tree = _as_tree(raw.tree, vocab_size=vocab, max_nodes=max_nodes, max_depth=depth, who=who)
-            return tree, raw.checked(vocab, who=who)
+            return tree, SampledTreeDraft(tree, raw.q).checked(vocab, who=who)
         raw = self.drafter.propose_tree(tuple(ctx), max_nodes=max_nodes, max_depth=depth)  # type: ignore[attr-defined]
         tree = _as_tree(raw, vocab_size=vocab, max_nodes=max_nodes, max_depth=depth, who=who)
         return tree, one_hot_rows(tree, vocab)
