@@ -167,4 +167,5 @@ def test_every_registry_entry_names_a_registered_driver() -> None:
         "batch-schedules",
         "decode-state",
         "tree-cases",
+        "tree-sampling",
     }

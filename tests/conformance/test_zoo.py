@@ -51,9 +51,11 @@ def _certify(
     shared: SharedRuns | None = None,
 ) -> dict[str, Any]:
     """The run's report; through ``shared`` where other tests (test_drafter_reach.py) read the same run."""
-    sampling = SAMPLING if any(inv.driver == "sampling" for inv in REGISTRY if inv.id in only) else None
+    sampling = (
+        SAMPLING if any(inv.driver in ("sampling", "tree-sampling") for inv in REGISTRY if inv.id in only) else None
+    )
     batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
-    trees = any(inv.driver == "tree-cases" for inv in REGISTRY if inv.id in only)
+    trees = any(inv.driver in ("tree-cases", "tree-sampling") for inv in REGISTRY if inv.id in only)
     decode_state = any(inv.driver == "decode-state" for inv in REGISTRY if inv.id in only)
     run = certify if shared is None else shared.certify
     return run(

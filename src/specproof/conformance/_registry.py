@@ -64,6 +64,7 @@ from specproof.conformance.checks import sampling as sampling_checks
 from specproof.conformance.checks import target as target_checks
 from specproof.conformance.checks import tree as tree_checks
 from specproof.conformance.checks import tree_drafter as tree_drafter_checks
+from specproof.conformance.checks import tree_sampling as tree_sampling_checks
 from specproof.conformance.checks.generation import round_of_index
 from specproof.contract import LOGPROB_TOLERANCE, Generation, Step, UsageError, Violation
 from specproof.contract.errors import InvalidSettingError
@@ -911,6 +912,19 @@ def _tree_check(fn: Callable[..., tuple[list[Violation], int, str]], *, needs_ru
     return check
 
 
+def _tree_sampling_check(inv: Invariant, driver: Any, search: Any) -> Outcome:
+    """``tree.sampled-distribution`` over the case's sampled tree search; a pass that could not reach the
+    profile's sensitivity (``sampling_tv``) is a skip that says so."""
+    violations, exercised, notes = tree_sampling_checks.check_sampled_distribution(search)
+    tv = driver.plan.profile.sampling_tv
+    statistics = tree_sampling_checks.sampled_tree_statistics(search, tv_target=tv)
+    if not violations and exercised:
+        why = tree_sampling_checks.sensitivity_shortfall(search, tv_target=tv)
+        if why is not None:
+            return Outcome([], exercised=0, note="\n".join([why, *notes]), statistics=statistics)
+    return Outcome(violations, exercised=exercised, note="\n".join(notes), statistics=statistics)
+
+
 _TREE_REGISTRY: tuple[Invariant, ...] = (
     Invariant(
         id="tree.per-node-state",
@@ -966,6 +980,19 @@ _TREE_REGISTRY: tuple[Invariant, ...] = (
         driver="tree-cases",
         check=_tree_check(tree_checks.check_well_formed),
         zoo=("tree_ignores_depth_budget",),
+    ),
+    Invariant(
+        id="tree.sampled-distribution",
+        subject="engine",
+        summary="sampled output with trees has plain sampling's distribution: two sibling events at each tree "
+        "node the emitted path reaches and an all-token PIT test (false-fail bound 1e-6 per engine case)",
+        needs=("tree",),
+        draws="with --trees and --sampling: 4x the profile's sampled generations on four fixed prompts, seeds "
+        "0, 1, ... (or from --seed), each round's tree the suite's: deterministic, read off the oracle (2-3 "
+        "siblings of mixed rank, a duplicate sibling, a subtree under a first or a later sibling, up to 3 levels)",
+        driver="tree-sampling",
+        check=_tree_sampling_check,
+        zoo=("tree_sampled_two_siblings", "tree_sampled_stale_residual"),
     ),
 )
 

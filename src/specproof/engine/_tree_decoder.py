@@ -5,6 +5,10 @@ A tree drafter has ``propose_tree(context, *, max_nodes, max_depth)`` returning 
 ``(tokens, parents)`` pair); a tree target has ``forward_tree(tokens, parents) -> (logits, checkpoints)``
 and leaves its own state as it was. Each round feeds the pending token as the one root of the verified
 tree, the draft's roots as its children.
+
+``generate(..., sampling=SamplingParams(...))`` samples with recursive rejection sampling over siblings
+(``_tree_sampling``, docs/contract.md "Sampled trees"); a drafter with ``propose_tree_sampled`` declares each
+node's ``q``, any other drafter's tree is deterministic (one-hot ``q``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ import numpy as np
 
 from specproof.contract import Generation, Stats, Step, StopReason, Target
 from specproof.contract.errors import DrafterContractError, InvalidSettingError, SpecproofError
+from specproof.contract.sampled_tree import SampledTreeDraft, one_hot_rows
+from specproof.contract.sampling import SamplingParams
 from specproof.contract.tree import TreeDraft, TreeVerdict, greedy_tree_accept
 from specproof.contract.validation import int_at_least
+from specproof.engine._sampling import target_distribution
+from specproof.engine._tree_sampling import sampled_tree_accept
 from specproof.engine.conventions import check_eos_token, check_logits, check_prompt, component_name
 
 __all__ = ["TreeRound", "TreeSpecDecoder"]
@@ -61,7 +69,12 @@ class TreeSpecDecoder:
     ``rollback="checkpoint"`` restores the verify call's checkpoint of the last kept node (the winning
     path's state, KV rows included); ``"replay"`` restores the snapshot taken before the round and
     re-feeds the kept tokens (one replay forward per round, counted in ``replay_forwards``).
+    ``generate(..., sampling=...)`` samples (docs/contract.md, "Sampled trees"), one seed one output.
     """
+
+    seeded = True  # docs/contract.md, "Sampling": one seed gives one output
+    _sampling: SamplingParams | None = None  # the current call's sampling parameters (None: greedy)
+    _rng: np.random.Generator | None = None  # the current call's generator, seeded by its seed
 
     def __init__(
         self,
@@ -89,7 +102,18 @@ class TreeSpecDecoder:
     def __repr__(self) -> str:
         return self.name
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
+        self._sampling = sampling
+        self._rng = np.random.default_rng(sampling.seed) if sampling is not None else None
         target = self.target
         name = component_name(target)
         ctx = check_prompt(prompt, vocab_size=target.vocab_size, max_context=target.max_context)
@@ -140,16 +164,58 @@ class TreeSpecDecoder:
         )
         return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=stats)
 
+    def round(
+        self,
+        context: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> TreeRound:
+        """One tree round on a target that holds ``context[:-1]`` (its pending token ``context[-1]``), as
+        ``generate`` runs it: the rollback machine interleaves such rounds with its own snapshots and turns."""
+        target = self.target
+        ctx = check_prompt(context, vocab_size=target.vocab_size, max_context=target.max_context)
+        remaining = int_at_least(max_new_tokens, name="max_new_tokens", minimum=1)
+        check_eos_token(eos_token_id, vocab_size=target.vocab_size)
+        if target.processed != len(ctx) - 1:
+            raise InvalidSettingError(
+                f"TreeSpecDecoder.round: the target holds {target.processed} tokens, the context {len(ctx)} "
+                "(it must hold all but the pending token)"
+            )
+        if target.max_context - target.processed < 1:
+            raise InvalidSettingError("TreeSpecDecoder.round: the context is full")
+        self._sampling = sampling
+        self._rng = np.random.default_rng(sampling.seed) if sampling is not None else None
+        depth = min(self.max_depth, remaining - 1, target.max_context - target.processed - 1)
+        return self._round(ctx, depth, remaining, eos_token_id, component_name(target), 0)
+
+    def _propose(self, ctx: list[int], depth: int, index: int) -> tuple[TreeDraft, np.ndarray]:
+        """The drafter's checked tree for this round and each node's ``q`` (one-hot unless it declares one)."""
+        vocab = self.target.vocab_size
+        if depth <= 0 or self.max_nodes <= 0:
+            return TreeDraft((), ()), np.zeros((0, vocab))
+        max_nodes, depth = self._budget(depth)
+        who = f"drafter {component_name(self.drafter)} in round {index}"
+        sampled = getattr(self.drafter, "propose_tree_sampled", None)
+        if self._sampling is not None and callable(sampled):
+            raw = sampled(tuple(ctx), max_nodes=max_nodes, max_depth=depth, sampling=self._sampling, rng=self._rng)
+            if not isinstance(raw, SampledTreeDraft):
+                raise DrafterContractError(
+                    f"{who} returned {type(raw).__name__} from propose_tree_sampled, not a "
+                    "SampledTreeDraft (tree.well-formed)"
+                )
+            tree = _as_tree(raw.tree, vocab_size=vocab, max_nodes=max_nodes, max_depth=depth, who=who)
+            return tree, SampledTreeDraft(tree, raw.q).checked(vocab, who=who)
+        raw = self.drafter.propose_tree(tuple(ctx), max_nodes=max_nodes, max_depth=depth)  # type: ignore[attr-defined]
+        tree = _as_tree(raw, vocab_size=vocab, max_nodes=max_nodes, max_depth=depth, who=who)
+        return tree, one_hot_rows(tree, vocab)
+
     def _round(self, ctx: list[int], depth: int, remaining: int, eos: int | None, name: str, index: int) -> TreeRound:
         target = self.target
         base = target.processed
         before = target.snapshot()
-        tree = TreeDraft((), ())
-        if depth > 0 and self.max_nodes > 0:
-            max_nodes, depth = self._budget(depth)
-            raw = self.drafter.propose_tree(tuple(ctx), max_nodes=max_nodes, max_depth=depth)  # type: ignore[attr-defined]
-            who = f"drafter {component_name(self.drafter)} in round {index}"
-            tree = _as_tree(raw, vocab_size=target.vocab_size, max_nodes=max_nodes, max_depth=depth, who=who)
+        tree, q = self._propose(ctx, depth, index)
         # the verified tree: the pending token is its one root, the draft's roots its children
         fed_tokens = [ctx[-1], *tree.tokens]
         fed_parents = [-1, *(p + 1 if p >= 0 else 0 for p in tree.parents)]
@@ -157,7 +223,7 @@ class TreeSpecDecoder:
         logits = check_logits(
             logits, rows=len(fed_tokens), vocab_size=target.vocab_size, target=name, round_index=index
         )
-        verdict = self._accept(tree, logits)
+        verdict = self._accept(tree, logits) if self._sampling is None else self._accept_sampled(tree, q, logits)
         emitted = list(verdict.accepted[:remaining])
         if eos is not None and eos in emitted:
             emitted = emitted[: emitted.index(eos) + 1]
@@ -183,6 +249,20 @@ class TreeSpecDecoder:
     def _accept(self, tree: TreeDraft, logits: np.ndarray) -> TreeVerdict:
         """The acceptance rule (the zoo overrides it to plant acceptance bugs)."""
         return greedy_tree_accept(tree, logits)
+
+    def _accept_sampled(self, tree: TreeDraft, q: np.ndarray, logits: np.ndarray) -> TreeVerdict:
+        """The sampled rule (the zoo overrides ``_sampled_path`` to plant sampling bugs): ``argmax`` still
+        records the target's greedy tokens."""
+        assert self._sampling is not None and self._rng is not None
+        p = np.stack([target_distribution(row, self._sampling) for row in logits])
+        path, token = self._sampled_path(tree, q, p, self._rng)
+        argmax = tuple(int(i) for i in np.argmax(logits, axis=1))
+        return TreeVerdict(path=path, accepted=(*(tree.tokens[i] for i in path), token), argmax=argmax)
+
+    def _sampled_path(
+        self, tree: TreeDraft, q: np.ndarray, p: np.ndarray, rng: np.random.Generator
+    ) -> tuple[tuple[int, ...], int]:
+        return sampled_tree_accept(tree, q, p, rng)
 
     def _commit(
         self,

@@ -52,6 +52,7 @@ from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 from specproof.strategies._sampled_round import SampledRounds
+from specproof.strategies._tree_round import with_tree_rounds
 
 __all__ = [
     "PROPERTIES",
@@ -512,7 +513,9 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
     - ``snapshot_round_trip``: snapshot the target, run a round, restore, check the
       target is back at the old context, then re-feed the round's tokens and go on;
     - ``user_turn``: ``session.extend(tokens)`` with a short context;
-    - ``sampled_round`` (``configure(sampled_rounds=True)``): a round at temperature > 0 (``_sampled_round``).
+    - ``sampled_round`` (``configure(sampled_rounds=True)``): a round at temperature > 0 (``_sampled_round``);
+    - ``tree_round`` (``configure(tree_rounds=True)``): a greedy token-tree round, then a restore of the
+      snapshot taken before it and its tokens handed to the session (``_tree_round``).
 
     The invariant method checks ``lossless``, ``kv-length`` and ``state``
     (``PROPERTIES``) after every step; failures raise ``RollbackMachineFailure`` (an
@@ -542,6 +545,7 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
         name: str | None = None,
         judges: Any = None,
         sampled_rounds: bool = True,
+        tree_rounds: bool = False,
     ) -> type[RollbackMachine]:
         """A runnable subclass for one implementation under test.
 
@@ -559,6 +563,8 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
         model fed ``tokens`` by forwards (a certification passes its own); by default each
         judge is built fresh and fed from scratch. ``sampled_rounds``: a third of the conversations
         also run rounds at ``temperature > 0`` (the certification turns them on with ``--sampling``).
+        ``tree_rounds``: greedy token-tree rounds on a target with ``forward_tree`` (``_tree_round``; the
+        certification turns them on with ``--trees``).
         """
         config = _machine_config(
             target_factory=target_factory,
@@ -574,6 +580,7 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
             sampled_rounds=sampled_rounds,
         )
         base: type[RollbackMachine] = _with_sampled_rounds(cls) if sampled_rounds else cls
+        base = with_tree_rounds(base) if tree_rounds else base
         return configured_machine(
             base,
             name or f"{cls.__name__}For_{getattr(target_factory, '__name__', 'target')}",
@@ -817,6 +824,7 @@ def run_rollback_machine(
     stateful_step_count: int = 25,
     settings: Settings | None = None,
     sampled_rounds: bool = True,
+    tree_rounds: bool = False,
 ) -> type[RollbackMachine]:
     """Configure a ``RollbackMachine`` and run it with ``hypothesis.stateful.run_state_machine_as_test``.
 
@@ -836,6 +844,7 @@ def run_rollback_machine(
         context_kinds=context_kinds,
         stateful_step_count=stateful_step_count,
         sampled_rounds=sampled_rounds,
+        tree_rounds=tree_rounds,
     )
     run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
     return machine

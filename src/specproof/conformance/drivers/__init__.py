@@ -16,6 +16,7 @@ from specproof.conformance.drivers._protocol import CheckItem, Driver, DriverCon
 from specproof.conformance.drivers._rollback_machine import RollbackMachineDriver
 from specproof.conformance.drivers._sampling import SamplingDriver
 from specproof.conformance.drivers._session_machine import SessionMachineDriver
+from specproof.conformance.drivers._tree_sampling import TreeSamplingDriver
 from specproof.conformance.drivers._trees import TreeDriver
 
 __all__ = ["DRIVERS", "CheckItem", "Driver", "DriverContext", "driver_class", "register_driver"]
@@ -29,6 +30,7 @@ DRIVERS: dict[str, type[Driver]] = {
     BatchDriver.name: BatchDriver,
     DecodeStateDriver.name: DecodeStateDriver,
     TreeDriver.name: TreeDriver,
+    TreeSamplingDriver.name: TreeSamplingDriver,
 }
 """Driver name (an invariant's ``driver=``) -> the class that runs its checks."""
 

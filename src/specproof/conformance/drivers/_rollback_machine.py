@@ -46,6 +46,7 @@ class RollbackMachineDriver(Driver):
             rollbacks=rollbacks,
             judges=self.context.cache.judges,
             sampled_rounds=self.plan.sampling is not None,  # --sampling: sampled rounds too
+            tree_rounds=self.plan.trees,  # --trees: tree rounds too, on a target with forward_tree
         )
 
         class Counted(machine):  # type: ignore[misc, valid-type]

@@ -216,6 +216,7 @@ from specproof.conformance.zoo._tree_drafters import dynamic_tree_drafter as dyn
 from specproof.conformance.zoo._tree_drafters import ngram_tree_drafter as ngram_tree_drafter
 from specproof.conformance.zoo._tree_drafters import tree_drafter as tree_drafter
 from specproof.conformance.zoo._tree_engines import TREE_MEMBERS, TreeReplayEngine, TreeZooEngine
+from specproof.conformance.zoo._tree_sampling_engines import TREE_SAMPLING_MEMBERS, TreeMatchSamplingEngine
 from specproof.engine.drafters.suffix import SuffixDrafter
 
 Kind = Literal["drafter", "target", "engine"]
@@ -314,6 +315,11 @@ def tree_zoo_engine() -> TreeZooEngine:
 def tree_replay_engine() -> TreeReplayEngine:
     """Correct, differently: the tree decoder with replay rollback."""
     return TreeReplayEngine()
+
+
+def tree_match_sampling_engine() -> TreeMatchSamplingEngine:
+    """Correct, differently: sampled trees verified by sample-and-match traversal."""
+    return TreeMatchSamplingEngine()
 
 
 def batch_zoo_engine() -> BatchZooEngine:
@@ -492,6 +498,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "stale_state_after_zero_draft": ("engine", StaleStateAfterZeroDraft),
     **{name: ("engine", cls) for name, cls in TREE_MEMBERS.items()},
     **{name: ("drafter", cls) for name, cls in TREE_DRAFTER_MEMBERS.items()},
+    **{name: ("engine", cls) for name, cls in TREE_SAMPLING_MEMBERS.items()},
     "batch_stale_zero_draft": ("engine", BatchStaleZeroDraft),
     "batch_pads_recurrent_state": ("engine", BatchPadsRecurrentState),
     "batch_slot_not_cleared": ("engine", BatchSlotNotCleared),
@@ -699,6 +706,11 @@ the decode-state checks accept them (docs/contract.md, "Decode state")."""
 CORRECT_TREE: dict[str, str] = {name: f"{_MODULE}:{name}" for name in ("tree_zoo_engine", "tree_replay_engine")}
 """Correct tree engines (the control, replay rollback): the tree checks accept them, with trees and with a
 chain declared as a tree (docs/contract.md, "Trees")."""
+CORRECT_TREE_SAMPLING: dict[str, str] = {
+    name: f"{_MODULE}:{name}" for name in ("tree_zoo_engine", "tree_replay_engine", "tree_match_sampling_engine")
+}
+"""Correct sampled tree engines (recursive rejection sampling with both rollbacks; sample-and-match traversal):
+``tree.sampled-distribution`` accepts them (docs/contract.md, "Sampled trees")."""
 
 CONTROLS: dict[Kind, str] = {
     "drafter": f"{_MODULE}:lookup_drafter",
@@ -744,6 +756,7 @@ __all__ = [
     "CORRECT_BATCH",
     "CORRECT_DECODE",
     "CORRECT_TREE",
+    "CORRECT_TREE_SAMPLING",
     "CORRECT",
     "CORRECT_DRAFTERS",
     "ZOO",
@@ -758,5 +771,6 @@ __all__ = [
     *CORRECT_BATCH,
     *CORRECT_DECODE,
     *CORRECT_TREE,
+    "tree_match_sampling_engine",
     *(spec.rsplit(":", 1)[1] for spec in CONTROLS.values()),
 ]
