@@ -500,29 +500,27 @@ class _Judging:
 class RollbackMachine(_Judging, RuleBasedStateMachine):
     """A stateful fuzzer for lossless speculative decoding with rollback (abstract: use ``configure``).
 
-    Rules (each draws its arguments with labelled ``data.draw`` calls, which Hypothesis
-    prints in a failing program):
+    Rules (each draws its arguments with labelled ``data.draw`` calls, which Hypothesis prints in a failing
+    program):
 
-    - ``start_conversation`` / ``new_conversation``: a prompt from ``contexts`` (or, on
-      purpose, one that ends within ``k + 1`` tokens of ``max_context``), a ``k`` in
-      ``0..max_k`` and a rollback strategy; builds the decoder and starts a session;
-    - ``spec_round``: one speculative round following a drawn ``PlannedRound``
-      (all accepted, empty draft, rejected at 0, partial, short draft), with a
-      ``max_new_tokens`` that may cut the round and an EOS that may land inside it;
+    - ``start_conversation`` / ``new_conversation``: a prompt from ``contexts`` (or, on purpose, one that
+      ends within ``k + 1`` tokens of ``max_context``), a ``k`` in ``0..max_k`` and a rollback strategy;
+      builds the decoder and starts a session;
+    - ``spec_round``: one speculative round following a drawn ``PlannedRound`` (all accepted, empty draft,
+      rejected at 0, partial, short draft), with a ``max_new_tokens`` that may cut the round and an EOS
+      that may land inside it;
     - ``plain_step``: a round with ``max_new_tokens=1`` (effective k = 0, no draft);
-    - ``snapshot_round_trip``: snapshot the target, run a round, restore, check the
-      target is back at the old context, then re-feed the round's tokens and go on;
+    - ``snapshot_round_trip``: snapshot the target, run a round, restore, check the target is back at the
+      old context, then re-feed the round's tokens and go on;
     - ``user_turn``: ``session.extend(tokens)`` with a short context;
     - ``sampled_round`` (``configure(sampled_rounds=True)``): a round at temperature > 0 (``_sampled_round``);
     - ``tree_round`` (``configure(tree_rounds=True)``): a greedy token-tree round, then a restore of the
       snapshot taken before it and its tokens handed to the session (``_tree_round``).
 
-    The invariant method checks ``lossless``, ``kv-length`` and ``state``
-    (``PROPERTIES``) after every step; failures raise ``RollbackMachineFailure`` (an
-    ``AssertionError``) whose message starts with the property in brackets and
-    names the rule, the draft and the array that differs.
-    ``observed_paths`` (per configured class) counts the round paths taken.
-    """
+    The invariant method checks ``lossless``, ``kv-length`` and ``state`` (``PROPERTIES``) after every step;
+    failures raise ``RollbackMachineFailure`` (an ``AssertionError``) whose message starts with the property
+    in brackets and names the rule, the draft and the array that differs. ``observed_paths`` (per configured
+    class) counts the round paths taken."""
 
     _rollback_config: ClassVar[_MachineConfig | None] = None
     observed_paths: ClassVar[Counter[str]] = Counter()
@@ -549,23 +547,19 @@ class RollbackMachine(_Judging, RuleBasedStateMachine):
     ) -> type[RollbackMachine]:
         """A runnable subclass for one implementation under test.
 
-        ``target_factory()`` builds the target under test (called once per run);
-        ``reference_factory()`` (default: ``target_factory``) builds the trusted model
-        the machine judges with (called twice per run: reference and oracle);
-        ``decoder_factory(target, drafter, k, rollback)`` (default ``SpecDecoder``)
-        builds the decoder under test: an object whose ``.start(prompt)`` returns a
-        session with ``.generate(n, eos_token_id=..., max_rounds=1)``, ``.extend(tokens)``
-        and ``.context``. ``tolerance`` is the largest allowed absolute difference of
-        state arrays or logits (0: bitwise). The subclass's ``TestCase`` runs
-        ``stateful_step_count`` steps per example, ``max_examples`` from the profile, and
-        skips Hypothesis's ``explain`` phase (minutes under a tracer on a numpy model).
-        ``judges`` (optional) is a memo with ``.at(factory, tokens)`` returning a private
-        model fed ``tokens`` by forwards (a certification passes its own); by default each
-        judge is built fresh and fed from scratch. ``sampled_rounds``: a third of the conversations
-        also run rounds at ``temperature > 0`` (the certification turns them on with ``--sampling``).
-        ``tree_rounds``: greedy token-tree rounds on a target with ``forward_tree`` (``_tree_round``; the
-        certification turns them on with ``--trees``).
-        """
+        ``target_factory()`` builds the target under test (called once per run); ``reference_factory()``
+        (default: ``target_factory``) builds the trusted model the machine judges with (called twice per
+        run: reference and oracle); ``decoder_factory(target, drafter, k, rollback)`` (default
+        ``SpecDecoder``) builds the decoder under test: an object whose ``.start(prompt)`` returns a session
+        with ``.generate(n, eos_token_id=..., max_rounds=1)``, ``.extend(tokens)`` and ``.context``.
+        ``tolerance`` is the largest allowed absolute difference of state arrays or logits (0: bitwise). The
+        subclass's ``TestCase`` runs ``stateful_step_count`` steps per example, ``max_examples`` from the
+        profile, and skips Hypothesis's ``explain`` phase (minutes under a tracer on a numpy model).
+        ``judges`` (optional) is a memo with ``.at(factory, tokens)`` returning a private model fed
+        ``tokens`` by forwards (a certification passes its own); by default each judge is built fresh and
+        fed from scratch. ``sampled_rounds``: a third of the conversations also run rounds at
+        ``temperature > 0`` (``--sampling``); ``tree_rounds``: token-tree rounds on a target with
+        ``forward_tree`` (``_tree_round``; ``--trees``)."""
         config = _machine_config(
             target_factory=target_factory,
             reference_factory=reference_factory,
