@@ -46,6 +46,8 @@ CAPABILITIES: dict[str, str] = {
     "decode_processors": "the engine declares a logits processor (`penalties`, `logit_bias` or `bad_words`)",
     "decode_min_tokens": "the engine declares `min_tokens` among its `decode_features`",
     "decode_stops": "the engine declares `stop_sequences` among its `decode_features`",
+    "batch_decode": "a batched engine takes `decode` on its batch requests (`batch_decode_features`), with a model "
+    "to decode plainly with",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

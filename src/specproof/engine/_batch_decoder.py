@@ -17,12 +17,15 @@ import itertools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
+import attrs
 import numpy as np
 
 from specproof.contract import (
+    DECODE_FEATURES,
     PREEMPTION_MODES,
     BatchCapabilities,
     BatchRequest,
+    DecodeParams,
     Drafter,
     Generation,
     RequestOutput,
@@ -52,6 +55,7 @@ from specproof.engine._decoder import (
     greedy_accept,
     sampled_accept,
 )
+from specproof.engine._processors import RequestProcessors
 from specproof.engine.conventions import check_logits, component_name
 from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
 
@@ -64,7 +68,13 @@ class BatchSpecDecoder:
     ``drafter``: the engine's drafter for requests that bring none; ``k``, ``rollback`` and
     ``scheme`` as ``SpecDecoder``; ``max_batch``: rows per verify step (the pool's ``slots`` bound
     how many requests hold state at once). Implements ``BatchEngine`` with every capability.
+    A request's ``decode`` parameters get processors of its own (``processors_class``), applied to its
+    row only, as ``SpecDecoder`` applies them (docs/contract.md, "Decode state").
     """
+
+    decode_features: tuple[str, ...] = DECODE_FEATURES
+    batch_decode_features: tuple[str, ...] = DECODE_FEATURES  # batch requests' ``decode`` too, per request
+    processors_class: type[RequestProcessors] = RequestProcessors
 
     def __init__(
         self,
@@ -127,6 +137,7 @@ class BatchSpecDecoder:
             max_context=self.pool.max_context,
             k=self.k,
             scheme=self.scheme,
+            processors_class=self.processors_class,
         )
         self._order.append(request.request_id)
 
@@ -194,6 +205,7 @@ class BatchSpecDecoder:
         *,
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
         """The single-request ``Engine`` call: a batch of one (so the engine is certifiable as any engine)."""
         if not self.pool.free_slots:
@@ -206,6 +218,7 @@ class BatchSpecDecoder:
             max_new_tokens=max_new_tokens,
             eos_token_id=eos_token_id,
             sampling=sampling,
+            decode=decode,
         )
         # a request commits at least one token a round: max_new_tokens + 2 steps always suffice
         return run_alone(self, request, max_steps=request.max_new_tokens + 2)
@@ -314,6 +327,9 @@ class BatchSpecDecoder:
             round_index=len(req.steps),
         )
         verdict: Verdict
+        processors = req.processors
+        if processors is not None:  # this request's rows, each with its state advanced through the draft before it
+            logits, eos = processors.verify_rows(logits, row.draft), None
         if req.sampler is None:
             verdict = greedy_accept(row.draft, logits, remaining=row.remaining, eos=eos)
         else:
@@ -328,8 +344,12 @@ class BatchSpecDecoder:
                 f"request {req.id!r}'s slot holds {processed} tokens after round {len(req.steps)}, "
                 f"expected {base + verdict.keep}"
             )
+        if processors is not None:  # cut at the first stop; commit only what is emitted
+            verdict = attrs.evolve(verdict, emitted=processors.settle(verdict.emitted, draft=row.draft))
         step = record_round(req, row.draft, verdict, base=base, processed=processed)
         slot = req.slot
+        if processors is not None and processors.finished is not None:
+            return self._finish(req, processors.finished, step=step, new=verdict.emitted, slot=slot)
         if eos is not None and verdict.emitted[-1] == eos:
             return self._finish(req, "eos", step=step, new=verdict.emitted, slot=slot)
         if len(req.out) >= req.request.max_new_tokens:

@@ -18,6 +18,7 @@ from specproof.contract import (
 )
 from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
 from specproof.engine._decoder import ContextView, Verdict, _Sampler, _StatsCounter
+from specproof.engine._processors import RequestProcessors
 from specproof.engine.conventions import check_draft, check_prompt, check_proposal_rows, component_name
 from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
 
@@ -54,6 +55,7 @@ class RequestState:
     swapped: SwappedSlot | None = None
     before: object = None  # the slot's state at the start of this round (replay rollback, abort)
     last_accepted: int = -1  # the previous round's accepted draft prefix (-1: no round yet)
+    processors: RequestProcessors | None = None  # the request's own decode state (None: no DecodeParams)
 
     def __attrs_post_init__(self) -> None:
         self.view = ContextView(self.ctx)
@@ -75,9 +77,17 @@ class BatchRow:
 
 
 def new_request_state(
-    request: BatchRequest, drafter: Drafter, *, vocab_size: int, max_context: int, k: int, scheme: str
+    request: BatchRequest,
+    drafter: Drafter,
+    *,
+    vocab_size: int,
+    max_context: int,
+    k: int,
+    scheme: str,
+    processors_class: type[RequestProcessors] = RequestProcessors,
 ) -> RequestState:
-    """A queued request's state, after checking its prompt, EOS and drafter against the engine."""
+    """A queued request's state, after checking its prompt, EOS, drafter and decode parameters against the
+    engine; ``processors_class`` makes its processors (one per request: no state shared with a neighbour)."""
     ctx = check_prompt(request.prompt, vocab_size=vocab_size, max_context=max_context)
     eos = request.eos_token_id
     if eos is not None and not eos < vocab_size:
@@ -87,7 +97,10 @@ def new_request_state(
     sampler = (
         None if sampling is None else _Sampler(params=sampling, rng=np.random.default_rng(sampling.seed), scheme=scheme)  # type: ignore[arg-type]
     )
-    return RequestState(request=request, drafter=drafter, ctx=ctx, sampler=sampler, counter=_StatsCounter(k))
+    processors = processors_class.for_call(request.decode, ctx, eos, vocab_size)
+    return RequestState(
+        request=request, drafter=drafter, ctx=ctx, sampler=sampler, counter=_StatsCounter(k), processors=processors
+    )
 
 
 def check_mask(forward: BatchForward, rows: Sequence[BatchRow]) -> None:
