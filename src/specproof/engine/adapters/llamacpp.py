@@ -48,6 +48,10 @@ evaluated (``Llama.n_tokens`` at its first ``eval``), counted only as far as the
 previous request's prompt and emitted tokens (llama.cpp also holds the drafts it verified past the
 last emitted token, which no request sent).
 
+With ``generate(..., decode=DecodeParams(...))`` the request's penalties and logit bias run as llama.cpp's own
+samplers in the contract's order and its EOS ids and stop sequences end the stream (``_llamacpp_decode``;
+``decode_features``); ``min_tokens`` and bad words are refused with ``UnsupportedParameterError``.
+
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: ggml sums in
 another order than the reference); ``--tie-tolerance`` overrides it.
 """
