@@ -15,6 +15,7 @@ import pytest
 
 from specproof.contract import DecodeParams, SamplingParams
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
+from specproof.engine.adapters._decode_option import refuse_unmapped
 from specproof.engine.adapters._llamacpp_decode import (
     LLAMACPP_DECODE_FEATURES,
     build_decode_chain,
@@ -149,3 +150,13 @@ def test_llamacpp_stops_where_the_contract_says() -> None:
     assert stop_reason_after([0, 1, 2], decode, eos) == "stop_sequence"
     assert stop_reason_after([0, 5], decode, eos) == "eos"  # an EOS id that is also a stop ends as eos
     assert stop_reason_after([9], decode, eos) == "eos"
+
+
+def test_a_field_an_adapter_does_not_map_is_refused_naming_it() -> None:
+    """A field added to DecodeParams later (a grammar, logprobs) is refused by an adapter that does not pass
+    it through, never dropped: the adapters list what they map, not what they refuse."""
+    everything = {"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "bad_words",
+                  "eos_token_ids", "stop"}  # fmt: skip
+    refuse_unmapped(DecodeParams(min_tokens=0), mapped=everything, where="x")  # at its default: not asked
+    with pytest.raises(UnsupportedParameterError, match="x: min_tokens=2 is not passed to the engine"):
+        refuse_unmapped(DecodeParams(min_tokens=2), mapped=everything, where="x")

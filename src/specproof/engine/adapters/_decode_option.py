@@ -1,4 +1,5 @@
-"""The adapters' ``decode=`` option: which decode features an engine declares (``decode_features``).
+"""The adapters' ``decode=`` option (which decode features an engine declares, ``decode_features``), and
+``refuse_unmapped``: a ``DecodeParams`` field an adapter does not pass through is refused, naming it.
 
 ``decode=penalties+min_tokens`` narrows what a ``vllm:`` or ``llamacpp:`` engine declares to those names, so
 that a parameter the engine honours alone but refuses in a combination (vLLM: ``logit_bias`` with a
@@ -7,9 +8,25 @@ that a parameter the engine honours alone but refuses in a combination (vLLM: ``
 
 from __future__ import annotations
 
-from specproof.contract.errors import InvalidSettingError
+from collections.abc import Collection
 
-__all__ = ["parse_decode_option"]
+import attrs
+
+from specproof.contract import DecodeParams
+from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
+
+__all__ = ["parse_decode_option", "refuse_unmapped"]
+
+
+def refuse_unmapped(decode: DecodeParams, *, mapped: Collection[str], where: str) -> None:
+    """``UnsupportedParameterError`` naming the first field of ``decode`` set away from its default that the
+    adapter does not map (``mapped``): a field added to ``DecodeParams`` later is refused, never dropped."""
+    default = DecodeParams()
+    for field in attrs.fields(DecodeParams):
+        if field.name not in mapped and getattr(decode, field.name) != getattr(default, field.name):
+            raise UnsupportedParameterError(
+                f"{where}: {field.name}={getattr(decode, field.name)!r} is not passed to the engine by this adapter"
+            )
 
 
 def parse_decode_option(value: str, *, supported: tuple[str, ...], where: str) -> tuple[str, ...]:

@@ -26,8 +26,12 @@ from typing import Any
 
 from specproof.contract import DecodeParams, SamplingParams
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
+from specproof.engine.adapters._decode_option import refuse_unmapped
 
 __all__ = ["LLAMACPP_DECODE_FEATURES", "build_decode_chain", "check_llamacpp_decode", "stop_reason_after"]
+
+_MAPPED = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "eos_token_ids",
+                     "stop"})  # fmt: skip
 
 LLAMACPP_DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "stop_sequences")
 """What the ``llamacpp:`` engine declares (``decode_features``); ``min_tokens`` and ``bad_words`` are refused."""
@@ -47,6 +51,7 @@ def check_llamacpp_decode(decode: object) -> DecodeParams:
             f"llamacpp: bad_words {[list(w) for w in decode.bad_words]}: llama.cpp's sampler chain has no "
             "bad-words sampler and Llama.generate no such argument"
         )
+    refuse_unmapped(decode, mapped=_MAPPED, where="llamacpp")
     return decode
 
 

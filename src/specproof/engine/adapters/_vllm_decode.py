@@ -21,8 +21,12 @@ import attrs
 
 from specproof.contract import DecodeParams
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
+from specproof.engine.adapters._decode_option import refuse_unmapped
 
 __all__ = ["VLLM_DECODE_FEATURES", "VLLMDecode", "decode_stop_reason", "vllm_decode"]
+
+_MAPPED = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "bad_words",
+                     "min_tokens", "eos_token_ids", "stop"})  # fmt: skip
 
 VLLM_DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
 """What the ``vllm:`` engine declares (``decode_features``); ``vllm_decode`` refuses the two shapes above."""
@@ -46,6 +50,7 @@ def vllm_decode(decode: DecodeParams | None, *, eos_token_id: int | None, max_to
         decode = DecodeParams()
     if not isinstance(decode, DecodeParams):
         raise InvalidSettingError(f"decode must be DecodeParams or None, got {type(decode).__name__}")
+    refuse_unmapped(decode, mapped=_MAPPED, where="vllm")
     long_stops = [list(s) for s in decode.stop if len(s) > 1]
     if long_stops:
         raise UnsupportedParameterError(
