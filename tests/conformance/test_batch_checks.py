@@ -163,7 +163,7 @@ def test_an_engine_that_does_not_batch_is_skipped_saying_why() -> None:
 def test_the_builtin_stack_passes_the_batch_checks_with_counts() -> None:
     report = certify(only=("batch.*",), batches=True).to_json()
     rows = [r for r in report["results"] if r["invariant"].startswith("batch.")]
-    assert len(rows) == 14 and all(r["status"] == "pass" and r["exercised"] > 0 for r in rows)
+    assert len(rows) == 16 and all(r["status"] == "pass" and r["exercised"] > 0 for r in rows)
 
 
 @pytest.mark.slow
@@ -180,5 +180,20 @@ def test_every_batch_zoo_member_is_rejected_at_quick_on_its_id(name: str) -> Non
 def test_correct_batch_engines_are_accepted(name: str, profile: str) -> None:
     report = certify("engine", engine=CORRECT_BATCH[name], only=("batch.*",), batches=True, profile=profile).to_json()
     statuses = {r["invariant"]: r["status"] for r in report["results"]}
-    assert len(statuses) == 7 and set(statuses.values()) == {"pass"}, report["results"]
+    assert len(statuses) == 8 and set(statuses.values()) == {"pass"}, report["results"]
     assert all(r["exercised"] > 0 for r in report["results"])
+
+
+@pytest.mark.slow
+def test_with_decode_state_every_batch_check_draws_decode_parameters_and_the_builtin_passes() -> None:
+    """``--batches --decode-state``: a schedule's requests carry their own processors, min_tokens and stops in
+    every batch check, each judged against plain decoding with its own; the built-in stack passes them all."""
+    report = certify(only=("batch.*",), batches=True, decode_state=True).to_json()
+    rows = [r for r in report["results"] if r["invariant"].startswith("batch.")]
+    assert len(rows) == 16
+    # the greedy checks judge every request with decode parameters exactly; the sampled ones (their own
+    # requests, unseeded neighbours' entropy) are held by their own tests and must not fail here
+    sampled = {"batch.seeds", "batch.sampled-distribution"}
+    exact = [(r["id"], r["status"], r["exercised"]) for r in rows if r["invariant"] not in sampled]
+    assert all(status == "pass" and exercised > 0 for _, status, exercised in exact), exact
+    assert all(r["status"] != "fail" for r in rows if r["invariant"] in sampled), rows

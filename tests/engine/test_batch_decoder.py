@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specproof.contract import BatchCapabilities, BatchEngine, BatchRequest, SamplingParams, run_batch
-from specproof.contract.errors import InvalidSettingError, SpecproofError, StaleSnapshotError
+from specproof.contract import BatchCapabilities, BatchEngine, BatchRequest, DecodeParams, SamplingParams, run_batch
+from specproof.contract.decode_state import plain_decode_with
+from specproof.contract.errors import InvalidSettingError, SpecproofError, StaleSnapshotError, TokenRangeError
 from specproof.engine import (
     BatchSpecDecoder,
     NgramDrafter,
@@ -249,3 +250,50 @@ def test_the_pool_masks_padding_and_writes_none_of_it() -> None:
     solo = ReferenceHybrid()
     np.testing.assert_array_equal(out.row(1), solo.forward([4]))
     assert pool.device(b).snapshot() == out.checkpoints[1][0]  # type: ignore[index]
+
+
+# ------------------------------------------------------------------ decode parameters per request
+
+
+def _decoded(prompt: tuple[int, ...], decode: DecodeParams) -> list[int]:
+    free = DecodeParams(repetition_penalty=decode.repetition_penalty, logit_bias=dict(decode.logit_bias))
+    return list(plain_decode_with(ReferenceHybrid(), prompt, N + 8, decode=free).tokens)
+
+
+def test_each_batch_request_keeps_its_own_decode_state() -> None:
+    """Neighbours with different penalties, a bias, min_tokens and stops in one verify step: each equals plain
+    decoding with its own parameters (and a request without any equals plain greedy)."""
+    params = [
+        DecodeParams(repetition_penalty=2.0, frequency_penalty=0.4),
+        None,
+        DecodeParams(repetition_penalty=1.3, logit_bias={3: 4.0, 7: -100.0}, min_tokens=4),
+        DecodeParams(repetition_penalty=4.0),
+    ]
+    requests = []
+    for i, decode in enumerate(params):
+        prompt = _prompt(40 + i, 6)
+        source = _greedy(prompt, N + 8) if decode is None else _decoded(prompt, decode)
+        if decode is not None and i == 3:
+            decode = DecodeParams(repetition_penalty=4.0, stop=[source[5:7]])  # a stop ending mid-output
+        plan = RoundPlan((PlannedRound(4, 4), PlannedRound(4, 2), PlannedRound(0, 0)))
+        drafter = ScriptedDrafter(prompt, source, plan, vocab_size=TARGET.vocab_size)
+        requests.append(
+            BatchRequest(request_id=f"r{i}", prompt=prompt, max_new_tokens=N, drafter=drafter, decode=decode)
+        )
+    results = run_batch(_engine(), requests, max_steps=4 * N)
+    for request in requests:
+        if request.decode is None:
+            assert list(results[request.request_id].tokens) == _greedy(request.prompt)
+            continue
+        want = plain_decode_with(ReferenceHybrid(), request.prompt, N, decode=request.decode)
+        got = results[request.request_id]
+        assert (list(got.tokens), got.stop_reason) == (list(want.tokens), want.stop_reason), request.request_id
+    assert results["r3"].stop_reason == "stop_sequence"
+
+
+def test_a_batch_request_with_bad_decode_parameters_is_refused_naming_them() -> None:
+    with pytest.raises(InvalidSettingError, match="decode"):
+        BatchRequest(request_id="a", prompt=(1, 2), max_new_tokens=2, decode={"min_tokens": 1})  # type: ignore[arg-type]
+    big = DecodeParams(logit_bias={TARGET.vocab_size: 1.0})
+    with pytest.raises(TokenRangeError, match="logit_bias"):
+        _engine().add_request(BatchRequest(request_id="a", prompt=(1, 2), max_new_tokens=2, decode=big))

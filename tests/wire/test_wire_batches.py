@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from _wire_helpers import FAKE, TESTS, certify_engine, start
-from specproof.contract import BatchEngine, BatchRequest, run_batch
-from specproof.contract.errors import InvalidSettingError
+from specproof.contract import BatchEngine, BatchRequest, DecodeParams, run_batch
+from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine import NgramDrafter
 from specproof.wire import EngineProtocolError, EngineRequestError
 
@@ -72,6 +72,12 @@ def test_bad_batched_input_is_refused_before_anything_is_sent() -> None:
             engine.add_request(request("r0"))
         with pytest.raises(InvalidSettingError, match="request_id of 300 characters: at most 256 travel"):
             engine.add_request(request("x" * 300))
+        # decode parameters do not travel on add_request: refused by name, never dropped (parameter parity)
+        with pytest.raises(UnsupportedParameterError, match=r"carries no decode parameters.*\(penalties\)"):
+            engine.add_request(request("r1", decode=DecodeParams(frequency_penalty=0.5)))
+        with pytest.raises(UnsupportedParameterError, match=r"carries no decode parameters.*eos_token_ids"):
+            engine.add_request(request("r2", decode=DecodeParams(eos_token_ids=[3])))
+        engine.add_request(request("r3", decode=DecodeParams()))  # all off: nothing to carry
 
 
 @pytest.mark.parametrize(

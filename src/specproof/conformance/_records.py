@@ -55,6 +55,8 @@ CAPABILITIES: dict[str, str] = {
     "decode_stop_strings": "the engine declares `stop_strings` among its `decode_features` (byte vocabularies)",
     "decode_sampled": "the engine samples, seeded (`seeded = True`, `generate(..., sampling=SamplingParams)`), "
     "with its decode parameters",
+    "batch_decode": "a batched engine takes `decode` on its batch requests (`batch_decode_features`), with a model "
+    "to decode plainly with",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

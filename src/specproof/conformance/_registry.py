@@ -820,6 +820,18 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         zoo=("batch_slot_not_cleared",),
     ),
     Invariant(
+        id="batch.decode-state",
+        subject="engine",
+        summary="requests with their own decode parameters (penalties, logit bias, bad words, min_tokens, a stop "
+        "sequence) batched together each equal plain decoding with their own: no neighbour's decode state leaks in",
+        needs=("batched", "batch_decode"),
+        draws=_BATCH_DRAWS + "; each request with or without its own processors, min_tokens and a stop sequence "
+        "placed in its continuation under them",
+        driver="batch-schedules",
+        check=_batch_check(batch_checks.check_decode_isolation),
+        zoo=("batch_shared_penalty_buffer",),
+    ),
+    Invariant(
         id="batch.per-slot-state",
         subject="engine",
         summary="after every step each running request's slot (KV, conv, recurrent state) equals a fresh "

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from specproof.contract._decode_params import DecodeParams
 from specproof.contract._records import Generation, Step
 from specproof.contract.errors import InvalidSettingError, SpecproofError
 from specproof.contract.sampling import SamplingParams
@@ -72,6 +73,11 @@ def _check_sampling(instance: object, attribute: object, value: SamplingParams |
         raise InvalidSettingError(f"BatchRequest sampling={value!r} must be a SamplingParams or None (greedy)")
 
 
+def _check_decode(instance: object, attribute: object, value: DecodeParams | None) -> None:
+    if value is not None and not isinstance(value, DecodeParams):
+        raise InvalidSettingError(f"BatchRequest decode={value!r} must be a DecodeParams or None (no processors)")
+
+
 def _check_drafter(instance: object, attribute: object, value: Drafter | None) -> None:
     if value is not None and not callable(getattr(value, "propose", None)):
         raise InvalidSettingError(f"BatchRequest drafter={value!r} has no propose(context, k) method")
@@ -83,7 +89,8 @@ class BatchRequest:
 
     ``sampling``: None is greedy; its ``seed`` is the request's own (None: the engine's entropy).
     ``drafter``: this request's drafter where the suite drafts (None: the engine's own), so
-    neighbours can draft differently (nothing, ``k`` tokens, a scripted mix).
+    neighbours can draft differently (nothing, ``k`` tokens, a scripted mix). ``decode``: the request's
+    processors and stops (docs/contract.md, "Decode state"), its own state whatever it is batched with.
     """
 
     request_id: str = attrs.field(validator=_check_request_id)
@@ -92,6 +99,7 @@ class BatchRequest:
     eos_token_id: int | None = attrs.field(default=None, validator=_check_eos)
     sampling: SamplingParams | None = attrs.field(default=None, validator=_check_sampling)
     drafter: Drafter | None = attrs.field(default=None, validator=_check_drafter, eq=False)
+    decode: DecodeParams | None = attrs.field(default=None, validator=_check_decode)
 
 
 def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> None:

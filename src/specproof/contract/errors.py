@@ -25,6 +25,7 @@ __all__ = [
     "StaleSnapshotError",
     "TargetContractError",
     "TokenRangeError",
+    "UnsupportedParameterError",
     "UsageError",
 ]
 
@@ -35,6 +36,12 @@ class SpecproofError(Exception):
 
 class InvalidSettingError(SpecproofError, ValueError):
     """An option has a value it cannot take (``k < 0``, an unknown rollback strategy, ...)."""
+
+
+class UnsupportedParameterError(InvalidSettingError):
+    """An engine was given a decode parameter it cannot honour, and refuses the request naming it (the
+    parameter-parity principle, docs/contract.md "Decode state": refuse, never ignore); the decode checks
+    skip such a request with the message as their reason."""
 
 
 class EmptyPromptError(SpecproofError, ValueError):

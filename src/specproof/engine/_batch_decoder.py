@@ -8,7 +8,9 @@ different lengths, padded with a mask), then accepts and rolls back each row in 
 The acceptance rules are the single-request decoder's own (``greedy_accept``, ``sampled_accept``),
 called, not copied; so is the per-request sampler and its seeding. Each row's round is the round
 its solo ``SpecDecoder`` run would make: the same draft (the drafter sees the same context), the
-same forward on its own slot, the same verdict, the same rollback.
+same forward on its own slot, the same verdict, the same rollback. A request's ``decode`` parameters
+get processors of its own (``processors_class``), applied to its row only, as ``SpecDecoder`` applies
+them (docs/contract.md, "Decode state").
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from typing import Literal
 import numpy as np
 
 from specproof.contract import (
+    DECODE_FEATURES,
     PREEMPTION_MODES,
     BatchCapabilities,
     BatchRequest,
+    DecodeParams,
     Drafter,
     Generation,
     RequestOutput,
@@ -38,6 +42,7 @@ from specproof.engine._batch_requests import (
     BatchRow,
     RequestState,
     abort_error,
+    accept_row,
     check_batch_drafter,
     check_mask,
     new_request_state,
@@ -45,13 +50,13 @@ from specproof.engine._batch_requests import (
     record_round,
     result_of,
     scheduled,
+    settle_row,
+    stop_after_round,
 )
 from specproof.engine._decoder import (
     ROLLBACK_STRATEGIES,
-    Verdict,
-    greedy_accept,
-    sampled_accept,
 )
+from specproof.engine._processors import RequestProcessors
 from specproof.engine.conventions import check_logits, component_name
 from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
 
@@ -65,6 +70,10 @@ class BatchSpecDecoder:
     ``scheme`` as ``SpecDecoder``; ``max_batch``: rows per verify step (the pool's ``slots`` bound
     how many requests hold state at once). Implements ``BatchEngine`` with every capability.
     """
+
+    decode_features: tuple[str, ...] = DECODE_FEATURES
+    batch_decode_features: tuple[str, ...] = DECODE_FEATURES  # batch requests' ``decode`` too, per request
+    processors_class: type[RequestProcessors] = RequestProcessors
 
     def __init__(
         self,
@@ -127,6 +136,7 @@ class BatchSpecDecoder:
             max_context=self.pool.max_context,
             k=self.k,
             scheme=self.scheme,
+            processors_class=self.processors_class,
         )
         self._order.append(request.request_id)
 
@@ -194,6 +204,7 @@ class BatchSpecDecoder:
         *,
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
         """The single-request ``Engine`` call: a batch of one (so the engine is certifiable as any engine)."""
         if not self.pool.free_slots:
@@ -206,6 +217,7 @@ class BatchSpecDecoder:
             max_new_tokens=max_new_tokens,
             eos_token_id=eos_token_id,
             sampling=sampling,
+            decode=decode,
         )
         # a request commits at least one token a round: max_new_tokens + 2 steps always suffice
         return run_alone(self, request, max_steps=request.max_new_tokens + 2)
@@ -305,7 +317,6 @@ class BatchSpecDecoder:
     def _settle(self, row: BatchRow, b: int, forward: BatchForward) -> RequestOutput:
         """Accept, roll back and record row ``b``; finish its request when it stopped."""
         req = row.req
-        eos = req.request.eos_token_id
         logits = check_logits(
             forward.row(b),
             rows=len(row.fed),
@@ -313,11 +324,7 @@ class BatchSpecDecoder:
             target="slot",
             round_index=len(req.steps),
         )
-        verdict: Verdict
-        if req.sampler is None:
-            verdict = greedy_accept(row.draft, logits, remaining=row.remaining, eos=eos)
-        else:
-            verdict = sampled_accept(row.draft, row.q, logits, req.sampler, remaining=row.remaining, eos=eos)
+        verdict = accept_row(row, logits)
         checkpoints = None if forward.checkpoints is None else forward.checkpoints[b]
         self._roll_back(row, verdict.keep, checkpoints, b)
         assert req.slot is not None
@@ -328,12 +335,12 @@ class BatchSpecDecoder:
                 f"request {req.id!r}'s slot holds {processed} tokens after round {len(req.steps)}, "
                 f"expected {base + verdict.keep}"
             )
+        verdict = settle_row(req, verdict, row.draft)
         step = record_round(req, row.draft, verdict, base=base, processed=processed)
         slot = req.slot
-        if eos is not None and verdict.emitted[-1] == eos:
-            return self._finish(req, "eos", step=step, new=verdict.emitted, slot=slot)
-        if len(req.out) >= req.request.max_new_tokens:
-            return self._finish(req, "max_new_tokens", step=step, new=verdict.emitted, slot=slot)
+        stop = stop_after_round(req, verdict)
+        if stop is not None:
+            return self._finish(req, stop, step=step, new=verdict.emitted, slot=slot)
         return RequestOutput(request_id=req.id, step=step, new_tokens=verdict.emitted, slot=slot)
 
     def _roll_back(self, row: BatchRow, keep: int, checkpoints: tuple[object, ...] | None, b: int) -> None:

@@ -17,7 +17,8 @@ from specproof.contract import (
     StopReason,
 )
 from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
-from specproof.engine._decoder import ContextView, Verdict, _Sampler, _StatsCounter
+from specproof.engine._decoder import ContextView, Verdict, _Sampler, _StatsCounter, greedy_accept, sampled_accept
+from specproof.engine._processors import RequestProcessors
 from specproof.engine.conventions import check_draft, check_prompt, check_proposal_rows, component_name
 from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlotPool, SwappedSlot
 
@@ -25,6 +26,7 @@ __all__ = [
     "BatchRow",
     "RequestState",
     "abort_error",
+    "accept_row",
     "check_batch_drafter",
     "check_mask",
     "new_request_state",
@@ -32,6 +34,8 @@ __all__ = [
     "record_round",
     "result_of",
     "scheduled",
+    "settle_row",
+    "stop_after_round",
 ]
 
 Phase = Literal["queued", "running", "preempted"]
@@ -54,6 +58,7 @@ class RequestState:
     swapped: SwappedSlot | None = None
     before: object = None  # the slot's state at the start of this round (replay rollback, abort)
     last_accepted: int = -1  # the previous round's accepted draft prefix (-1: no round yet)
+    processors: RequestProcessors | None = None  # the request's own decode state (None: no DecodeParams)
 
     def __attrs_post_init__(self) -> None:
         self.view = ContextView(self.ctx)
@@ -75,9 +80,17 @@ class BatchRow:
 
 
 def new_request_state(
-    request: BatchRequest, drafter: Drafter, *, vocab_size: int, max_context: int, k: int, scheme: str
+    request: BatchRequest,
+    drafter: Drafter,
+    *,
+    vocab_size: int,
+    max_context: int,
+    k: int,
+    scheme: str,
+    processors_class: type[RequestProcessors] = RequestProcessors,
 ) -> RequestState:
-    """A queued request's state, after checking its prompt, EOS and drafter against the engine."""
+    """A queued request's state, after checking its prompt, EOS, drafter and decode parameters against the
+    engine; ``processors_class`` makes its processors (one per request: no state shared with a neighbour)."""
     ctx = check_prompt(request.prompt, vocab_size=vocab_size, max_context=max_context)
     eos = request.eos_token_id
     if eos is not None and not eos < vocab_size:
@@ -87,7 +100,10 @@ def new_request_state(
     sampler = (
         None if sampling is None else _Sampler(params=sampling, rng=np.random.default_rng(sampling.seed), scheme=scheme)  # type: ignore[arg-type]
     )
-    return RequestState(request=request, drafter=drafter, ctx=ctx, sampler=sampler, counter=_StatsCounter(k))
+    processors = processors_class.for_call(request.decode, ctx, eos, vocab_size)
+    return RequestState(
+        request=request, drafter=drafter, ctx=ctx, sampler=sampler, counter=_StatsCounter(k), processors=processors
+    )
 
 
 def check_mask(forward: BatchForward, rows: Sequence[BatchRow]) -> None:
@@ -182,3 +198,35 @@ def abort_error(rows: Sequence[BatchRow], exc: BaseException, pool: ReferenceSlo
         partial=Generation(tokens=(), stop_reason="error"),
         round_index=min(len(row.req.steps) for row in rows),
     )
+
+
+def accept_row(row: BatchRow, logits: np.ndarray) -> Verdict:
+    """``row``'s verdict: its logits processed by the request's own processors first (each row with the state
+    advanced through the draft before it; they then hold the call's EOS ids), then the greedy or sampled rule."""
+    req = row.req
+    eos = req.request.eos_token_id
+    if req.processors is not None:
+        logits, eos = req.processors.verify_rows(logits, row.draft), None
+    if req.sampler is None:
+        return greedy_accept(row.draft, logits, remaining=row.remaining, eos=eos)
+    return sampled_accept(row.draft, row.q, logits, req.sampler, remaining=row.remaining, eos=eos)
+
+
+def settle_row(req: RequestState, verdict: Verdict, draft: Sequence[int]) -> Verdict:
+    """``verdict`` cut at the request's first stop, its processors committed to what is emitted (no decode
+    parameters: as is)."""
+    if req.processors is None:
+        return verdict
+    return attrs.evolve(verdict, emitted=req.processors.settle(verdict.emitted, draft=draft))
+
+
+def stop_after_round(req: RequestState, verdict: Verdict) -> StopReason | None:
+    """Why the request ends after this round (its round recorded), or None: a decode stop, its EOS, its budget."""
+    if req.processors is not None and req.processors.finished is not None:
+        return req.processors.finished
+    eos = req.request.eos_token_id
+    if eos is not None and req.processors is None and verdict.emitted[-1] == eos:
+        return "eos"
+    if len(req.out) >= req.request.max_new_tokens:
+        return "max_new_tokens"
+    return None

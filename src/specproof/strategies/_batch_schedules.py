@@ -13,8 +13,10 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
+from specproof.contract import DecodeParams
 from specproof.contract.validation import int_at_least
 from specproof.strategies._contexts import StrategyArgumentError
+from specproof.strategies._decode_params import processor_configs
 from specproof.strategies._rounds import RoundPlan, round_plans
 
 __all__ = ["BatchSchedule", "ScheduleEvent", "ScheduledRequest", "batch_schedules"]
@@ -25,7 +27,10 @@ class ScheduledRequest:
     """One request of a schedule: its prompt, budget, draft plan, arrival step and where its EOS is.
 
     ``eos_at``: the index in its greedy continuation whose token is its EOS (None: no EOS), so EOS
-    can fall in the middle of one row's block; ``seed``: sample with this seed (None: greedy).
+    can fall in the middle of one row's block; ``seed``: sample with this seed (None: greedy);
+    ``decode``: its processors and ``min_tokens`` (docs/contract.md, "Decode state"; None: none), the
+    continuation then plain decoding's under them; ``stop_at``: the index in that continuation where
+    a one- or two-token stop sequence ends (``stop_length``), so a stop too can end mid-block.
     """
 
     prompt: tuple[int, ...]
@@ -34,13 +39,18 @@ class ScheduledRequest:
     arrival: int = 0
     eos_at: int | None = None
     seed: int | None = None
+    decode: DecodeParams | None = None
+    stop_at: int | None = None
+    stop_length: int = 1
 
     def describe(self) -> str:
         eos = "" if self.eos_at is None else f", eos at {self.eos_at}"
         seed = "" if self.seed is None else f", seed {self.seed}"
+        decode = "" if self.decode is None else f", decode {self.decode.to_json()}"
+        stop = "" if self.stop_at is None else f", a {self.stop_length}-token stop ending at {self.stop_at}"
         return (
             f"prompt of {len(self.prompt)}, {self.max_new_tokens} new, arrives at step {self.arrival}, "
-            f"drafts {self.plan.describe()}{eos}{seed}"
+            f"drafts {self.plan.describe()}{eos}{seed}{decode}{stop}"
         )
 
 
@@ -94,6 +104,7 @@ def batch_schedules(
     preemption: tuple[str, ...] = ("snapshot", "recompute"),
     cancels: bool = True,
     seeds: bool = False,
+    decode_features: frozenset[str] = frozenset(),
 ) -> st.SearchStrategy[BatchSchedule]:
     """``BatchSchedule`` s of 1..``max_requests`` requests.
 
@@ -101,7 +112,9 @@ def batch_schedules(
     has its own draft plan (``round_plans``: all accepted, empty, rejected at 0, partial, short,
     full then empty), an arrival step (continuous arrivals), an EOS placed in its continuation
     (mid-block of one row) and, with ``seeds``, a sampling seed; events preempt (in the given
-    modes) or cancel a request before a step.
+    modes) or cancel a request before a step. With ``decode_features`` (what the engine declares), each
+    request may carry its own processors (``processor_configs``), ``min_tokens`` and a stop sequence,
+    so neighbours in one verify step hold different decode state.
     """
     where = "batch_schedules()"
     int_at_least(vocab_size, name="vocab_size", minimum=2, where=where, error=StrategyArgumentError)
@@ -129,6 +142,7 @@ def batch_schedules(
                     arrival=draw(st.integers(0, 3)),
                     eos_at=draw(st.none() | st.integers(0, new - 1)),
                     seed=draw(st.none() | st.integers(0, 2**32 - 1)) if seeds else None,
+                    **(draw(_request_decode(vocab_size, new, decode_features)) if decode_features else {}),
                 )
             )
         events: list[ScheduleEvent] = []
@@ -141,3 +155,18 @@ def batch_schedules(
         return BatchSchedule(requests=tuple(requests), events=tuple(events))
 
     return schedule()
+
+
+@st.composite
+def _request_decode(draw: Any, vocab_size: int, new: int, features: frozenset[str]) -> dict[str, Any]:
+    """One request's decode fields: none, or its processors, ``min_tokens`` and a stop, each where declared."""
+    if not draw(st.booleans(), label="decode parameters"):
+        return {}
+    params = draw(processor_configs(vocab_size, features=features), label="processors")
+    if "min_tokens" in features:
+        params = attrs.evolve(params, min_tokens=draw(st.integers(0, new), label="min_tokens"))
+    fields: dict[str, Any] = {"decode": params}
+    if "stop_sequences" in features and draw(st.booleans(), label="stop sequence"):
+        at = draw(st.integers(0, new - 1), label="stop ends at")
+        fields.update(stop_at=at, stop_length=draw(st.integers(1, min(2, at + 1)), label="stop length"))
+    return fields

@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 
 from specproof.contract import BatchCapabilities, BatchRequest, Generation, RequestOutput, Step
-from specproof.contract.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.wire._channel import Channel
 from specproof.wire._drafts import DraftBridge
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
@@ -105,6 +105,13 @@ class WireBatch:
                 "(docs/protocol.md, Batches)"
             )
         check_sampling(request.sampling, self._capabilities, label)
+        if request.decode is not None and (request.decode.features() or request.decode.eos_token_ids):
+            # specproof-engine/1 carries decode parameters on generate only: refused, never dropped
+            raise UnsupportedParameterError(
+                f"engine {label}: add_request carries no decode parameters in specproof-engine/1 "
+                f"({', '.join(sorted(request.decode.features()) or ['eos_token_ids'])}); nothing was sent "
+                "(docs/protocol.md, Decode state)"
+            )
         # the suite drafts where the engine takes drafts (capability suite_drafts), else the engine's own drafts
         drafts = request.drafter is not None and "suite_drafts" in self._capabilities
         bridge = DraftBridge(

@@ -23,6 +23,7 @@ from specproof.contract import (
     run_alone,
 )
 from specproof.contract.compare import states_differ
+from specproof.contract.decode_state import plain_decode_with
 from specproof.contract.lossless import compare_lossless
 from specproof.strategies import BatchSchedule, ScheduledRequest, ScriptedDrafter
 
@@ -66,6 +67,7 @@ class BatchSubject:
     sampling: SamplingParams | None = None
     seed_alpha: float = 1e-6
     tally: Any = None
+    decode_features: frozenset[str] = frozenset()  # drawn per request (``--decode-state``; needs make_reference)
 
     @property
     def sampled(self) -> SamplingParams:
@@ -88,10 +90,22 @@ class ScheduleRun:
     idle: list[int] = attrs.Factory(list)  # steps that advanced nothing while requests were in the engine
 
 
+def _continuation(subject: BatchSubject, spec: ScheduledRequest, n: int) -> list[int]:
+    """Plain greedy's ``n`` tokens after ``spec.prompt``: under its processors (no stops) where it has any."""
+    if spec.decode is None or subject.make_reference is None:
+        return subject.greedy(spec.prompt, n, None)
+    free = attrs.evolve(spec.decode, min_tokens=0, stop=(), eos_token_ids=())
+    return list(plain_decode_with(subject.make_reference(), spec.prompt, n, decode=free).tokens)
+
+
 def request_of(subject: BatchSubject, index: int, spec: ScheduledRequest) -> BatchRequest:
-    """The ``BatchRequest`` for ``spec``: a fresh scripted drafter following its plan on greedy's continuation."""
-    continuation = subject.greedy(spec.prompt, spec.max_new_tokens + subject.k + 1, None)
+    """The ``BatchRequest`` for ``spec``: a fresh scripted drafter following its plan on greedy's continuation
+    (under the request's processors), its EOS and stop sequence taken from that continuation."""
+    continuation = _continuation(subject, spec, spec.max_new_tokens + subject.k + 1)
     eos = None if spec.eos_at is None else continuation[spec.eos_at]
+    decode = spec.decode
+    if decode is not None and spec.stop_at is not None and spec.stop_at < len(continuation):
+        decode = attrs.evolve(decode, stop=[continuation[spec.stop_at + 1 - spec.stop_length : spec.stop_at + 1]])
     drafter = ScriptedDrafter(spec.prompt, continuation, spec.plan, vocab_size=subject.vocab_size)
     sampling = None if spec.seed is None else subject.sampled.with_seed(spec.seed)
     return BatchRequest(
@@ -101,6 +115,7 @@ def request_of(subject: BatchSubject, index: int, spec: ScheduledRequest) -> Bat
         eos_token_id=eos,
         sampling=sampling,
         drafter=drafter,
+        decode=decode,
     )
 
 
@@ -207,7 +222,15 @@ def _judge_outputs(
                     )
                 )
             continue
-        expected = subject.greedy(spec.prompt, spec.max_new_tokens, request.eos_token_id)
+        expected_stop: str | None = None
+        if request.decode is not None and subject.make_reference is not None:
+            plain = plain_decode_with(
+                subject.make_reference(), spec.prompt, spec.max_new_tokens,
+                decode=request.decode, eos_token_id=request.eos_token_id,
+            )  # fmt: skip
+            expected, expected_stop = list(plain.tokens), plain.stop_reason
+        else:
+            expected = subject.greedy(spec.prompt, spec.max_new_tokens, request.eos_token_id)
         if request_id in run.cancelled:
             partial = list(run.cancelled[request_id].tokens)
             if partial != expected[: len(partial)]:
@@ -223,6 +246,15 @@ def _judge_outputs(
         got = run.finished.get(request_id)
         if got is None:
             found.append(inv.violation(f"{request_id} never finished", example=example))
+            continue
+        if expected_stop is not None:  # with decode parameters: plain decoding with them, token for token
+            if list(got.tokens) != expected or got.stop_reason != expected_stop:
+                text = (
+                    f"{request_id} (decode {request.decode.to_json() if request.decode else {}}) differs from plain "
+                    f"decoding with its decode parameters: {len(got.tokens)} tokens ending {got.stop_reason}, "
+                    f"expected {len(expected)} ending {expected_stop}"
+                )
+                found.append(inv.violation(text, expected=expected, actual=list(got.tokens), example=example))
             continue
         verdict = compare_lossless(
             got.tokens,
@@ -251,6 +283,20 @@ def check_isolation(inv: Invariant, subject: BatchSubject, schedule: BatchSchedu
     run = run_schedule(subject, calm)
     found = run_failed(inv, run, example) or _judge_outputs(inv, subject, calm, run, example)
     return found, _counted(len(run.cobatched), found), "no two requests were in flight together"
+
+
+def check_decode_isolation(inv: Invariant, subject: BatchSubject, schedule: BatchSchedule) -> Result:
+    """Each request equals plain decoding with its own decode parameters, whatever is in flight with it: no
+    neighbour's penalties, bias, ``min_tokens`` or stop reach its row (docs/contract.md, "Decode state")."""
+    calm = schedule.calm()
+    if all(r.decode is None for r in calm.requests):
+        return [], 0, "no request of the schedule carried decode parameters"
+    example = calm.describe()
+    run = run_schedule(subject, calm)
+    found = run_failed(inv, run, example) or _judge_outputs(inv, subject, calm, run, example)
+    decoded = {f"r{i}" for i, r in enumerate(calm.requests) if r.decode is not None}
+    exercised = len(decoded & run.cobatched) if len(calm.requests) > 1 else 0
+    return found, _counted(exercised, found), "no request with decode parameters was in flight beside another"
 
 
 def check_schedule_invariance(inv: Invariant, subject: BatchSubject, schedule: BatchSchedule) -> Result:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from specproof.contract import DecodeParams, Generation, Target, Violation
 from specproof.contract.decode_state import plain_decode_with, processor_state
+from specproof.contract.errors import UnsupportedParameterError
 from specproof.strategies import contexts, draft_schedules, processor_configs, stop_sets
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -129,6 +130,7 @@ class DecodeRun:
     generation: Generation | None
     error: str | None
     states: list[dict[str, object]] | None
+    refused: str | None = None  # the engine's UnsupportedParameterError: a skip with its reason, not a failure
 
 
 def _plain(subject: DecodeSubject, ex: DecodeExample, params: DecodeParams, eos: int | None) -> Generation:
@@ -155,6 +157,11 @@ def run_decode_example(subject: DecodeSubject, ex: DecodeExample) -> DecodeRun:
     try:
         gen = engine.generate(list(ex.prompt), ex.max_new_tokens, eos_token_id=ex.eos_token_id, decode=ex.params)
         error = None if isinstance(gen, Generation) else f"generate returned {type(gen).__name__}, not a Generation"
+    except UnsupportedParameterError as exc:  # parameter parity: refusing is allowed, ignoring is not
+        return DecodeRun(
+            example=ex, expected=expected, baseline=baseline, generation=None, error=None, states=None,
+            refused=f"the engine refused the request: {exc}",
+        )  # fmt: skip
     except Exception as exc:  # the check reports it as the engine's failure, naming the cause
         gen, error = None, f"{type(exc).__name__}: {exc}"
     states = getattr(engine, "processor_states", None)
@@ -178,6 +185,8 @@ def _exercised(run: DecodeRun) -> tuple[int, str]:
 
 def check_decode_output(inv: Invariant, run: DecodeRun) -> tuple[list[Violation], int, str]:
     """The engine's tokens and stop reason equal plain decoding's with the same ``DecodeParams``."""
+    if run.refused is not None:
+        return [], 0, run.refused
     example = run.example.to_json()
     exercised, note = _exercised(run)
     gen = run.generation
@@ -201,6 +210,8 @@ def check_decode_output(inv: Invariant, run: DecodeRun) -> tuple[list[Violation]
 def check_processor_states(inv: Invariant, run: DecodeRun) -> tuple[list[Violation], int, str]:
     """After every round, the engine's processor state equals a fresh processor's fed only the committed tokens
     (``processor_state`` of the output's first ``generated`` tokens); one state per round."""
+    if run.refused is not None:
+        return [], 0, run.refused
     example = run.example.to_json()
     gen = run.generation
     if gen is None:

@@ -4,7 +4,10 @@ It applies to every engine case that batches (docs/contract.md, "Batches"): the 
 the reference hybrid (``BatchSpecDecoder`` over a ``ReferenceSlotPool``, with the case's rollback)
 and a plug-in engine that declares ``batch_capabilities``; any other case is skipped, saying why.
 Each example draws a ``BatchSchedule`` (``specproof.strategies.batch_schedules``), which shrinks to
-the fewest requests and rounds that still fail.
+the fewest requests and rounds that still fail. With ``--decode-state``, a schedule's requests carry
+their own decode parameters where the engine's batch path declares them (``batch_decode_features``:
+the built-in batched decoder all of them; a request's output is then judged against plain decoding
+with its parameters).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from specproof.conformance.checks.batch import BatchSubject
 from specproof.conformance.checks.batch_distribution import SampledTally
 from specproof.conformance.checks.batch_seeds import schedule_alpha
 from specproof.conformance.drivers._protocol import CheckItem, Driver
-from specproof.contract import BatchCapabilities, ViolationError
+from specproof.contract import DECODE_FEATURES, BatchCapabilities, ViolationError
 from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceHybrid, ReferenceSlotPool
 from specproof.strategies import batch_schedules
 
@@ -66,6 +69,10 @@ class BatchDriver(Driver):
             max_prompt=min(self.plan.profile.max_prompt, 12),
             preemption=subject.capabilities.preemption,
             seeds=subject.capabilities.batch_invariant_seeding,
+            # the decode check always draws decode parameters; every other batch check with --decode-state
+            decode_features=subject.decode_features
+            if self.plan.decode_state or "batch_decode" in inv.needs
+            else frozenset(),
         )
         notes: list[str] = []
         # batch.sampled-distribution: one PIT test for the run, its values accumulated across the schedules
@@ -113,11 +120,15 @@ class BatchDriver(Driver):
 
             caps = make_engine().batch_capabilities
             make_reference: Any = target.make if target is not None else None
+            batch_decode: object = BatchSpecDecoder.batch_decode_features
         else:
             caps = getattr(case.engine, "batch_capabilities", None)
             if not isinstance(caps, BatchCapabilities) or case.make_engine is None:
                 return None, "the engine declares no batch_capabilities: it does not batch (docs/contract.md, Batches)"
             make_engine, k, make_reference = case.make_engine, case.k or 4, case.make_reference
+            # what its batch requests honour (a solo call's decode_features may not reach its batch path)
+            batch_decode = getattr(case.engine, "batch_decode_features", ())
+        decode = _decode_features(batch_decode) if make_reference is not None else frozenset()
         return (
             BatchSubject(
                 make_engine=make_engine,
@@ -129,18 +140,32 @@ class BatchDriver(Driver):
                 tie_tolerance=case.tie_tolerance,
                 atol=case.atol,
                 sampling=plan.sampling,
+                decode_features=decode,
             ),
             "",
         )
+
+
+def _decode_features(declared: object) -> frozenset[str]:
+    """The declared decode features a batch schedule draws (unknown names or a malformed value: none)."""
+    if not isinstance(declared, (tuple, list, frozenset, set)):
+        return frozenset()
+    return frozenset(str(f) for f in declared) & frozenset(DECODE_FEATURES)
 
 
 def _capabilities(subject: BatchSubject) -> Capabilities:
     caps = subject.capabilities
     white_box = caps.per_slot_state and subject.make_reference is not None
     return Capabilities(
-        has={"batched", *(("per_slot_state",) if white_box else ())},
+        has={
+            "batched",
+            *(("per_slot_state",) if white_box else ()),
+            *(("batch_decode",) if subject.decode_features else ()),
+        },
         why_not={
             "per_slot_state": "the engine exposes no per-slot state (`per_slot_state`, `slot_state(id)`) "
-            "or there is no model to compare a slot with (`oracle`)"
+            "or there is no model to compare a slot with (`oracle`)",
+            "batch_decode": "the engine's batch requests take no decode parameters (it declares no "
+            "batch_decode_features) or there is no model to decode plainly with (`oracle`)",
         },
     )

@@ -26,6 +26,7 @@ import attrs
 
 from specproof.conformance._registry import REGISTRY, Invariant
 from specproof.conformance.zoo import _model_drafters
+from specproof.conformance.zoo._batch_decode_engines import BatchSharedPenaltyBuffer
 from specproof.conformance.zoo._batch_engines import (
     BatchFifoTwoRows,
     BatchOneRngStream,
@@ -509,6 +510,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "batch_one_rng_stream": ("engine", BatchOneRngStream),
     "batch_seed_ignored_beside_unseeded": ("engine", BatchSeedIgnoredBesideUnseeded),
     "batch_temperature_from_first_row": ("engine", BatchTemperatureFromFirstRow),
+    "batch_shared_penalty_buffer": ("engine", BatchSharedPenaltyBuffer),
     "refeeds_accepted_first": ("engine", RefeedsAcceptedFirst),
     "eos_masked_by_length_cap": ("engine", EosMaskedByLengthCap),
     "ignores_suite_drafts": ("engine", IgnoresSuiteDrafts),

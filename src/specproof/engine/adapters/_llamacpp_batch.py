@@ -36,7 +36,7 @@ from specproof.contract import (
     Step,
     StopReason,
 )
-from specproof.contract.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine._batch_requests import (
     RequestState,
     new_request_state,
@@ -139,6 +139,11 @@ class LlamaCppBatch:
             raise InvalidSettingError(
                 f"request {request.request_id!r} samples ({request.sampling}): the llamacpp: batch engine decodes "
                 "greedy requests only (llama.cpp's sampler chain is one per context); run it alone with generate()"
+            )
+        if request.decode is not None:  # parameter parity: refused, never dropped
+            raise UnsupportedParameterError(
+                f"request {request.request_id!r} carries decode parameters: the llamacpp: batch engine runs "
+                "llama.cpp's greedy sampler per sequence without them; run it alone with generate(..., decode=)"
             )
         if not self._requests:
             self._clear()  # forget what a generate() call or an earlier batch left in the context

@@ -19,8 +19,8 @@ __all__ = ["DOC", "KNOWN_CAUSES", "KnownCause", "known_cause", "markdown_table"]
 
 DOC = "docs/real-engines.md"
 
-# every check a wrong token shows in: greedy, across requests, sampled, and in batches (each request of a
-# batch is compared with its solo run: a wrong token alone is one there too)
+# every check a wrong token shows in: greedy, across requests, sampled, in batches (each request of a
+# batch is compared with its solo run: a wrong token alone is one there too) and with decode parameters
 _WRONG_TOKENS = (
     "engine.lossless",
     "engine.session",
@@ -31,6 +31,10 @@ _WRONG_TOKENS = (
     "batch.isolation",
     "batch.schedule-invariance",
     "batch.slot-reuse",
+    # with decode parameters: each request is compared with plain decoding under them
+    "decode.penalties",
+    "decode.min-tokens",
+    "decode.stop",
 )
 
 

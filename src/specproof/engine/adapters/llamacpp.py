@@ -48,6 +48,10 @@ evaluated (``Llama.n_tokens`` at its first ``eval``), counted only as far as the
 previous request's prompt and emitted tokens (llama.cpp also holds the drafts it verified past the
 last emitted token, which no request sent).
 
+With ``generate(..., decode=DecodeParams(...))`` the request's penalties and logit bias run as llama.cpp's own
+samplers in the contract's order and its EOS ids and stop sequences end the stream (``_llamacpp_decode``;
+``decode_features``); ``min_tokens`` and bad words are refused with ``UnsupportedParameterError``.
+
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: ggml sums in
 another order than the reference); ``--tie-tolerance`` overrides it.
 """
@@ -64,6 +68,7 @@ import attrs
 from specproof.contract import (
     BatchCapabilities,
     BatchRequest,
+    DecodeParams,
     Generation,
     RequestOutput,
     SamplingParams,
@@ -74,6 +79,12 @@ from specproof.contract.errors import InvalidSettingError, MissingDependencyErro
 from specproof.contract.validation import int_at_least
 from specproof.engine.adapters import known_causes
 from specproof.engine.adapters._llamacpp_batch import LlamaCppBatch, LookupDrafter
+from specproof.engine.adapters._llamacpp_decode import (
+    LLAMACPP_DECODE_FEATURES,
+    build_decode_chain,
+    check_llamacpp_decode,
+    stop_reason_after,
+)
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -252,6 +263,7 @@ def require_llama_cpp() -> Any:
     """The ``llama_cpp`` module, or ``MissingDependencyError`` naming the extra."""
     try:
         import llama_cpp
+        import llama_cpp._internals
         import llama_cpp.llama
         import llama_cpp.llama_speculative
     except ImportError as exc:
@@ -394,6 +406,9 @@ class LlamaCppEngine:
     # black box: no suite drafts, no state; it samples through llama.cpp's sampler chain (sample-and-match
     # over its own drafts) with a per-request seed (``Llama.set_seed``: one output per seed)
     capabilities: frozenset[str] = frozenset({"sampling", "seeded"})
+    # generate(..., decode=DecodeParams): penalties and logit bias as llama.cpp's own samplers, stops cut by the
+    # adapter as create_completion cuts its strings (``_llamacpp_decode``); min_tokens and bad_words refused
+    decode_features: tuple[str, ...] = LLAMACPP_DECODE_FEATURES
 
     def __init__(self, settings: LlamaCppSettings, *, oracle: Any, vocab_size: int | None = None) -> None:
         if not isinstance(settings, LlamaCppSettings):
@@ -532,9 +547,12 @@ class LlamaCppEngine:
         *,
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
         """Decode with ``Llama.generate``: greedily, or sampled at ``sampling`` through llama.cpp's sampler
-        chain seeded with the request's ``seed``; ``stop_reason`` from the tokens it yielded."""
+        chain seeded with the request's ``seed``; ``stop_reason`` from the tokens it yielded. ``decode``: the
+        request's penalties and logit bias as llama.cpp's samplers, its EOS ids and stop sequences
+        (``_llamacpp_decode``; ``min_tokens`` and ``bad_words`` refused with ``UnsupportedParameterError``)."""
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="llamacpp engine")
         if eos_token_id is not None and not (
@@ -543,6 +561,11 @@ class LlamaCppEngine:
             raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        if decode is not None:
+            decode = check_llamacpp_decode(decode)
+            decode.check_vocab(self.vocab_size)
+        stops = decode if decode is not None else DecodeParams()
+        eos_ids = stops.eos_set(eos_token_id)
         if self.has_unfinished_requests():
             raise InvalidSettingError(
                 "generate: batch requests are in flight on this engine (generate would clear their sequences); "
@@ -568,12 +591,21 @@ class LlamaCppEngine:
             # gets a fresh one. Reduced modulo 2**32 - 1: 0xFFFFFFFF is LLAMA_DEFAULT_SEED, "draw a random seed"
             seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(4), "little")
             self.llm.set_seed(int(seed) % 0xFFFFFFFF)
+        if decode is not None:
+            chain = build_decode_chain(
+                require_llama_cpp()._internals, n_vocab=self.llm.n_vocab(), window=self.llm.n_ctx(), decode=decode,
+                prompt=ctx, sampling=sampling, seed=self.llm._seed,
+            )  # fmt: skip
+            # Llama.generate builds its chain with _init_sampler: this call's is the decode chain (an instance
+            # attribute over the method, removed after the call)
+            self.llm._init_sampler = lambda **_: chain
         stream = self.llm.generate(ctx, **_sampling_kwargs(sampling))
         try:
             for token in stream:
                 tokens.append(int(token))
-                if eos_token_id is not None and tokens[-1] == eos_token_id:
-                    stop = "eos"
+                ended = stop_reason_after(tokens, stops, eos_ids)
+                if ended is not None:
+                    stop = ended  # type: ignore[assignment]
                     break
                 if len(tokens) == n_eff:
                     break
@@ -581,7 +613,8 @@ class LlamaCppEngine:
             raise self._failure(exc) from None
         finally:
             stream.close()
-        if stop != "eos" and n_eff < n and len(tokens) == n_eff:
+            self.llm.__dict__.pop("_init_sampler", None)
+        if stop == "max_new_tokens" and n_eff < n and len(tokens) == n_eff:
             stop = "context_full"
         return Generation(tokens=tokens, stop_reason=stop, stats=self._stats(ctx, tokens))
 

