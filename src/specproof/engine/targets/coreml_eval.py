@@ -29,11 +29,27 @@ import numpy.typing as npt
 from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
 from specproof.engine.targets.mil_eval import OPS, MilEvaluator, UnknownOpError
 
-__all__ = ["FP16_TIE_TOLERANCE", "OPS", "CoreMLEvalSnapshot", "CoreMLEvalTarget", "UnknownOpError", "load_spec"]
+__all__ = [
+    "FP16_TIE_TOLERANCE",
+    "OPS",
+    "SOURCE_ROUTER_MARGIN",
+    "SOURCE_RTOL",
+    "CoreMLEvalSnapshot",
+    "CoreMLEvalTarget",
+    "UnknownOpError",
+    "load_spec",
+]
 
 #: logit tolerance for an fp16 bundle: logits of magnitude 16..32 (the flagship bundles reach ~23) have an
 #: fp16 spacing of 2^-5; q=1 and q=K+1 kernels on a device may round a few ops differently: 4 spacings.
 FP16_TIE_TOLERANCE: Final = 0.125
+#: against its float32 source (``certify target --oracle``, ``bundle check``): a row may differ by this fraction of
+#: its largest |source logit| (fp16 error is ~1.5%; drawn sequences reach 14-17% near router ties: docs/coreml.md)
+SOURCE_RTOL: Final = 0.25
+#: rows from the first position where the source's router margin is below this are not compared: fp16 may route
+#: them otherwise (docs/coreml.md, "Router near-ties")
+SOURCE_ROUTER_MARGIN: Final = 0.5
+_OPTIONS: Final = ("tie_tolerance", "source_rtol", "source_router_margin")
 KV_STATES: Final = ("key_cache", "value_cache")
 
 
@@ -63,7 +79,14 @@ class CoreMLEvalTarget:
 
     _ids = iter(range(1, 1 << 62))
 
-    def __init__(self, path: str | Path, *, tie_tolerance: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        tie_tolerance: float | None = None,
+        source_rtol: float = SOURCE_RTOL,
+        source_router_margin: float = SOURCE_ROUTER_MARGIN,
+    ) -> None:
         p = Path(path)
         if not p.exists():
             raise InvalidSettingError(f"coreml-eval: {str(p)!r} does not exist")
@@ -90,6 +113,9 @@ class CoreMLEvalTarget:
         self.max_query = _meta_int(meta, "max_query", p) or 1
         self.layout = "kv-mlstate" if self._io else "all-mlstate"
         self.tie_tolerance: float = FP16_TIE_TOLERANCE if tie_tolerance is None else float(tie_tolerance)
+        # how closely it must follow its source (certify target --oracle): fp16 against float32
+        self.source_rtol = float(source_rtol)
+        self.source_router_margin = float(source_router_margin)
         self._id = next(CoreMLEvalTarget._ids)
         self._io_values: dict[str, np.ndarray] = {}
         self._processed = 0
@@ -212,19 +238,23 @@ class CoreMLEvalTarget:
 
 
 def load_spec(args: str) -> CoreMLEvalTarget:
-    """The ``coreml-eval:PATH[,tie_tolerance=X]`` target spec."""
+    """The ``coreml-eval:PATH[,tie_tolerance=X][,source_rtol=X][,source_router_margin=X]`` target spec."""
     path, _, options = args.partition(",")
     if not path:
         raise InvalidSettingError("coreml-eval:PATH needs the path of a .mlpackage")
     kwargs: dict[str, float] = {}
     for item in filter(None, options.split(",")):
         key, eq, value = item.partition("=")
-        if key != "tie_tolerance" or not eq:
-            raise InvalidSettingError(f"coreml-eval target option {item!r}: only tie_tolerance=X is known")
+        if key not in _OPTIONS or not eq:
+            raise InvalidSettingError(
+                f"coreml-eval target option {item!r}: one of {', '.join(k + '=X' for k in _OPTIONS)}"
+            )
         try:
-            kwargs["tie_tolerance"] = float(value)
+            kwargs[key] = float(value)
         except ValueError:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be a number") from None
+        if not kwargs[key] >= 0:
+            raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be >= 0")
     try:
         return CoreMLEvalTarget(path, **kwargs)
     except UnknownOpError as exc:  # the spec can still be named: a usage error, not a failed certification
