@@ -106,8 +106,11 @@ def _blocks(g: Graph, input_ids: Any) -> Any:
     return mb.cast(x=mb.linear(x=x, weight=fp16(head)), dtype="fp32", name="logits")
 
 
-def build_program(target: ReferenceHybrid, *, max_query: int, options: ExportOptions | None = None) -> Any:
-    """The MIL program (iOS 18 opset) of ``target``'s forward over one chunk of 1..``max_query`` tokens."""
+def build_program(
+    target: ReferenceHybrid, *, max_query: int, options: ExportOptions | None = None, fixed_query: int | None = None
+) -> Any:
+    """The MIL program (iOS 18 opset) of ``target``'s forward over one chunk of 1..``max_query`` tokens
+    (exactly ``fixed_query`` tokens when given: a fixed-shape function of a multifunction bundle)."""
     ct = import_coremltools("Core ML export")
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import Function, Program, get_new_symbol, types
@@ -118,7 +121,7 @@ def build_program(target: ReferenceHybrid, *, max_query: int, options: ExportOpt
     shapes = state_shapes(cfg)
     io_states = [] if opts.layout == "all-mlstate" else [n for n in shapes if n not in KV_STATES]
     specs: dict[str, Any] = {
-        "input_ids": mb.TensorSpec((1, get_new_symbol()), dtype=types.int32),
+        "input_ids": mb.TensorSpec((1, fixed_query or get_new_symbol()), dtype=types.int32),
         "position": mb.TensorSpec((1,), dtype=types.int32),
     }
     for name, shape in shapes.items():

@@ -18,6 +18,7 @@ per-position states). ``tie_tolerance`` defaults to ``FP16_TIE_TOLERANCE``.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -27,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
-from specproof.engine.targets.mil_eval import OPS, MilEvaluator, UnknownOpError
+from specproof.engine.targets.mil_eval import OPS, MilEvaluator, UnknownOpError, load_program
 
 __all__ = [
     "FP16_TIE_TOLERANCE",
@@ -91,7 +92,7 @@ class CoreMLEvalTarget:
         if not p.exists():
             raise InvalidSettingError(f"coreml-eval: {str(p)!r} does not exist")
         self.path = p
-        self._ev = MilEvaluator(p)
+        self._ev, self._fixed = _functions(p)
         ev = self._ev
         outs = set(ev.output_names)
         missing = [n for n in ("input_ids", "position") if n not in ev.input_specs]
@@ -110,7 +111,12 @@ class CoreMLEvalTarget:
         meta = {str(k): str(v) for k, v in ev.program_metadata.items()}
         self.max_context = int(ev.state_shapes["key_cache"][2])
         self.vocab_size = _meta_int(meta, "vocab_size", p) or 0
-        self.max_query = _meta_int(meta, "max_query", p) or 1
+        self.max_query = max(self._fixed) if self._fixed else (_meta_int(meta, "max_query", p) or 1)
+        #: function -> fixed token count (None: a range); ``function_calls`` counts the calls of each
+        self.functions: dict[str, int | None] = {
+            f: q for q, f in sorted((q, e.function) for q, e in self._fixed.items())
+        } or {"main": None}
+        self.function_calls: Counter[str] = Counter()
         self.layout = "kv-mlstate" if self._io else "all-mlstate"
         self.tie_tolerance: float = FP16_TIE_TOLERANCE if tie_tolerance is None else float(tie_tolerance)
         # how closely it must follow its source (certify target --oracle): fp16 against float32
@@ -129,6 +135,8 @@ class CoreMLEvalTarget:
         new = copy.copy(self)
         new._ev = copy.copy(self._ev)
         new._ev.states = {n: v.copy() for n, v in self._ev.states.items()}
+        new._fixed = {q: copy.copy(e) for q, e in self._fixed.items()}
+        new.function_calls = Counter()
         new._io_values = {n: v.copy() for n, v in self._io_values.items()}
         new._id = next(CoreMLEvalTarget._ids)
         return new
@@ -138,9 +146,10 @@ class CoreMLEvalTarget:
         return self._processed
 
     def _call(self, chunk: list[int], position: int) -> dict[str, np.ndarray]:
-        out = self._ev(
-            input_ids=np.array([chunk], np.int32), position=np.array([position], np.int32), **self._io_values
-        )
+        ev = self._fixed[len(chunk)] if self._fixed else self._ev
+        ev.states = self._ev.states  # every function reads and writes the one set of Core ML states
+        self.function_calls[ev.function] += 1
+        out = ev(input_ids=np.array([chunk], np.int32), position=np.array([position], np.int32), **self._io_values)
         for name in self._io:
             value = np.asarray(out[f"{name}_out"], np.float16)
             if value.shape != self._io_shapes[name]:
@@ -172,8 +181,8 @@ class CoreMLEvalTarget:
         """Feed ``tokens`` at ``position = processed`` in chunks of at most ``max_query``; logits ``[q, vocab]``."""
         toks = self._check(tokens)
         rows = [np.zeros((0, self.vocab_size), np.float32)]
-        for start in range(0, len(toks), self.max_query):
-            chunk = toks[start : start + self.max_query]
+        for start, stop in self._pieces(len(toks)):
+            chunk = toks[start:stop]
             logits = np.asarray(self._call(chunk, self._processed)["logits"], np.float32)
             if logits.shape != (1, len(chunk), self.vocab_size):
                 raise TargetContractError(
@@ -183,6 +192,19 @@ class CoreMLEvalTarget:
             rows.append(logits[0])
             self._processed += len(chunk)
         return np.ascontiguousarray(np.concatenate(rows))
+
+    def _pieces(self, n: int) -> list[tuple[int, int]]:
+        """The calls a forward of ``n`` tokens makes: chunks of at most ``max_query`` (a range-shaped function), or
+        with fixed-shape functions the largest that fits, then the next (``verify`` while K + 1 remain, then
+        ``decode``): what a host feeding fixed shapes does."""
+        out, start = [], 0
+        while start < n:
+            size = min(self.max_query, n - start)
+            if self._fixed:
+                size = max(q for q in self._fixed if q <= n - start)
+            out.append((start, start + size))
+            start += size
+        return out
 
     def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[npt.NDArray[np.float32], list[object]]:
         """``forward`` plus, per position, the state after it (the evaluator replaying one position at a time)."""
@@ -228,13 +250,57 @@ class CoreMLEvalTarget:
 
     def describe(self) -> str:
         states = ",".join([*self._ev.state_names, *self._io])
+        functions = ",".join(f"{f}:{q}" for f, q in self.functions.items()) if self._fixed else ""
         return (
             f"CoreMLEvalTarget {self.path} ({self.layout}) vocab={self.vocab_size} max_context={self.max_context} "
-            f"max_query={self.max_query} states={states}"
+            f"max_query={self.max_query} states={states}" + (f" functions={functions}" if functions else "")
         )
 
     def __repr__(self) -> str:
         return f"<{self.describe()} processed={self._processed}>"
+
+
+def _signature(ev: MilEvaluator) -> tuple[object, ...]:
+    """What every function of a bundle must share: inputs but input_ids, states, outputs (names, shapes, dtypes)."""
+    inputs = {n: v for n, v in ev.input_specs.items() if n != "input_ids"}
+    return (sorted(inputs.items(), key=str), sorted(ev.state_shapes.items()), sorted(ev.output_names))
+
+
+def _functions(path: Path) -> tuple[MilEvaluator, dict[int, MilEvaluator]]:
+    """(the primary function, fixed token count -> function). A single-function bundle: its ``main``, no fixed
+    ones. A multifunction bundle: every function has a fixed ``input_ids`` ``[1, q]`` (one with q = 1, so any
+    length can be fed), distinct q, and the primary's inputs, states and outputs; the primary is the q = 1 one."""
+    program = load_program(path)
+    names = list(program.functions)
+    if names == ["main"]:
+        return MilEvaluator(path, program=program), {}
+    fixed: dict[int, MilEvaluator] = {}
+    for name in names:
+        ev = MilEvaluator(path, function=name, program=program)
+        shape = ev.input_specs.get("input_ids", ((),))[0]
+        q = shape[-1] if len(shape) == 2 and isinstance(shape[-1], (int, np.integer)) else None
+        if q is None:
+            raise InvalidSettingError(
+                f"coreml-eval {str(path)!r}: function {name!r} has input_ids {list(shape)}; a multifunction bundle "
+                "needs a fixed [1, q] in every function"
+            )
+        if int(q) in fixed:
+            raise InvalidSettingError(
+                f"coreml-eval {str(path)!r}: functions {fixed[int(q)].function!r} and {name!r} both take {q} tokens"
+            )
+        fixed[int(q)] = ev
+    if 1 not in fixed:
+        raise InvalidSettingError(
+            f"coreml-eval {str(path)!r}: no function takes one token (input_ids [1, 1]): a decode step cannot be fed"
+        )
+    primary = fixed[1]
+    for ev in fixed.values():
+        if _signature(ev) != _signature(primary):
+            raise InvalidSettingError(
+                f"coreml-eval {str(path)!r}: function {ev.function!r} does not share {primary.function!r}'s inputs, "
+                "states and outputs; the functions of one bundle must thread the same states"
+            )
+    return primary, fixed
 
 
 def load_spec(args: str) -> CoreMLEvalTarget:
