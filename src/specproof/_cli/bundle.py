@@ -94,7 +94,8 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         choices=LAYOUTS,
         default="all-mlstate",
         help="all-mlstate: every state a Core ML state (default); kv-mlstate: KV cache as states, conv_state and "
-        "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine",
+        "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine; "
+        "unified-kv: as kv-mlstate with keys and values in one state kv_cache [2, ...]",
     )
     exp.add_argument(
         "--gdn",

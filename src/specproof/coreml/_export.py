@@ -154,8 +154,8 @@ def convert_program(prog: Any, cfg: ReferenceConfig, *, layout: str, tokens: Any
     ct = import_coremltools("Core ML export")
     io = [
         ct.TensorType(name=name, shape=shape, dtype=np.float16)
-        for name, shape in state_shapes(cfg).items()
-        if layout == "kv-mlstate" and name not in ("key_cache", "value_cache")
+        for name, shape in state_shapes(cfg, layout=layout).items()
+        if layout != "all-mlstate" and name not in ("key_cache", "value_cache", "kv_cache")
     ]
     return ct.convert(
         prog,

@@ -7,7 +7,8 @@ op and the program). The interface is the one ``specproof bundle export`` writes
 ``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]``,
 ``logits`` ``[1, q, vocab]``; the states either all Core ML states (``all-mlstate``) or
 the KV cache as states with the other states as input/output pairs ``NAME`` ->
-``NAME_out`` (``kv-mlstate``); both are threaded from call to call here.
+``NAME_out`` (``kv-mlstate``), or as ``kv-mlstate`` with keys and values in one state ``kv_cache``
+``[2, ...]`` (``unified-kv``); all are threaded from call to call here.
 
 ``snapshot``/``restore`` copy every state (fp16). ``forward_with_checkpoints`` returns
 the logits of the one chunked forward and, as checkpoints, the states the evaluator reaches
@@ -52,6 +53,7 @@ SOURCE_RTOL: Final = 0.25
 SOURCE_ROUTER_MARGIN: Final = 0.5
 _OPTIONS: Final = ("tie_tolerance", "source_rtol", "source_router_margin")
 KV_STATES: Final = ("key_cache", "value_cache")
+UNIFIED_KV: Final = "kv_cache"  # one KV state [2, layers, kv_heads, max_context, head_dim]: keys, then values
 
 
 @attrs.frozen(eq=False)
@@ -106,10 +108,16 @@ class CoreMLEvalTarget:
         if unpaired:
             raise InvalidSettingError(f"coreml-eval {str(p)!r}: input {unpaired[0]!r} has no {unpaired[0]}_out output")
         self._io_shapes = {n: tuple(int(s) for s in ev.input_specs[n][0]) for n in self._io}
-        if "key_cache" not in ev.state_shapes:
-            raise InvalidSettingError(f"coreml-eval {str(p)!r}: no 'key_cache' Core ML state")
+        unified = ev.state_shapes.get(UNIFIED_KV)
+        if unified is not None and (len(unified) != 5 or unified[0] != 2):
+            raise InvalidSettingError(
+                f"coreml-eval {str(p)!r}: state {UNIFIED_KV!r} {list(unified)} is not [2, layers, kv_heads, "
+                "max_context, head_dim] (keys, then values)"
+            )
+        if "key_cache" not in ev.state_shapes and unified is None:
+            raise InvalidSettingError(f"coreml-eval {str(p)!r}: no 'key_cache' (or {UNIFIED_KV!r}) Core ML state")
         meta = {str(k): str(v) for k, v in ev.program_metadata.items()}
-        self.max_context = int(ev.state_shapes["key_cache"][2])
+        self.max_context = int(ev.state_shapes["key_cache"][2] if unified is None else unified[3])
         self.vocab_size = _meta_int(meta, "vocab_size", p) or 0
         self.max_query = max(self._fixed) if self._fixed else (_meta_int(meta, "max_query", p) or 1)
         #: function -> fixed token count (None: a range); ``function_calls`` counts the calls of each
@@ -117,7 +125,7 @@ class CoreMLEvalTarget:
             f: q for q, f in sorted((q, e.function) for q, e in self._fixed.items())
         } or {"main": None}
         self.function_calls: Counter[str] = Counter()
-        self.layout = "kv-mlstate" if self._io else "all-mlstate"
+        self.layout = "unified-kv" if unified is not None else "kv-mlstate" if self._io else "all-mlstate"
         self.tie_tolerance: float = FP16_TIE_TOLERANCE if tie_tolerance is None else float(tie_tolerance)
         # how closely it must follow its source (certify target --oracle): fp16 against float32
         self.source_rtol = float(source_rtol)
@@ -241,10 +249,15 @@ class CoreMLEvalTarget:
         self._processed = 0
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.float32]]:
-        """Every state as a float32 copy, KV caches cut to the valid prefix (axis 2)."""
+        """Every state as a float32 copy, KV caches cut to the valid prefix (axis 2); a unified ``kv_cache`` as
+        ``key_cache`` and ``value_cache``."""
         out: dict[str, npt.NDArray[np.float32]] = {}
         for name, value in (*self._ev.states.items(), *self._io_values.items()):
             arr = np.array(value, dtype=np.float32)
+            if name == UNIFIED_KV:  # keys, then values: named as the two-state layouts name them
+                for half, kv_name in enumerate(KV_STATES):
+                    out[kv_name] = arr[half, :, :, : self._processed].copy()
+                continue
             out[name] = arr[:, :, : self._processed].copy() if name in KV_STATES else arr
         return out
 
