@@ -100,8 +100,6 @@ def check_matches_source(
         return [], 0, f"the source's router margin at position 0 is below {router_margin:g}: no row compared"
     excused = len(everything) - compared
     note = f"{compared} rows within {atol:g} + {rtol:g} x the source row's largest |logit|"
-    return (
-        [],
-        compared,
-        note + (f"; {excused} rows after a router margin < {router_margin:g} not compared" * bool(excused)),
-    )
+    if excused:
+        note += f"; {excused} rows after a router margin < {router_margin:g} not compared"
+    return [], compared, note
