@@ -94,7 +94,8 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         choices=LAYOUTS,
         default="all-mlstate",
         help="all-mlstate: every state a Core ML state (default); kv-mlstate: KV cache as states, conv_state and "
-        "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine",
+        "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine; "
+        "unified-kv: as kv-mlstate with keys and values in one state kv_cache [2, ...]",
     )
     exp.add_argument(
         "--gdn",
@@ -110,6 +111,13 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
     )
     exp.add_argument(
         "--golden", default=None, metavar="FILE", help=f"also write greedy tokens of fixed prompts ({golden_format.ID})"
+    )
+    exp.add_argument(
+        "--multifunction",
+        action="store_true",
+        help="write fixed-shape functions sharing weights and states: decode (input_ids [1, 1], the default) and "
+        "verify ([1, K+1]), the shapes the Neural Engine runs (docs/coreml.md); not with --max-query or "
+        "--last-token-only",
     )
     exp.add_argument("--force", action="store_true", help="replace an existing bundle at PATH")
     add_target_argument(exp, default=DEFAULT_EXPORT_TARGET)
@@ -240,6 +248,7 @@ def _print_report(report: Any) -> None:
         "specproof.target",
         "specproof.max_context",
         "specproof.max_query",
+        "specproof.functions",
         "specproof.last_token_only",
         "specproof.layout",
         "specproof.gdn",
@@ -269,6 +278,9 @@ def _print_report(report: Any) -> None:
             rules.add_row(r.id, "[green]pass[/]" if r.passed else "[bold red]FAIL[/]", r.detail, r.why)
         console.print(rules)
         console.print(f"function {fn.name!r} state layout: {fn.state_layout}", markup=False)
+        if fn.compute_units is not None:
+            units = ", ".join(fn.compute_units.units)
+            console.print(f"function {fn.name!r} compute units: {units} ({fn.compute_units.detail})", markup=False)
         for warning in fn.warnings:
             console.print(f"warning: {warning}", markup=False, style="yellow")
         verdict = "qualifies" if fn.qualifies else f"does NOT qualify ({', '.join(r.id for r in fn.failed)})"
@@ -333,8 +345,10 @@ def _export_target(args: argparse.Namespace) -> tuple[Any, str]:
 
 def run_export(args: argparse.Namespace) -> int:
     from specproof.contract import UsageError
-    from specproof.coreml import export_bundle, golden_cases, write_golden
+    from specproof.coreml import export_bundle, export_multifunction, golden_cases, write_golden
 
+    if args.multifunction and (args.max_query is not None or args.last_token_only):
+        raise UsageError("--multifunction writes fixed shapes (1 and K+1 tokens): no --max-query, no --last-token-only")
     target, spec = _export_target(args)
     cases = golden_cases(target) if args.golden else None  # a bad prompt fails here, before the export
     out = Path(args.path)
@@ -345,20 +359,26 @@ def run_export(args: argparse.Namespace) -> int:
             shutil.rmtree(out)
         else:
             out.unlink()
-    result = export_bundle(
-        out,
-        target,
-        k=args.k,
-        max_query=args.max_query,
-        last_token_only=args.last_token_only,
-        target_spec=spec,
-        layout=args.layout,
-        gdn=args.gdn,
-    )
+    if args.multifunction:
+        result = export_multifunction(out, target, k=args.k, target_spec=spec, layout=args.layout, gdn=args.gdn)
+        shapes = f"functions decode (input_ids [1, 1]) and verify ([1, {result.max_query}]), logits [1, q, vocab]"
+    else:
+        result = export_bundle(
+            out,
+            target,
+            k=args.k,
+            max_query=args.max_query,
+            last_token_only=args.last_token_only,
+            target_spec=spec,
+            layout=args.layout,
+            gdn=args.gdn,
+        )
+        shapes = f"input_ids [1, 1..{result.max_query}], logits " + (
+            "[1, 1, vocab] (last token only)" if result.last_token_only else "[1, q, vocab]"
+        )
     print(
         f"wrote {result.path} ({result.bytes / 1024:.0f} KiB, {result.seconds:.1f} s): {target.describe()}; "
-        f"layout {result.layout}, gdn {result.gdn}; input_ids [1, 1..{result.max_query}], logits "
-        + ("[1, 1, vocab] (last token only)" if result.last_token_only else "[1, q, vocab]")
+        f"layout {result.layout}, gdn {result.gdn}; {shapes}"
     )
     if args.golden:
         doc = write_golden(args.golden, target, target_spec=spec, cases=cases)

@@ -94,6 +94,14 @@ OPTIONS: tuple[Option, ...] = (
         "llamacpp:FILE[,OPTION=VALUE...]",
     ),
     Option(
+        dest="oracle",
+        cli="--oracle",
+        plugin="--specproof-oracle",
+        metavar="SPEC",
+        help="the model the target was converted from (a target spec: reference:..., family:NAME, hf:DIR, mlx:DIR): "
+        "target.matches-source compares the target's logits with it (docs/contract.md, Targets)",
+    ),
+    Option(
         dest="tie_tolerance",
         cli="--tie-tolerance",
         plugin="--tie-tolerance",  # (the plugin's name since before the --specproof- prefix)
@@ -254,7 +262,16 @@ NOT_IN_PLUGIN: dict[str, str] = {
 
 _BY_DEST = {o.dest: o for o in OPTIONS}
 
-SUBJECT_OPTIONS: tuple[str, ...] = ("subject", "drafter", "target", "engine", "tie_tolerance", "atol", "only")
+SUBJECT_OPTIONS: tuple[str, ...] = (
+    "subject",
+    "drafter",
+    "target",
+    "engine",
+    "oracle",
+    "tie_tolerance",
+    "atol",
+    "only",
+)
 """What to check and how strictly: the options ``certify`` and ``fuzz`` share."""
 
 

@@ -60,6 +60,7 @@ class Plan:
         seed: int | None = None,
         tie_tolerance: float | None = None,
         atol: float | None = None,
+        oracle: str | None = None,
         only: tuple[str, ...] = (),
         replay_session: str | None = None,
         storage: str | None = None,
@@ -89,6 +90,8 @@ class Plan:
             history = SessionHistory.load(replay_session)  # a bad file is a usage error before anything runs
             if not engine:
                 raise UsageError("--replay-session replays a request history on an engine: give --engine")
+        if oracle is not None and (subject not in ("target", "all") or engine):
+            raise UsageError("--oracle names the model a target was converted from: it goes with `certify target`")
         if subject in ("drafter", "target") and engine:
             raise UsageError(f"certify {subject} takes no --engine (an engine is certified with `certify engine`)")
         suite = Suite.from_specs(
@@ -98,6 +101,7 @@ class Plan:
             engine=engine,
             tie_tolerance=tie,
             atol=tol,
+            oracle=oracle,
         )
         _bound_capacity(suite, prof, max_context)
         if replay_session is not None:  # one that does not fit the engine is a usage error too, not a check's
@@ -113,7 +117,13 @@ class Plan:
             profile=prof,
             seed=seed,
             only=selected,
-            specs={"drafter": drafter, "target": target, "engine": engine, "subject": subject},
+            specs={
+                "drafter": drafter,
+                "target": target,
+                "engine": engine,
+                "subject": subject,
+                **({"oracle": oracle} if oracle is not None else {}),
+            },
             tie_tolerance=tie,
             atol=tol,
             replay_session=replay_session,

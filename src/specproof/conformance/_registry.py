@@ -53,6 +53,7 @@ from specproof.conformance.checks import (
     decode_logprobs,
     decode_parity,
     decode_sampled,
+    target_source,
 )
 from specproof.conformance.checks import decode_grammar as grammar_checks
 from specproof.conformance.checks import decode_state as decode_checks
@@ -337,6 +338,23 @@ def _check_restore_like(fn: Callable[..., list[Violation]]) -> Check:
         return Outcome(fn(inv, case.make, ex["prefix"], ex["tokens"], probe, tolerance=case.atol))
 
     return check
+
+
+def _check_source(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
+    chunks = ex["data"].draw(st.lists(st.integers(1, 4), min_size=1, max_size=6), label="chunks")
+    src = case.source
+    violations, rows, note = target_source.check_matches_source(
+        inv,
+        case.make,
+        src.make,
+        ex["prefix"],
+        ex["tokens"],
+        chunks,
+        atol=case.atol,
+        rtol=src.rtol,
+        router_margin=src.router_margin,
+    )
+    return Outcome(violations, exercised=rows, note=note)
 
 
 def _check_capacity(inv: Invariant, case: Any, ex: dict[str, Any]) -> Outcome:
@@ -1160,6 +1178,16 @@ REGISTRY: tuple[Invariant, ...] = (
         draw=_draw_target_example,
         zoo=("checkpoints_off_by_one",),
         also=("restore_forgets_conv", "restore_forgets_rec"),
+    ),
+    Invariant(
+        id="target.matches-source",
+        subject="target",
+        summary="every row of the target's logits (the prefix in one forward, the tokens chunked) is within `atol + "
+        "rtol x` its largest logit of the source model's (`--oracle SPEC`), up to a router near-tie",
+        needs=("source",),
+        draws=_TARGET_DRAWS + ", and a chunking of them; the source fed everything in one forward",
+        check=_check_source,
+        draw=_draw_target_example,
     ),
     Invariant(
         id="target.capacity",

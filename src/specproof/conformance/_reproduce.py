@@ -31,7 +31,7 @@ def reproduce_command(plan: Plan, result: CheckResult, *, driver_args: Sequence[
     """
     specs = plan.specs
     parts = ["specproof", "certify", str(specs.get("subject") or "all")]
-    for key in ("drafter", "target", "engine"):
+    for key in ("drafter", "target", "engine", "oracle"):
         if specs.get(key):
             parts += [f"--{key}", shlex.quote(str(specs[key]))]
     parts += ["--profile", plan.profile.name, "--only", result.invariant]

@@ -24,7 +24,7 @@ from specproof.engine.conventions import component_name
 from specproof.engine.plugin_modules import declared_capabilities, takes_suite_drafts
 from specproof.plugins import drafter_factory, load_target, plugin_factory
 
-__all__ = ["DEFAULT_TARGET", "DrafterSubject", "EngineCase", "Suite", "TargetSubject"]
+__all__ = ["DEFAULT_TARGET", "DrafterSubject", "EngineCase", "SourceModel", "Suite", "TargetSubject"]
 
 DEFAULT_TARGET = "reference"
 SubjectKind = Literal["drafter", "target", "engine", "all"]
@@ -50,19 +50,17 @@ class TargetSubject:
     make: Callable[[], Target]
     tie_tolerance: float  # the top-2 margin below which a divergence from greedy is excused
     atol: float  # the absolute tolerance on logits and recurrent state
+    # --oracle: the model the target was converted from (target.matches-source compares with it)
+    source: SourceModel | None = None
 
     @classmethod
-    def from_spec(cls, spec: str, *, tie_tolerance: float | None = None, atol: float | None = None) -> TargetSubject:
+    def from_spec(
+        cls, spec: str, *, tie_tolerance: float | None = None, atol: float | None = None, oracle: str | None = None
+    ) -> TargetSubject:
         proto = load_target(spec)
-        make = _copier(proto, lambda: load_target(spec))
-
-        def fresh() -> Target:
-            t = make()
-            t.reset()  # type: ignore[attr-defined]
-            return t  # type: ignore[return-value]
-
         tie, tol = declared_tolerances(proto, tie_tolerance=tie_tolerance, atol=atol)
-        return cls(spec=spec, prototype=proto, make=fresh, tie_tolerance=tie, atol=tol)
+        source = None if oracle is None else SourceModel.from_spec(oracle, target=proto, target_spec=spec)
+        return cls(spec=spec, prototype=proto, make=_fresh(proto, spec), tie_tolerance=tie, atol=tol, source=source)
 
     @property
     def name(self) -> str:
@@ -87,8 +85,14 @@ class TargetSubject:
     def exposes(self) -> Capabilities:
         """What the target exposes: the capabilities target invariants' ``needs`` are judged against."""
         return Capabilities(
-            has={"forward_with_checkpoints"} if self.has_checkpoints else set(),
-            why_not={"forward_with_checkpoints": "the target has no forward_with_checkpoints()"},
+            has={
+                *(("forward_with_checkpoints",) if self.has_checkpoints else ()),
+                *(("source",) if self.source else ()),
+            },
+            why_not={
+                "forward_with_checkpoints": "the target has no forward_with_checkpoints()",
+                "source": "no --oracle SPEC: the model the target was converted from was not given",
+            },
         )
 
     def describe(self) -> str:
@@ -111,6 +115,50 @@ def declared_tolerances(
     if atol is None:
         atol = float(declared_atol) if declared_atol is not None else float(declared_tie or 0.0)
     return (validate_tolerance(tie, name="tie_tolerance"), validate_tolerance(atol, name="atol"))
+
+
+def _fresh(proto: object, spec: str) -> Callable[[], Target]:
+    """Fresh, reset copies of the target ``spec`` loaded as ``proto``."""
+    make = _copier(proto, lambda: load_target(spec))
+
+    def fresh() -> Target:
+        t = make()
+        t.reset()  # type: ignore[attr-defined]
+        return t  # type: ignore[return-value]
+
+    return fresh
+
+
+@attrs.define
+class SourceModel:
+    """``--oracle SPEC``: the model a target was converted from, and how closely the target must follow it.
+
+    ``rtol`` (of a row's largest |source logit|) and ``router_margin`` are what the *target* declares
+    for its precision against its source (``source_rtol``, ``source_router_margin``; 0 when it
+    declares none: exact, nothing excused)."""
+
+    spec: str
+    make: Callable[[], Target]
+    rtol: float
+    router_margin: float
+
+    @classmethod
+    def from_spec(cls, spec: str, *, target: object, target_spec: str) -> SourceModel:
+        try:
+            proto = load_target(spec)
+        except PluginError as exc:
+            raise PluginError(f"--oracle {spec!r}: {exc}") from exc
+        theirs, ours = int(proto.vocab_size), int(target.vocab_size)  # type: ignore[attr-defined]
+        if theirs != ours:
+            raise PluginError(
+                f"--oracle {spec!r} has vocab_size={theirs}, the target {target_spec!r} {ours}: not the model the "
+                "target was converted from"
+            )
+        rtol = validate_tolerance(float(getattr(target, "source_rtol", 0.0) or 0.0), name="source_rtol")
+        margin = validate_tolerance(
+            float(getattr(target, "source_router_margin", 0.0) or 0.0), name="source_router_margin"
+        )
+        return cls(spec=spec, make=_fresh(proto, spec), rtol=rtol, router_margin=margin)
 
 
 @attrs.define
@@ -373,6 +421,7 @@ class Suite:
         engine: str | None = None,
         tie_tolerance: float | None = None,
         atol: float | None = None,
+        oracle: str | None = None,
     ) -> Suite:
         if subject not in ("drafter", "target", "engine", "all"):
             raise PluginError(f"unknown subject {subject!r}; choose drafter, target, engine or all")
@@ -396,7 +445,7 @@ class Suite:
             # a feature drafter is certified on the target whose features it reads, unless --target says otherwise
             feature_spec = getattr(dsub.make(), "feature_target_spec", None) if drafter else None
             default = feature_spec if isinstance(feature_spec, str) and feature_spec else DEFAULT_TARGET
-            tsub = TargetSubject.from_spec(target or default, tie_tolerance=tie_tolerance, atol=atol)
+            tsub = TargetSubject.from_spec(target or default, tie_tolerance=tie_tolerance, atol=atol, oracle=oracle)
             if subject in ("all", "engine", "drafter", "target") and engine is None:
                 rollbacks = ["checkpoint", "replay"] if tsub.has_checkpoints else ["replay"]
                 for rb in rollbacks:

@@ -263,6 +263,9 @@ def build_report(cert: Certification) -> dict[str, Any]:
             "tie_tolerance": suite.target.tie_tolerance,
             "atol": suite.target.atol,
         }
+        if suite.target.source is not None:  # --oracle: what target.matches-source compared with
+            src = suite.target.source
+            entry["oracle"] = {"spec": src.spec, "rtol": src.rtol, "router_margin": src.router_margin}
         if "target" in checked:
             subjects["target"] = entry
         else:

@@ -8,6 +8,8 @@
   feed-forwards) as a stateful iOS 18 / macOS 15 ML program, in either state layout
   (``LAYOUTS``); ``FAMILIES`` / ``family_target`` are the flagship shapes (``lfm2-moe``,
   ``qwen3.6-moe``).
+- ``export_multifunction(path, target, k=K, layout=..., gdn=...)``: the same program as fixed-shape
+  ``decode`` (1 token) and ``verify`` (K + 1 tokens) functions of one package, sharing weights and states.
 - ``write_golden(path, target, target_spec=...)``: greedy tokens for ``GOLDEN_PROMPTS``
   in the golden format (``specproof.formats.golden``) that ``specproof check-trace --greedy`` reads.
 - ``check_bundle(path, source, options=CheckOptions(...))`` -> ``BundleCheckReport``: the bundle (through
@@ -43,6 +45,7 @@ from specproof.coreml._inspect import (
     TensorInfo,
     inspect_bundle,
 )
+from specproof.coreml._multifunction import export_multifunction, function_sizes
 from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, ExportOptions
 from specproof.engine.targets.mil_eval import OPS as EVALUATOR_OPS
 from specproof.engine.targets.mil_eval import MilEvaluator, UnknownOpError, load_program
@@ -76,6 +79,8 @@ __all__ = [
     "check_exportable",
     "export_bundle",
     "export_config",
+    "export_multifunction",
+    "function_sizes",
     "family_spec",
     "family_target",
     "golden_cases",

@@ -32,6 +32,7 @@ import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
 from specproof.coreml._export import GOLDEN_PROMPTS
+from specproof.engine.targets.coreml_eval import SOURCE_ROUTER_MARGIN, SOURCE_RTOL
 from specproof.formats import bundle_check as bundle_check_format
 
 __all__ = ["CHECK_RULES", "BundleCheckReport", "CheckOptions", "CheckResult", "check_bundle"]
@@ -66,8 +67,10 @@ class CheckOptions:
 
     examples: int = attrs.field(default=50, validator=_positive(int))
     max_tokens: int = attrs.field(default=40, validator=_positive(int))
-    rtol: float = attrs.field(default=0.25, converter=float, validator=_positive(float))
-    router_margin: float = attrs.field(default=0.5, converter=float, validator=_positive(float, allow_zero=True))
+    rtol: float = attrs.field(default=SOURCE_RTOL, converter=float, validator=_positive(float))
+    router_margin: float = attrs.field(
+        default=SOURCE_ROUTER_MARGIN, converter=float, validator=_positive(float, allow_zero=True)
+    )
     tie_tolerance: float = attrs.field(default=0.125, converter=float, validator=_positive(float, allow_zero=True))
     max_new_tokens: int = attrs.field(default=12, validator=_positive(int))
     seed: int | None = None

@@ -29,6 +29,8 @@ from specproof.formats import golden as golden_format
 
 __all__ = [
     "DEFAULT_EXPORT_TARGET",
+    "convert_program",
+    "export_metadata",
     "DEFAULT_MAX_QUERY",
     "DEFAULT_MAX_QUERY_GDN",
     "GOLDEN_FORMAT",
@@ -126,39 +128,11 @@ def export_bundle(
     t0 = time.perf_counter()
     prog = build_program(target, max_query=mq, options=options)
     cfg = target.config
-    io = [
-        ct.TensorType(name=name, shape=shape, dtype=np.float16)
-        for name, shape in state_shapes(cfg).items()
-        if layout == "kv-mlstate" and name not in ("key_cache", "value_cache")
-    ]
-    model = ct.convert(
-        prog,
-        convert_to="mlprogram",
-        minimum_deployment_target=ct.target.iOS18,
-        # the program is already fp16 where it should be; FLOAT32 keeps the converter from re-casting it
-        compute_precision=ct.precision.FLOAT32,
-        inputs=[
-            ct.TensorType(name="input_ids", shape=(1, ct.RangeDim(1, mq, default=1)), dtype=np.int32),
-            ct.TensorType(name="position", shape=(1,), dtype=np.int32),
-            *io,
-        ],
-        skip_model_load=True,
-    )
+    model = convert_program(prog, cfg, layout=layout, tokens=ct.RangeDim(1, mq, default=1))
     model.short_description = f"specproof export of {target.describe()}; verify forwards of up to {mq} tokens" + (
         "; LAST-TOKEN-ONLY logits (does not qualify for verify)" if last_token_only else ""
     )
-    meta = {
-        "target": target_spec or "reference",
-        "max_context": str(cfg.max_context),
-        "vocab_size": str(cfg.vocab_size),
-        "max_query": str(mq),
-        "last_token_only": str(bool(last_token_only)).lower(),
-        "layout": layout,
-        "gdn": gdn if cfg.n_gdn_layers else "none",
-        "ffn": f"moe-{cfg.n_experts}-top{cfg.experts_per_token}" if cfg.is_moe else "dense",
-    }
-    if _planted:
-        meta["planted_bug"] = _planted
+    meta = export_metadata(target, target_spec=target_spec, options=options, max_query=mq)
     for key, value in meta.items():
         model.user_defined_metadata[f"specproof.{key}"] = value
     model.save(str(out))
@@ -173,6 +147,49 @@ def export_bundle(
         bytes=_dir_bytes(out),
         seconds=time.perf_counter() - t0,
     )
+
+
+def convert_program(prog: Any, cfg: ReferenceConfig, *, layout: str, tokens: Any) -> Any:
+    """The ``MLModel`` (not loaded) of ``prog``; ``tokens`` the length of ``input_ids`` (an int or a ``RangeDim``)."""
+    ct = import_coremltools("Core ML export")
+    io = [
+        ct.TensorType(name=name, shape=shape, dtype=np.float16)
+        for name, shape in state_shapes(cfg, layout=layout).items()
+        if layout != "all-mlstate" and name not in ("key_cache", "value_cache", "kv_cache")
+    ]
+    return ct.convert(
+        prog,
+        convert_to="mlprogram",
+        minimum_deployment_target=ct.target.iOS18,
+        # the program is already fp16 where it should be; FLOAT32 keeps the converter from re-casting it
+        compute_precision=ct.precision.FLOAT32,
+        inputs=[
+            ct.TensorType(name="input_ids", shape=(1, tokens), dtype=np.int32),
+            ct.TensorType(name="position", shape=(1,), dtype=np.int32),
+            *io,
+        ],
+        skip_model_load=True,
+    )
+
+
+def export_metadata(
+    target: ReferenceHybrid, *, target_spec: str, options: ExportOptions, max_query: int
+) -> dict[str, str]:
+    """The ``specproof.*`` metadata of an export (keys without the prefix)."""
+    cfg = target.config
+    meta = {
+        "target": target_spec or "reference",
+        "max_context": str(cfg.max_context),
+        "vocab_size": str(cfg.vocab_size),
+        "max_query": str(max_query),
+        "last_token_only": str(options.last_token_only).lower(),
+        "layout": options.layout,
+        "gdn": options.gdn if cfg.n_gdn_layers else "none",
+        "ffn": f"moe-{cfg.n_experts}-top{cfg.experts_per_token}" if cfg.is_moe else "dense",
+    }
+    if options.planted:
+        meta["planted_bug"] = options.planted
+    return meta
 
 
 def golden_cases(

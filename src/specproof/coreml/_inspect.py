@@ -38,6 +38,7 @@ from specproof.contract.errors import SpecproofError
 from specproof.contract.validation import int_at_least
 from specproof.coreml._declared import declared_problems
 from specproof.coreml._layout import KV_NAME, io_pairs, state_layout, threading_problems
+from specproof.coreml._units import ComputeUnits, compute_units
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.formats import bundle_inspect as bundle_inspect_format
 
@@ -138,6 +139,7 @@ class FunctionReport:
     rules: tuple[RuleResult, ...]
     state_layout: str = "none"  # coreml._layout.LAYOUT_NAMES
     warnings: tuple[str, ...] = ()  # advisories that do not fail the verdict (the Neural Engine finding)
+    compute_units: ComputeUnits | None = None  # what its input shapes allow (coreml._units)
 
     @property
     def qualifies(self) -> bool:
@@ -158,6 +160,7 @@ class FunctionReport:
             "rules": [r.to_json() for r in self.rules],
             "state_layout": self.state_layout,
             "warnings": list(self.warnings),
+            **({"compute_units": self.compute_units.to_json()} if self.compute_units else {}),
         }
 
 
@@ -568,6 +571,7 @@ def _judge(
     ]
     layout, warnings = state_layout(inputs, outputs, states)
     return FunctionReport(
+        compute_units=compute_units(inputs),
         state_layout=layout,
         warnings=warnings,
         name=name,

@@ -14,10 +14,12 @@ from typing import Any, Final, Protocol
 __all__ = ["ANE_FINDING", "KV_NAME", "LAYOUT_NAMES", "io_pairs", "state_layout", "threading_problems"]
 
 KV_NAME: Final = re.compile(r"(key|value|kv|k_cache|v_cache|past)", re.IGNORECASE)
+_ONE_SIDE: Final = re.compile(r"(key|value|(?:^|_)[kv]_cache)", re.IGNORECASE)  # a state of keys or of values only
 _PASS_THROUGH_OPS: Final = {"cast", "reshape", "squeeze", "expand_dims", "identity", "transpose"}
 #: ``all-mlstate`` every persistent state is an MLState; ``kv-mlstate`` the KV cache is, the rest are
-#: input/output pairs; ``all-io`` none is; ``mixed`` anything else; ``none`` no persistent state
-LAYOUT_NAMES: Final = ("all-mlstate", "kv-mlstate", "all-io", "mixed", "none")
+#: input/output pairs (``unified-kv``: keys and values in one such state); ``all-io`` none is; ``mixed``
+#: anything else; ``none`` no persistent state
+LAYOUT_NAMES: Final = ("all-mlstate", "kv-mlstate", "unified-kv", "all-io", "mixed", "none")
 ANE_FINDING: Final = (
     "reported to compile but fail at run time on the Neural Engine: john-rocky/CoreML-LLM "
     "docs/LFM2_CONVERSION_FINDINGS.md (KV cache plus conv state as MLState: ANEProgramProcessRequestDirect "
@@ -67,7 +69,7 @@ def state_layout(
     elif not states:
         layout = "all-io"
     elif kv_ml and not other_ml and not [n for n in pairs if KV_NAME.search(n)]:
-        layout = "kv-mlstate"
+        layout = "unified-kv" if len(kv_ml) == 1 and not _ONE_SIDE.search(kv_ml[0]) else "kv-mlstate"
     else:
         layout = "mixed"
     warnings = []

@@ -13,7 +13,9 @@ __all__ = ["GDN_FORMS", "LAYOUTS", "PLANTED_BUGS", "ExportOptions"]
 #: where the recurrent states live: ``all-mlstate`` every state is a Core ML state (MLState);
 #: ``kv-mlstate`` only the KV cache is, conv and recurrent state are input/output tensors
 #: (``conv_state`` in, ``conv_state_out`` out), the layout that runs on the Neural Engine today.
-LAYOUTS: Final = ("all-mlstate", "kv-mlstate")
+#: ``unified-kv`` as ``kv-mlstate`` with keys and values in one state ``kv_cache`` ``[2, ...]`` (one KV MLState
+#: per function, what CoreML-LLM records working on the Neural Engine where two states failed).
+LAYOUTS: Final = ("all-mlstate", "kv-mlstate", "unified-kv")
 #: how a Gated DeltaNet block runs its delta rule over the chunk: ``unrolled`` max_query masked steps,
 #: ``loop`` a MIL while_loop of q steps.
 GDN_FORMS: Final = ("unrolled", "loop")

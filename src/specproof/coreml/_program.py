@@ -24,9 +24,10 @@ from specproof.coreml._options import ExportOptions
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
-__all__ = ["KV_STATES", "build_program", "check_exportable", "state_shapes"]
+__all__ = ["KV_STATES", "UNIFIED_KV", "build_program", "check_exportable", "state_shapes"]
 
 KV_STATES = ("key_cache", "value_cache")
+UNIFIED_KV = "kv_cache"  # the unified-kv layout's one KV state: [2, n_attn, n_kv, max_context, head_dim]
 
 
 def check_exportable(config: ReferenceConfig) -> None:
@@ -42,12 +43,13 @@ def check_exportable(config: ReferenceConfig) -> None:
         )
 
 
-def state_shapes(cfg: ReferenceConfig) -> dict[str, tuple[int, ...]]:
-    """The fp16 state tensors of an export of ``cfg``, in order (``rec_state`` only with GDN blocks)."""
+def state_shapes(cfg: ReferenceConfig, *, layout: str = "all-mlstate") -> dict[str, tuple[int, ...]]:
+    """The fp16 state tensors of an export of ``cfg``, in order (``rec_state`` only with GDN blocks); the
+    ``unified-kv`` layout holds keys and values in one ``kv_cache`` ``[2, ...]`` (keys first)."""
     kv = (cfg.n_attn_layers, cfg.n_kv_heads, cfg.max_context, cfg.head_dim)
+    caches = {UNIFIED_KV: (2, *kv)} if layout == "unified-kv" else {"key_cache": kv, "value_cache": kv}
     out = {
-        "key_cache": kv,
-        "value_cache": kv,
+        **caches,
         "conv_state": (cfg.n_conv_layers, cfg.conv_channels, cfg.conv_kernel - 1),
     }
     if cfg.n_gdn_layers:
@@ -106,8 +108,19 @@ def _blocks(g: Graph, input_ids: Any) -> Any:
     return mb.cast(x=mb.linear(x=x, weight=fp16(head)), dtype="fp32", name="logits")
 
 
-def build_program(target: ReferenceHybrid, *, max_query: int, options: ExportOptions | None = None) -> Any:
-    """The MIL program (iOS 18 opset) of ``target``'s forward over one chunk of 1..``max_query`` tokens."""
+def _split_kv(mb: Any, kv: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """The keys and the values of a unified ``kv_cache`` ``[2, ...]``."""
+    rest = list(shape[1:])
+    halves = (mb.slice_by_index(x=kv, begin=[i, 0, 0, 0, 0], end=[i + 1, *rest]) for i in (0, 1))
+    keys, values = (mb.reshape(x=h, shape=rest) for h in halves)
+    return keys, values
+
+
+def build_program(
+    target: ReferenceHybrid, *, max_query: int, options: ExportOptions | None = None, fixed_query: int | None = None
+) -> Any:
+    """The MIL program (iOS 18 opset) of ``target``'s forward over one chunk of 1..``max_query`` tokens
+    (exactly ``fixed_query`` tokens when given: a fixed-shape function of a multifunction bundle)."""
     ct = import_coremltools("Core ML export")
     from coremltools.converters.mil import Builder as mb
     from coremltools.converters.mil.mil import Function, Program, get_new_symbol, types
@@ -115,10 +128,10 @@ def build_program(target: ReferenceHybrid, *, max_query: int, options: ExportOpt
     opts = ExportOptions() if options is None else options
     cfg = target.config
     check_exportable(cfg)
-    shapes = state_shapes(cfg)
-    io_states = [] if opts.layout == "all-mlstate" else [n for n in shapes if n not in KV_STATES]
+    shapes = state_shapes(cfg, layout=opts.layout)
+    io_states = [] if opts.layout == "all-mlstate" else [n for n in shapes if n not in (*KV_STATES, UNIFIED_KV)]
     specs: dict[str, Any] = {
-        "input_ids": mb.TensorSpec((1, get_new_symbol()), dtype=types.int32),
+        "input_ids": mb.TensorSpec((1, fixed_query or get_new_symbol()), dtype=types.int32),
         "position": mb.TensorSpec((1,), dtype=types.int32),
     }
     for name, shape in shapes.items():
@@ -128,10 +141,16 @@ def build_program(target: ReferenceHybrid, *, max_query: int, options: ExportOpt
     with Function(specs, ct.target.iOS18) as func:
         inputs = func.inputs
         read = {n: inputs[n] if n in io_states else mb.read_state(input=inputs[n]) for n in shapes}
+        if UNIFIED_KV in read:
+            read["key_cache"], read["value_cache"] = _split_kv(mb, read[UNIFIED_KV], shapes[UNIFIED_KV])
         g.kc, g.vc, g.cs, g.rs = (read.get(n) for n in ("key_cache", "value_cache", "conv_state", "rec_state"))
         _prologue(g, inputs["input_ids"], inputs["position"])
         logits = _blocks(g, inputs["input_ids"])
         final = {"key_cache": g.kc, "value_cache": g.vc, "conv_state": g.cs, "rec_state": g.rs}
+        if UNIFIED_KV in read:
+            final[UNIFIED_KV] = mb.concat(
+                values=[mb.expand_dims(x=g.kc, axes=[0]), mb.expand_dims(x=g.vc, axes=[0])], axis=0
+            )
         outputs = [logits]
         for name in shapes:
             if name in io_states:

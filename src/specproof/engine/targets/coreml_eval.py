@@ -7,7 +7,8 @@ op and the program). The interface is the one ``specproof bundle export`` writes
 ``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]``,
 ``logits`` ``[1, q, vocab]``; the states either all Core ML states (``all-mlstate``) or
 the KV cache as states with the other states as input/output pairs ``NAME`` ->
-``NAME_out`` (``kv-mlstate``); both are threaded from call to call here.
+``NAME_out`` (``kv-mlstate``), or as ``kv-mlstate`` with keys and values in one state ``kv_cache``
+``[2, ...]`` (``unified-kv``); all are threaded from call to call here.
 
 ``snapshot``/``restore`` copy every state (fp16). ``forward_with_checkpoints`` returns
 the logits of the one chunked forward and, as checkpoints, the states the evaluator reaches
@@ -18,6 +19,7 @@ per-position states). ``tie_tolerance`` defaults to ``FP16_TIE_TOLERANCE``.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -27,14 +29,31 @@ import numpy as np
 import numpy.typing as npt
 
 from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
-from specproof.engine.targets.mil_eval import OPS, MilEvaluator, UnknownOpError
+from specproof.engine.targets.mil_eval import OPS, MilEvaluator, UnknownOpError, load_program
 
-__all__ = ["FP16_TIE_TOLERANCE", "OPS", "CoreMLEvalSnapshot", "CoreMLEvalTarget", "UnknownOpError", "load_spec"]
+__all__ = [
+    "FP16_TIE_TOLERANCE",
+    "OPS",
+    "SOURCE_ROUTER_MARGIN",
+    "SOURCE_RTOL",
+    "CoreMLEvalSnapshot",
+    "CoreMLEvalTarget",
+    "UnknownOpError",
+    "load_spec",
+]
 
 #: logit tolerance for an fp16 bundle: logits of magnitude 16..32 (the flagship bundles reach ~23) have an
 #: fp16 spacing of 2^-5; q=1 and q=K+1 kernels on a device may round a few ops differently: 4 spacings.
 FP16_TIE_TOLERANCE: Final = 0.125
+#: against its float32 source (``certify target --oracle``, ``bundle check``): a row may differ by this fraction of
+#: its largest |source logit| (fp16 error is ~1.5%; drawn sequences reach 14-17% near router ties: docs/coreml.md)
+SOURCE_RTOL: Final = 0.25
+#: rows from the first position where the source's router margin is below this are not compared: fp16 may route
+#: them otherwise (docs/coreml.md, "Router near-ties")
+SOURCE_ROUTER_MARGIN: Final = 0.5
+_OPTIONS: Final = ("tie_tolerance", "source_rtol", "source_router_margin")
 KV_STATES: Final = ("key_cache", "value_cache")
+UNIFIED_KV: Final = "kv_cache"  # one KV state [2, layers, kv_heads, max_context, head_dim]: keys, then values
 
 
 @attrs.frozen(eq=False)
@@ -63,12 +82,19 @@ class CoreMLEvalTarget:
 
     _ids = iter(range(1, 1 << 62))
 
-    def __init__(self, path: str | Path, *, tie_tolerance: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        tie_tolerance: float | None = None,
+        source_rtol: float = SOURCE_RTOL,
+        source_router_margin: float = SOURCE_ROUTER_MARGIN,
+    ) -> None:
         p = Path(path)
         if not p.exists():
             raise InvalidSettingError(f"coreml-eval: {str(p)!r} does not exist")
         self.path = p
-        self._ev = MilEvaluator(p)
+        self._ev, self._fixed = _functions(p)
         ev = self._ev
         outs = set(ev.output_names)
         missing = [n for n in ("input_ids", "position") if n not in ev.input_specs]
@@ -82,14 +108,28 @@ class CoreMLEvalTarget:
         if unpaired:
             raise InvalidSettingError(f"coreml-eval {str(p)!r}: input {unpaired[0]!r} has no {unpaired[0]}_out output")
         self._io_shapes = {n: tuple(int(s) for s in ev.input_specs[n][0]) for n in self._io}
-        if "key_cache" not in ev.state_shapes:
-            raise InvalidSettingError(f"coreml-eval {str(p)!r}: no 'key_cache' Core ML state")
+        unified = ev.state_shapes.get(UNIFIED_KV)
+        if unified is not None and (len(unified) != 5 or unified[0] != 2):
+            raise InvalidSettingError(
+                f"coreml-eval {str(p)!r}: state {UNIFIED_KV!r} {list(unified)} is not [2, layers, kv_heads, "
+                "max_context, head_dim] (keys, then values)"
+            )
+        if "key_cache" not in ev.state_shapes and unified is None:
+            raise InvalidSettingError(f"coreml-eval {str(p)!r}: no 'key_cache' (or {UNIFIED_KV!r}) Core ML state")
         meta = {str(k): str(v) for k, v in ev.program_metadata.items()}
-        self.max_context = int(ev.state_shapes["key_cache"][2])
+        self.max_context = int(ev.state_shapes["key_cache"][2] if unified is None else unified[3])
         self.vocab_size = _meta_int(meta, "vocab_size", p) or 0
-        self.max_query = _meta_int(meta, "max_query", p) or 1
-        self.layout = "kv-mlstate" if self._io else "all-mlstate"
+        self.max_query = max(self._fixed) if self._fixed else (_meta_int(meta, "max_query", p) or 1)
+        #: function -> fixed token count (None: a range); ``function_calls`` counts the calls of each
+        self.functions: dict[str, int | None] = {
+            f: q for q, f in sorted((q, e.function) for q, e in self._fixed.items())
+        } or {"main": None}
+        self.function_calls: Counter[str] = Counter()
+        self.layout = "unified-kv" if unified is not None else "kv-mlstate" if self._io else "all-mlstate"
         self.tie_tolerance: float = FP16_TIE_TOLERANCE if tie_tolerance is None else float(tie_tolerance)
+        # how closely it must follow its source (certify target --oracle): fp16 against float32
+        self.source_rtol = float(source_rtol)
+        self.source_router_margin = float(source_router_margin)
         self._id = next(CoreMLEvalTarget._ids)
         self._io_values: dict[str, np.ndarray] = {}
         self._processed = 0
@@ -103,6 +143,8 @@ class CoreMLEvalTarget:
         new = copy.copy(self)
         new._ev = copy.copy(self._ev)
         new._ev.states = {n: v.copy() for n, v in self._ev.states.items()}
+        new._fixed = {q: copy.copy(e) for q, e in self._fixed.items()}
+        new.function_calls = Counter()
         new._io_values = {n: v.copy() for n, v in self._io_values.items()}
         new._id = next(CoreMLEvalTarget._ids)
         return new
@@ -112,9 +154,10 @@ class CoreMLEvalTarget:
         return self._processed
 
     def _call(self, chunk: list[int], position: int) -> dict[str, np.ndarray]:
-        out = self._ev(
-            input_ids=np.array([chunk], np.int32), position=np.array([position], np.int32), **self._io_values
-        )
+        ev = self._fixed[len(chunk)] if self._fixed else self._ev
+        ev.states = self._ev.states  # every function reads and writes the one set of Core ML states
+        self.function_calls[ev.function] += 1
+        out = ev(input_ids=np.array([chunk], np.int32), position=np.array([position], np.int32), **self._io_values)
         for name in self._io:
             value = np.asarray(out[f"{name}_out"], np.float16)
             if value.shape != self._io_shapes[name]:
@@ -146,8 +189,8 @@ class CoreMLEvalTarget:
         """Feed ``tokens`` at ``position = processed`` in chunks of at most ``max_query``; logits ``[q, vocab]``."""
         toks = self._check(tokens)
         rows = [np.zeros((0, self.vocab_size), np.float32)]
-        for start in range(0, len(toks), self.max_query):
-            chunk = toks[start : start + self.max_query]
+        for start, stop in self._pieces(len(toks)):
+            chunk = toks[start:stop]
             logits = np.asarray(self._call(chunk, self._processed)["logits"], np.float32)
             if logits.shape != (1, len(chunk), self.vocab_size):
                 raise TargetContractError(
@@ -157,6 +200,19 @@ class CoreMLEvalTarget:
             rows.append(logits[0])
             self._processed += len(chunk)
         return np.ascontiguousarray(np.concatenate(rows))
+
+    def _pieces(self, n: int) -> list[tuple[int, int]]:
+        """The calls a forward of ``n`` tokens makes: chunks of at most ``max_query`` (a range-shaped function), or
+        with fixed-shape functions the largest that fits, then the next (``verify`` while K + 1 remain, then
+        ``decode``): what a host feeding fixed shapes does."""
+        out, start = [], 0
+        while start < n:
+            size = min(self.max_query, n - start)
+            if self._fixed:
+                size = max(q for q in self._fixed if q <= n - start)
+            out.append((start, start + size))
+            start += size
+        return out
 
     def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[npt.NDArray[np.float32], list[object]]:
         """``forward`` plus, per position, the state after it (the evaluator replaying one position at a time)."""
@@ -193,38 +249,91 @@ class CoreMLEvalTarget:
         self._processed = 0
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.float32]]:
-        """Every state as a float32 copy, KV caches cut to the valid prefix (axis 2)."""
+        """Every state as a float32 copy, KV caches cut to the valid prefix (axis 2); a unified ``kv_cache`` as
+        ``key_cache`` and ``value_cache``."""
         out: dict[str, npt.NDArray[np.float32]] = {}
         for name, value in (*self._ev.states.items(), *self._io_values.items()):
             arr = np.array(value, dtype=np.float32)
+            if name == UNIFIED_KV:  # keys, then values: named as the two-state layouts name them
+                for half, kv_name in enumerate(KV_STATES):
+                    out[kv_name] = arr[half, :, :, : self._processed].copy()
+                continue
             out[name] = arr[:, :, : self._processed].copy() if name in KV_STATES else arr
         return out
 
     def describe(self) -> str:
         states = ",".join([*self._ev.state_names, *self._io])
+        functions = ",".join(f"{f}:{q}" for f, q in self.functions.items()) if self._fixed else ""
         return (
             f"CoreMLEvalTarget {self.path} ({self.layout}) vocab={self.vocab_size} max_context={self.max_context} "
-            f"max_query={self.max_query} states={states}"
+            f"max_query={self.max_query} states={states}" + (f" functions={functions}" if functions else "")
         )
 
     def __repr__(self) -> str:
         return f"<{self.describe()} processed={self._processed}>"
 
 
+def _signature(ev: MilEvaluator) -> tuple[object, ...]:
+    """What every function of a bundle must share: inputs but input_ids, states, outputs (names, shapes, dtypes)."""
+    inputs = {n: v for n, v in ev.input_specs.items() if n != "input_ids"}
+    return (sorted(inputs.items(), key=str), sorted(ev.state_shapes.items()), sorted(ev.output_names))
+
+
+def _functions(path: Path) -> tuple[MilEvaluator, dict[int, MilEvaluator]]:
+    """(the primary function, fixed token count -> function). A single-function bundle: its ``main``, no fixed
+    ones. A multifunction bundle: every function has a fixed ``input_ids`` ``[1, q]`` (one with q = 1, so any
+    length can be fed), distinct q, and the primary's inputs, states and outputs; the primary is the q = 1 one."""
+    program = load_program(path)
+    names = list(program.functions)
+    if names == ["main"]:
+        return MilEvaluator(path, program=program), {}
+    fixed: dict[int, MilEvaluator] = {}
+    for name in names:
+        ev = MilEvaluator(path, function=name, program=program)
+        shape = ev.input_specs.get("input_ids", ((),))[0]
+        q = shape[-1] if len(shape) == 2 and isinstance(shape[-1], (int, np.integer)) else None
+        if q is None:
+            raise InvalidSettingError(
+                f"coreml-eval {str(path)!r}: function {name!r} has input_ids {list(shape)}; a multifunction bundle "
+                "needs a fixed [1, q] in every function"
+            )
+        if int(q) in fixed:
+            raise InvalidSettingError(
+                f"coreml-eval {str(path)!r}: functions {fixed[int(q)].function!r} and {name!r} both take {q} tokens"
+            )
+        fixed[int(q)] = ev
+    if 1 not in fixed:
+        raise InvalidSettingError(
+            f"coreml-eval {str(path)!r}: no function takes one token (input_ids [1, 1]): a decode step cannot be fed"
+        )
+    primary = fixed[1]
+    for ev in fixed.values():
+        if _signature(ev) != _signature(primary):
+            raise InvalidSettingError(
+                f"coreml-eval {str(path)!r}: function {ev.function!r} does not share {primary.function!r}'s inputs, "
+                "states and outputs; the functions of one bundle must thread the same states"
+            )
+    return primary, fixed
+
+
 def load_spec(args: str) -> CoreMLEvalTarget:
-    """The ``coreml-eval:PATH[,tie_tolerance=X]`` target spec."""
+    """The ``coreml-eval:PATH[,tie_tolerance=X][,source_rtol=X][,source_router_margin=X]`` target spec."""
     path, _, options = args.partition(",")
     if not path:
         raise InvalidSettingError("coreml-eval:PATH needs the path of a .mlpackage")
     kwargs: dict[str, float] = {}
     for item in filter(None, options.split(",")):
         key, eq, value = item.partition("=")
-        if key != "tie_tolerance" or not eq:
-            raise InvalidSettingError(f"coreml-eval target option {item!r}: only tie_tolerance=X is known")
+        if key not in _OPTIONS or not eq:
+            raise InvalidSettingError(
+                f"coreml-eval target option {item!r}: one of {', '.join(k + '=X' for k in _OPTIONS)}"
+            )
         try:
-            kwargs["tie_tolerance"] = float(value)
+            kwargs[key] = float(value)
         except ValueError:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be a number") from None
+        if not kwargs[key] >= 0:
+            raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be >= 0")
     try:
         return CoreMLEvalTarget(path, **kwargs)
     except UnknownOpError as exc:  # the spec can still be named: a usage error, not a failed certification

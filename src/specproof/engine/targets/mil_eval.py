@@ -365,9 +365,11 @@ class MilEvaluator:
 
     MAX_LOOP_ITERATIONS: Final = 1 << 16
 
-    def __init__(self, path: str | Path, *, function: str = "main") -> None:
+    def __init__(self, path: str | Path, *, function: str = "main", program: Any = None) -> None:
+        """``program``: the one ``load_program(path)`` gave (another function of it is then not read again)."""
         self.path = Path(path)
-        self.program = load_program(path)
+        self.function = function
+        self.program = load_program(path) if program is None else program
         self.program_metadata: dict[str, str] = dict(self.program.specproof_metadata)
         if function not in self.program.functions:
             raise InvalidSettingError(f"{str(path)!r} has no function {function!r}")
