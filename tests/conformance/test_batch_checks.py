@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 
@@ -14,6 +15,7 @@ from specproof.conformance.checks import batch as checks
 from specproof.conformance.zoo import CORRECT_BATCH, ZOO
 from specproof.conformance.zoo import _batch_engines as zoo
 from specproof.conformance.zoo._targets import small_reference
+from specproof.contract.errors import InvalidSettingError
 from specproof.engine import greedy_decode
 from specproof.strategies import (
     BatchSchedule,
@@ -157,6 +159,36 @@ def test_an_engine_that_does_not_batch_is_skipped_saying_why() -> None:
     report = certify("engine", engine="specproof.conformance.zoo:zoo_engine", only=("batch.isolation",), batches=True)
     [(status, detail)] = _statuses(report).values()
     assert status == "skip" and "batch_capabilities" in detail
+
+
+class _GreedyOnlyBatchEngine(zoo.BatchZooEngine):
+    """A batched engine that decodes greedily only (as the llamacpp: batch engine): it refuses a sampled request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batch_capabilities = attrs.evolve(self.batch_capabilities, sampling=False)
+
+    def add_request(self, request: Any) -> None:
+        if request.sampling is not None and not request.sampling.greedy:
+            raise InvalidSettingError(f"request {request.request_id!r} samples: this engine decodes greedily only")
+        super().add_request(request)
+
+
+def greedy_only_batch_engine() -> _GreedyOnlyBatchEngine:
+    return _GreedyOnlyBatchEngine()
+
+
+@pytest.mark.slow
+def test_a_greedy_only_batch_engine_skips_the_sampling_batch_checks_saying_why() -> None:
+    # a refusal the engine declared (sampling=False) is a skip with its reason; the greedy checks still run
+    spec = "test_batch_checks:greedy_only_batch_engine"
+    only = ("batch.seeds", "batch.sampled-distribution", "batch.isolation")
+    report = certify("engine", engine=spec, only=only, batches=True).to_json()
+    statuses = {r["invariant"]: (r["status"], r.get("detail") or "") for r in report["results"]}
+    assert statuses["batch.isolation"][0] == "pass"
+    for invariant in ("batch.seeds", "batch.sampled-distribution"):
+        status, detail = statuses[invariant]
+        assert status == "skip" and "greedily only" in detail, (invariant, status, detail)
 
 
 @pytest.mark.slow

@@ -266,3 +266,6 @@ def test_certify_batches_passes_at_quick(model: Path, tmp_path: Path) -> None:
     for invariant in ("batch.isolation", "batch.schedule-invariance", "batch.slot-reuse", "batch.liveness"):
         assert rows[invariant]["status"] == "pass" and rows[invariant]["exercised"] > 0, rows[invariant]
     assert rows["batch.per-slot-state"]["status"] == "skip"
+    # the batch engine decodes greedily only (batch_capabilities.sampling is False): skipped, never failed
+    for invariant in ("batch.seeds", "batch.sampled-distribution"):
+        assert rows[invariant]["status"] == "skip" and "greedily only" in rows[invariant]["detail"], rows[invariant]

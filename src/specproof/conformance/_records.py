@@ -37,6 +37,7 @@ CAPABILITIES: dict[str, str] = {
     "feature_layers": "the drafter declares `feature_layers` (a feature drafter)",
     "feature_target_spec": "the feature drafter names the target whose features it reads (`feature_target_spec`)",
     "batched": "the engine batches: it declares `batch_capabilities` (a `BatchEngine`), or is the built-in stack",
+    "batch_sampling": "the batched engine's requests may sample (`batch_capabilities.sampling`)",
     "tree": "the engine verifies token trees (`forward_tree` on the target), or is the built-in stack on the "
     "reference hybrid",
     "tree_drafter": "the drafter proposes token trees (`propose_tree(context, *, max_nodes, max_depth)`)",

@@ -879,7 +879,7 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         summary="a seeded request emits its solo run's tokens beside neighbours seeded otherwise, unseeded or "
         "greedy (where the engine declares batch_invariant_seeding); two unseeded requests with one prompt in "
         "one batch repeat each other's opening no more often than independent streams (Poisson-binomial tail)",
-        needs=("batched",),
+        needs=("batched", "batch_sampling"),
         draws=_BATCH_DRAWS + "; per schedule, its first request seeded beside neighbours of each seeding and "
         f"{batch_seeds.TRIALS} batches of two unseeded requests with its prompt",
         driver="batch-schedules",
@@ -892,7 +892,7 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         summary="every token of a sampled request in a batch is drawn from p, whatever is batched with it: the "
         "randomized PIT of every emitted token, accumulated over the run's schedules, is uniform (DKW-Massart, "
         "false-fail bound 1e-6 for the run)",
-        needs=("batched",),
+        needs=("batched", "batch_sampling"),
         draws=_BATCH_DRAWS + "; per schedule, a greedy neighbour first that outlasts the others, then the "
         f"schedule's requests sampled (the --sampling parameters), each with a fresh seed and at least "
         f"{batch_distribution.MIN_NEW_TOKENS} new tokens",

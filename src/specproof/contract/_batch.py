@@ -130,7 +130,8 @@ class BatchCapabilities:
     the running batch; ``preemption``: the modes ``preempt`` takes; ``schedulable``: ``step(only=)``
     runs just the named requests; ``per_slot_state``: ``slot_state(request_id)`` reads a running
     request's device state (white-box); ``batch_invariant_seeding``: a seeded request's output is
-    the same whatever it is batched with.
+    the same whatever it is batched with; ``sampling``: its requests may sample (``BatchRequest.sampling``
+    at temperature > 0; False: greedy only, and the batch checks that sample skip it, saying so).
     """
 
     max_batch: int = attrs.field(validator=_positive)
@@ -140,6 +141,7 @@ class BatchCapabilities:
     schedulable: bool = False
     per_slot_state: bool = False
     batch_invariant_seeding: bool = False
+    sampling: bool = True
 
 
 @attrs.frozen(kw_only=True)

@@ -29,8 +29,9 @@ __all__ = ["BatchMethods", "WireBatch", "batch_capabilities", "open_batch"]
 MAX_REQUEST_ID = 256  # the schemas' maxLength of a request id
 
 
-def batch_capabilities(batch: dict[str, Any]) -> BatchCapabilities:
-    """The handshake's ``batch`` object as ``BatchCapabilities`` (no per-slot state travels over the wire)."""
+def batch_capabilities(batch: dict[str, Any], *, sampling: bool = True) -> BatchCapabilities:
+    """The handshake's ``batch`` object as ``BatchCapabilities`` (no per-slot state travels over the wire;
+    ``sampling``: the handshake declares the capability ``sampling``)."""
     return BatchCapabilities(
         max_batch=batch["max_batch"],
         slots=batch["slots"],
@@ -39,6 +40,7 @@ def batch_capabilities(batch: dict[str, Any]) -> BatchCapabilities:
         schedulable=bool(batch.get("schedulable", False)),
         per_slot_state=False,
         batch_invariant_seeding=bool(batch.get("batch_invariant_seeding", False)),
+        sampling=sampling,
     )
 
 
@@ -81,7 +83,7 @@ class WireBatch:
         self._capabilities = capabilities
         self._max_context = max_context
         self._vocab_size = vocab_size
-        self.batch_capabilities = batch_capabilities(batch)
+        self.batch_capabilities = batch_capabilities(batch, sampling="sampling" in capabilities)
         self.scheme: str | None = None
         self._held: dict[str, _Held] = {}
 

@@ -107,7 +107,9 @@ def request_of(subject: BatchSubject, index: int, spec: ScheduledRequest) -> Bat
     if decode is not None and spec.stop_at is not None and spec.stop_at < len(continuation):
         decode = attrs.evolve(decode, stop=[continuation[spec.stop_at + 1 - spec.stop_length : spec.stop_at + 1]])
     drafter = ScriptedDrafter(spec.prompt, continuation, spec.plan, vocab_size=subject.vocab_size)
-    sampling = None if spec.seed is None else subject.sampled.with_seed(spec.seed)
+    # a seeded schedule entry samples, except on an engine that decodes batches greedily only (declared)
+    sampled = spec.seed is not None and subject.capabilities.sampling
+    sampling = subject.sampled.with_seed(spec.seed) if sampled else None
     return BatchRequest(
         request_id=f"r{index}",
         prompt=spec.prompt,

@@ -161,10 +161,12 @@ def _capabilities(subject: BatchSubject) -> Capabilities:
             "batched",
             *(("per_slot_state",) if white_box else ()),
             *(("batch_decode",) if subject.decode_features else ()),
+            *(("batch_sampling",) if caps.sampling else ()),
         },
         why_not={
             "per_slot_state": "the engine exposes no per-slot state (`per_slot_state`, `slot_state(id)`) "
             "or there is no model to compare a slot with (`oracle`)",
+            "batch_sampling": "the batched engine decodes greedily only (batch_capabilities.sampling is False)",
             "batch_decode": "the engine's batch requests take no decode parameters (it declares no "
             "batch_decode_features) or there is no model to decode plainly with (`oracle`)",
         },

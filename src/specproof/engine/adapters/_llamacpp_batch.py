@@ -115,7 +115,8 @@ class LlamaCppBatch:
             preemption=PREEMPTION_MODES,
             schedulable=True,
             per_slot_state=False,  # llama.cpp's per-sequence memory is not readable as arrays
-            batch_invariant_seeding=False,  # greedy only (one sampler chain per context)
+            batch_invariant_seeding=False,
+            sampling=False,  # greedy only (one sampler chain per context): add_request refuses sampling
         )
         self.n_batch = int(low.llama_n_batch(llm._ctx.ctx))
         # every row's judged positions fit one decode: parse_llamacpp_spec bounds parallel * (K + 1) by it
