@@ -16,6 +16,7 @@ import hypothesis
 from hypothesis import strategies as st
 
 from specproof.conformance._records import Capabilities
+from specproof.conformance._sampled_runs import engine_samples
 from specproof.conformance.checks.decode_grammar import usable as grammar_vocabulary
 from specproof.conformance.checks.decode_state import PROCESSOR_FEATURES, DecodeSubject
 from specproof.conformance.drivers._protocol import CheckItem, Driver
@@ -136,7 +137,7 @@ class DecodeStateDriver(Driver):
             make_engine = case.make_engine or (lambda: case.engine)
             make_reference, takes, k = case.make_reference, case.takes_drafter, case.k or 4
             states = hasattr(case.engine, "processor_states")
-            seeded = getattr(case.engine, "seeded", False) is True
+            seeded = engine_samples(case.engine) == (True, True)  # the sampling driver's one definition
         if declared is None:  # judged on parameter parity only: does it honour or refuse what it is sent?
             declared, states = (), False
         if not isinstance(declared, (tuple, list, frozenset, set)) or not all(isinstance(f, str) for f in declared):
