@@ -7,7 +7,9 @@
 // context and its ancestors, never a sibling) and per-branch state from the parent. The model's chunk
 // invariance (model.hpp) makes each node's row that of sequential decoding of its root path, bit for
 // bit. The round then commits the winning path: its KV rows and the conv state of its last kept node
-// (checkpoint), or the state before the round plus a replay of the kept tokens (replay).
+// (checkpoint), or the state before the round plus a replay of the kept tokens (replay). With
+// `sampling` (capability sampled_trees) the winning path is chosen by sampled_tree_accept (sampling.hpp)
+// instead of the greedy rule; verification and commit are the same.
 //
 // Included by main.cpp after class Engine: the Engine:: members below are declared in that class.
 #pragma once
