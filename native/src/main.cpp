@@ -40,7 +40,8 @@ static const char* kVersion = "0.1.0";
 static const char* kBugs[] = {"stale-conv", "processed-off-by-one", "skip-restore-when-zero-accepted",
                               "bonus-from-wrong-row", "prefix-reuse-stale-state", "tokens-after-eos",
                               "old-kv-row", "never-reuses-prefix", "overclaims-prefix-reuse", "wrong-residual",
-                              "slot-reuse-stale-state", "tree-as-chain", "penalty-counts-rejected"};
+                              "slot-reuse-stale-state", "tree-as-chain", "penalty-counts-rejected",
+                              "tree-sampled-stale-residual"};
 
 using Clock = std::chrono::steady_clock;
 static double us_since(Clock::time_point t0) {
@@ -178,7 +179,7 @@ class Engine {
           << kVersion << "\"},\"vocab_size\":" << m_.cfg.vocab_size << ",\"max_context\":" << max_context_
           << ",\"k\":" << opt_.k << ",\"rollback\":\"" << opt_.rollback
           << "\",\"capabilities\":[\"greedy\",\"suite_drafts\",\"state\",\"sessions\",\"state_delta\",\"state_digest\","
-             "\"sampling\",\"seeded\",\"batched\",\"trees\",\"tree_state\",\"penalties\",\"logit_bias\",\"bad_words\","
+             "\"sampling\",\"seeded\",\"batched\",\"trees\",\"tree_state\",\"sampled_trees\",\"penalties\",\"logit_bias\",\"bad_words\","
              "\"min_tokens\",\"stop_sequences\",\"logprobs\",\"processor_state\"],\"sampling_schemes\":[\""
           << opt_.scheme << "\",\"" << (opt_.scheme == "match" ? "rejection" : "match") << "\"]"
           << ",\"batch\":{\"max_batch\":" << opt_.slots << ",\"slots\":" << opt_.slots
@@ -295,7 +296,8 @@ class Engine {
             const int k_eff = std::max(0, std::min({k, remaining - 1, room - 1}));
             if (state) send_state(ch, id);
             if (tree_nodes_ > 0) {  // a tree round (tree.hpp)
-                const std::vector<int> emitted = tree_round(ch, id, round++, ctx, k_eff, remaining, eos, st);
+                const std::vector<int> emitted = tree_round(ch, id, round++, ctx, k_eff, remaining, eos, st,
+                                                               sampling ? &smp : nullptr, rng);
                 ctx.insert(ctx.end(), emitted.begin(), emitted.end());
                 out.insert(out.end(), emitted.begin(), emitted.end());
                 if (eos >= 0 && emitted.back() == eos) {
@@ -859,7 +861,7 @@ class Engine {
     void ask_tree(Channel& ch, long long id, int round, int ctx_len, int k, std::vector<int>& tokens,
                   std::vector<int>& parents);
     std::vector<int> tree_round(Channel& ch, long long id, int round, const std::vector<int>& ctx, int k_eff,
-                                int remaining, int eos, StatsCounter& st);
+                                int remaining, int eos, StatsCounter& st, const SamplingParams* smp, Rng& rng);
     void send_node_states(Channel& ch, long long id, struct TreeForward& f, const std::vector<int>& parents);
 
     void keep_snapshot() {

@@ -155,4 +155,39 @@ inline std::pair<int, int> match_accept(const std::vector<int>& draft, const std
     return {static_cast<int>(draft.size()), draw(p[draft.size()], rng)};
 }
 
+// Recursive rejection sampling over a deterministic tree's siblings (capability sampled_trees;
+// docs/contract.md, Sampled trees). Fed node 0 is the pending token; children[n]: node n's children in
+// flattened order; tokens[n]: fed node n's token; p[n]: its processed distribution. From node 0 down, r is
+// the node's p; child x (one-hot q) is kept with probability min(1, r(x)), i.e. when one uniform < r(x);
+// on a rejection r <- normalize(max(r - onehot(x), 0)) (x zeroed; planted bug `stale_residual`: r left
+// as it was) and the next sibling is tried. When every child is rejected (or there is none) the round's
+// last token is a draw from r. Returns (the kept fed nodes below node 0, root first; the last token).
+inline std::pair<std::vector<int>, int> sampled_tree_accept(const std::vector<std::vector<int>>& children,
+                                                            const std::vector<int>& tokens,
+                                                            const std::vector<std::vector<double>>& p, Rng& rng,
+                                                            bool stale_residual) {
+    std::vector<int> path;
+    int node = 0;
+    while (true) {
+        std::vector<double> r = p[static_cast<size_t>(node)];
+        int kept = -1;
+        for (int child : children[static_cast<size_t>(node)]) {
+            const size_t x = static_cast<size_t>(tokens[static_cast<size_t>(child)]);
+            if (rng.uniform() < r[x]) {
+                kept = child;
+                break;
+            }
+            if (stale_residual) continue;
+            double mass = 0.0;
+            for (size_t t = 0; t < r.size(); ++t) mass += t == x ? 0.0 : r[t];
+            if (mass <= 0.0) continue;  // r was one-hot on x: the rejection had probability 0, r stays the law
+            r[x] = 0.0;
+            for (double& v : r) v /= mass;
+        }
+        if (kept < 0) return {path, draw(r, rng)};
+        path.push_back(kept);
+        node = kept;
+    }
+}
+
 }  // namespace sp

@@ -7,7 +7,9 @@
 // context and its ancestors, never a sibling) and per-branch state from the parent. The model's chunk
 // invariance (model.hpp) makes each node's row that of sequential decoding of its root path, bit for
 // bit. The round then commits the winning path: its KV rows and the conv state of its last kept node
-// (checkpoint), or the state before the round plus a replay of the kept tokens (replay).
+// (checkpoint), or the state before the round plus a replay of the kept tokens (replay). With
+// `sampling` (capability sampled_trees) the winning path is chosen by sampled_tree_accept (sampling.hpp)
+// instead of the greedy rule; verification and commit are the same.
 //
 // Included by main.cpp after class Engine: the Engine:: members below are declared in that class.
 #pragma once
@@ -19,6 +21,7 @@
 
 #include "json.hpp"
 #include "model.hpp"
+#include "sampling.hpp"
 
 namespace sp {
 
@@ -114,7 +117,9 @@ static inline std::vector<int> greedy_tree_path(const std::vector<int>& tokens, 
     return path;
 }
 
-// `generate`'s "tree": {"max_nodes": N} (capability trees): suite drafts, greedy only.
+// `generate`'s "tree": {"max_nodes": N} (capability trees): suite drafts; with `sampling` (capability
+// sampled_trees) verified by recursive rejection sampling over siblings (sampled_tree_accept), the one
+// tree scheme: a request naming scheme "match" is refused.
 inline void Engine::parse_tree(const Json& req, bool greedy, bool suite, bool sampling) {
     tree_nodes_ = 0;
     const Json* t = greedy ? nullptr : req.get("tree");
@@ -123,7 +128,9 @@ inline void Engine::parse_tree(const Json& req, bool greedy, bool suite, bool sa
     if (!n || !n->is_int() || n->integer < 1 || n->integer > kMaxTreeNodes)
         throw RequestError("tree needs max_nodes, an integer in 1.." + std::to_string(kMaxTreeNodes));
     if (!suite) throw RequestError("tree drafts come from the suite: a tree request needs drafts \"suite\"");
-    if (sampling) throw RequestError("this engine verifies trees greedily only: a tree request takes no sampling");
+    if (const Json* s = req.get("scheme"); sampling && s && s->kind == Json::String && s->str != "rejection")
+        throw RequestError("a sampled tree is verified by recursive rejection sampling: a tree request takes scheme "
+                           "\"rejection\" (or none), not \"" + s->str + "\"");
     tree_nodes_ = static_cast<int>(n->integer);
     tree_node_state_ = false;
     if (const Json* ns = t->get("node_state"); ns && ns->kind == Json::Bool) tree_node_state_ = ns->boolean;
@@ -201,7 +208,8 @@ inline void Engine::ask_tree(Channel& ch, long long id, int round, int ctx_len, 
 // One tree round after the state message: ask, verify every node in one tree forward, accept the
 // winning path, commit its state, send the round record. Returns the emitted tokens.
 inline std::vector<int> Engine::tree_round(Channel& ch, long long id, int round, const std::vector<int>& ctx,
-                                           int k_eff, int remaining, int eos, StatsCounter& st) {
+                                           int k_eff, int remaining, int eos, StatsCounter& st,
+                                           const SamplingParams* smp, Rng& rng) {
     std::vector<int> draft, parents;
     if (k_eff > 0) ask_tree(ch, id, round, static_cast<int>(ctx.size()), k_eff, draft, parents);
     const int n = static_cast<int>(draft.size());
@@ -224,10 +232,22 @@ inline std::vector<int> Engine::tree_round(Channel& ch, long long id, int round,
         const float* row = &f.logits[static_cast<size_t>(r) * V];
         argmax[r] = static_cast<int>(std::max_element(row, row + V) - row);  // first max
     }
-    const std::vector<int> path = greedy_tree_path(draft, parents, argmax);
+    std::vector<int> path;  // draft node indices, root first
     std::vector<int> accepted;
-    for (int node : path) accepted.push_back(draft[node]);
-    accepted.push_back(argmax[path.empty() ? 0 : path.back() + 1]);
+    if (smp != nullptr) {  // capability sampled_trees: the sampled rule over the rows as fed (run_parents)
+        std::vector<std::vector<int>> children(static_cast<size_t>(n) + 1);
+        for (int i = 1; i <= n; ++i) children[static_cast<size_t>(fed_parents[i])].push_back(i);
+        std::vector<std::vector<double>> p(static_cast<size_t>(n) + 1);
+        for (int r = 0; r <= n; ++r) p[r] = processed_distribution(&f.logits[static_cast<size_t>(r) * V], V, *smp);
+        const auto verdict = sampled_tree_accept(children, fed, p, rng, bug("tree-sampled-stale-residual"));
+        for (int node : verdict.first) path.push_back(node - 1);
+        for (int node : path) accepted.push_back(draft[node]);
+        accepted.push_back(verdict.second);
+    } else {
+        path = greedy_tree_path(draft, parents, argmax);
+        for (int node : path) accepted.push_back(draft[node]);
+        accepted.push_back(argmax[path.empty() ? 0 : path.back() + 1]);
+    }
     std::vector<int> emitted(accepted.begin(), accepted.begin() + std::min(remaining, static_cast<int>(accepted.size())));
     if (eos >= 0) {
         auto it = std::find(emitted.begin(), emitted.end(), eos);

@@ -128,7 +128,10 @@ def test_bad_tree_requests_get_errors_naming_them(start: Callable[..., ExecEngin
         for extra, problem in (
             ({"tree": {"max_nodes": 0}}, "tree needs max_nodes, an integer in 1..64"),
             ({"tree": {"max_nodes": 4}, "drafts": "engine"}, 'a tree request needs drafts "suite"'),
-            ({"tree": {"max_nodes": 4}, "sampling": {"temperature": 0.7, "seed": 1}}, "takes no sampling"),
+            (
+                {"tree": {"max_nodes": 4}, "sampling": {"temperature": 0.7, "seed": 1}, "scheme": "match"},
+                'a tree request takes scheme "rejection"',
+            ),
         ):
             rid = channel.new_id()
             message = {"type": "generate", "id": rid, "prompt": [1, 2], "max_new_tokens": 4, "drafts": "suite"}

@@ -164,6 +164,10 @@ def run_tree_sampled_search(
     oracle = make_reference()
     vocab = int(oracle.vocab_size)
     decoder = make_decoder(None, drafter, MAX_NODES, MAX_DEPTH)
+    refused = getattr(decoder, "no_sampling_reason", None)  # a wire engine without sampled_trees says why
+    if isinstance(refused, str):
+        search.why_not = refused
+        return search
     try:
         takes = "sampling" in inspect.signature(decoder.generate).parameters
     except (TypeError, ValueError, AttributeError):

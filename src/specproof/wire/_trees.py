@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from specproof.contract import Generation, Step, StopReason
 from specproof.contract.errors import DrafterContractError, InvalidSettingError
+from specproof.contract.sampling import SamplingParams
 from specproof.contract.tree import MAX_TREE_NODES, TreeDraft
 from specproof.contract.validation import int_at_least
 from specproof.engine import TreeRound
@@ -31,12 +32,22 @@ from specproof.wire._limits import check_array_shape
 from specproof.wire._requests import _stats
 from specproof.wire._state_view import WireTargetView, decode_float32
 
-__all__ = ["TREES", "TREE_STATE", "WireTreeDecoder", "WireTreeProbe", "WireTreeTarget"]
+__all__ = [
+    "SAMPLED_TREES",
+    "TREES",
+    "TREE_STATE",
+    "WireSampledTreeDecoder",
+    "WireTreeDecoder",
+    "WireTreeProbe",
+    "WireTreeTarget",
+]
 
 #: the capability: the engine takes ``generate.tree`` and verifies tree drafts
 TREES = "trees"
 #: the capability: with ``generate.tree.node_state`` the engine sends each draft node's state and logits row
 TREE_STATE = "tree_state"
+#: the capability: a tree ``generate`` may carry ``sampling`` (recursive rejection sampling over siblings)
+SAMPLED_TREES = "sampled_trees"
 
 
 @attrs.frozen
@@ -109,7 +120,22 @@ class WireTreeDecoder:
     def __repr__(self) -> str:
         return self.name
 
+    @property
+    def no_sampling_reason(self) -> str | None:
+        """Why this decoder's engine is never sent a sampled tree (None: it may be)."""
+        if SAMPLED_TREES in self.engine.capabilities:
+            return None
+        return (
+            f"engine {self.engine.label} does not declare the '{SAMPLED_TREES}' capability: it verifies trees "
+            "greedily only, so no sampled tree is sent to it (docs/protocol.md, Trees)"
+        )
+
     def generate(self, prompt: Sequence[int], max_new_tokens: int, *, eos_token_id: int | None = None) -> Generation:
+        return self._generate(prompt, max_new_tokens, eos_token_id, None)
+
+    def _generate(
+        self, prompt: Sequence[int], max_new_tokens: int, eos_token_id: int | None, sampling: SamplingParams | None
+    ) -> Generation:
         channel: Channel = self.engine._channel
         engine = self.engine
         # bad input is refused here, before anything is sent (the engine would answer an error)
@@ -118,6 +144,8 @@ class WireTreeDecoder:
         check_eos_token(eos_token_id, vocab_size=engine.vocab_size)
         rid = channel.new_id()
         request = request_text("generate", rid, tokens, max_new_tokens) + " with tree drafts"
+        if sampling is not None:
+            request += f", sampling {sampling.describe()}"
         channel.send(
             {
                 "type": "generate",
@@ -128,6 +156,7 @@ class WireTreeDecoder:
                 "drafts": "suite",
                 "state": self._view is not None,
                 "tree": {"max_nodes": self.max_nodes, **({"node_state": True} if self.node_state else {})},
+                **({"sampling": sampling.to_json()} if sampling is not None else {}),
             },
             request,
         )
@@ -141,6 +170,32 @@ class WireTreeDecoder:
         self.last_rounds = tuple(rounds.rounds)
         self.last_node_states = rounds.node_states
         return generation
+
+
+class WireSampledTreeDecoder(WireTreeDecoder):
+    """A ``WireTreeDecoder`` whose ``generate`` also takes ``sampling=`` (capability ``sampled_trees``): the
+    engine verifies each round's tree by recursive rejection sampling over siblings (docs/contract.md,
+    "Sampled trees"); a seeded request gives one output."""
+
+    def __init__(
+        self, engine: Any, drafter: object, *, max_nodes: int, max_depth: int, node_state: bool = False
+    ) -> None:
+        super().__init__(engine, drafter, max_nodes=max_nodes, max_depth=max_depth, node_state=node_state)
+        reason = self.no_sampling_reason
+        if reason is not None:
+            raise InvalidSettingError(reason)
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise InvalidSettingError(f"sampling={sampling!r} must be a specproof SamplingParams or None")
+        return self._generate(prompt, max_new_tokens, eos_token_id, sampling)
 
 
 class _TreeRounds:
@@ -432,4 +487,6 @@ class TreeMethods:
         None: the engine's own model verifies the trees (it exposes no ``tree_target``)."""
         if target is not None:
             raise InvalidSettingError(f"engine {self.label} verifies trees on its own model: target must be None")
+        if SAMPLED_TREES in self.capabilities:  # its generate takes sampling=: tree.sampled-distribution runs
+            return WireSampledTreeDecoder(self, drafter, max_nodes=max_nodes, max_depth=max_depth)
         return WireTreeDecoder(self, drafter, max_nodes=max_nodes, max_depth=max_depth)  # type: ignore[arg-type]
