@@ -107,7 +107,8 @@ def test_with_the_options_given_the_check_runs_and_not_applicable_is_a_skip_with
 
 
 def test_the_real_option_messages_name_the_flag_and_the_section() -> None:
-    assert options.get("batches").not_given() == "batches were not asked for: give --batches (docs/contract.md, Batches)"
+    batches = "batches were not asked for: give --batches (docs/contract.md, Batches)"
+    assert options.get("batches").not_given() == batches
     assert options.get("sampling").not_given().startswith("sampled decoding was not asked for: give --sampling temp")
     assert options.get("seed").not_given() == "seed was not asked for: give --seed"  # no words of its own
 
