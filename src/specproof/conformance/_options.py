@@ -51,6 +51,13 @@ class Option:
     # a ``Plan.create`` argument of the same name (False: resolved first, e.g. --db opens a database,
     # or not part of the plan at all, e.g. --report)
     plan: bool = True
+    # an opt-in option (some checks run only with it): why those checks skip when it is not given,
+    # ``{flag}`` standing for ``cli`` (the drivers' ``options``, drivers/_protocol.py)
+    skip_without: str = ""
+
+    def not_given(self) -> str:
+        """Why a check that runs only with this option skips without it (it names the flag to give)."""
+        return (self.skip_without or f"{self.dest} was not asked for: give {{flag}}").format(flag=self.cli)
 
     def kwargs(self, verb: str) -> dict[str, Any]:
         out: dict[str, Any] = {"help": self.help.format(verb=verb), "default": self.default}
@@ -137,6 +144,8 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PARAMS",
         help="also {verb} sampled decoding at these parameters: temperature=T[,top_k=K,top_p=P,min_p=M] "
         "(the sampling checks run only with it; docs/contract.md, Sampling)",
+        skip_without="sampled decoding was not asked for: give {flag} temperature=T[,top_p=P,...] "
+        "(docs/contract.md, Sampling)",
     ),
     Option(
         dest="batches",
@@ -145,6 +154,7 @@ OPTIONS: tuple[Option, ...] = (
         flag=True,
         help="also {verb} a batched engine's batches: the batch.* checks run only with it (at quick they add "
         "about 250%% to the built-in stack's CPU time; docs/contract.md, Batches)",
+        skip_without="batches were not asked for: give {flag} (docs/contract.md, Batches)",
     ),
     Option(
         dest="decode_state",
@@ -153,6 +163,7 @@ OPTIONS: tuple[Option, ...] = (
         flag=True,
         help="also {verb} decode-time state (penalties, logit bias, bad words, min_tokens, stop sequences) on "
         "engines that declare decode_features: the decode.* checks run only with it (docs/contract.md, Decode state)",
+        skip_without="decode-time parameters were not asked for: give {flag} (docs/contract.md, Decode state)",
     ),
     Option(
         dest="trees",
@@ -161,6 +172,7 @@ OPTIONS: tuple[Option, ...] = (
         flag=True,
         help="also {verb} token-tree drafts on a tree engine: the tree.* checks run only with it "
         "(docs/contract.md, Trees)",
+        skip_without="trees were not asked for: give {flag} (docs/contract.md, Trees)",
     ),
     Option(
         dest="seed",

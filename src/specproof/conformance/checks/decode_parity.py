@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import attrs
 from hypothesis import strategies as st
 
-from specproof.conformance.checks.decode_state import DecodeSubject, ScheduleDrafter
+from specproof.conformance.checks.decode_state import DecodeExample, DecodeSubject, ScheduleDrafter
 from specproof.contract import DecodeParams, Generation, Violation
 from specproof.contract.decode_state import plain_decode_with
 from specproof.strategies import contexts, draft_schedules
@@ -24,7 +23,7 @@ from specproof.strategies import contexts, draft_schedules
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
-__all__ = ["PARITY_PARAMETERS", "ParityExample", "check_parameter_parity", "draw_parity_example"]
+__all__ = ["PARITY_PARAMETERS", "check_parameter_parity", "draw_parity_example"]
 
 PARITY_PARAMETERS: tuple[str, ...] = (
     "frequency_penalty",
@@ -36,27 +35,7 @@ PARITY_PARAMETERS: tuple[str, ...] = (
 """The parameters the parity check sets, one at a time."""
 
 
-@attrs.frozen(kw_only=True)
-class ParityExample:
-    parameter: str
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    params: DecodeParams
-    eos_token_id: int | None
-    schedule: tuple[tuple[int, int], ...]
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "parameter": self.parameter,
-            "prompt": list(self.prompt),
-            "max_new_tokens": self.max_new_tokens,
-            "eos_token_id": self.eos_token_id,
-            "decode": self.params.to_json(),
-            "draft_schedule": [list(r) for r in self.schedule],
-        }
-
-
-def draw_parity_example(data: st.DataObject, subject: DecodeSubject) -> ParityExample:
+def draw_parity_example(data: st.DataObject, subject: DecodeSubject) -> DecodeExample:
     """One parameter alone, with a value taken from plain decoding's free continuation so that it bites: a
     -100 bias on one of its tokens, ``min_tokens`` past an EOS id placed on it, or a strong penalty."""
     prompt = tuple(data.draw(contexts(subject.vocab_size, min_size=1, max_size=min(subject.max_prompt, 16)), "prompt"))
@@ -74,12 +53,12 @@ def draw_parity_example(data: st.DataObject, subject: DecodeSubject) -> ParityEx
     else:
         params = DecodeParams(**{parameter: data.draw(st.sampled_from([3.0, 1.5]), label="value")})
     schedule = tuple(data.draw(draft_schedules(k=subject.k), label="draft schedule"))
-    return ParityExample(
-        parameter=parameter, prompt=prompt, max_new_tokens=n, params=params, eos_token_id=eos, schedule=schedule
+    return DecodeExample(  # its kind: the one parameter it sets
+        kind=parameter, prompt=prompt, max_new_tokens=n, params=params, eos_token_id=eos, schedule=schedule
     )
 
 
-def _run(subject: DecodeSubject, ex: ParityExample, source: tuple[int, ...], **decode: Any) -> Generation:
+def _run(subject: DecodeSubject, ex: DecodeExample, source: tuple[int, ...], **decode: Any) -> Generation:
     engine = subject.make_engine()
     if subject.takes_drafter:
         engine.drafter = ScheduleDrafter(len(ex.prompt), source, ex.schedule, subject.vocab_size)
@@ -90,20 +69,20 @@ def _run(subject: DecodeSubject, ex: ParityExample, source: tuple[int, ...], **d
 
 
 def check_parameter_parity(
-    inv: Invariant, subject: DecodeSubject, ex: ParityExample
+    inv: Invariant, subject: DecodeSubject, ex: DecodeExample
 ) -> tuple[list[Violation], int, str]:
     """The engine's output with the parameter equals plain decoding's with it, or the engine refused it."""
-    reference = subject.make_reference
+    parameter, reference = ex.kind, subject.make_reference  # (a parity example's kind: the one parameter it sets)
     want = plain_decode_with(reference(), ex.prompt, ex.max_new_tokens, decode=ex.params, eos_token_id=ex.eos_token_id)
     plain = plain_decode_with(
         reference(), ex.prompt, ex.max_new_tokens, decode=DecodeParams(), eos_token_id=ex.eos_token_id
     )
     if (want.tokens, want.stop_reason) == (plain.tokens, plain.stop_reason):
-        return [], 0, f"{ex.parameter}={ex.params.to_json()[ex.parameter]!r} did not change plain decoding's output"
+        return [], 0, f"{parameter}={ex.params.to_json()[parameter]!r} did not change plain decoding's output"
     try:
         got = _run(subject, ex, want.tokens, decode=ex.params)
     except Exception as exc:  # a refusal: the engine said it does not honour the parameter
-        return [], 0, f"the engine refused {ex.parameter}: {type(exc).__name__}: {exc}"
+        return [], 0, f"the engine refused {parameter}: {type(exc).__name__}: {exc}"
     if (got.tokens, got.stop_reason) == (want.tokens, want.stop_reason):
         return [], 1, ""
     try:
@@ -113,14 +92,14 @@ def check_parameter_parity(
     example = ex.to_json()
     if got.tokens == without:
         text = (
-            f"{ex.parameter} changes plain decoding's output, but the engine accepted it and its output is the same "
+            f"{parameter} changes plain decoding's output, but the engine accepted it and its output is the same "
             "as without it (silently ignored, the vLLM #18902 class)"
         )
     else:
         at = next((i for i, (a, b) in enumerate(zip(want.tokens, got.tokens, strict=False)) if a != b), None)
         at = min(len(want.tokens), len(got.tokens)) if at is None else at
         text = (
-            f"with {ex.parameter} the engine's output differs from plain decoding's with it at token {at} "
+            f"with {parameter} the engine's output differs from plain decoding's with it at token {at} "
             f"(expected {len(want.tokens)} tokens ending {want.stop_reason}, got {len(got.tokens)} ending "
             f"{got.stop_reason})"
         )

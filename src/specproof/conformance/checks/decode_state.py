@@ -55,6 +55,9 @@ class DecodeSubject:
 
 @attrs.frozen(kw_only=True)
 class DecodeExample:
+    """One request of a decode check: ``kind`` is what it varies (a decode check's kind; for the parity check,
+    the one parameter it sets)."""
+
     kind: str
     prompt: tuple[int, ...]
     max_new_tokens: int

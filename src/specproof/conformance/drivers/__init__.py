@@ -12,14 +12,23 @@ from specproof.conformance.drivers._batches import BatchDriver
 from specproof.conformance.drivers._decode_state import DecodeStateDriver
 from specproof.conformance.drivers._engine_cases import EngineCaseDriver
 from specproof.conformance.drivers._examples import ExamplesDriver
-from specproof.conformance.drivers._protocol import CheckItem, Driver, DriverContext
+from specproof.conformance.drivers._protocol import CheckItem, Driver, DriverContext, NotApplicable, require
 from specproof.conformance.drivers._rollback_machine import RollbackMachineDriver
 from specproof.conformance.drivers._sampling import SamplingDriver
 from specproof.conformance.drivers._session_machine import SessionMachineDriver
 from specproof.conformance.drivers._tree_sampling import TreeSamplingDriver
 from specproof.conformance.drivers._trees import TreeDriver
 
-__all__ = ["DRIVERS", "CheckItem", "Driver", "DriverContext", "driver_class", "register_driver"]
+__all__ = [
+    "DRIVERS",
+    "CheckItem",
+    "Driver",
+    "DriverContext",
+    "NotApplicable",
+    "driver_class",
+    "register_driver",
+    "require",
+]
 
 DRIVERS: dict[str, type[Driver]] = {
     ExamplesDriver.name: ExamplesDriver,

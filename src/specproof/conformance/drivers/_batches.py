@@ -26,7 +26,7 @@ from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks.batch import BatchSubject
 from specproof.conformance.checks.batch_distribution import SampledTally
 from specproof.conformance.checks.batch_seeds import schedule_alpha
-from specproof.conformance.drivers._protocol import CheckItem, Driver
+from specproof.conformance.drivers._protocol import CheckItem, Driver, NotApplicable, require
 from specproof.contract import DECODE_FEATURES, BatchCapabilities, ViolationError
 from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceHybrid, ReferenceSlotPool
 from specproof.strategies import batch_schedules
@@ -46,21 +46,13 @@ class BatchDriver(Driver):
     """Batch schedules on each engine case that batches."""
 
     name = "batch-schedules"
+    options = ("batches",)
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
         inv, case = item.invariant, item.engine
         assert case is not None
-        if not self.plan.batches:
-            result.skip("batches were not asked for: give --batches (docs/contract.md, Batches)")
-            return
-        subject, why = self._subject(case)
-        if subject is None:
-            result.skip(why)
-            return
-        lacks = inv.applies(_capabilities(subject))
-        if lacks is not None:
-            result.skip(lacks)
-            return
+        subject = self._subject(case)
+        require(inv, _capabilities(subject))
         strategy = batch_schedules(
             vocab_size=subject.vocab_size,
             k=subject.k,
@@ -97,8 +89,8 @@ class BatchDriver(Driver):
         if not result.exercised:
             result.skip(notes[-1] if notes else "no schedule reached this check")
 
-    def _subject(self, case: EngineCase) -> tuple[BatchSubject | None, str]:
-        """The case as a batch subject, or None and why it does not batch."""
+    def _subject(self, case: EngineCase) -> BatchSubject:
+        """The case as a batch subject (``NotApplicable`` saying why when it does not batch)."""
         plan, cache = self.plan, self.context.cache
         horizon = plan.profile.max_new_tokens
 
@@ -110,7 +102,9 @@ class BatchDriver(Driver):
             target = plan.suite.target
             model = target.make() if target is not None else None
             if not isinstance(model, ReferenceHybrid):
-                return None, "the built-in batched decoder runs on the reference hybrid only (a ReferenceSlotPool)"
+                raise NotApplicable(
+                    "the built-in batched decoder runs on the reference hybrid only (a ReferenceSlotPool)"
+                )
             k = case.k or 4
             rollback: Literal["checkpoint", "replay"] = "checkpoint" if case.rollback == "checkpoint" else "replay"
 
@@ -124,25 +118,24 @@ class BatchDriver(Driver):
         else:
             caps = getattr(case.engine, "batch_capabilities", None)
             if not isinstance(caps, BatchCapabilities) or case.make_engine is None:
-                return None, "the engine declares no batch_capabilities: it does not batch (docs/contract.md, Batches)"
+                raise NotApplicable(
+                    "the engine declares no batch_capabilities: it does not batch (docs/contract.md, Batches)"
+                )
             make_engine, k, make_reference = case.make_engine, case.k or 4, case.make_reference
             # what its batch requests honour (a solo call's decode_features may not reach its batch path)
             batch_decode = getattr(case.engine, "batch_decode_features", ())
         decode = _decode_features(batch_decode) if make_reference is not None else frozenset()
-        return (
-            BatchSubject(
-                make_engine=make_engine,
-                greedy=greedy,
-                vocab_size=case.vocab_size,
-                k=k,
-                capabilities=caps,
-                make_reference=make_reference,
-                tie_tolerance=case.tie_tolerance,
-                atol=case.atol,
-                sampling=plan.sampling,
-                decode_features=decode,
-            ),
-            "",
+        return BatchSubject(
+            make_engine=make_engine,
+            greedy=greedy,
+            vocab_size=case.vocab_size,
+            k=k,
+            capabilities=caps,
+            make_reference=make_reference,
+            tie_tolerance=case.tie_tolerance,
+            atol=case.atol,
+            sampling=plan.sampling,
+            decode_features=decode,
         )
 
 

@@ -19,7 +19,7 @@ from specproof.conformance._records import Capabilities
 from specproof.conformance._sampled_runs import engine_samples
 from specproof.conformance.checks.decode_grammar import usable as grammar_vocabulary
 from specproof.conformance.checks.decode_state import PROCESSOR_FEATURES, DecodeSubject
-from specproof.conformance.drivers._protocol import CheckItem, Driver
+from specproof.conformance.drivers._protocol import CheckItem, Driver, NotApplicable, require
 from specproof.contract import DECODE_FEATURES, ViolationError
 from specproof.engine import NgramDrafter, SpecDecoder
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DecodeStateDriver", "decode_capabilities"]
 
-_NOT_ASKED = "decode-time parameters were not asked for: give --decode-state (docs/contract.md, Decode state)"
 _UNDECLARED = (
     "the engine declares no decode_features, so its decode-time parameters are not judged "
     "(docs/contract.md, Decode state)"
@@ -80,23 +79,13 @@ class DecodeStateDriver(Driver):
     """Requests with decode parameters on each engine case that declares them."""
 
     name = "decode-state"
+    options = ("decode_state",)
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
         inv, case = item.invariant, item.engine
         assert case is not None and inv.draw is not None
-        if not self.plan.decode_state:
-            result.skip(
-                "decode-time parameters were not asked for: give --decode-state (docs/contract.md, Decode state)"
-            )
-            return
-        subject, caps, why = self._subject(case)
-        if subject is None or caps is None:
-            result.skip(why)
-            return
-        lacks = inv.applies(caps)
-        if lacks is not None:
-            result.skip(lacks)
-            return
+        subject, caps = self._subject(case)
+        require(inv, caps)
         notes: list[str] = []
         profile = self.plan.profile
 
@@ -114,13 +103,13 @@ class DecodeStateDriver(Driver):
         if not result.exercised:
             result.skip(notes[0] if notes else "no request reached this check")
 
-    def _subject(self, case: EngineCase) -> tuple[DecodeSubject | None, Capabilities | None, str]:
-        """The case as a decode-state subject with its capabilities, or None and why it is not one."""
+    def _subject(self, case: EngineCase) -> tuple[DecodeSubject, Capabilities]:
+        """The case as a decode-state subject with its capabilities (``NotApplicable`` saying why it is not one)."""
         profile = self.plan.profile
         if case.kind == "builtin":
             target = self.plan.suite.target
             if target is None:
-                return None, None, "no target to run the built-in decoder on"
+                raise NotApplicable("no target to run the built-in decoder on")
             k, rollback = case.k or 4, case.rollback or "checkpoint"
 
             def make_builtin() -> Any:
@@ -133,7 +122,7 @@ class DecodeStateDriver(Driver):
             declared = getattr(case.engine, "decode_features", None)
             if case.make_reference is None:
                 no_model = "the engine exposes no model (`oracle`, `target`) to decode plainly with"
-                return None, None, _UNDECLARED if declared is None else no_model
+                raise NotApplicable(_UNDECLARED if declared is None else no_model)
             make_engine = case.make_engine or (lambda: case.engine)
             make_reference, takes, k = case.make_reference, case.takes_drafter, case.k or 4
             states = hasattr(case.engine, "processor_states")
@@ -141,11 +130,11 @@ class DecodeStateDriver(Driver):
         if declared is None:  # judged on parameter parity only: does it honour or refuse what it is sent?
             declared, states = (), False
         if not isinstance(declared, (tuple, list, frozenset, set)) or not all(isinstance(f, str) for f in declared):
-            return None, None, f"decode_features={declared!r} must be a tuple of names from {DECODE_FEATURES}"
+            raise NotApplicable(f"decode_features={declared!r} must be a tuple of names from {DECODE_FEATURES}")
         features = frozenset(str(f) for f in declared)
         unknown = sorted(features - set(DECODE_FEATURES))
         if unknown:
-            return None, None, f"decode_features names {unknown}, not among {DECODE_FEATURES}"
+            raise NotApplicable(f"decode_features names {unknown}, not among {DECODE_FEATURES}")
         subject = DecodeSubject(
             make_engine=make_engine,
             make_reference=make_reference,
@@ -163,4 +152,4 @@ class DecodeStateDriver(Driver):
             declared=bool(features),
             seeded=seeded,
         )
-        return subject, caps, ""
+        return subject, caps

@@ -16,7 +16,7 @@ from specproof.conformance._engine_runs import case_greedy
 from specproof.conformance._sampled_runs import SampledSearch, run_sampled_search
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance._subjects import Suite
-from specproof.conformance.drivers._protocol import CheckItem, Driver
+from specproof.conformance.drivers._protocol import CheckItem, Driver, NotApplicable
 from specproof.contract import ViolationError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +29,7 @@ class SamplingDriver(Driver):
     """One sampled search per engine case, judged by each engine invariant of this driver."""
 
     name = "sampling"
+    options = ("sampling",)
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
@@ -60,9 +61,6 @@ class SamplingDriver(Driver):
         return found
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
-        if self.plan.sampling is None:
-            result.skip("sampled decoding was not asked for: give --sampling temperature=T[,top_p=P,...]")
-            return
         inv = item.invariant
         assert inv.check is not None
         if inv.subject == "drafter":
@@ -71,8 +69,7 @@ class SamplingDriver(Driver):
         else:
             search = self.search(item)
             if search.why_not is not None:
-                result.skip(search.why_not)
-                return
+                raise NotApplicable(search.why_not)
             outcome = inv.check(self, _Judged(item.engine, search, self))
         result.examples += max(outcome.exercised, 1)
         result.statistics = outcome.statistics

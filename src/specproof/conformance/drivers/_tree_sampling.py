@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance._tree_sampled_runs import MAX_DEPTH, run_tree_sampled_search
-from specproof.conformance.drivers._protocol import CheckItem
+from specproof.conformance.drivers._protocol import CheckItem, NotApplicable
 from specproof.conformance.drivers._trees import TreeDriver
 from specproof.contract import ViolationError
 
@@ -32,21 +32,14 @@ class TreeSamplingDriver(TreeDriver):
     """Seeded sampled generations of each tree engine case, scored against the oracle's ``p``."""
 
     name = "tree-sampling"
+    options = ("trees", "sampling")
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
         inv, case = item.invariant, item.engine
         assert case is not None and inv.check is not None
         plan = self.plan
-        if not plan.trees:
-            result.skip("trees were not asked for: give --trees (docs/contract.md, Trees)")
-            return
-        subject, why = self._subject(case)
-        if subject is None:
-            result.skip(why)
-            return
-        if plan.sampling is None:
-            result.skip("sampled decoding was not asked for: give --sampling temperature=T[,top_p=P,...]")
-            return
+        assert plan.sampling is not None  # (``options``)
+        subject = self._subject(case)
         profile = plan.profile
         room = (case.capacity or case.max_context or 64) - profile.max_new_tokens - MAX_DEPTH - 1
         search = run_tree_sampled_search(
@@ -60,8 +53,7 @@ class TreeSamplingDriver(TreeDriver):
             alpha=FALSE_FAIL_BOUND,
         )
         if search.why_not is not None:
-            result.skip(search.why_not)
-            return
+            raise NotApplicable(search.why_not)
         outcome = inv.check(self, search)
         result.examples += len(search.runs)
         result.exercised += outcome.exercised

@@ -12,7 +12,7 @@ non-first branches too) and an arbitrary probe tree for ``tree.per-node-state``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import hypothesis
 from hypothesis import strategies as st
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from specproof.conformance._engine_runs import case_greedy
 from specproof.conformance._records import Capabilities
 from specproof.conformance.checks.tree import TreeCase, TreeSubject
-from specproof.conformance.drivers._protocol import CheckItem, Driver
+from specproof.conformance.drivers._protocol import CheckItem, Driver, NotApplicable, require
 from specproof.contract import ViolationError
 from specproof.engine import ReferenceHybrid, TreeSpecDecoder
 from specproof.strategies import tree_parents, tree_plans
@@ -86,30 +86,23 @@ class TreeDriver(Driver):
     """Tree cases on each engine case that verifies trees."""
 
     name = "tree-cases"
+    options: ClassVar[tuple[str, ...]] = ("trees",)  # (widened: the tree-sampling driver adds one)
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
         inv, case = item.invariant, item.engine
         assert case is not None
-        if not self.plan.trees:
-            result.skip("trees were not asked for: give --trees (docs/contract.md, Trees)")
-            return
-        subject, why = self._subject(case)
-        if subject is None:
-            result.skip(why)
-            return
+        subject = self._subject(case)
         has = {"tree", *(("tree_state",) if (subject.make_target or subject.make_probe) is not None else ())}
-        lacks = inv.applies(
+        require(
+            inv,
             Capabilities(
                 has=has,
                 why_not={
                     "tree_state": "the engine exposes no tree target (`tree_target()`; over the wire, capability "
                     "`tree_state`) to read per-node state"
                 },
-            )
+            ),
         )
-        if lacks is not None:
-            result.skip(lacks)
-            return
         strategy = tree_cases(
             vocab_size=subject.vocab_size,
             greedy=subject.greedy,
@@ -131,8 +124,8 @@ class TreeDriver(Driver):
         if not result.exercised:
             result.skip(notes[0] if notes else "no tree case reached this check")
 
-    def _subject(self, case: EngineCase) -> tuple[TreeSubject | None, str]:
-        """The case as a tree subject, or None and why it does not verify trees."""
+    def _subject(self, case: EngineCase) -> TreeSubject:
+        """The case as a tree subject (``NotApplicable`` saying why when it does not verify trees)."""
         plan, cache = self.plan, self.context.cache
         horizon = plan.profile.max_new_tokens
 
@@ -144,7 +137,7 @@ class TreeDriver(Driver):
             target = plan.suite.target
             model = target.make() if target is not None else None
             if not isinstance(model, ReferenceHybrid) or target is None:
-                return None, "the built-in tree decoder runs on the reference hybrid only (`forward_tree`)"
+                raise NotApplicable("the built-in tree decoder runs on the reference hybrid only (`forward_tree`)")
             rollback: Any = "checkpoint" if case.rollback == "checkpoint" else "replay"
             make_model = target.make
 
@@ -157,23 +150,22 @@ class TreeDriver(Driver):
                     rollback=rollback,
                 )
 
-            return (
-                TreeSubject(
-                    make_decoder=make_decoder,
-                    make_target=make_model,
-                    make_reference=make_model,
-                    greedy=greedy,
-                    vocab_size=case.vocab_size,
-                ),
-                "",
+            return TreeSubject(
+                make_decoder=make_decoder,
+                make_target=make_model,
+                make_reference=make_model,
+                greedy=greedy,
+                vocab_size=case.vocab_size,
             )
         if case.make_reference is None:
-            return None, "the engine gives no model to compare a tree's state with (`oracle`)"
+            raise NotApplicable("the engine gives no model to compare a tree's state with (`oracle`)")
         subject = tree_subject_of(
             case.engine, greedy=greedy, make_reference=case.make_reference, vocab_size=case.vocab_size
         )
         if subject is None:
             if isinstance(getattr(case.engine, "capabilities", None), frozenset):  # a wire engine's handshake
-                return None, "the engine does not declare the `trees` capability: it does not verify trees"
-            return None, "the engine has no tree_decoder(drafter, *, max_nodes, max_depth): it does not verify trees"
-        return subject, ""
+                raise NotApplicable("the engine does not declare the `trees` capability: it does not verify trees")
+            raise NotApplicable(
+                "the engine has no tree_decoder(drafter, *, max_nodes, max_depth): it does not verify trees"
+            )
+        return subject
