@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import pytest
 
 from specproof.conformance import certify, get
@@ -18,7 +19,11 @@ from specproof.conformance.checks.decode_session import (
 from specproof.conformance.checks.decode_state import DecodeSubject
 from specproof.conformance.zoo import ZOO
 from specproof.conformance.zoo._decode_engines import DecodeReplayEngine, DecodeZooEngine
-from specproof.conformance.zoo._session_decode_engines import PenaltyCountsCarriedOver, SessionPenaltyBufferCleared
+from specproof.conformance.zoo._session_decode_engines import (
+    OutputCarriedOver,
+    PenaltyCountsCarriedOver,
+    SessionPenaltyBufferCleared,
+)
 from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import DecodeParams
 from specproof.contract.decode_state import plain_decode_with
@@ -57,6 +62,20 @@ def test_counts_carried_into_the_next_request_are_rejected_naming_the_request() 
     assert exercised == 1
 
 
+def test_the_previous_output_counted_toward_min_tokens_is_rejected() -> None:
+    """``min_tokens`` 3 against an EOS id plain decoding would emit second: a count that starts from the
+    session's earlier output unmasks it at once."""
+    first = _turn("new_prompt", [3, 1, 4, 1, 5], PENALTIES)
+    prompt = [*first.prompt, *first.expected.tokens, 4, 4]
+    free = plain_decode_with(small_reference(), prompt, 8, decode=PENALTIES).tokens
+    assert free[1] not in free[:1]  # the EOS id's first place is 1, under min_tokens
+    second = _turn("user_turn", prompt, attrs.evolve(PENALTIES, min_tokens=3, eos_token_ids=[free[1]]))
+    session = DecodeSessionExample(turns=(first, second))
+    [violation] = check_decode_session(INVARIANT, _subject(OutputCarriedOver), session)[0]
+    assert "request 1 of the session (user_turn" in violation.explanation
+    assert check_decode_session(INVARIANT, _subject(DecodeZooEngine), session)[:2] == ([], 1)
+
+
 @pytest.mark.parametrize("engine", [DecodeZooEngine, DecodeReplayEngine, SessionPenaltyBufferCleared])
 def test_correct_engines_pass_every_request_with_the_later_ones_exercised(engine: Callable[[], object]) -> None:
     violations, exercised, note = check_decode_session(INVARIANT, _subject(engine), _session())
@@ -73,11 +92,12 @@ def test_without_processors_nothing_is_exercised_and_the_note_says_so() -> None:
 
 
 @pytest.mark.slow  # a certification of a few seconds
-def test_the_member_is_rejected_at_quick_and_the_builtin_stack_passes_at_both_rollbacks() -> None:
-    member = ZOO["penalty_counts_carried_over"]
-    assert member.invariant == "decode.session"
-    [result] = certify("engine", engine=member.spec, only=("decode.session",), decode_state=True).to_json()["results"]
-    assert result["status"] == "fail", result
+def test_the_members_are_rejected_at_quick_and_the_builtin_stack_passes_at_both_rollbacks() -> None:
+    for name in ("penalty_counts_carried_over", "output_carried_over"):
+        member = ZOO[name]
+        assert member.invariant == "decode.session"
+        report = certify("engine", engine=member.spec, only=("decode.session",), decode_state=True).to_json()
+        assert [r["status"] for r in report["results"]] == ["fail"], report["results"]
     builtin = certify("engine", only=("decode.session",), decode_state=True).to_json()["results"]
     assert [r["status"] for r in builtin] == ["pass", "pass"], builtin
     assert all(r["exercised"] > 0 for r in builtin)

@@ -808,12 +808,12 @@ _DECODE_SESSION_REGISTRY: tuple[Invariant, ...] = (
         draws="a fresh engine per example and 2-4 requests on it, each a new prompt, a user turn of 1-4 tokens on "
         "the last context, the last prompt again, or a new prompt after reset() where the engine has one; each "
         "with every processor the engine declares on (strengths drawn per request), 6-10 new tokens and, half "
-        "the time, stop sequences and EOS ids placed on its own plain continuation; the suite's drafts follow it "
-        "under a drawn schedule",
+        "the time, stop sequences and EOS ids or a min_tokens against an EOS id placed on its own plain continuation; "
+        "the suite's drafts follow it under a drawn schedule",
         driver="decode-state",
         check=_check_decode_session,
         draw=_draw_decode_session,
-        zoo=("penalty_counts_carried_over",),
+        zoo=("penalty_counts_carried_over", "output_carried_over"),
     ),
 )
 

@@ -35,6 +35,7 @@ RELATIONS: tuple[str, ...] = ("new_prompt", "user_turn", "regenerate", "after_re
 
 _LATER = ("user_turn", "regenerate", "after_reset", "new_prompt")
 _MAX_REQUESTS = 4
+_STOP_KINDS = (("stops", "stop_sequences"), ("min_tokens", "min_tokens"))  # stop_sets' kind, the feature
 _MAX_TURN = 4  # tokens of a user turn
 
 
@@ -88,7 +89,8 @@ def _prompt(data: st.DataObject, subject: DecodeSubject, relation: str, last: Se
 
 def draw_decode_session(data: st.DataObject, subject: DecodeSubject) -> DecodeSessionExample:
     """2-4 requests, each with every processor the engine declares on (strengths drawn afresh per request) and,
-    half the time where it declares them, stop sequences and EOS ids placed on its own plain continuation."""
+    half the time where it declares them, stop sequences and EOS ids or a ``min_tokens`` against an EOS id
+    placed on its own plain continuation."""
     processors = subject.features & PROCESSOR_FEATURES
     count = data.draw(st.integers(2, _MAX_REQUESTS), label="requests")
     turns: list[SessionTurn] = []
@@ -100,8 +102,10 @@ def draw_decode_session(data: st.DataObject, subject: DecodeSubject) -> DecodeSe
         params: DecodeParams = data.draw(processor_configs(subject.vocab_size, features=processors, active=True))
         free = plain_decode_with(subject.make_reference(), prompt, n, decode=params)
         eos = None
-        if "stop_sequences" in subject.features and data.draw(st.booleans(), label="stops"):
-            params, eos = data.draw(stop_sets(params, free.tokens, kind="stops"), label="stops")
+        stops = [kind for kind, name in _STOP_KINDS if name in subject.features]
+        if stops and data.draw(st.booleans(), label="stops"):
+            kind = data.draw(st.sampled_from(stops), label="stop kind")
+            params, eos = data.draw(stop_sets(params, free.tokens, kind=kind), label="stops")
         expected = plain_decode_with(subject.make_reference(), prompt, n, decode=params, eos_token_id=eos)
         source = free.tokens if tuple(free.tokens[: len(expected.tokens)]) == expected.tokens else expected.tokens
         schedule = data.draw(draft_schedules(k=subject.k, rounds=8), label="draft schedule")

@@ -176,7 +176,11 @@ from specproof.conformance.zoo._sampling_engines import (
     UnnormalizedResidual,
     UnseededDrafterRng,
 )
-from specproof.conformance.zoo._session_decode_engines import PenaltyCountsCarriedOver, SessionPenaltyBufferCleared
+from specproof.conformance.zoo._session_decode_engines import (
+    OutputCarriedOver,
+    PenaltyCountsCarriedOver,
+    SessionPenaltyBufferCleared,
+)
 from specproof.conformance.zoo._session_engines import (
     BlockCacheWithoutPrefix,
     NeverReusesPrefix,
@@ -589,6 +593,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "logprobs_past_stop": ("engine", LogprobsPastStop),
     "frequency_penalty_ignored": ("engine", FrequencyPenaltyIgnored),
     "penalty_counts_carried_over": ("engine", PenaltyCountsCarriedOver),
+    "output_carried_over": ("engine", OutputCarriedOver),
     "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
     "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
 }
