@@ -102,9 +102,10 @@ def draw_decode_session(data: st.DataObject, subject: DecodeSubject) -> DecodeSe
         params: DecodeParams = data.draw(processor_configs(subject.vocab_size, features=processors, active=True))
         free = plain_decode_with(subject.make_reference(), prompt, n, decode=params)
         eos = None
-        stops = [kind for kind, name in _STOP_KINDS if name in subject.features]
-        if stops and data.draw(st.booleans(), label="stops"):
-            kind = data.draw(st.sampled_from(stops), label="stop kind")
+        declared = [kind for kind, name in _STOP_KINDS if name in subject.features]
+        with_stops: bool = bool(declared) and data.draw(st.booleans(), label="stops")
+        if with_stops:
+            kind = data.draw(st.sampled_from(declared), label="stop kind")
             params, eos = data.draw(stop_sets(params, free.tokens, kind=kind), label="stops")
         expected = plain_decode_with(subject.make_reference(), prompt, n, decode=params, eos_token_id=eos)
         source = free.tokens if tuple(free.tokens[: len(expected.tokens)]) == expected.tokens else expected.tokens
