@@ -53,6 +53,7 @@ from specproof.conformance.checks import (
     decode_logprobs,
     decode_parity,
     decode_sampled,
+    decode_session,
     target_source,
 )
 from specproof.conformance.checks import decode_grammar as grammar_checks
@@ -785,6 +786,37 @@ _DECODE_OUTPUT_REGISTRY: tuple[Invariant, ...] = (
 )
 
 
+def _check_decode_session(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    violations, exercised, note = decode_session.check_decode_session(inv, subject, example)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _draw_decode_session(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+    return decode_session.draw_decode_session(data, subject)
+
+
+# a check of its own, not a session.* one: the session machine's draws (and its saved histories) stay as they
+# were without --decode-state, and this one runs only with it
+_DECODE_SESSION_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="decode.session",
+        subject="engine",
+        summary="the requests of a session on one engine, each with its own decode parameters, each equal plain "
+        "decoding with its own parameters: no processor state (penalty buffer, min_tokens count, stop matcher) "
+        "carried from one request to the next",
+        needs=("decode_state", "decode_processors"),
+        draws="a fresh engine per example and 2-4 requests on it, each a new prompt, a user turn of 1-4 tokens on "
+        "the last context, the last prompt again, or a new prompt after reset() where the engine has one; each "
+        "with every processor the engine declares on (strengths drawn per request), 6-10 new tokens and, half "
+        "the time, stop sequences and EOS ids or a min_tokens against an EOS id placed on its own plain continuation; "
+        "the suite's drafts follow it under a drawn schedule",
+        driver="decode-state",
+        check=_check_decode_session,
+        draw=_draw_decode_session,
+        zoo=("penalty_counts_carried_over", "output_carried_over"),
+    ),
+)
+
 _BATCH_DRAWS = (
     "batch schedules: 1-4 requests (prompts sharing a prefix with the first's, 1-10 new tokens, an EOS placed in "
     "the continuation, a seed where seeding is batch-invariant), each with its own scripted draft plan (all "
@@ -1495,6 +1527,7 @@ REGISTRY: tuple[Invariant, ...] = (
     *_DECODE_REGISTRY,
     *_GRAMMAR_REGISTRY,
     *_DECODE_OUTPUT_REGISTRY,
+    *_DECODE_SESSION_REGISTRY,
     *_TREE_REGISTRY,
 )
 

@@ -176,6 +176,11 @@ from specproof.conformance.zoo._sampling_engines import (
     UnnormalizedResidual,
     UnseededDrafterRng,
 )
+from specproof.conformance.zoo._session_decode_engines import (
+    OutputCarriedOver,
+    PenaltyCountsCarriedOver,
+    SessionPenaltyBufferCleared,
+)
 from specproof.conformance.zoo._session_engines import (
     BlockCacheWithoutPrefix,
     NeverReusesPrefix,
@@ -448,6 +453,11 @@ def decode_match_scheme() -> DecodeMatchEngine:
     return DecodeMatchEngine()
 
 
+def session_penalty_buffer_cleared() -> SessionPenaltyBufferCleared:
+    """Correct, differently: one session-long penalty buffer, cleared at the start of every request."""
+    return SessionPenaltyBufferCleared()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -582,6 +592,8 @@ _MEMBERS: dict[str, MemberEntry] = {
     "logprobs_before_processors": ("engine", LogprobsBeforeProcessors),
     "logprobs_past_stop": ("engine", LogprobsPastStop),
     "frequency_penalty_ignored": ("engine", FrequencyPenaltyIgnored),
+    "penalty_counts_carried_over": ("engine", PenaltyCountsCarriedOver),
+    "output_carried_over": ("engine", OutputCarriedOver),
     "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
     "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
 }
@@ -701,6 +713,7 @@ CORRECT_DECODE: dict[str, str] = {
         "grammar_scratch_matcher",
         "decode_float32_logprobs",
         "decode_match_scheme",
+        "session_penalty_buffer_cleared",
     )
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
