@@ -76,11 +76,7 @@ class Plan:
         prof = get_profile(profile)
         selected = registry.select(only)
         expected = {registry.get(i).id: str(r) for i, r in (expected_failures or {}).items()}
-        try:
-            tie = None if tie_tolerance is None else validate_tolerance(tie_tolerance, name="--tie-tolerance")
-            tol = None if atol is None else validate_tolerance(atol, name="--atol")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        tie, tol = _tolerances(tie_tolerance=tie_tolerance, atol=atol)
         _check_integers(max_context=max_context, seed=seed)
         params = _sampling(sampling)
         subject = subject or _inferred_subject(drafter=drafter, target=target, engine=engine)
@@ -90,10 +86,7 @@ class Plan:
             history = SessionHistory.load(replay_session)  # a bad file is a usage error before anything runs
             if not engine:
                 raise UsageError("--replay-session replays a request history on an engine: give --engine")
-        if oracle is not None and (subject not in ("target", "all") or engine):
-            raise UsageError("--oracle names the model a target was converted from: it goes with `certify target`")
-        if subject in ("drafter", "target") and engine:
-            raise UsageError(f"certify {subject} takes no --engine (an engine is certified with `certify engine`)")
+        _check_subject(subject, engine=engine, oracle=oracle)
         suite = Suite.from_specs(
             subject,  # type: ignore[arg-type]
             drafter=drafter,
@@ -105,13 +98,7 @@ class Plan:
         )
         _bound_capacity(suite, prof, max_context)
         if replay_session is not None:  # one that does not fit the engine is a usage error too, not a check's
-            for case in suite.engines:
-                history.check_fits(
-                    engine=case.id,
-                    max_context=case.max_context,
-                    vocab_size=case.vocab_size or None,
-                    source=replay_session,
-                )
+            _check_history_fits(history, suite, source=replay_session)
         plan = cls(
             suite=suite,
             profile=prof,
@@ -194,6 +181,32 @@ def _sampling(value: str | SamplingParams | None) -> SamplingParams | None:
     if params is not None and params.seed is not None:
         raise UsageError("--sampling takes no seed: the sampling checks seed each generation themselves (0, 1, ...)")
     return params
+
+
+def _tolerances(*, tie_tolerance: float | None, atol: float | None) -> tuple[float | None, float | None]:
+    """``--tie-tolerance`` and ``--atol`` validated (None: the subject's declared ones); a ``UsageError`` else."""
+    try:
+        tie = None if tie_tolerance is None else validate_tolerance(tie_tolerance, name="--tie-tolerance")
+        tol = None if atol is None else validate_tolerance(atol, name="--atol")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return tie, tol
+
+
+def _check_subject(subject: str, *, engine: str | None, oracle: str | None) -> None:
+    """The options that go only with some subjects: ``--oracle`` with a target, ``--engine`` with an engine."""
+    if oracle is not None and (subject not in ("target", "all") or engine):
+        raise UsageError("--oracle names the model a target was converted from: it goes with `certify target`")
+    if subject in ("drafter", "target") and engine:
+        raise UsageError(f"certify {subject} takes no --engine (an engine is certified with `certify engine`)")
+
+
+def _check_history_fits(history: Any, suite: Suite, *, source: str) -> None:
+    """A replayed request history fits every engine of the suite (its context and vocabulary)."""
+    for case in suite.engines:
+        history.check_fits(
+            engine=case.id, max_context=case.max_context, vocab_size=case.vocab_size or None, source=source
+        )
 
 
 def _check_integers(**values: int | None) -> None:

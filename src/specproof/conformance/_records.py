@@ -31,7 +31,8 @@ CAPABILITIES: dict[str, str] = {
     "suite_drafts": "the suite drives the engine's drafts (a settable `drafter`; over the wire `suite_drafts`)",
     "sessions": "one engine instance serves many requests (a plug-in engine; `SpecDecoder` keeps nothing)",
     "forward_with_checkpoints": "the target exposes `forward_with_checkpoints`",
-    "source": "the model the target was converted from is given (`certify target --oracle SPEC`)",
+    "source": "the model the target was converted from is given (`certify target --oracle SPEC`, or the "
+    "target's `source_spec`)",
     "forward_with_features": "a model that gives the target's features (`forward_with_features`) to judge them by",
     "drafter": "the engine drafts with a feature drafter the suite can watch (its own, or the suite's installed one)",
     "feature_layers": "the drafter declares `feature_layers` (a feature drafter)",

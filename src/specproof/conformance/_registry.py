@@ -1215,11 +1215,13 @@ REGISTRY: tuple[Invariant, ...] = (
         id="target.matches-source",
         subject="target",
         summary="every row of the target's logits (the prefix in one forward, the tokens chunked) is within `atol + "
-        "rtol x` its largest logit of the source model's (`--oracle SPEC`), up to a router near-tie",
+        "rtol x` its largest logit of the source model's (`--oracle SPEC`, or the target's `source_spec`), up to a "
+        "router near-tie",
         needs=("source",),
         draws=_TARGET_DRAWS + ", and a chunking of them; the source fed everything in one forward",
         check=_check_source,
         draw=_draw_target_example,
+        zoo=("drifts_from_source",),
     ),
     Invariant(
         id="target.capacity",

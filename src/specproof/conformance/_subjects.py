@@ -59,6 +59,8 @@ class TargetSubject:
     ) -> TargetSubject:
         proto = load_target(spec)
         tie, tol = declared_tolerances(proto, tie_tolerance=tie_tolerance, atol=atol)
+        if oracle is None:  # a target may name the model it was converted from; --oracle overrides it
+            oracle = declared_source(proto)
         source = None if oracle is None else SourceModel.from_spec(oracle, target=proto, target_spec=spec)
         return cls(spec=spec, prototype=proto, make=_fresh(proto, spec), tie_tolerance=tie, atol=tol, source=source)
 
@@ -91,7 +93,8 @@ class TargetSubject:
             },
             why_not={
                 "forward_with_checkpoints": "the target has no forward_with_checkpoints()",
-                "source": "no --oracle SPEC: the model the target was converted from was not given",
+                "source": "no --oracle SPEC and no source_spec on the target: the model it was converted from "
+                "was not given",
             },
         )
 
@@ -127,6 +130,14 @@ def _fresh(proto: object, spec: str) -> Callable[[], Target]:
         return t  # type: ignore[return-value]
 
     return fresh
+
+
+def declared_source(target: object) -> str | None:
+    """The target spec a target names as the model it was converted from (``source_spec``), or None."""
+    declared = getattr(target, "source_spec", None)
+    if declared is not None and (not isinstance(declared, str) or not declared.strip()):
+        raise PluginError(f"source_spec={declared!r}: expected a target spec (the model the target was converted from)")
+    return declared
 
 
 @attrs.define

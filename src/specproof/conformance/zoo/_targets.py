@@ -257,6 +257,32 @@ class MaskLeaksNextToken(ZooTarget):
         return self._leak(logits, tokens), checkpoints
 
 
+class DriftsFromSource(ZooTarget):
+    """``target.matches-source``: a converted model that computes another function, consistently with itself.
+
+    Shipped as: a conversion that keeps one MoE expert where the source keeps two, or loads a bias vector
+    from the wrong layer: every row differs from the source model's the same way at every position, so
+    chunk invariance, checkpoints and greedy against its own oracle all pass. It names the model it was
+    converted from (``source_spec``), which ``target.matches-source`` compares it with.
+    """
+
+    bug = "logits of tokens 0-3 raised by 0.5 at every position (another function than its source)"
+    source_spec = "specproof.conformance.zoo:small_reference"
+
+    @staticmethod
+    def _drift(logits: FloatArray) -> FloatArray:
+        out = np.array(logits, copy=True)
+        out[..., :4] += 0.5
+        return out
+
+    def forward(self, tokens: Sequence[int]) -> FloatArray:
+        return self._drift(self.inner.forward(tokens))
+
+    def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
+        logits, checkpoints = self.inner.forward_with_checkpoints(tokens)
+        return self._drift(logits), checkpoints
+
+
 class ResetKeepsConv(ZooTarget):
     """``stateful.rollback-machine``: ``reset()`` zeroes ``processed`` and the recurrent state, not ``conv_state``.
 
