@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from specproof.contract import DecodeParams, SamplingParams
+from specproof.contract import DecodeParams, Grammar, SamplingParams
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine.adapters._decode_option import refuse_unmapped
 from specproof.engine.adapters._llamacpp_decode import (
@@ -131,11 +131,13 @@ def test_llamacpp_sampled_chain_divides_by_the_temperature_first() -> None:
 
 
 def test_llamacpp_refuses_what_it_cannot_honour_naming_it() -> None:
-    assert set(LLAMACPP_DECODE_FEATURES) == {"penalties", "logit_bias", "stop_sequences"}
+    assert set(LLAMACPP_DECODE_FEATURES) == {"penalties", "logit_bias", "stop_sequences", "logprobs", "top_logprobs"}
     with pytest.raises(UnsupportedParameterError, match="min_tokens=3"):
         check_llamacpp_decode(DecodeParams(min_tokens=3))
     with pytest.raises(UnsupportedParameterError, match=r"bad_words \[\[1, 2\]\]"):
         check_llamacpp_decode(DecodeParams(bad_words=[[1, 2]]))
+    with pytest.raises(UnsupportedParameterError, match=r"grammar \(regex\).*llama_vocab_is_eog"):
+        check_llamacpp_decode(DecodeParams(grammar=Grammar(kind="regex", source="[0-9]+"), eos_token_ids=[0]))
     with pytest.raises(InvalidSettingError, match="must be DecodeParams"):
         check_llamacpp_decode({"stop": [[1]]})
     ok = DecodeParams(repetition_penalty=1.3, logit_bias={1: -4.0}, stop=[[1, 2]], eos_token_ids=[5])

@@ -15,8 +15,9 @@ test is llama.cpp's. The chain here is made of llama.cpp's samplers in the contr
 
 Both penalty windows cover the whole context (llama.cpp counts the last ``penalty_last_n`` tokens only).
 Refused (``UnsupportedParameterError``): ``min_tokens`` and ``bad_words``, which llama.cpp's sampler chain
-and ``Llama.generate`` lack, and a ``grammar`` (llama.cpp's grammar sampler works on token text and the
-contract's grammars on bytes through llguidance: not mapped yet, docs/real-engines.md).
+and ``Llama.generate`` lack, and a ``grammar``: llama.cpp's grammar sampler takes GBNF (llama-cpp-python
+converts JSON schemas only) and ends a complete grammar only on the vocabulary's end-of-generation ids, not
+on the request's EOS ids (docs/real-engines.md).
 Stops (EOS ids, token-sequence stops) are the caller's with llama-cpp-python
 (``create_completion`` cuts its stop strings itself): the adapter stops the token stream where the contract
 says, so ``decode.stop`` judges the tokens llama.cpp emitted up to the stop.
@@ -54,6 +55,12 @@ def check_llamacpp_decode(decode: object) -> DecodeParams:
         raise UnsupportedParameterError(
             f"llamacpp: bad_words {[list(w) for w in decode.bad_words]}: llama.cpp's sampler chain has no "
             "bad-words sampler and Llama.generate no such argument"
+        )
+    if decode.grammar is not None:
+        raise UnsupportedParameterError(
+            f"llamacpp: grammar ({decode.grammar.kind}): llama.cpp's grammar sampler takes GBNF (llama-cpp-python "
+            "converts JSON schemas only, no regex or Lark) and lets a complete grammar end only on the "
+            "vocabulary's end-of-generation ids (llama_vocab_is_eog), not on the request's EOS ids"
         )
     refuse_unmapped(decode, mapped=_MAPPED, where="llamacpp")
     return decode
