@@ -21,7 +21,8 @@ validated in ``parse_vllm_spec``):
   ``hf_overrides`` raises that to ``N``;
 - ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded);
 - ``decode=FEATURE+...``: the decode features the engine declares (default all it passes through:
-  ``penalties+logit_bias+bad_words+min_tokens+stop_sequences``, ``_vllm_decode``), e.g. ``decode=logit_bias``
+  ``penalties+logit_bias+bad_words+min_tokens+stop_sequences+logprobs+top_logprobs``, ``_vllm_decode``), e.g.
+  ``decode=logit_bias``
   to judge the bias alone (vLLM refuses it beside a repetition penalty);
 - ``max_num_seqs=N``: vLLM's scheduler's most running requests (default vLLM's, 256): the batch's
   ``max_batch`` and ``slots``; a request beyond them waits;
