@@ -99,3 +99,19 @@ def test_sample_and_match_under_decode_parameters_passes_the_sampled_check() -> 
     )
     [result] = report.to_json()["results"]
     assert result["status"] == "pass" and result["exercised"] > 0, result
+
+
+def test_a_refused_logprobs_request_is_skipped_not_an_error() -> None:
+    """An engine refusing one request (vLLM: a stop sequence longer than one token beside logprobs) is a skip
+    with its reason; the check once asserted a generation and errored."""
+    from specproof.conformance._registry import get
+    from specproof.conformance.checks.decode_logprobs import check_logprobs
+    from specproof.conformance.checks.decode_state import DecodeExample, DecodeRun
+    from specproof.contract import DecodeParams, Generation
+
+    example = DecodeExample(kind="logprobs", prompt=(1,), max_new_tokens=2, params=DecodeParams(logprobs=0),
+                            eos_token_id=None, schedule=())  # fmt: skip
+    plain = Generation(tokens=(3, 4), stop_reason="max_new_tokens")
+    run = DecodeRun(example=example, expected=plain, baseline=plain, generation=None, error=None, states=None,
+                    refused="vllm: stop [4, 5] is a sequence of 2 tokens")  # fmt: skip
+    assert check_logprobs(get("decode.logprobs"), run, None) == ([], 0, run.refused)  # type: ignore[arg-type]

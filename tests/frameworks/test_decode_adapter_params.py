@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from specproof.contract import DecodeParams, SamplingParams
+from specproof.contract import DecodeParams, Grammar, SamplingParams
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine.adapters._decode_option import refuse_unmapped
 from specproof.engine.adapters._llamacpp_decode import (
@@ -22,7 +22,13 @@ from specproof.engine.adapters._llamacpp_decode import (
     check_llamacpp_decode,
     stop_reason_after,
 )
-from specproof.engine.adapters._vllm_decode import VLLM_DECODE_FEATURES, decode_stop_reason, vllm_decode
+from specproof.engine.adapters._vllm_decode import (
+    LOGPROBS_MODE,
+    VLLM_DECODE_FEATURES,
+    decode_stop_reason,
+    token_logprobs,
+    vllm_decode,
+)
 from specproof.engine.adapters.vllm import parse_vllm_spec
 from specproof.engine.targets.convert import save_vllm_lfm2
 from specproof.fixtures import load_trained_target
@@ -66,6 +72,36 @@ def test_vllm_refuses_what_it_cannot_honour_naming_it() -> None:
     with pytest.raises(InvalidSettingError, match="must be DecodeParams"):
         vllm_decode({"min_tokens": 2}, eos_token_id=None, max_tokens=8)  # type: ignore[arg-type]
     assert issubclass(UnsupportedParameterError, InvalidSettingError)
+
+
+def test_vllm_logprobs_are_asked_after_the_processors_on_greedy_requests_only() -> None:
+    mapped = vllm_decode(DecodeParams(logprobs=3, presence_penalty=1.0), eos_token_id=None, max_tokens=8)
+    assert mapped.kwargs["logprobs"] == 3 and mapped.logprobs == 3
+    assert "logprobs" not in vllm_decode(DecodeParams(), eos_token_id=None, max_tokens=8).kwargs
+    assert LOGPROBS_MODE == "processed_logprobs"  # vLLM's default, raw_logprobs, is before every processor
+    with pytest.raises(UnsupportedParameterError, match=r"logprobs on a sampled request.*after the temperature"):
+        vllm_decode(DecodeParams(logprobs=0), eos_token_id=None, max_tokens=8, sampled=True)
+    assert {"logprobs", "top_logprobs"} <= set(VLLM_DECODE_FEATURES) and "grammar" not in VLLM_DECODE_FEATURES
+
+
+class _Logprob:
+    def __init__(self, logprob: float, rank: int) -> None:
+        self.logprob, self.rank = logprob, rank
+
+
+def test_vllm_logprobs_become_the_contracts_records() -> None:
+    # vLLM's per position: the sampled token's (any rank) beside the top-n by rank
+    positions = [
+        {5: _Logprob(-0.1, 1), 2: _Logprob(-2.5, 2)},
+        {7: _Logprob(-3.0, 4), 1: _Logprob(-0.2, 1), 0: _Logprob(-float("inf"), 2)},
+    ]
+    got = token_logprobs([5, 7], positions, top_n=2)
+    assert [(g.token, g.logprob) for g in got] == [(5, -0.1), (7, -3.0)]
+    assert got[0].top == ((5, -0.1), (2, -2.5))
+    assert got[1].top == ((1, -0.2),)  # a masked token (-inf) is no alternative; the sampled one past the top-n
+    assert token_logprobs([5], positions[:1], top_n=0)[0].top == ()
+    with pytest.raises(UnsupportedParameterError, match="returned None logprobs for 1 tokens"):
+        token_logprobs([5], None, top_n=0)
 
 
 def test_vllm_stop_reason_comes_from_the_last_token_never_a_cut() -> None:
@@ -131,11 +167,13 @@ def test_llamacpp_sampled_chain_divides_by_the_temperature_first() -> None:
 
 
 def test_llamacpp_refuses_what_it_cannot_honour_naming_it() -> None:
-    assert set(LLAMACPP_DECODE_FEATURES) == {"penalties", "logit_bias", "stop_sequences"}
+    assert set(LLAMACPP_DECODE_FEATURES) == {"penalties", "logit_bias", "stop_sequences", "logprobs", "top_logprobs"}
     with pytest.raises(UnsupportedParameterError, match="min_tokens=3"):
         check_llamacpp_decode(DecodeParams(min_tokens=3))
     with pytest.raises(UnsupportedParameterError, match=r"bad_words \[\[1, 2\]\]"):
         check_llamacpp_decode(DecodeParams(bad_words=[[1, 2]]))
+    with pytest.raises(UnsupportedParameterError, match=r"grammar \(regex\).*llama_vocab_is_eog"):
+        check_llamacpp_decode(DecodeParams(grammar=Grammar(kind="regex", source="[0-9]+"), eos_token_ids=[0]))
     with pytest.raises(InvalidSettingError, match="must be DecodeParams"):
         check_llamacpp_decode({"stop": [[1]]})
     ok = DecodeParams(repetition_penalty=1.3, logit_bias={1: -4.0}, stop=[[1, 2]], eos_token_ids=[5])

@@ -6,8 +6,11 @@ process and reads the JSON report. On llama-cpp-python 0.3.36, greedy and prompt
 ``n_rs_seq=4``) alike: ``decode.penalties`` (repetition, presence and frequency penalties and a logit bias
 through llama.cpp's own samplers) and ``decode.stop`` pass at quick; ``decode.min-tokens`` skips (llama.cpp
 has no min-tokens sampler: the engine does not declare it, and refuses ``min_tokens`` naming it), and
-``decode.processor-state`` skips (llama.cpp reports no processor state). Prompt lookup drafts and accepts
-under the penalties (``test_prompt_lookup_drafts_under_decode_parameters``), so the pass is speculative.
+``decode.processor-state`` skips (llama.cpp reports no processor state); ``decode.logprobs`` passes (the
+processed row of each pick, read in llama.cpp's own chain), as do ``decode.sampled`` and
+``decode.parameter-parity``; ``decode.grammar`` skips (refused, docs/real-engines.md says why). Prompt lookup
+drafts and accepts under the penalties (``test_prompt_lookup_drafts_under_decode_parameters``), so the pass is
+speculative.
 
 If a later release changes one, its test fails saying so: update docs/real-engines.md. Skipped when
 llama-cpp-python is not importable; run in the llama.cpp environment (``tox -e llamacpp``).
@@ -28,7 +31,7 @@ try:
 except ImportError as exc:
     pytest.skip(f"llama-cpp-python is not importable here ({exc}); run tox -e llamacpp", allow_module_level=True)
 
-from specproof.contract import BatchRequest, DecodeParams
+from specproof.contract import BatchRequest, DecodeParams, Grammar
 from specproof.contract.decode_state import plain_decode_with
 from specproof.contract.errors import UnsupportedParameterError
 from specproof.engine.targets.lfm2_gguf import save_lfm2_gguf
@@ -57,17 +60,48 @@ def certify_decode(model: Path, options: str, tmp_path: Path) -> dict[str, dict[
 
 
 @pytest.mark.parametrize("options", ["", LOOKUP])
-def test_penalties_bias_and_stops_pass_min_tokens_skips(model: Path, tmp_path: Path, options: str) -> None:
+def test_penalties_bias_stops_and_logprobs_pass_min_tokens_skips(model: Path, tmp_path: Path, options: str) -> None:
     results = certify_decode(model, options, tmp_path)
     statuses = {inv: r["status"] for inv, r in results.items()}
+    passing = ("penalties", "stop", "logprobs", "sampled", "parameter-parity")
     assert statuses == {
-        "decode.penalties": "pass",
-        "decode.stop": "pass",
+        **{f"decode.{name}": "pass" for name in passing},
         "decode.min-tokens": "skip",
         "decode.processor-state": "skip",
+        "decode.grammar": "skip",
+        "decode.stop-strings": "skip",
     }, results
-    assert results["decode.penalties"]["exercised"] > 0 and results["decode.stop"]["exercised"] > 0
+    assert all(results[f"decode.{name}"]["exercised"] > 0 for name in passing), results
     assert "min_tokens" in results["decode.min-tokens"]["detail"]
+    assert "grammar" in results["decode.grammar"]["detail"]
+
+
+def test_logprobs_read_before_the_processors_are_rejected(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The meta-test of the adapter's logprobs: the recording stage moved to the head of llama.cpp's chain
+    (raw logits, before the penalties and bias: the issue's "logprobs before processors") fails
+    ``decode.logprobs`` at quick, with speculation on; in place (the test above) it passes."""
+    from specproof.conformance import certify
+    from specproof.engine.adapters import llamacpp as adapter
+
+    build = adapter.build_decode_chain
+
+    class _RecorderFirst:
+        def __init__(self, internals: Any, recorder: Any) -> None:
+            self.internals, self.recorder = internals, recorder
+
+        def LlamaSampler(self) -> Any:  # llama-cpp-python's name
+            chain = self.internals.LlamaSampler()
+            chain.add_custom(self.recorder)
+            return chain
+
+    def recorder_first(internals: Any, *, recorder: Any = None, **kwargs: Any) -> Any:
+        return build(_RecorderFirst(internals, recorder) if recorder else internals, **kwargs)
+
+    monkeypatch.setattr(adapter, "build_decode_chain", recorder_first)
+    report = certify("engine", engine=f"llamacpp:{model},{LOOKUP}", only=("decode.logprobs",), decode_state=True)
+    [result] = report.to_json()["results"]
+    assert result["status"] == "fail", result
+    assert "teacher-forced scoring after the processors" in result["violations"][0]["explanation"]
 
 
 def test_prompt_lookup_drafts_under_decode_parameters(model: Path) -> None:
@@ -90,6 +124,9 @@ def test_prompt_lookup_drafts_under_decode_parameters(model: Path) -> None:
         engine.generate([1, 2, 3], 4, decode=DecodeParams(min_tokens=2))
     with pytest.raises(UnsupportedParameterError, match="bad_words"):
         engine.generate([1, 2, 3], 4, decode=DecodeParams(bad_words=[[1]]))
+    with pytest.raises(UnsupportedParameterError, match="llama_vocab_is_eog"):
+        engine.generate([1, 2, 3], 4, decode=DecodeParams(grammar=Grammar.json_schema({"type": "integer"}),
+                                                          eos_token_ids=[0]))  # fmt: skip
     engine.close()
 
 

@@ -36,6 +36,7 @@ def test_defaults_are_plain_greedy_with_the_rotary_workaround(checkpoint: Path) 
     assert kwargs["enable_prefix_caching"] is False and kwargs["enforce_eager"] is True
     assert kwargs["compilation_config"] == {"custom_ops": ["-rotary_embedding"]}
     assert "speculative_config" not in kwargs
+    assert kwargs["logprobs_mode"] == "processed_logprobs"  # logprobs after the processors, as the contract
     assert s.short_name() == "vllm-greedy"
 
 

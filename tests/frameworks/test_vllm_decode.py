@@ -11,7 +11,10 @@ Each certification runs ``specproof certify engine --engine vllm:DIR,... --decod
 - n-gram speculation with the logit bias: vLLM refuses the request itself ("not yet supported with
   speculative decoding"), so ``decode.penalties`` skips naming ``logit_bias``: a refusal, not a silent drop;
 - n-gram speculation with the penalties: ``decode.penalties`` fails with vLLM finding 1 as its known cause
-  (the short-conv state advanced over rejected drafts: wrong tokens with or without parameters).
+  (the short-conv state advanced over rejected drafts: wrong tokens with or without parameters);
+- plain greedy with logprobs (``logprobs_mode="processed_logprobs"``): ``decode.logprobs`` passes, the logprobs
+  after the penalties, bad words and ``min_tokens``; with n-gram speculation it fails on the output first,
+  vLLM finding 1 again.
 
 If a later vLLM changes one of them, its test fails saying so: update docs/real-engines.md. Skipped when
 vLLM is not importable; run in the vLLM environment (``tox -e vllm``).
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.slow
 
 TIMEOUT = 900
 PENALTIES = "decode=penalties+bad_words+min_tokens+stop_sequences"
+LOGPROBS = f"{PENALTIES}+logprobs+top_logprobs"
 
 
 @pytest.fixture(scope="module")
@@ -79,5 +83,19 @@ def test_speculation_refuses_the_logit_bias_and_the_check_skips_naming_it(checkp
 def test_speculation_with_penalties_fails_with_finding_1(checkpoint: Path, tmp_path: Path) -> None:
     results = certify_decode(checkpoint, f"speculative=ngram:4,{PENALTIES}", tmp_path)
     row = results["decode.penalties"]
+    assert row["status"] == "fail", row
+    assert "vLLM finding 1" in json.dumps(row["violations"]), row["violations"][0]
+
+
+def test_plain_greedy_logprobs_are_after_the_processors(checkpoint: Path, tmp_path: Path) -> None:
+    results = certify_decode(checkpoint, LOGPROBS, tmp_path)
+    row = results["decode.logprobs"]
+    assert row["status"] == "pass" and row["exercised"] > 0, row
+    assert results["decode.grammar"]["status"] == "skip"  # not passed through: docs/real-engines.md says why
+
+
+def test_speculation_with_logprobs_fails_on_the_output_with_finding_1(checkpoint: Path, tmp_path: Path) -> None:
+    results = certify_decode(checkpoint, f"speculative=ngram:4,{LOGPROBS}", tmp_path)
+    row = results["decode.logprobs"]
     assert row["status"] == "fail", row
     assert "vLLM finding 1" in json.dumps(row["violations"]), row["violations"][0]

@@ -51,7 +51,7 @@ def _top_problem(entry: TokenLogprob, row: np.ndarray, n: int) -> str | None:
 def check_logprobs(inv: Invariant, run: DecodeRun, subject: DecodeSubject) -> tuple[list[Violation], int, str]:
     """Each emitted token's logprob equals the teacher-forced scoring of the output within the tolerance."""
     violations, exercised, note = check_decode_output(inv, run)
-    if violations:
+    if violations or run.refused is not None:  # a refused request (UnsupportedParameterError) is a skip
         return violations, exercised, note
     gen, ex = run.generation, run.example
     assert gen is not None

@@ -9,19 +9,23 @@ test is llama.cpp's. The chain here is made of llama.cpp's samplers in the contr
    the prompt and the output (llama-cpp-python feeds the sampler nothing of the prompt);
 2. ``penalties`` (presence and frequency only), fed nothing before decoding: they count the output;
 3. ``logit_bias``;
-4. greedy, or the sampling chain with the temperature first (``temp``, then top-k, top-p, min-p, ``dist``):
+4. with ``logprobs`` asked, a recording stage (``_llamacpp_logprobs``): the processed row each pick sees;
+5. greedy, or the sampling chain with the temperature first (``temp``, then top-k, top-p, min-p, ``dist``):
    the contract's order.
 
 Both penalty windows cover the whole context (llama.cpp counts the last ``penalty_last_n`` tokens only).
 Refused (``UnsupportedParameterError``): ``min_tokens`` and ``bad_words``, which llama.cpp's sampler chain
-and ``Llama.generate`` lack. Stops (EOS ids, token-sequence stops) are the caller's with llama-cpp-python
+and ``Llama.generate`` lack, and a ``grammar``: llama.cpp's grammar sampler takes GBNF (llama-cpp-python
+converts JSON schemas only) and ends a complete grammar only on the vocabulary's end-of-generation ids, not
+on the request's EOS ids (docs/real-engines.md).
+Stops (EOS ids, token-sequence stops) are the caller's with llama-cpp-python
 (``create_completion`` cuts its stop strings itself): the adapter stops the token stream where the contract
 says, so ``decode.stop`` judges the tokens llama.cpp emitted up to the stop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from specproof.contract import DecodeParams, SamplingParams
@@ -31,10 +35,11 @@ from specproof.engine.adapters._decode_option import refuse_unmapped
 __all__ = ["LLAMACPP_DECODE_FEATURES", "build_decode_chain", "check_llamacpp_decode", "stop_reason_after"]
 
 _MAPPED = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "eos_token_ids",
-                     "stop"})  # fmt: skip
+                     "stop", "logprobs"})  # fmt: skip
 
-LLAMACPP_DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "stop_sequences")
-"""What the ``llamacpp:`` engine declares (``decode_features``); ``min_tokens`` and ``bad_words`` are refused."""
+LLAMACPP_DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "stop_sequences", "logprobs", "top_logprobs")
+"""What the ``llamacpp:`` engine declares (``decode_features``); ``min_tokens``, ``bad_words`` and a ``grammar``
+are refused."""
 
 
 def check_llamacpp_decode(decode: object) -> DecodeParams:
@@ -51,6 +56,12 @@ def check_llamacpp_decode(decode: object) -> DecodeParams:
             f"llamacpp: bad_words {[list(w) for w in decode.bad_words]}: llama.cpp's sampler chain has no "
             "bad-words sampler and Llama.generate no such argument"
         )
+    if decode.grammar is not None:
+        raise UnsupportedParameterError(
+            f"llamacpp: grammar ({decode.grammar.kind}): llama.cpp's grammar sampler takes GBNF (llama-cpp-python "
+            "converts JSON schemas only, no regex or Lark) and lets a complete grammar end only on the "
+            "vocabulary's end-of-generation ids (llama_vocab_is_eog), not on the request's EOS ids"
+        )
     refuse_unmapped(decode, mapped=_MAPPED, where="llamacpp")
     return decode
 
@@ -64,9 +75,11 @@ def build_decode_chain(
     prompt: Sequence[int],
     sampling: SamplingParams | None,
     seed: int,
+    recorder: Callable[[Any], None] | None = None,
 ) -> Any:
     """A ``LlamaSampler`` (``internals``: ``llama_cpp._internals``) for ``decode`` on a request of ``prompt``,
-    greedy or sampled at ``sampling``; ``window``: the penalties' ``penalty_last_n`` (the context's size)."""
+    greedy or sampled at ``sampling``; ``window``: the penalties' ``penalty_last_n`` (the context's size);
+    ``recorder``: a custom stage after the processors, before the pick (``LogprobRecorder``)."""
     chain = internals.LlamaSampler()
     if decode.repetition_penalty != 1.0:
         chain.add_penalties(
@@ -82,6 +95,8 @@ def build_decode_chain(
         )  # fmt: skip
     if decode.logit_bias:
         chain.add_logit_bias(n_vocab, {int(t): float(b) for t, b in decode.logit_bias})
+    if recorder is not None:
+        chain.add_custom(recorder)
     if sampling is None or sampling.greedy:
         chain.add_greedy()
         return chain

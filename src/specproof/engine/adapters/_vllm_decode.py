@@ -10,25 +10,36 @@ and ``stop_token_ids``. What it lacks is refused, never dropped:
 - a stop sequence of more than one token (vLLM stops on single token ids, or on strings, which need the
   detokenizer the token-id engine runs without);
 - a ``logit_bias`` together with a ``repetition_penalty``: vLLM adds the bias before its penalties, the
-  contract after, and a biased logit divided by the penalty is not the penalized logit plus the bias.
+  contract after, and a biased logit divided by the penalty is not the penalized logit plus the bias;
+- ``logprobs`` on a sampled request: the engine runs with ``logprobs_mode="processed_logprobs"`` (vLLM's
+  default, ``raw_logprobs``, is before every processor), which on a greedy request is the log-softmax after
+  the penalties, bias, bad words and ``min_tokens`` (the contract's), but on a sampled one after the
+  temperature and top-k / top-p too (the contract's logprobs are before them);
+- a ``grammar``: not passed through yet (vLLM's structured outputs are not mapped; docs/real-engines.md).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
 
-from specproof.contract import DecodeParams
+from specproof.contract import DecodeParams, TokenLogprob
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine.adapters._decode_option import refuse_unmapped
 
-__all__ = ["VLLM_DECODE_FEATURES", "VLLMDecode", "decode_stop_reason", "vllm_decode"]
+__all__ = ["LOGPROBS_MODE", "VLLM_DECODE_FEATURES", "VLLMDecode", "decode_stop_reason", "token_logprobs", "vllm_decode"]
 
 _MAPPED = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "bad_words",
-                     "min_tokens", "eos_token_ids", "stop"})  # fmt: skip
+                     "min_tokens", "eos_token_ids", "stop", "logprobs"})  # fmt: skip
 
-VLLM_DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences")
+VLLM_DECODE_FEATURES: tuple[str, ...] = (
+    "penalties", "logit_bias", "bad_words", "min_tokens", "stop_sequences", "logprobs", "top_logprobs",
+)  # fmt: skip
+
+LOGPROBS_MODE = "processed_logprobs"
+"""The ``vllm.LLM`` ``logprobs_mode`` the engine runs with: logprobs after vLLM's logits processors."""
 """What the ``vllm:`` engine declares (``decode_features``); ``vllm_decode`` refuses the two shapes above."""
 
 
@@ -41,11 +52,14 @@ class VLLMDecode:
     bad_words_token_ids: list[list[int]]
     eos_ids: frozenset[int]
     stop_ids: frozenset[int]
+    logprobs: int | None = None  # asked: how many alternatives (vLLM's ``SamplingParams.logprobs``)
 
 
-def vllm_decode(decode: DecodeParams | None, *, eos_token_id: int | None, max_tokens: int) -> VLLMDecode:
+def vllm_decode(
+    decode: DecodeParams | None, *, eos_token_id: int | None, max_tokens: int, sampled: bool = False
+) -> VLLMDecode:
     """vLLM's fields for ``decode`` (None: every processor off) on a request of ``max_tokens`` new tokens,
-    or ``UnsupportedParameterError`` naming what vLLM cannot honour."""
+    sampled or greedy, or ``UnsupportedParameterError`` naming what vLLM cannot honour."""
     if decode is None:
         decode = DecodeParams()
     if not isinstance(decode, DecodeParams):
@@ -63,6 +77,11 @@ def vllm_decode(decode: DecodeParams | None, *, eos_token_id: int | None, max_to
             "its repetition penalty, the contract after it (docs/contract.md, Decode state), so the two together "
             "would be a different distribution"
         )
+    if decode.logprobs is not None and sampled:
+        raise UnsupportedParameterError(
+            f"vllm: logprobs on a sampled request: vLLM's processed logprobs ({LOGPROBS_MODE}) are taken after the "
+            "temperature and top-k / top-p, the contract's before them (its raw ones before every processor)"
+        )
     eos_ids = decode.eos_set(eos_token_id)
     stop_ids = frozenset(s[0] for s in decode.stop) - eos_ids
     kwargs: dict[str, Any] = {
@@ -74,11 +93,14 @@ def vllm_decode(decode: DecodeParams | None, *, eos_token_id: int | None, max_to
         "min_tokens": min(decode.min_tokens, max_tokens),
         "stop_token_ids": sorted(eos_ids | stop_ids) or None,
     }
+    if decode.logprobs is not None:
+        kwargs["logprobs"] = decode.logprobs  # vLLM returns the sampled token's beside the top-n
     return VLLMDecode(
         kwargs=kwargs,
         bad_words_token_ids=[list(w) for w in decode.bad_words],
         eos_ids=eos_ids,
         stop_ids=stop_ids,
+        logprobs=decode.logprobs,
     )
 
 
@@ -92,3 +114,21 @@ def decode_stop_reason(tokens: list[int], mapped: VLLMDecode, *, asked: int, all
     if allowed < asked and len(tokens) == allowed:
         return "context_full"
     return "max_new_tokens"
+
+
+def token_logprobs(tokens: list[int], completion_logprobs: Any, *, top_n: int) -> tuple[TokenLogprob, ...]:
+    """The contract's logprobs from vLLM's (``CompletionOutput.logprobs``: per position, token id -> an object
+    with ``logprob`` and ``rank``): each token's own, and its ``top_n`` alternatives by rank (the lower id first
+    on a tie; a token the processors masked, -inf, is no alternative)."""
+    if completion_logprobs is None or len(completion_logprobs) < len(tokens):
+        got = None if completion_logprobs is None else len(completion_logprobs)
+        raise UnsupportedParameterError(f"vllm: returned {got} logprobs for {len(tokens)} tokens")
+    out = []
+    for token, position in zip(tokens, completion_logprobs, strict=False):
+        ranked = sorted(
+            ((t, float(lp.logprob)) for t, lp in position.items() if lp.rank is not None and lp.rank <= top_n),
+            key=lambda pair: (-pair[1], pair[0]),
+        )
+        top = [(int(t), v) for t, v in ranked if math.isfinite(v)][:top_n]
+        out.append(TokenLogprob(token=token, logprob=min(0.0, float(position[token].logprob)), top=top))
+    return tuple(out)

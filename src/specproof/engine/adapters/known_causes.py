@@ -35,6 +35,7 @@ _WRONG_TOKENS = (
     "decode.penalties",
     "decode.min-tokens",
     "decode.stop",
+    "decode.logprobs",  # judges the output against plain decoding's before the logprobs
 )
 
 

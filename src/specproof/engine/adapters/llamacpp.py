@@ -50,7 +50,9 @@ last emitted token, which no request sent).
 
 With ``generate(..., decode=DecodeParams(...))`` the request's penalties and logit bias run as llama.cpp's own
 samplers in the contract's order and its EOS ids and stop sequences end the stream (``_llamacpp_decode``;
-``decode_features``); ``min_tokens`` and bad words are refused with ``UnsupportedParameterError``.
+``decode_features``); ``logprobs`` (and top-n alternatives) are read from a recording stage in that chain,
+after the processors (``_llamacpp_logprobs``); ``min_tokens``, bad words and a grammar are refused with
+``UnsupportedParameterError``.
 
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: ggml sums in
 another order than the reference); ``--tie-tolerance`` overrides it.
@@ -85,6 +87,7 @@ from specproof.engine.adapters._llamacpp_decode import (
     check_llamacpp_decode,
     stop_reason_after,
 )
+from specproof.engine.adapters._llamacpp_logprobs import LogprobRecorder, logprobs_of_rows
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -577,7 +580,8 @@ class LlamaCppEngine:
             if n == 0 and self.settings.reuse:
                 self._prefill(ctx)  # a session keeps what it was sent, as for any other request
             stop: StopReason = "context_full" if n else "max_new_tokens"
-            return Generation(tokens=(), stop_reason=stop, stats=self._stats(ctx, []))
+            asked = decode is not None and decode.logprobs is not None
+            return Generation(tokens=(), stop_reason=stop, stats=self._stats(ctx, []), logprobs=() if asked else None)
         if not self.settings.reuse:
             self.reset()
         if self._draft is not None:
@@ -591,10 +595,13 @@ class LlamaCppEngine:
             # gets a fresh one. Reduced modulo 2**32 - 1: 0xFFFFFFFF is LLAMA_DEFAULT_SEED, "draw a random seed"
             seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(4), "little")
             self.llm.set_seed(int(seed) % 0xFFFFFFFF)
+        recorder = None
         if decode is not None:
+            if decode.logprobs is not None:  # the processed row of every pick (_llamacpp_logprobs)
+                recorder = LogprobRecorder(self.llm.n_vocab(), require_llama_cpp().llama_token_data)
             chain = build_decode_chain(
                 require_llama_cpp()._internals, n_vocab=self.llm.n_vocab(), window=self.llm.n_ctx(), decode=decode,
-                prompt=ctx, sampling=sampling, seed=self.llm._seed,
+                prompt=ctx, sampling=sampling, seed=self.llm._seed, recorder=recorder,
             )  # fmt: skip
             # Llama.generate builds its chain with _init_sampler: this call's is the decode chain (an instance
             # attribute over the method, removed after the call)
@@ -616,7 +623,10 @@ class LlamaCppEngine:
             self.llm.__dict__.pop("_init_sampler", None)
         if stop == "max_new_tokens" and n_eff < n and len(tokens) == n_eff:
             stop = "context_full"
-        return Generation(tokens=tokens, stop_reason=stop, stats=self._stats(ctx, tokens))
+        logprobs = None
+        if recorder is not None and decode is not None:
+            logprobs = logprobs_of_rows(recorder.rows, tokens, top_n=decode.logprobs or 0)
+        return Generation(tokens=tokens, stop_reason=stop, stats=self._stats(ctx, tokens), logprobs=logprobs)
 
     def _failure(self, exc: BaseException) -> InvalidSettingError:
         """One line: what llama-cpp-python raised and, after a rollback llama.cpp refused, why and what to set."""

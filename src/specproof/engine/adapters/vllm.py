@@ -21,7 +21,8 @@ validated in ``parse_vllm_spec``):
   ``hf_overrides`` raises that to ``N``;
 - ``oracle=TARGET``: the target spec of the same model (default: the ``source`` the export recorded);
 - ``decode=FEATURE+...``: the decode features the engine declares (default all it passes through:
-  ``penalties+logit_bias+bad_words+min_tokens+stop_sequences``, ``_vllm_decode``), e.g. ``decode=logit_bias``
+  ``penalties+logit_bias+bad_words+min_tokens+stop_sequences+logprobs+top_logprobs``, ``_vllm_decode``), e.g.
+  ``decode=logit_bias``
   to judge the bias alone (vLLM refuses it beside a repetition penalty);
 - ``max_num_seqs=N``: vLLM's scheduler's most running requests (default vLLM's, 256): the batch's
   ``max_batch`` and ``slots``; a request beyond them waits;
@@ -87,7 +88,14 @@ from specproof.contract.validation import int_at_least
 from specproof.engine.adapters import known_causes
 from specproof.engine.adapters._decode_option import parse_decode_option
 from specproof.engine.adapters._vllm_batch import VLLMScheduler, finish_tokens
-from specproof.engine.adapters._vllm_decode import VLLM_DECODE_FEATURES, VLLMDecode, decode_stop_reason, vllm_decode
+from specproof.engine.adapters._vllm_decode import (
+    LOGPROBS_MODE,
+    VLLM_DECODE_FEATURES,
+    VLLMDecode,
+    decode_stop_reason,
+    token_logprobs,
+    vllm_decode,
+)
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
 
@@ -171,6 +179,7 @@ class VLLMSettings:
             "enable_prefix_caching": self.prefix_caching,
             "disable_log_stats": False,
             "seed": 0,
+            "logprobs_mode": LOGPROBS_MODE,  # after vLLM's processors, as the contract (``_vllm_decode``)
         }
         for option, kwarg in (("max_num_seqs", "max_num_seqs"), ("block_size", "block_size"),
                               ("kv_blocks", "num_gpu_blocks_override")):  # fmt: skip
@@ -518,7 +527,10 @@ class VLLMEngine:
             if not isinstance(decode, DecodeParams):
                 raise InvalidSettingError(f"decode must be DecodeParams or None, got {type(decode).__name__}")
             decode.check_vocab(self.vocab_size)
-            mapped = vllm_decode(decode, eos_token_id=eos_token_id, max_tokens=max(self._room(request), 0))
+            sampled = sampling is not None and not sampling.greedy
+            mapped = vllm_decode(
+                decode, eos_token_id=eos_token_id, max_tokens=max(self._room(request), 0), sampled=sampled
+            )
         (result,) = self._run_together([request], decode=mapped).values()
         return result
 
@@ -623,8 +635,16 @@ class VLLMEngine:
         if decode is None and request.decode is not None:  # a batch request's own (refused as a solo call's)
             request.decode.check_vocab(self.vocab_size)
             decode = vllm_decode(request.decode, eos_token_id=eos, max_tokens=max(allowed, 0))
+        sampled = request.sampling is not None and not request.sampling.greedy
+        if decode is not None and decode.logprobs is not None and (deltas or sampled):
+            raise UnsupportedParameterError(
+                "vllm: logprobs on a batch request (add_request) or a sampled one are not passed through "
+                "(the adapter reads them from a whole greedy request's output only)"
+            )
         if allowed <= 0:
-            return Generation(tokens=(), stop_reason="context_full" if request.max_new_tokens else "max_new_tokens")
+            asked = () if decode is not None and decode.logprobs is not None else None
+            stop: StopReason = "context_full" if request.max_new_tokens else "max_new_tokens"
+            return Generation(tokens=(), stop_reason=stop, logprobs=asked)
         kind = self._vllm.sampling_params.RequestOutputKind
         stops: dict[str, Any] = {"stop_token_ids": [eos] if eos is not None else None}
         params = self._vllm.SamplingParams(
@@ -656,7 +676,11 @@ class VLLMEngine:
             )
         reason: StopReason = stop  # type: ignore[assignment]
         stats = self._stats(completion, len(kept)) if completion is not None else None
-        return Generation(tokens=kept, stop_reason=reason, stats=stats)
+        logprobs = None
+        if decode is not None and decode.logprobs is not None:
+            got = None if completion is None else completion.logprobs
+            logprobs = token_logprobs(kept, got, top_n=decode.logprobs) if kept else ()
+        return Generation(tokens=kept, stop_reason=reason, stats=stats, logprobs=logprobs)
 
     def _stats(self, completion: Any, emitted: int) -> Stats | None:
         metrics = getattr(completion, "spec_decode_metrics", None)
