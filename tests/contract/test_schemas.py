@@ -19,6 +19,7 @@ from _targets import small_target
 from specproof.bench import make_baseline, run_bench, save_baseline
 from specproof.conformance import certify
 from specproof.conformance._campaign import CampaignOptions, CampaignState, WorkerState
+from specproof.conformance.drivers import DRIVERS
 from specproof.conformance.traces import Golden, golden_case, write_golden, write_trace
 from specproof.engine import NgramDrafter, SpecDecoder
 from specproof.formats import FORMATS, load_schema, problems, validate
@@ -475,3 +476,10 @@ def test_the_schemas_enums_are_the_codes_own() -> None:
     assert tuple(baseline["properties"]["thresholds"]["required"]) == _KINDS
     status = load_schema("report-2")["$defs"]["result"]["properties"]["status"]["enum"]
     assert tuple(status) == typing.get_args(Status)
+
+
+def test_the_invariants_schema_names_every_registered_driver() -> None:
+    # the schema is a published file; the drivers are code: a new driver must reach the schema too
+    schema = json.loads(resources.files("specproof").joinpath("schemas/invariants-1.json").read_text())
+    declared = schema["items"]["properties"]["driver"]["enum"]
+    assert sorted(declared) == sorted(DRIVERS), (declared, sorted(DRIVERS))

@@ -8,7 +8,7 @@ through llama.cpp's own samplers) and ``decode.stop`` pass at quick; ``decode.mi
 has no min-tokens sampler: the engine does not declare it, and refuses ``min_tokens`` naming it), and
 ``decode.processor-state`` skips (llama.cpp reports no processor state); ``decode.logprobs`` passes (the
 processed row of each pick, read in llama.cpp's own chain), as do ``decode.sampled`` and
-``decode.parameter-parity``; ``decode.grammar`` skips (refused, docs/real-engines.md says why). Prompt lookup
+``decode.parameter-parity`` and ``decode.session``; ``decode.grammar`` skips (refused, docs/real-engines.md says why). Prompt lookup
 drafts and accepts under the penalties (``test_prompt_lookup_drafts_under_decode_parameters``), so the pass is
 speculative.
 
@@ -63,7 +63,7 @@ def certify_decode(model: Path, options: str, tmp_path: Path) -> dict[str, dict[
 def test_penalties_bias_stops_and_logprobs_pass_min_tokens_skips(model: Path, tmp_path: Path, options: str) -> None:
     results = certify_decode(model, options, tmp_path)
     statuses = {inv: r["status"] for inv, r in results.items()}
-    passing = ("penalties", "stop", "logprobs", "sampled", "parameter-parity")
+    passing = ("penalties", "stop", "logprobs", "sampled", "parameter-parity", "session")
     assert statuses == {
         **{f"decode.{name}": "pass" for name in passing},
         "decode.min-tokens": "skip",

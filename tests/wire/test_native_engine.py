@@ -158,6 +158,7 @@ def test_handshake(engine: ExecEngine) -> None:
         "batched",
         "trees",
         "tree_state",
+        "sampled_trees",
         "penalties",
         "logit_bias",
         "bad_words",

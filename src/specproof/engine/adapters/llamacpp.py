@@ -556,17 +556,9 @@ class LlamaCppEngine:
         chain seeded with the request's ``seed``; ``stop_reason`` from the tokens it yielded. ``decode``: the
         request's penalties and logit bias as llama.cpp's samplers, its EOS ids and stop sequences
         (``_llamacpp_decode``; ``min_tokens`` and ``bad_words`` refused with ``UnsupportedParameterError``)."""
-        ctx = check_prompt(prompt, vocab_size=self.vocab_size, max_context=self.max_context)
-        n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="llamacpp engine")
-        if eos_token_id is not None and not (
-            isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < self.vocab_size
-        ):
-            raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {self.vocab_size})")
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
-        if decode is not None:
-            decode = check_llamacpp_decode(decode)
-            decode.check_vocab(self.vocab_size)
+        ctx, n, decode = _checked_request(
+            self.vocab_size, self.max_context, prompt, max_new_tokens, eos_token_id, sampling, decode
+        )
         stops = decode if decode is not None else DecodeParams()
         eos_ids = stops.eos_set(eos_token_id)
         if self.has_unfinished_requests():
@@ -595,17 +587,7 @@ class LlamaCppEngine:
             # gets a fresh one. Reduced modulo 2**32 - 1: 0xFFFFFFFF is LLAMA_DEFAULT_SEED, "draw a random seed"
             seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(4), "little")
             self.llm.set_seed(int(seed) % 0xFFFFFFFF)
-        recorder = None
-        if decode is not None:
-            if decode.logprobs is not None:  # the processed row of every pick (_llamacpp_logprobs)
-                recorder = LogprobRecorder(self.llm.n_vocab(), require_llama_cpp().llama_token_data)
-            chain = build_decode_chain(
-                require_llama_cpp()._internals, n_vocab=self.llm.n_vocab(), window=self.llm.n_ctx(), decode=decode,
-                prompt=ctx, sampling=sampling, seed=self.llm._seed, recorder=recorder,
-            )  # fmt: skip
-            # Llama.generate builds its chain with _init_sampler: this call's is the decode chain (an instance
-            # attribute over the method, removed after the call)
-            self.llm._init_sampler = lambda **_: chain
+        recorder = None if decode is None else _install_decode_chain(self.llm, decode, ctx, sampling)
         stream = self.llm.generate(ctx, **_sampling_kwargs(sampling))
         try:
             for token in stream:
@@ -686,3 +668,46 @@ class LlamaCppEngine:
             position_accepts=tuple(accepts),
             prefix_reused=reused,
         )
+
+
+def _checked_request(
+    vocab_size: int,
+    max_context: int,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    sampling: SamplingParams | None,
+    decode: DecodeParams | None,
+) -> tuple[list[int], int, DecodeParams | None]:
+    """``generate``'s arguments checked before anything runs: the prompt, the count and the decode
+    parameters this engine honours (``check_llamacpp_decode`` refuses the rest by name)."""
+    ctx = check_prompt(prompt, vocab_size=vocab_size, max_context=max_context)
+    n = int_at_least(max_new_tokens, name="max_new_tokens", minimum=0, where="llamacpp engine")
+    if eos_token_id is not None and not (
+        isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) and 0 <= eos_token_id < vocab_size
+    ):
+        raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {vocab_size})")
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise InvalidSettingError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+    if decode is not None:
+        decode = check_llamacpp_decode(decode)
+        decode.check_vocab(vocab_size)
+    return ctx, n, decode
+
+
+def _install_decode_chain(
+    llm: Any, decode: DecodeParams, ctx: Sequence[int], sampling: SamplingParams | None
+) -> LogprobRecorder | None:
+    """The request's processors as llama.cpp's sampler chain for the next ``Llama.generate``; the recorder
+    of the processed row of every pick where logprobs are asked (``_llamacpp_logprobs``)."""
+    recorder = None
+    if decode.logprobs is not None:
+        recorder = LogprobRecorder(llm.n_vocab(), require_llama_cpp().llama_token_data)
+    chain = build_decode_chain(
+        require_llama_cpp()._internals, n_vocab=llm.n_vocab(), window=llm.n_ctx(), decode=decode,
+        prompt=ctx, sampling=sampling, seed=llm._seed, recorder=recorder,
+    )  # fmt: skip
+    # Llama.generate builds its chain with _init_sampler: this call's is the decode chain (an instance
+    # attribute over the method, removed after the call)
+    llm._init_sampler = lambda **_: chain
+    return recorder
