@@ -7,10 +7,10 @@ process and reads the JSON report. On llama-cpp-python 0.3.36, greedy and prompt
 through llama.cpp's own samplers) and ``decode.stop`` pass at quick; ``decode.min-tokens`` skips (llama.cpp
 has no min-tokens sampler: the engine does not declare it, and refuses ``min_tokens`` naming it), and
 ``decode.processor-state`` skips (llama.cpp reports no processor state); ``decode.logprobs`` passes (the
-processed row of each pick, read in llama.cpp's own chain), as do ``decode.sampled`` and
-``decode.parameter-parity`` and ``decode.session``; ``decode.grammar`` skips (refused, docs/real-engines.md says why). Prompt lookup
-drafts and accepts under the penalties (``test_prompt_lookup_drafts_under_decode_parameters``), so the pass is
-speculative.
+processed row of each pick, read in llama.cpp's own chain), as do ``decode.sampled``,
+``decode.parameter-parity`` and ``decode.session``; ``decode.grammar`` skips (refused, docs/real-engines.md
+says why). Prompt lookup drafts and accepts under the penalties
+(``test_prompt_lookup_drafts_under_decode_parameters``), so the pass is speculative.
 
 If a later release changes one, its test fails saying so: update docs/real-engines.md. Skipped when
 llama-cpp-python is not importable; run in the llama.cpp environment (``tox -e llamacpp``).
