@@ -31,6 +31,7 @@ from specproof.engine.conventions import (
     check_logits,
     check_prompt,
     check_proposal_rows,
+    check_sampling_params,
     component_name,
 )
 
@@ -366,8 +367,7 @@ class DecodeSession:
         then ``max_new_tokens``. ``sampling``: sample (a fresh generator seeded by its ``seed``
         for this call); None: greedy. ``decode``: this call's processors and stops.
         """
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
+        check_sampling_params(sampling)
         self._sampler = (
             None
             if sampling is None

@@ -27,7 +27,13 @@ from specproof.contract.tree import TreeDraft, TreeVerdict, greedy_tree_accept
 from specproof.contract.validation import int_at_least
 from specproof.engine._sampling import target_distribution
 from specproof.engine._tree_sampling import sampled_tree_accept
-from specproof.engine.conventions import check_eos_token, check_logits, check_prompt, component_name
+from specproof.engine.conventions import (
+    check_eos_token,
+    check_logits,
+    check_prompt,
+    check_sampling_params,
+    component_name,
+)
 
 __all__ = ["TreeRound", "TreeSpecDecoder"]
 
@@ -110,8 +116,7 @@ class TreeSpecDecoder:
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
     ) -> Generation:
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
+        check_sampling_params(sampling)
         self._sampling = sampling
         self._rng = np.random.default_rng(sampling.seed) if sampling is not None else None
         target = self.target

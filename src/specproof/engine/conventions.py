@@ -10,10 +10,12 @@ import numpy as np
 from specproof.contract.errors import (
     DrafterContractError,
     EmptyPromptError,
+    InvalidSettingError,
     PromptTooLongError,
     TargetContractError,
     TokenRangeError,
 )
+from specproof.contract.sampling import SamplingParams
 
 __all__ = [
     "component_name",
@@ -23,6 +25,7 @@ __all__ = [
     "check_proposal_rows",
     "check_prompt",
     "check_eos_token",
+    "check_sampling_params",
 ]
 
 
@@ -60,6 +63,12 @@ def check_eos_token(eos_token_id: int | None, *, vocab_size: int) -> None:
         isinstance(eos_token_id, (int, np.integer)) and 0 <= int(eos_token_id) < vocab_size
     ):
         raise TokenRangeError(f"eos_token_id={eos_token_id!r} is not a token id in [0, {vocab_size})")
+
+
+def check_sampling_params(sampling: object) -> None:
+    """Raise ``InvalidSettingError`` unless ``sampling`` is a ``SamplingParams`` or None (greedy)."""
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
 
 
 def draft_sequence_problem(draft: object) -> str | None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specproof.contract.errors import InvalidSettingError
-from specproof.contract.sampling import SAMPLING_SCHEMES, SamplingParams
+from specproof.contract.sampling import SAMPLING_SCHEMES
+from specproof.engine.conventions import check_sampling_params
 
 __all__ = ["check_sampling", "check_scheme", "offered_schemes"]
 
@@ -34,10 +35,9 @@ def check_scheme(value: str | None, offered: tuple[str, ...], label: str) -> str
 def check_sampling(sampling: object, capabilities: frozenset[str], label: str) -> None:
     """Refuse, before anything is sent, ``sampling`` that is not a ``SamplingParams`` or None, or any
     sampling from an engine without the capability ``sampling``."""
+    check_sampling_params(sampling)
     if sampling is None:
         return
-    if not isinstance(sampling, SamplingParams):
-        raise InvalidSettingError(f"sampling={sampling!r} must be a SamplingParams or None")
     if "sampling" not in capabilities:
         raise InvalidSettingError(
             f"engine {label} does not declare the capability 'sampling' (its capabilities: "

@@ -25,7 +25,7 @@ from specproof.contract.sampling import SamplingParams
 from specproof.contract.tree import MAX_TREE_NODES, TreeDraft
 from specproof.contract.validation import int_at_least
 from specproof.engine import TreeRound
-from specproof.engine.conventions import check_eos_token, check_prompt, component_name
+from specproof.engine.conventions import check_eos_token, check_prompt, check_sampling_params, component_name
 from specproof.wire._channel import Channel, request_text
 from specproof.wire._errors import EngineProtocolError, EngineRequestError
 from specproof.wire._limits import check_array_shape
@@ -193,8 +193,7 @@ class WireSampledTreeDecoder(WireTreeDecoder):
         eos_token_id: int | None = None,
         sampling: SamplingParams | None = None,
     ) -> Generation:
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise InvalidSettingError(f"sampling={sampling!r} must be a specproof SamplingParams or None")
+        check_sampling_params(sampling)
         return self._generate(prompt, max_new_tokens, eos_token_id, sampling)
 
 
