@@ -1064,14 +1064,9 @@ class Engine {
         return (c ^ 0xFFFFFFFFUL) & 0xFFFFFFFFUL;
     }
 
-    std::vector<int> ask_draft(Channel& ch, long long id, int round, int ctx_len, int k,
-                               std::vector<std::vector<double>>* qrows, const std::string* request = nullptr) {
-        std::ostringstream o;
-        o << "{\"type\":\"propose\",\"id\":" << id << ",\"round\":" << round << ",\"context_length\":" << ctx_len
-          << ",\"k\":" << k;
-        if (request) o << ",\"request\":" << json_quote(*request);
-        o << "}";
-        send(ch, o.str());
+    // Send a propose and read the client's answer: the draft message (the chain's and the tree's ask alike).
+    Json propose(Channel& ch, const std::string& message) {
+        send(ch, message);
         const auto t0 = Clock::now();
         std::string line;
         if (!ch.read_line(line)) throw PeerGone("the client closed the connection while the engine waited for a draft");
@@ -1084,6 +1079,17 @@ class Engine {
         }
         const Json* type = msg.get("type");
         if (!type || type->str != "draft") throw RequestError("expected a draft message in answer to propose");
+        return msg;
+    }
+
+    std::vector<int> ask_draft(Channel& ch, long long id, int round, int ctx_len, int k,
+                               std::vector<std::vector<double>>* qrows, const std::string* request = nullptr) {
+        std::ostringstream o;
+        o << "{\"type\":\"propose\",\"id\":" << id << ",\"round\":" << round << ",\"context_length\":" << ctx_len
+          << ",\"k\":" << k;
+        if (request) o << ",\"request\":" << json_quote(*request);
+        o << "}";
+        const Json msg = propose(ch, o.str());
         if (request) {
             const Json* rv = msg.get("request");
             if (!rv || rv->kind != Json::String || rv->str != *request)

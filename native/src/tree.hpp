@@ -171,19 +171,7 @@ inline void Engine::ask_tree(Channel& ch, long long id, int round, int ctx_len, 
     std::ostringstream o;
     o << "{\"type\":\"propose\",\"id\":" << id << ",\"round\":" << round << ",\"context_length\":" << ctx_len
       << ",\"k\":" << k << ",\"max_nodes\":" << tree_nodes_ << "}";
-    send(ch, o.str());
-    const auto t0 = Clock::now();
-    std::string line;
-    if (!ch.read_line(line)) throw PeerGone("the client closed the connection while the engine waited for a draft");
-    io_us_ += us_since(t0);
-    Json msg;
-    try {
-        msg = parse_json(line);
-    } catch (const JsonError& e) {
-        throw RequestError(std::string("expected a draft message, got invalid JSON: ") + e.what());
-    }
-    const Json* type = msg.get("type");
-    if (!type || type->str != "draft") throw RequestError("expected a draft message in answer to propose");
+    const Json msg = propose(ch, o.str());
     tokens = int_list(msg.get("tokens"), "draft tokens");
     parents = int_list(msg.get("parents"), "draft parents");
     const int n = static_cast<int>(tokens.size());
