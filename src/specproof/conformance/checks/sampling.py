@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -147,6 +147,29 @@ def _finite(value: float) -> float | None:
     return None if math.isinf(value) else round(value, 6)
 
 
+def statistics_of_tests(events: Mapping[str, Any], pit: Any) -> list[dict[str, object]]:
+    """The ``tests`` of a configuration in the report's ``statistics`` (``schemas/report-2.json``): each event
+    test (Freedman) and the all-token PIT test (DKW-Massart) where there is one."""
+    tests: list[dict[str, object]] = [
+        {"test": name, "kind": "event", "alpha": t.alpha, "n": t.n, "rejected": t.rejected}
+        for name, t in events.items()
+    ]
+    if pit is not None:
+        tests.append(
+            {
+                "test": "pit",
+                "kind": "pit",
+                "alpha": pit.alpha,
+                "n": pit.tested,
+                "rejected": pit.rejected,
+                "kolmogorov_distance": round(pit.distance, 6),
+                "threshold": _finite(pit.threshold),
+                "detectable": _finite(pit.min_detectable),
+            }
+        )
+    return tests
+
+
 def distribution_statistics(search: SampledSearch, *, tv_target: float) -> dict[str, object]:
     """The report's ``statistics`` of ``engine.sampled-distribution`` on one engine case: the check's
     false-fail bound (the sum of its configurations') and, per configuration, its share, sample sizes and
@@ -161,26 +184,7 @@ def distribution_statistics(search: SampledSearch, *, tv_target: float) -> dict[
                 "generations": len(config.runs),
                 "tokens": sum(len(r.generation.tokens) for r in config.runs if r.generation is not None),
                 "event_tv_detectable": _finite(config.primary.min_detectable),
-                "tests": [
-                    {"test": name, "kind": "event", "alpha": t.alpha, "n": t.n, "rejected": t.rejected}
-                    for name, t in config.tests.items()
-                ]
-                + (
-                    [
-                        {
-                            "test": "pit",
-                            "kind": "pit",
-                            "alpha": pit.alpha,
-                            "n": pit.tested,
-                            "rejected": pit.rejected,
-                            "kolmogorov_distance": round(pit.distance, 6),
-                            "threshold": _finite(pit.threshold),
-                            "detectable": _finite(pit.min_detectable),
-                        }
-                    ]
-                    if pit is not None
-                    else []
-                ),
+                "tests": statistics_of_tests(config.tests, pit),
             }
         )
     return {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from specproof.conformance.checks.sampling import statistics_of_tests
 from specproof.contract import Violation
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,23 +80,7 @@ def sampled_tree_statistics(search: TreeSampledSearch, *, tv_target: float) -> d
     """The report's ``statistics`` (``schemas/report-2.json``): the check's false-fail bound and its one
     configuration's tests, sizes and sensitivity."""
     pit = search.pit
-    tests: list[dict[str, object]] = [
-        {"test": name, "kind": "event", "alpha": t.alpha, "n": t.n, "rejected": t.rejected}
-        for name, t in search.tests.items()
-    ]
-    if pit is not None:
-        tests.append(
-            {
-                "test": "pit",
-                "kind": "pit",
-                "alpha": pit.alpha,
-                "n": pit.tested,
-                "rejected": pit.rejected,
-                "kolmogorov_distance": round(pit.distance, 6),
-                "threshold": _finite(pit.threshold),
-                "detectable": _finite(pit.min_detectable),
-            }
-        )
+    tests = statistics_of_tests(search.tests, pit)
     least = max((t.min_detectable for t in search.tests.values()), default=math.inf)
     return {
         "scope": "check",
