@@ -202,9 +202,7 @@ class _ModelRows:
 
     def after(self, path: tuple[int, ...]) -> np.ndarray:
         held = self._held
-        shared = 0
-        while shared < min(len(held), len(path)) and held[shared][0] == path[shared]:
-            shared += 1
+        shared = _shared_length(held, path)
         if shared == len(path):
             return held[shared - 1][2] if shared else self._root
         if shared < len(held):
@@ -244,9 +242,7 @@ class _HeadRows:
 
     def after(self, path: tuple[int, ...]) -> np.ndarray:
         held = self._held
-        shared = 0
-        while shared < min(len(held), len(path)) and held[shared][0] == path[shared]:
-            shared += 1
+        shared = _shared_length(held, path)
         if shared == len(path):
             return held[shared - 1][2] if shared else self._root
         del held[shared:]  # slots past the shared prefix are rewritten below
@@ -398,3 +394,11 @@ def _merge(continuations: Sequence[Sequence[int]], max_nodes: int) -> TreeDraft:
                 child[(parent, token)] = node
             parent = node
     return TreeDraft(tuple(tokens), tuple(parents))
+
+
+def _shared_length(held: Sequence[tuple[Any, ...]], path: tuple[int, ...]) -> int:
+    """How many leading tokens of ``path`` the held root path (``(token, ...)`` per step) already has."""
+    shared = 0
+    while shared < min(len(held), len(path)) and held[shared][0] == path[shared]:
+        shared += 1
+    return shared
