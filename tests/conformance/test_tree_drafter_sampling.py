@@ -10,11 +10,15 @@ import numpy as np
 import pytest
 
 from specproof.conformance import certify
+from specproof.conformance._registry import Outcome
+from specproof.conformance._results import CheckResult
 from specproof.conformance._tree_drafter_runs import ScaledModel, top_k_tree_source
 from specproof.conformance._tree_sampled_runs import run_tree_sampled_search
 from specproof.conformance.checks.tree_sampling import check_sampled_distribution, sampled_tree_statistics
+from specproof.conformance.drivers._tree_sampling import _record
 from specproof.conformance.zoo import CORRECT_TREE_SAMPLING, small_reference
 from specproof.conformance.zoo._tree_engines import TreeZooEngine
+from specproof.contract import Violation, ViolationError
 from specproof.contract.sampling import SamplingParams
 from specproof.engine.drafters._sampled_trees import TreeSampler
 from specproof.engine.drafters.trees import TopKTreeDrafter
@@ -121,3 +125,23 @@ def test_certify_runs_both_configurations_and_passes_the_correct_engine() -> Non
     names = [c["name"] for c in row["statistics"]["configurations"]]
     assert names == ["rejection/suite-tree-drafts", "rejection/top-k-tree-drafter(2x2x2)"]
     assert row["statistics"]["false_fail_bound"] == pytest.approx(1e-6)
+
+
+def _outcome(*, bad: bool = False, exercised: int = 10, note: str = "held", name: str = "c") -> Outcome:
+    violations = [Violation(invariant="tree.sampled-distribution", explanation=f"{name} moved")] if bad else []
+    stats = {"scope": "check", "false_fail_bound": 5e-7, "configurations": [{"name": name, "false_fail_bound": 5e-7}]}
+    return Outcome(violations, exercised=exercised, note=note, statistics=stats)
+
+
+def test_the_driver_joins_both_configurations_into_one_result() -> None:
+    result = CheckResult(nodeid="n", invariant="tree.sampled-distribution", case="c")
+    _record(result, [_outcome(name="suite"), _outcome(name="drafter")])
+    assert result.exercised == 20 and result.status == "pending"  # settled later as a pass
+    assert [c["name"] for c in result.statistics["configurations"]] == ["suite", "drafter"]  # type: ignore[index]
+    assert result.statistics["false_fail_bound"] == pytest.approx(1e-6)  # type: ignore[index]
+    failed = CheckResult(nodeid="n", invariant="tree.sampled-distribution", case="c")
+    with pytest.raises(ViolationError, match="drafter moved"):
+        _record(failed, [_outcome(name="suite"), _outcome(bad=True, name="drafter")])
+    weak = CheckResult(nodeid="n", invariant="tree.sampled-distribution", case="c")
+    _record(weak, [_outcome(), _outcome(exercised=0, note="the event 'top' detects 0.3: inconclusive\nmore")])
+    assert weak.status == "skip" and "inconclusive" in weak.detail and weak.exercised == 0

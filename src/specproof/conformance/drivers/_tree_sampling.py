@@ -65,6 +65,8 @@ class TreeSamplingDriver(TreeDriver):
                 raise NotApplicable(search.why_not)
             result.examples += len(search.runs)
             outcomes.append(inv.check(self, search))
+            if outcomes[-1].violations:
+                break  # the engine failed: the other configuration would only cost time
         _record(result, outcomes)
 
 
