@@ -169,5 +169,25 @@ def tree_lines(result: Mapping[str, Any]) -> list[str]:
             f"  {c['drafter']:<20} {c['shape']:<10} {real_text} | {c['tokens_per_round']:4.2f} | "
             f"{c['cpu_speedup']:4.2f}x | {'yes' if c['lossless'] else 'NO'}"
         )
-    lines.append(f"  sampled trees: {trees['sampled']['reason']}")
+    return [*lines, *_sampled_tree_lines(trees.get("sampled") or {})]
+
+
+def _sampled_tree_lines(sampled: Mapping[str, Any]) -> list[str]:
+    """``trees.sampled``: the same variants at T = 0.7, real-context tokens per round and acceptance by depth,
+    decoding's tokens per round and CPU speedup against plain sampling."""
+    if sampled.get("status") != "ok":
+        return [f"  sampled trees: not measured ({sampled.get('reason')})"] if sampled else []
+    real = {(c["drafter"], c["shape"]): c for c in (sampled.get("real_contexts") or {}).get("cells", [])}
+    lines = [
+        f"  sampled at T = {sampled['temperature']:g}: shape | nodes | tok/round real (limit) | acceptance by depth "
+        "| tok/round decoding | CPU speedup vs plain sampling"
+    ]
+    for c in (sampled.get("decoding") or {}).get("cells", []):
+        r = real.get((c["drafter"], c["shape"]))
+        depths = " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"]) if r else "-"
+        real_text = f"{r['nodes_per_round']:5.1f} | {r['tokens_per_round']:4.2f} ({r['limit']})" if r else "    - | -"
+        lines.append(
+            f"  {c['drafter']:<20} {c['shape']:<10} {real_text} | {depths} | {c['tokens_per_round']:4.2f} | "
+            f"{c['cpu_speedup']:4.2f}x"
+        )
     return lines

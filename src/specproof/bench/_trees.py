@@ -17,8 +17,8 @@ depth at most ``TREE_DEPTH``):
 The reference target verifies a tree node by node (``forward_tree``: each node one one-token forward, the
 correctness reference, not a kernel), so a tree of N nodes costs about N token-forwards where a chain of k
 costs one k + 1-token forward: the CPU speedup here shows the fixture's cost model, not a device's, where
-a tree verify is one forward with a tree mask. Greedy only: sampled tree verification is not in this
-decoder (the result's ``sampled`` says so).
+a tree verify is one forward with a tree mask. ``sampled``: the same drafters and variants sampled at
+T = 0.7 (``_tree_sampled``: the drafters' sampled trees, the engine's sampled tree rule).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import attrs
 from specproof.bench._config import BenchConfig
 from specproof.bench._protocol import BenchRun
 from specproof.bench._real import RealContextText, greedy_continuations, real_context_texts
+from specproof.bench._tree_sampled import SAMPLED_TREE_TEMPERATURE, sampled_decode_cells, sampled_real_cells
 from specproof.bench._workloads import encode_text
 from specproof.contract import Target
 from specproof.contract.errors import InvalidSettingError
@@ -46,10 +47,6 @@ TREE_DEPTH: Final = 4
 """The chain's k and the deepest tree: every variant's physical limit is at most ``TREE_DEPTH + 1``."""
 CHAIN: Final = "chain"
 CHAIN_AS_TREE: Final = "1x1x1x1"
-SAMPLED_NOTE: Final = (
-    "not measured: TreeSpecDecoder verifies trees greedily in this version (sampled tree verification is "
-    "a separate change); the chains' sampled figures are in real_contexts.sampled"
-)
 
 
 def tree_accepted(tree: TreeDraft, greedy: Sequence[int]) -> int:
@@ -70,7 +67,7 @@ class TreeFigures:
     """The result's ``trees`` (absent unless ``config.trees``)."""
 
     def steps(self, config: BenchConfig) -> int:
-        return 2 * len(config.tree_drafters) if config.trees else 0
+        return 4 * len(config.tree_drafters) if config.trees else 0
 
     def measure(self, run: BenchRun) -> Mapping[str, Any]:
         config = run.config
@@ -86,10 +83,11 @@ class TreeFigures:
             "depth": TREE_DEPTH,
             "shapes": list(config.tree_shapes),
             "drafters": list(config.tree_drafters),
-            "sampled": {"status": "skip", "reason": SAMPLED_NOTE},
         }
-        out["real_contexts"] = _real_cells(run, target)
+        texts = _texts(config)
+        out["real_contexts"] = _real_cells(run, target, texts)
         out["decoding"] = _decode_cells(run)
+        out["sampled"] = _sampled_cells(run, target, texts)
         return {"trees": out}
 
 
@@ -109,19 +107,48 @@ def _make(spec: str, variant: str) -> Any:
     return chain if variant == CHAIN else TopKTreeDrafter(chain, variant)  # type: ignore[arg-type]
 
 
-def _real_cells(run: BenchRun, target: Target) -> dict[str, Any]:
-    config = run.config
+def _texts(config: BenchConfig) -> list[RealContextText] | str:
+    """The real-context texts, or why there are none."""
     if not config.real_files:
-        return {"status": "skip", "reason": "no real-context files asked for (real_files is 0)"}
+        return "no real-context files asked for (real_files is 0)"
     try:
-        texts = real_context_texts(
+        return real_context_texts(
             files=config.real_files,
             text_tokens=config.real_tokens,
             stride=config.real_stride,
             min_prefix=config.real_min_prefix,
         )
     except InvalidSettingError as exc:
-        return {"status": "skip", "reason": str(exc)}
+        return str(exc)
+
+
+def _sampled_cells(run: BenchRun, target: Target, texts: list[RealContextText] | str) -> dict[str, Any]:
+    """``trees.sampled``: the sampled figures (``_tree_sampled``) of the same drafters and variants."""
+    config = run.config
+    variants = _variants(config, chain_as_tree=False)
+    if isinstance(texts, str):
+        real: dict[str, Any] = {"status": "skip", "reason": texts}
+    else:
+        real = sampled_real_cells(config.tree_drafters, variants, _make, target, texts, depth=TREE_DEPTH, tick=run.tick)
+    spec_target = run.pair(config.target)[1]
+    prompts = [(w.name, encode_text(spec_target, w.text)) for w in run.workloads]
+    decoding = sampled_decode_cells(
+        config.tree_drafters,
+        variants,
+        _make,
+        spec_target,
+        prompts,
+        tokens=config.tree_tokens,
+        depth=TREE_DEPTH,
+        tick=run.tick,
+    )
+    return {"status": "ok", "temperature": SAMPLED_TREE_TEMPERATURE, "real_contexts": real, "decoding": decoding}
+
+
+def _real_cells(run: BenchRun, target: Target, texts: list[RealContextText] | str) -> dict[str, Any]:
+    config = run.config
+    if isinstance(texts, str):
+        return {"status": "skip", "reason": texts}
     conts = [greedy_continuations(target, text, TREE_DEPTH) for text in texts]
     cells = []
     for spec in config.tree_drafters:

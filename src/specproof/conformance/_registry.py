@@ -1046,12 +1046,14 @@ _TREE_REGISTRY: tuple[Invariant, ...] = (
     Invariant(
         id="tree.sampled-distribution",
         subject="engine",
-        summary="sampled output with trees has plain sampling's distribution: two sibling events at each tree "
-        "node the emitted path reaches and an all-token PIT test (false-fail bound 1e-6 per engine case)",
+        summary="sampled output with trees has plain sampling's distribution: with the suite's trees, two sibling "
+        "events at each tree node the emitted path reaches; with a real drafter's sampled trees, two events on "
+        "p's top tokens; an all-token PIT test each (false-fail bound 1e-6 per engine case)",
         needs=("tree",),
         draws="with --trees and --sampling: 4x the profile's sampled generations on four fixed prompts, seeds "
         "0, 1, ... (or from --seed), each round's tree the suite's: deterministic, read off the oracle (2-3 "
-        "siblings of mixed rank, a duplicate sibling, a subtree under a first or a later sibling, up to 3 levels)",
+        "siblings of mixed rank, a duplicate sibling, a subtree under a first or a later sibling, up to 3 levels); "
+        "then as many with a real drafter's sampled 2x2x2 trees (declared q rows)",
         driver="tree-sampling",
         check=_tree_sampling_check,
         zoo=("tree_sampled_two_siblings", "tree_sampled_stale_residual"),

@@ -1,5 +1,7 @@
 """The sampled tree search of a tree engine: seeded sampled generations with the suite's tree drafts, each
-emitted token scored against the oracle's ``p`` (docs/contract.md, "Sampled trees").
+emitted token scored against the oracle's ``p`` (docs/contract.md, "Sampled trees"). A ``DraftSource`` names
+who drafts and which events are scored: ``SUITE_TREES`` (below, the default) or a real sampled tree drafter
+(``_tree_drafter_runs``).
 
 The suite drafts with ``SuiteTreeSampler``: deterministic trees (a function of the context, so each node's
 ``q`` is one-hot) read off the oracle model: two or three siblings of mixed rank (the top token first or
@@ -16,7 +18,7 @@ update the residual after a rejection puts too much on the children (and the fir
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -31,7 +33,14 @@ from specproof.contract import Generation
 from specproof.contract.sampling import SamplingParams, processed_distribution
 from specproof.contract.tree import TreeDraft
 
-__all__ = ["TREE_EVENTS", "SuiteTreeSampler", "TreeSampledSearch", "run_tree_sampled_search"]
+__all__ = [
+    "SUITE_TREES",
+    "TREE_EVENTS",
+    "DraftSource",
+    "SuiteTreeSampler",
+    "TreeSampledSearch",
+    "run_tree_sampled_search",
+]
 
 TREE_EVENTS: dict[str, str] = {
     "first": "where the emitted path is at a node of the suite's tree with two or more distinct child tokens, "
@@ -39,7 +48,6 @@ TREE_EVENTS: dict[str, str] = {
     "children": "where the emitted path is at a node of the suite's tree, the token is one of its children's "
     "(probability p of their distinct tokens)",
 }
-TESTS = len(TREE_EVENTS) + 1  # the events and the PIT: the check's false-fail bound is split evenly over them
 MAX_NODES = 10
 MAX_DEPTH = 3
 # (ranks of the roots, index of the root that gets children, ranks of its children): mixed ranks, a subtree
@@ -130,6 +138,7 @@ class TreeSampledSearch:
 
     params: SamplingParams
     alpha: float
+    configuration: str = "rejection/suite-tree-drafts"
     runs: list[TreeSampledRun] = attrs.Factory(list)
     tests: dict[str, EventTest] = attrs.Factory(dict)
     pit: PitTest | None = None
@@ -144,6 +153,18 @@ class TreeSampledSearch:
         return sum(len(r.generation.tokens) for r in self.runs if r.generation is not None)
 
 
+@attrs.frozen
+class DraftSource:
+    """Who drafts a search's trees and what it scores: ``make(oracle factory)`` gives the drafter (its
+    ``calls`` logged), ``events`` name the event tests, ``score(search, p, prompt, tokens, calls)`` feeds them
+    from one generation (``p``: the oracle's rows for the emitted tokens, the PIT is fed apart)."""
+
+    configuration: str
+    events: Mapping[str, str]
+    make: Callable[[Callable[[], Any]], Any]
+    score: Callable[[TreeSampledSearch, np.ndarray, Sequence[int], list[int], Sequence[Any]], None]
+
+
 def run_tree_sampled_search(
     make_decoder: Callable[[Any, Any, int, int], Any],
     make_reference: Callable[[], Any],
@@ -154,13 +175,16 @@ def run_tree_sampled_search(
     longest_prompt: int,
     seed: int,
     alpha: float,
+    source: DraftSource | None = None,
 ) -> TreeSampledSearch:
-    """Draw ``generations`` seeded sampled generations (fewer only at the first rejection or failure)."""
-    search = TreeSampledSearch(params=params, alpha=alpha)
-    each = alpha / TESTS
-    search.tests = {e: EventTest(name=f"tree: {e}", summary=s, alpha=each) for e, s in TREE_EVENTS.items()}
+    """Draw ``generations`` seeded sampled generations (fewer only at the first rejection or failure), the
+    trees from ``source`` (the suite's deterministic trees by default)."""
+    source = SUITE_TREES if source is None else source
+    search = TreeSampledSearch(params=params, alpha=alpha, configuration=source.configuration)
+    each = alpha / (len(source.events) + 1)  # the events and the PIT: the bound split evenly over them
+    search.tests = {e: EventTest(name=f"tree: {e}", summary=s, alpha=each) for e, s in source.events.items()}
     search.pit = PitTest(name="tree: pit", alpha=each)
-    drafter = SuiteTreeSampler(make_reference())
+    drafter = source.make(make_reference)
     oracle = make_reference()
     vocab = int(oracle.vocab_size)
     decoder = make_decoder(None, drafter, MAX_NODES, MAX_DEPTH)
@@ -194,7 +218,7 @@ def run_tree_sampled_search(
         search.runs.append(TreeSampledRun(prompt=tuple(prompt), seed=run_seed, generation=gen, error=error))
         if error is not None or gen is None:
             break
-        _score(search, oracle, prompt, list(gen.tokens), drafter.calls, run_seed)
+        _score(search, oracle, prompt, list(gen.tokens), getattr(drafter, "calls", ()), run_seed, source)
         if search.rejected:
             break
     return search
@@ -205,11 +229,11 @@ def _score(
     oracle: Any,
     prompt: Sequence[int],
     tokens: list[int],
-    calls: Sequence[tuple[int, TreeDraft]],
+    calls: Sequence[Any],
     seed: int,
+    source: DraftSource,
 ) -> None:
-    """Score one generation: its tokens' PIT, and the two events at each position where the emitted path
-    sits at a node of a tree the suite drafted."""
+    """Score one generation: its tokens' PIT, and the source's events."""
     if not tokens:
         return
     oracle.reset()
@@ -217,6 +241,17 @@ def _score(
     p = processed_distribution(rows, search.params)
     assert search.pit is not None
     search.pit.add(pit_values(p, tokens, seed=seed))
+    source.score(search, p, prompt, tokens, calls)
+
+
+def _score_suite_trees(
+    search: TreeSampledSearch,
+    p: np.ndarray,
+    prompt: Sequence[int],
+    tokens: list[int],
+    calls: Sequence[tuple[int, TreeDraft]],
+) -> None:
+    """The two events at each position where the emitted path sits at a node of a tree the suite drafted."""
     sequence = [*prompt, *tokens]
     for start, tree in calls:
         node, position = -1, start
@@ -234,3 +269,12 @@ def _score(
             if node == -2:  # the token is no child's: the round ended at this node
                 break
             position += 1
+
+
+SUITE_TREES = DraftSource(
+    configuration="rejection/suite-tree-drafts",
+    events=TREE_EVENTS,
+    make=lambda make_reference: SuiteTreeSampler(make_reference()),
+    score=_score_suite_trees,
+)
+"""The default source: the suite's deterministic trees (``SuiteTreeSampler``), scored on ``TREE_EVENTS``."""

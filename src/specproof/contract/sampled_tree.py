@@ -2,8 +2,9 @@
 
 A tree drafter may have ``propose_tree_sampled(context, *, max_nodes, max_depth, sampling, rng)`` returning a
 ``SampledTreeDraft``; one without it is deterministic (each node's ``q`` is one-hot on its token). The sampled
-tree rule is lossless when every node's token was drawn from its declared row, independently of its siblings,
-given its parent's root path (siblings drawn with replacement from one ``q``, or each from its own).
+tree rule is lossless when every node's token was drawn from its declared row given everything drawn before
+it, nodes numbered in draw order (siblings drawn with replacement from one ``q``; or without replacement, the
+``j``-th declaring ``q`` less siblings ``0..j-1``'s tokens, renormalized, as ``TopKTreeDrafter`` draws them).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ flattened order against the current target row ``r`` (the node's ``p`` at first)
 proposal row ``q`` is kept with probability ``min(1, r(x) / q(x))``; on a rejection ``r`` becomes the
 normalized residual ``max(r - q, 0)`` and the next sibling is tried. A kept child becomes the node; when every
 child is rejected (or the node has none) the round's last token is a draw from ``r``. Lossless when each
-sibling was drawn from its declared ``q`` independently of its siblings, given its parent's path (a
-deterministic tree: one-hot rows, the tree a function of the context).
+node's token was drawn from its declared ``q`` given everything drawn before it, nodes numbered in draw
+order: siblings i.i.d. from one ``q``, or without replacement each declaring ``q`` less the earlier
+siblings' tokens, renormalized, or a deterministic tree (one-hot rows, the tree a function of the context).
 
 Random numbers in a fixed order from the request's generator: one uniform per child tried, one per draw.
 """

@@ -77,8 +77,8 @@ def _finite(value: float) -> float | None:
 
 
 def sampled_tree_statistics(search: TreeSampledSearch, *, tv_target: float) -> dict[str, object]:
-    """The report's ``statistics`` (``schemas/report-2.json``): the check's false-fail bound and its one
-    configuration's tests, sizes and sensitivity."""
+    """The report's ``statistics`` (``schemas/report-2.json``) of one search: its false-fail bound and its
+    configuration's tests, sizes and sensitivity (the driver joins its configurations)."""
     pit = search.pit
     tests = statistics_of_tests(search.tests, pit)
     least = max((t.min_detectable for t in search.tests.values()), default=math.inf)
@@ -89,7 +89,7 @@ def sampled_tree_statistics(search: TreeSampledSearch, *, tv_target: float) -> d
         "power": 0.99,
         "configurations": [
             {
-                "name": "rejection/suite-tree-drafts",
+                "name": search.configuration,
                 "false_fail_bound": search.alpha,
                 "generations": len(search.runs),
                 "tokens": search.tokens,

@@ -31,14 +31,22 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
+from specproof.contract.sampled_tree import SampledTreeDraft
+from specproof.contract.sampling import SamplingParams
 from specproof.contract.tree import MAX_TREE_DEPTH, MAX_TREE_NODES, TreeDraft
 from specproof.contract.validation import int_at_least
+from specproof.engine.drafters._sampled_trees import (
+    TreeRows,
+    TreeSampler,
+    build_sampled_tree,
+    check_sampling_request,
+)
 from specproof.engine.drafters.heads import HeadDrafter
 from specproof.engine.drafters.model import ModelDrafter
 from specproof.engine.drafters.ngram import NgramDrafter
@@ -121,12 +129,7 @@ def _ranked(row: np.ndarray, count: int) -> list[tuple[int, float]]:
     return [(int(t), float(shifted[t]) - log_norm) for t in order]
 
 
-class _Rows(Protocol):
-    """The drafter's next-token rows after the context and a root path of draft tokens."""
-
-    def after(self, path: tuple[int, ...]) -> np.ndarray: ...
-
-    def close(self) -> None: ...
+_Rows = TreeRows  # the drafter's next-token rows after the context and a root path of draft tokens
 
 
 def _static_tree(rows: _Rows, shape: TreeShape, max_nodes: int, max_depth: int) -> TreeDraft:
@@ -270,6 +273,7 @@ class TopKTreeDrafter:
     """
 
     model_rows: type[_ModelRows] = _ModelRows  # the zoo overrides it to plant a rollback bug
+    tree_sampler: type[TreeSampler] = TreeSampler  # a test overrides it to plant a wrongly declared q
 
     def __init__(self, drafter: ModelDrafter | HeadDrafter, shape: TreeShape | str) -> None:
         if not isinstance(drafter, (ModelDrafter, HeadDrafter)):
@@ -303,28 +307,62 @@ class TopKTreeDrafter:
         max_depth: int,
         features: Mapping[int, np.ndarray] | None = None,
     ) -> TreeDraft:
+        rows = self._rows(context, max_nodes, max_depth, features)
+        if rows is None:
+            return TreeDraft((), ())
+        return build_tree(rows[0], self.shape, max_nodes=rows[1], max_depth=rows[2])
+
+    def propose_tree_sampled(
+        self,
+        context: Sequence[int],
+        *,
+        max_nodes: int,
+        max_depth: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        features: Mapping[int, np.ndarray] | None = None,
+    ) -> SampledTreeDraft:
+        """The tree of the shape with each node's children drawn from the drafter's ``q`` at ``sampling`` (one
+        uniform of ``rng`` each, siblings without replacement) and each node's declared row
+        (``_sampled_trees``; docs/contract.md, "Sampled trees")."""
+        check_sampling_request(sampling, rng)
+        rows = self._rows(context, max_nodes, max_depth, features)
+        if rows is None:
+            return SampledTreeDraft(TreeDraft((), ()), np.zeros((0, self.vocab_size)))
+        return build_sampled_tree(
+            rows[0],
+            self.shape,
+            max_nodes=rows[1],
+            max_depth=rows[2],
+            vocab_size=self.vocab_size,
+            sampling=sampling,
+            rng=rng,
+            sampler=self.tree_sampler,
+        )
+
+    def _rows(
+        self, context: Sequence[int], max_nodes: int, max_depth: int, features: Mapping[int, np.ndarray] | None
+    ) -> tuple[_Rows, int, int] | None:
+        """The drafter's rows at ``context`` and the round's budget it can hold; None: an empty tree."""
         max_nodes = min(int_at_least(max_nodes, name="max_nodes", minimum=0, where="propose_tree"), MAX_TREE_NODES)
         max_depth = min(int_at_least(max_depth, name="max_depth", minimum=0, where="propose_tree"), MAX_TREE_DEPTH)
         drafter = self.drafter
         n = len(context)
-        rows: _Rows
         if isinstance(drafter, ModelDrafter):
             if n == 0 or n > drafter.max_context:
-                return TreeDraft((), ())
+                return None
             max_depth = min(max_depth, drafter.max_context - n + 1)  # the model holds context + path[:-1]
-            if max_nodes and max_depth:
-                drafter.proposals += 1
-                rows = self.model_rows(drafter, context)
-                return build_tree(rows, self.shape, max_nodes=max_nodes, max_depth=max_depth)
-            return TreeDraft((), ())
+            if not (max_nodes and max_depth):
+                return None
+            drafter.proposals += 1
+            return self.model_rows(drafter, context), max_nodes, max_depth
         if n < 2 or n - 1 > drafter.max_context:
-            return TreeDraft((), ())  # no feature yet, or past the head's capacity
+            return None  # no feature yet, or past the head's capacity
         max_depth = min(max_depth, drafter.max_context - (n - 1) + 1)  # as its chain: slots for path[:-1]
         if not (max_nodes and max_depth):
-            return TreeDraft((), ())
+            return None
         drafter.proposals += 1
-        rows = _HeadRows(drafter, context, features, max_depth)
-        return build_tree(rows, self.shape, max_nodes=max_nodes, max_depth=max_depth)
+        return _HeadRows(drafter, context, features, max_depth), max_nodes, max_depth
 
 
 class NgramTreeDrafter:
