@@ -54,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS
+    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS, POSITIONS
 
     exp = bsub.add_parser(
         "export",
@@ -96,6 +96,14 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         help="all-mlstate: every state a Core ML state (default); kv-mlstate: KV cache as states, conv_state and "
         "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine; "
         "unified-kv: as kv-mlstate with keys and values in one state kv_cache [2, ...]",
+    )
+    exp.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        default="scalar",
+        help="scalar: position [1] = processed (default); seed: position_ids [1, processed + q], every position of "
+        "the context so far and of the chunk, the program reading the last q (a length that grows with the "
+        "context: docs/coreml.md, Position layouts)",
     )
     exp.add_argument(
         "--gdn",
@@ -251,6 +259,7 @@ def _print_report(report: Any) -> None:
         "specproof.functions",
         "specproof.last_token_only",
         "specproof.layout",
+        "specproof.positions",
         "specproof.gdn",
         "specproof.ffn",
         "specproof.planted_bug",
@@ -278,6 +287,7 @@ def _print_report(report: Any) -> None:
             rules.add_row(r.id, "[green]pass[/]" if r.passed else "[bold red]FAIL[/]", r.detail, r.why)
         console.print(rules)
         console.print(f"function {fn.name!r} state layout: {fn.state_layout}", markup=False)
+        console.print(f"function {fn.name!r} position layout: {fn.position_layout}", markup=False)
         if fn.compute_units is not None:
             units = ", ".join(fn.compute_units.units)
             console.print(f"function {fn.name!r} compute units: {units} ({fn.compute_units.detail})", markup=False)
@@ -360,7 +370,9 @@ def run_export(args: argparse.Namespace) -> int:
         else:
             out.unlink()
     if args.multifunction:
-        result = export_multifunction(out, target, k=args.k, target_spec=spec, layout=args.layout, gdn=args.gdn)
+        result = export_multifunction(
+            out, target, k=args.k, target_spec=spec, layout=args.layout, gdn=args.gdn, positions=args.positions
+        )
         shapes = f"functions decode (input_ids [1, 1]) and verify ([1, {result.max_query}]), logits [1, q, vocab]"
     else:
         result = export_bundle(
@@ -372,13 +384,14 @@ def run_export(args: argparse.Namespace) -> int:
             target_spec=spec,
             layout=args.layout,
             gdn=args.gdn,
+            positions=args.positions,
         )
         shapes = f"input_ids [1, 1..{result.max_query}], logits " + (
             "[1, 1, vocab] (last token only)" if result.last_token_only else "[1, q, vocab]"
         )
     print(
         f"wrote {result.path} ({result.bytes / 1024:.0f} KiB, {result.seconds:.1f} s): {target.describe()}; "
-        f"layout {result.layout}, gdn {result.gdn}; {shapes}"
+        f"layout {result.layout}, gdn {result.gdn}, positions {args.positions}; {shapes}"
     )
     if args.golden:
         doc = write_golden(args.golden, target, target_spec=spec, cases=cases)

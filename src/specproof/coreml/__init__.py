@@ -46,7 +46,7 @@ from specproof.coreml._inspect import (
     inspect_bundle,
 )
 from specproof.coreml._multifunction import export_multifunction, function_sizes
-from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, ExportOptions
+from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, POSITIONS, ExportOptions
 from specproof.engine.targets.mil_eval import OPS as EVALUATOR_OPS
 from specproof.engine.targets.mil_eval import MilEvaluator, UnknownOpError, load_program
 
@@ -62,6 +62,7 @@ __all__ = [
     "GOLDEN_PROMPTS",
     "LAYOUTS",
     "PLANTED_BUGS",
+    "POSITIONS",
     "BundleCheckReport",
     "BundleReadError",
     "CheckOptions",
