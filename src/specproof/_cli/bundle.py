@@ -50,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ins.set_defaults(func=run_inspect)
     _add_export_parser(bsub)
     _add_check_parser(bsub)
+    _add_host_loop_parser(bsub)
     p.set_defaults(func=lambda args: _no_action(p))
 
 
@@ -205,6 +206,56 @@ def _check_source(args: argparse.Namespace) -> tuple[Any, str]:
         return load_target(spec), spec
     except SpecproofError as exc:
         raise UsageError(f"bundle check --against {spec!r}: {exc}") from None
+
+
+def _add_host_loop_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from specproof.formats import trace as trace_format
+
+    hl = bsub.add_parser(
+        "host-loop",
+        help="run docs/swift-engine.md's host loop over a multifunction bundle (any OS) and write its trace",
+        description=(
+            "The on-device host loop (decode/verify functions, position layout, states threaded through every call, "
+            "restore-and-replay), transcribed to Python and run by the ML-program evaluator; the trace it writes is "
+            f"{trace_format.ID}, for `specproof check-trace`. docs/swift-engine.md"
+        ),
+    )
+    hl.add_argument("path", help="a multifunction .mlpackage (bundle export --multifunction)")
+    hl.add_argument("--trace", required=True, metavar="FILE", help=f"the {trace_format.ID} trace to write")
+    hl.add_argument("--prompt", default=None, help="prompt text (UTF-8 bytes: a byte-level vocabulary)")
+    hl.add_argument("--ids", default=None, help="prompt token ids, comma- or space-separated")
+    hl.add_argument("--max-new-tokens", type=integer_argument, default=32, help="tokens to generate (default 32)")
+    hl.add_argument("--eos", type=integer_argument, default=None, help="end-of-sequence token id (default: none)")
+    hl.add_argument("--drafter", default="ngram", help="drafter spec (default ngram), as `specproof generate`'s")
+    hl.set_defaults(func=run_host_loop)
+
+
+def run_host_loop(args: argparse.Namespace) -> int:
+    from specproof._cli.common import parse_ids
+    from specproof.conformance.traces import write_trace
+    from specproof.contract import UsageError
+    from specproof.contract.errors import SpecproofError
+    from specproof.contract.files import check_output_path
+    from specproof.coreml import HostLoop
+    from specproof.plugins import load_drafter
+
+    if (args.prompt is None) == (args.ids is None):
+        raise UsageError("bundle host-loop: give one prompt: --prompt TEXT or --ids IDS")
+    check_output_path(args.trace, option="--trace")  # before any decoding; nothing is created
+    try:
+        prompt = parse_ids(args.ids) if args.ids is not None else list(str(args.prompt).encode("utf-8"))
+        loop = HostLoop(args.path, load_drafter(args.drafter))
+        gen = loop.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
+    except SpecproofError as exc:
+        raise UsageError(f"bundle host-loop: {exc}") from None
+    write_trace(
+        args.trace, gen, prompt=prompt, k=loop.k, max_new_tokens=args.max_new_tokens, eos_token_id=args.eos,
+        vocab_size=loop.vocab_size, engine=f"specproof bundle host-loop ({loop.positions} positions)",
+        target=f"coreml-eval:{args.path}", max_context=loop.max_context, rollback="replay",
+    )  # fmt: skip
+    calls = ", ".join(f"{name} {n}" for name, n in sorted(loop.calls.items()))
+    print(f"wrote {args.trace}: {len(gen.steps or ())} rounds, {len(gen.tokens)} tokens ({gen.stop_reason}); {calls}")
+    return 0
 
 
 def run_check(args: argparse.Namespace) -> int:
