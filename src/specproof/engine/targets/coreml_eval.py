@@ -4,11 +4,11 @@
 the ``.mlpackage`` is executed op by op (``mil_eval.MilEvaluator``: fp16 storage, fp32
 accumulation, only the ops it implements; any other op is an ``UnknownOpError`` naming the
 op and the program). The interface is the one ``specproof bundle export`` writes and
-``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]``,
-``logits`` ``[1, q, vocab]``; the states either all Core ML states (``all-mlstate``) or
-the KV cache as states with the other states as input/output pairs ``NAME`` ->
-``NAME_out`` (``kv-mlstate``), or as ``kv-mlstate`` with keys and values in one state ``kv_cache``
-``[2, ...]`` (``unified-kv``); all are threaded from call to call here.
+``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]`` (or the seed's
+``position_ids`` int32 ``[1, processed + q]``, fed ``0 ..< processed + q``), ``logits`` ``[1, q, vocab]``;
+the states either all Core ML states (``all-mlstate``) or the KV cache as states with the other states as
+input/output pairs ``NAME`` -> ``NAME_out`` (``kv-mlstate``), or as ``kv-mlstate`` with keys and values in
+one state ``kv_cache`` ``[2, ...]`` (``unified-kv``); all are threaded from call to call here.
 
 ``snapshot``/``restore`` copy every state (fp16). ``forward_with_checkpoints`` returns
 the logits of the one chunked forward and, as checkpoints, the states the evaluator reaches
