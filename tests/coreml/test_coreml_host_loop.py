@@ -51,6 +51,9 @@ def test_the_command_needs_one_prompt(tmp_path: Path, capsys: pytest.CaptureFixt
     for extra in ([], ["--prompt", "ab", "--ids", "1,2"]):
         assert cli.main(["bundle", "host-loop", str(tmp_path / "x.mlpackage"), "--trace", str(trace), *extra]) == 2
         assert "give one prompt" in capsys.readouterr().err and not trace.exists()
+    missing = ["bundle", "host-loop", str(tmp_path / "x.mlpackage"), "--trace", str(trace), "--prompt", "ab"]
+    assert cli.main(missing) == 2
+    assert "bundle host-loop:" in capsys.readouterr().err and not trace.exists()
 
 
 class _ScriptedDrafter:

@@ -62,7 +62,8 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         help="export the reference target as a stateful ML program (iOS 18 / macOS 15), optionally with golden outputs",
         description=(
             "Build the reference target's forward with coremltools' MIL builder: fp16 states key_cache, value_cache, "
-            "conv_state, rec_state (with gdn blocks) at full max_context; input_ids [1, 1..MAX_QUERY]; position [1]; "
+            "conv_state, rec_state (with gdn blocks) at full max_context; input_ids [1, 1..MAX_QUERY]; position [1] "
+            "(--positions seed: position_ids [1, processed + q]); "
             "logits [1, q, vocab]. docs/coreml.md"
         ),
     )
