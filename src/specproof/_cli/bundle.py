@@ -50,18 +50,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     ins.set_defaults(func=run_inspect)
     _add_export_parser(bsub)
     _add_check_parser(bsub)
+    _add_host_loop_parser(bsub)
     p.set_defaults(func=lambda args: _no_action(p))
 
 
 def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS
+    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS, POSITIONS
 
     exp = bsub.add_parser(
         "export",
         help="export the reference target as a stateful ML program (iOS 18 / macOS 15), optionally with golden outputs",
         description=(
             "Build the reference target's forward with coremltools' MIL builder: fp16 states key_cache, value_cache, "
-            "conv_state, rec_state (with gdn blocks) at full max_context; input_ids [1, 1..MAX_QUERY]; position [1]; "
+            "conv_state, rec_state (with gdn blocks) at full max_context; input_ids [1, 1..MAX_QUERY]; position [1] "
+            "(--positions seed: position_ids [1, processed + q]); "
             "logits [1, q, vocab]. docs/coreml.md"
         ),
     )
@@ -96,6 +98,14 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         help="all-mlstate: every state a Core ML state (default); kv-mlstate: KV cache as states, conv_state and "
         "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine; "
         "unified-kv: as kv-mlstate with keys and values in one state kv_cache [2, ...]",
+    )
+    exp.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        default="scalar",
+        help="scalar: position [1] = processed (default); seed: position_ids [1, processed + q], every position of "
+        "the context so far and of the chunk, the program reading the last q (a length that grows with the "
+        "context: docs/coreml.md, Position layouts)",
     )
     exp.add_argument(
         "--gdn",
@@ -199,6 +209,56 @@ def _check_source(args: argparse.Namespace) -> tuple[Any, str]:
         raise UsageError(f"bundle check --against {spec!r}: {exc}") from None
 
 
+def _add_host_loop_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from specproof.formats import trace as trace_format
+
+    hl = bsub.add_parser(
+        "host-loop",
+        help="run docs/swift-engine.md's host loop over a multifunction bundle (any OS) and write its trace",
+        description=(
+            "The on-device host loop (decode/verify functions, position layout, states threaded through every call, "
+            "restore-and-replay), transcribed to Python and run by the ML-program evaluator; the trace it writes is "
+            f"{trace_format.ID}, for `specproof check-trace`. docs/swift-engine.md"
+        ),
+    )
+    hl.add_argument("path", help="a multifunction .mlpackage (bundle export --multifunction)")
+    hl.add_argument("--trace", required=True, metavar="FILE", help=f"the {trace_format.ID} trace to write")
+    hl.add_argument("--prompt", default=None, help="prompt text (UTF-8 bytes: a byte-level vocabulary)")
+    hl.add_argument("--ids", default=None, help="prompt token ids, comma- or space-separated")
+    hl.add_argument("--max-new-tokens", type=integer_argument, default=32, help="tokens to generate (default 32)")
+    hl.add_argument("--eos", type=integer_argument, default=None, help="end-of-sequence token id (default: none)")
+    hl.add_argument("--drafter", default="ngram", help="drafter spec (default ngram), as `specproof generate`'s")
+    hl.set_defaults(func=run_host_loop)
+
+
+def run_host_loop(args: argparse.Namespace) -> int:
+    from specproof._cli.common import parse_ids
+    from specproof.conformance.traces import write_trace
+    from specproof.contract import UsageError
+    from specproof.contract.errors import SpecproofError
+    from specproof.contract.files import check_output_path
+    from specproof.coreml import HostLoop
+    from specproof.plugins import load_drafter
+
+    if (args.prompt is None) == (args.ids is None):
+        raise UsageError("bundle host-loop: give one prompt: --prompt TEXT or --ids IDS")
+    check_output_path(args.trace, option="--trace")  # before any decoding; nothing is created
+    try:
+        prompt = parse_ids(args.ids) if args.ids is not None else list(str(args.prompt).encode("utf-8"))
+        loop = HostLoop(args.path, load_drafter(args.drafter))
+        gen = loop.generate(prompt, args.max_new_tokens, eos_token_id=args.eos)
+    except SpecproofError as exc:
+        raise UsageError(f"bundle host-loop: {exc}") from None
+    write_trace(
+        args.trace, gen, prompt=prompt, k=loop.k, max_new_tokens=args.max_new_tokens, eos_token_id=args.eos,
+        vocab_size=loop.vocab_size, engine=f"specproof bundle host-loop ({loop.positions} positions)",
+        target=f"coreml-eval:{args.path}", max_context=loop.max_context, rollback="replay",
+    )  # fmt: skip
+    calls = ", ".join(f"{name} {n}" for name, n in sorted(loop.calls.items()))
+    print(f"wrote {args.trace}: {len(gen.steps or ())} rounds, {len(gen.tokens)} tokens ({gen.stop_reason}); {calls}")
+    return 0
+
+
 def run_check(args: argparse.Namespace) -> int:
     from specproof.contract import UsageError
     from specproof.contract.errors import InvalidSettingError
@@ -251,6 +311,7 @@ def _print_report(report: Any) -> None:
         "specproof.functions",
         "specproof.last_token_only",
         "specproof.layout",
+        "specproof.positions",
         "specproof.gdn",
         "specproof.ffn",
         "specproof.planted_bug",
@@ -278,6 +339,7 @@ def _print_report(report: Any) -> None:
             rules.add_row(r.id, "[green]pass[/]" if r.passed else "[bold red]FAIL[/]", r.detail, r.why)
         console.print(rules)
         console.print(f"function {fn.name!r} state layout: {fn.state_layout}", markup=False)
+        console.print(f"function {fn.name!r} position layout: {fn.position_layout}", markup=False)
         if fn.compute_units is not None:
             units = ", ".join(fn.compute_units.units)
             console.print(f"function {fn.name!r} compute units: {units} ({fn.compute_units.detail})", markup=False)
@@ -360,7 +422,9 @@ def run_export(args: argparse.Namespace) -> int:
         else:
             out.unlink()
     if args.multifunction:
-        result = export_multifunction(out, target, k=args.k, target_spec=spec, layout=args.layout, gdn=args.gdn)
+        result = export_multifunction(
+            out, target, k=args.k, target_spec=spec, layout=args.layout, gdn=args.gdn, positions=args.positions
+        )
         shapes = f"functions decode (input_ids [1, 1]) and verify ([1, {result.max_query}]), logits [1, q, vocab]"
     else:
         result = export_bundle(
@@ -372,13 +436,14 @@ def run_export(args: argparse.Namespace) -> int:
             target_spec=spec,
             layout=args.layout,
             gdn=args.gdn,
+            positions=args.positions,
         )
         shapes = f"input_ids [1, 1..{result.max_query}], logits " + (
             "[1, 1, vocab] (last token only)" if result.last_token_only else "[1, q, vocab]"
         )
     print(
         f"wrote {result.path} ({result.bytes / 1024:.0f} KiB, {result.seconds:.1f} s): {target.describe()}; "
-        f"layout {result.layout}, gdn {result.gdn}; {shapes}"
+        f"layout {result.layout}, gdn {result.gdn}, positions {args.positions}; {shapes}"
     )
     if args.golden:
         doc = write_golden(args.golden, target, target_spec=spec, cases=cases)

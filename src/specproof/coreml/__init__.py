@@ -10,6 +10,8 @@
   ``qwen3.6-moe``).
 - ``export_multifunction(path, target, k=K, layout=..., gdn=...)``: the same program as fixed-shape
   ``decode`` (1 token) and ``verify`` (K + 1 tokens) functions of one package, sharing weights and states.
+- ``HostLoop(path, drafter).generate(prompt, n)``: docs/swift-engine.md's host loop over a multifunction bundle,
+  run by the evaluator; its ``Generation`` is what ``specproof bundle host-loop`` writes as a trace.
 - ``write_golden(path, target, target_spec=...)``: greedy tokens for ``GOLDEN_PROMPTS``
   in the golden format (``specproof.formats.golden``) that ``specproof check-trace --greedy`` reads.
 - ``check_bundle(path, source, options=CheckOptions(...))`` -> ``BundleCheckReport``: the bundle (through
@@ -37,6 +39,7 @@ from specproof.coreml._export import (
     write_golden,
 )
 from specproof.coreml._families import FAMILIES, family_spec, family_target, load_family_spec
+from specproof.coreml._host_loop import HOST_LOOP_STEPS, HostLoop
 from specproof.coreml._inspect import (
     BundleReadError,
     BundleReport,
@@ -46,7 +49,7 @@ from specproof.coreml._inspect import (
     inspect_bundle,
 )
 from specproof.coreml._multifunction import export_multifunction, function_sizes
-from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, ExportOptions
+from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, POSITIONS, ExportOptions
 from specproof.engine.targets.mil_eval import OPS as EVALUATOR_OPS
 from specproof.engine.targets.mil_eval import MilEvaluator, UnknownOpError, load_program
 
@@ -60,8 +63,10 @@ __all__ = [
     "GDN_FORMS",
     "GOLDEN_FORMAT",
     "GOLDEN_PROMPTS",
+    "HOST_LOOP_STEPS",
     "LAYOUTS",
     "PLANTED_BUGS",
+    "POSITIONS",
     "BundleCheckReport",
     "BundleReadError",
     "CheckOptions",
@@ -70,6 +75,7 @@ __all__ = [
     "ExportOptions",
     "ExportResult",
     "FunctionReport",
+    "HostLoop",
     "MilEvaluator",
     "RuleResult",
     "TensorInfo",

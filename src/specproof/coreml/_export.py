@@ -22,6 +22,7 @@ import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
 from specproof.coreml._options import ExportOptions
+from specproof.coreml._positions import position_input_type
 from specproof.coreml._program import build_program, check_exportable, state_shapes
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
@@ -109,17 +110,21 @@ def export_bundle(
     target_spec: str = "",
     layout: str = "all-mlstate",
     gdn: str = "unrolled",
+    positions: str = "scalar",
     _planted: str | None = None,
 ) -> ExportResult:
     """Write ``target`` as a stateful ``.mlpackage`` at ``path`` (iOS 18 / macOS 15); return what was written.
 
     ``max_query`` (default ``max(k + 1, 64)``, 16 with unrolled GDN blocks) bounds the token
     input's length; it must be at least ``k + 1`` so one forward verifies ``k`` draft tokens.
-    ``layout``: ``all-mlstate`` or ``kv-mlstate`` (``LAYOUTS``); ``gdn``: ``unrolled`` or ``loop``.
+    ``layout``: ``all-mlstate`` or ``kv-mlstate`` (``LAYOUTS``); ``gdn``: ``unrolled`` or ``loop``;
+    ``positions``: ``scalar`` (``position [1]``) or ``seed`` (``position_ids [1, processed + q]``; ``POSITIONS``).
     ``_planted`` is TEST-ONLY: it writes a deliberately wrong program (``PLANTED_BUGS``) so that
     tests can show certification rejects it; it is recorded in the metadata.
     """
-    options = ExportOptions(layout=layout, gdn=gdn, last_token_only=bool(last_token_only), planted=_planted)
+    options = ExportOptions(
+        layout=layout, gdn=gdn, last_token_only=bool(last_token_only), planted=_planted, positions=positions
+    )
     mq = _check_sizes(target, k, max_query, options)
     out = Path(path)
     if out.suffix != ".mlpackage":
@@ -128,7 +133,7 @@ def export_bundle(
     t0 = time.perf_counter()
     prog = build_program(target, max_query=mq, options=options)
     cfg = target.config
-    model = convert_program(prog, cfg, layout=layout, tokens=ct.RangeDim(1, mq, default=1))
+    model = convert_program(prog, cfg, layout=layout, tokens=ct.RangeDim(1, mq, default=1), positions=positions)
     model.short_description = f"specproof export of {target.describe()}; verify forwards of up to {mq} tokens" + (
         "; LAST-TOKEN-ONLY logits (does not qualify for verify)" if last_token_only else ""
     )
@@ -149,9 +154,11 @@ def export_bundle(
     )
 
 
-def convert_program(prog: Any, cfg: ReferenceConfig, *, layout: str, tokens: Any) -> Any:
-    """The ``MLModel`` (not loaded) of ``prog``; ``tokens`` the length of ``input_ids`` (an int or a ``RangeDim``)."""
+def convert_program(prog: Any, cfg: ReferenceConfig, *, layout: str, tokens: Any, positions: str = "scalar") -> Any:
+    """The ``MLModel`` (not loaded) of ``prog``; ``tokens`` the length of ``input_ids`` (an int or a ``RangeDim``),
+    ``positions`` its position layout (``POSITIONS``)."""
     ct = import_coremltools("Core ML export")
+    fixed = tokens if isinstance(tokens, int) else None
     io = [
         ct.TensorType(name=name, shape=shape, dtype=np.float16)
         for name, shape in state_shapes(cfg, layout=layout).items()
@@ -165,7 +172,7 @@ def convert_program(prog: Any, cfg: ReferenceConfig, *, layout: str, tokens: Any
         compute_precision=ct.precision.FLOAT32,
         inputs=[
             ct.TensorType(name="input_ids", shape=(1, tokens), dtype=np.int32),
-            ct.TensorType(name="position", shape=(1,), dtype=np.int32),
+            position_input_type(ct, positions=positions, fixed_query=fixed, max_context=cfg.max_context),
             *io,
         ],
         skip_model_load=True,
@@ -187,6 +194,8 @@ def export_metadata(
         "gdn": options.gdn if cfg.n_gdn_layers else "none",
         "ffn": f"moe-{cfg.n_experts}-top{cfg.experts_per_token}" if cfg.is_moe else "dense",
     }
+    if options.positions != "scalar":  # bundles in the default layout keep their metadata as before
+        meta["positions"] = options.positions
     if options.planted:
         meta["planted_bug"] = options.planted
     return meta

@@ -38,6 +38,7 @@ from specproof.contract.errors import SpecproofError
 from specproof.contract.validation import int_at_least
 from specproof.coreml._declared import declared_problems
 from specproof.coreml._layout import KV_NAME, io_pairs, state_layout, threading_problems
+from specproof.coreml._positions import position_layout
 from specproof.coreml._units import ComputeUnits, compute_units
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.formats import bundle_inspect as bundle_inspect_format
@@ -140,6 +141,7 @@ class FunctionReport:
     state_layout: str = "none"  # coreml._layout.LAYOUT_NAMES
     warnings: tuple[str, ...] = ()  # advisories that do not fail the verdict (the Neural Engine finding)
     compute_units: ComputeUnits | None = None  # what its input shapes allow (coreml._units)
+    position_layout: str = "none"  # coreml._positions.POSITION_LAYOUTS: scalar position [1], seed position_ids
 
     @property
     def qualifies(self) -> bool:
@@ -159,6 +161,7 @@ class FunctionReport:
             "states": [t.to_json() for t in self.states],
             "rules": [r.to_json() for r in self.rules],
             "state_layout": self.state_layout,
+            "position_layout": self.position_layout,
             "warnings": list(self.warnings),
             **({"compute_units": self.compute_units.to_json()} if self.compute_units else {}),
         }
@@ -462,10 +465,14 @@ def _rule_declared(problems: Sequence[str]) -> RuleResult:
     return RuleResult(id="declared-types", passed=True, detail="every declared input, state and output as the program")
 
 
+def _position_input(inputs: Sequence[TensorInfo], token: TensorInfo | None) -> TensorInfo | None:
+    """The input that tells the bundle where the chunk starts (a position, offset or mask), if any."""
+    return next((t for t in inputs if t is not token and _POSITION_NAME.search(t.name)), None)
+
+
 def _rule_position(inputs: Sequence[TensorInfo], token: TensorInfo | None) -> RuleResult:
-    pos = [t for t in inputs if t is not token and _POSITION_NAME.search(t.name)]
-    if pos:
-        t = pos[0]
+    t = _position_input(inputs, token)
+    if t is not None:
         return RuleResult(id="position", passed=True, detail=f"{t.name!r} {t.dtype} {t.shape_text()}")
     return RuleResult(
         id="position",
@@ -571,6 +578,7 @@ def _judge(
     ]
     layout, warnings = state_layout(inputs, outputs, states)
     return FunctionReport(
+        position_layout=position_layout(inputs, _position_input(inputs, token)),
         compute_units=compute_units(inputs),
         state_layout=layout,
         warnings=warnings,

@@ -57,11 +57,13 @@ def export_multifunction(
     target_spec: str = "",
     layout: str = "all-mlstate",
     gdn: str = "unrolled",
+    positions: str = "scalar",
     _planted: str | None = None,
 ) -> ExportResult:
     """Write ``target`` at ``path`` as a multifunction ``.mlpackage``: ``decode`` ([1, 1] ids) and ``verify``
-    ([1, K + 1] ids) sharing weights and states. ``_planted`` is TEST-ONLY (``export_bundle``'s)."""
-    options = ExportOptions(layout=layout, gdn=gdn, planted=_planted)
+    ([1, K + 1] ids) sharing weights and states; ``positions`` as ``export_bundle``'s. ``_planted`` is TEST-ONLY
+    (``export_bundle``'s)."""
+    options = ExportOptions(layout=layout, gdn=gdn, planted=_planted, positions=positions)
     _check(target, k)
     out = Path(path)
     if out.suffix != ".mlpackage":
@@ -73,7 +75,7 @@ def export_multifunction(
         desc = ct.utils.MultiFunctionDescriptor()
         for name, q in sizes.items():
             prog = build_program(target, max_query=q, options=options, fixed_query=q)
-            model = convert_program(prog, target.config, layout=layout, tokens=q)
+            model = convert_program(prog, target.config, layout=layout, tokens=q, positions=positions)
             part = Path(tmp) / f"{name}.mlpackage"
             model.save(str(part))
             desc.add_function(str(part), src_function_name="main", target_function_name=name)

@@ -1,7 +1,8 @@
 """The MIL program of ``ReferenceHybrid.forward`` over one chunk, in either state layout.
 
 Inputs ``input_ids`` int32 ``[1, q]`` (``q`` symbolic, ``RangeDim(1, max_query)`` at
-conversion) and ``position`` int32 ``[1]``; fp16 states at full ``max_context``, the
+conversion) and ``position`` int32 ``[1]`` (or, ``positions="seed"``, ``position_ids`` int32
+``[1, processed + q]``: ``_positions.py``); fp16 states at full ``max_context``, the
 shapes of ``ReferenceHybrid.state_arrays()``: ``key_cache``/``value_cache``
 ``[n_attn, n_kv, max_context, head_dim]``, ``conv_state`` ``[n_conv + n_gdn, channels,
 conv_kernel - 1]`` and ``rec_state`` ``[n_gdn, gdn_heads, key_dim, value_dim]`` (each only
@@ -21,6 +22,7 @@ import numpy as np
 from specproof.contract.errors import InvalidSettingError
 from specproof.coreml._blocks import Graph, attn_block, conv_block, dense_ffn, fp16, gdn_block, moe_ffn, rms_norm
 from specproof.coreml._options import ExportOptions
+from specproof.coreml._positions import chunk_positions, position_specs
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
@@ -66,13 +68,13 @@ def _rope_tables(cfg: ReferenceConfig) -> tuple[np.ndarray, np.ndarray]:
     return fp16(np.cos(emb)), fp16(np.sin(emb))
 
 
-def _prologue(g: Graph, input_ids: Any, position: Any) -> None:
-    """The chunk's length, row positions, causal mask and RoPE rows."""
+def _prologue(g: Graph, inputs: Any) -> None:
+    """The chunk's length, row positions (from either position layout), causal mask and RoPE rows."""
     mb, m = g.mb, g.cfg.max_context
-    g.position = position
-    g.q = mb.slice_by_index(x=mb.shape(x=input_ids), begin=[1], end=[2])  # [1] int32
+    g.q = mb.slice_by_index(x=mb.shape(x=inputs["input_ids"]), begin=[1], end=[2])  # [1] int32
     g.q_scalar = mb.squeeze(x=g.q)
-    g.rows = mb.add(x=mb.range_1d(start=0, end=g.q_scalar, step=1), y=position)  # [q]
+    g.position, rows = chunk_positions(mb, inputs, g.q, planted=g.opts.planted)
+    g.rows = mb.add(x=mb.range_1d(start=0, end=g.q_scalar, step=1), y=g.position) if rows is None else rows  # [q]
     g.mask = mb.less_equal(
         x=mb.expand_dims(x=np.arange(m, dtype=np.int32), axes=[0]), y=mb.expand_dims(x=g.rows, axes=[1])
     )  # [q, m]: key j is visible to row i iff j <= position + i
@@ -132,7 +134,7 @@ def build_program(
     io_states = [] if opts.layout == "all-mlstate" else [n for n in shapes if n not in (*KV_STATES, UNIFIED_KV)]
     specs: dict[str, Any] = {
         "input_ids": mb.TensorSpec((1, fixed_query or get_new_symbol()), dtype=types.int32),
-        "position": mb.TensorSpec((1,), dtype=types.int32),
+        **position_specs(mb, types, get_new_symbol, positions=opts.positions),
     }
     for name, shape in shapes.items():
         spec = mb.TensorSpec if name in io_states else mb.StateTensorSpec
@@ -144,7 +146,7 @@ def build_program(
         if UNIFIED_KV in read:
             read["key_cache"], read["value_cache"] = _split_kv(mb, read[UNIFIED_KV], shapes[UNIFIED_KV])
         g.kc, g.vc, g.cs, g.rs = (read.get(n) for n in ("key_cache", "value_cache", "conv_state", "rec_state"))
-        _prologue(g, inputs["input_ids"], inputs["position"])
+        _prologue(g, inputs)
         logits = _blocks(g, inputs["input_ids"])
         final = {"key_cache": g.kc, "value_cache": g.vc, "conv_state": g.cs, "rec_state": g.rs}
         if UNIFIED_KV in read:

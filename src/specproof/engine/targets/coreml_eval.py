@@ -4,11 +4,11 @@
 the ``.mlpackage`` is executed op by op (``mil_eval.MilEvaluator``: fp16 storage, fp32
 accumulation, only the ops it implements; any other op is an ``UnknownOpError`` naming the
 op and the program). The interface is the one ``specproof bundle export`` writes and
-``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]``,
-``logits`` ``[1, q, vocab]``; the states either all Core ML states (``all-mlstate``) or
-the KV cache as states with the other states as input/output pairs ``NAME`` ->
-``NAME_out`` (``kv-mlstate``), or as ``kv-mlstate`` with keys and values in one state ``kv_cache``
-``[2, ...]`` (``unified-kv``); all are threaded from call to call here.
+``bundle inspect`` qualifies: ``input_ids`` int32 ``[1, q]``, ``position`` int32 ``[1]`` (or the seed's
+``position_ids`` int32 ``[1, processed + q]``, fed ``0 ..< processed + q``), ``logits`` ``[1, q, vocab]``;
+the states either all Core ML states (``all-mlstate``) or the KV cache as states with the other states as
+input/output pairs ``NAME`` -> ``NAME_out`` (``kv-mlstate``), or as ``kv-mlstate`` with keys and values in
+one state ``kv_cache`` ``[2, ...]`` (``unified-kv``); all are threaded from call to call here.
 
 ``snapshot``/``restore`` copy every state (fp16). ``forward_with_checkpoints`` returns
 the logits of the one chunked forward and, as checkpoints, the states the evaluator reaches
@@ -53,6 +53,8 @@ SOURCE_RTOL: Final = 0.25
 SOURCE_ROUTER_MARGIN: Final = 0.5
 _OPTIONS: Final = ("tie_tolerance", "source_rtol", "source_router_margin")
 KV_STATES: Final = ("key_cache", "value_cache")
+#: the position layout -> its input (``position [1]`` or the seed's ``position_ids [1, processed + q]``)
+POSITION_INPUTS: Final = {"scalar": "position", "seed": "position_ids"}
 UNIFIED_KV: Final = "kv_cache"  # one KV state [2, layers, kv_heads, max_context, head_dim]: keys, then values
 
 
@@ -97,14 +99,18 @@ class CoreMLEvalTarget:
         self._ev, self._fixed = _functions(p)
         ev = self._ev
         outs = set(ev.output_names)
-        missing = [n for n in ("input_ids", "position") if n not in ev.input_specs]
+        #: ``scalar``: ``position [1]`` = processed; ``seed``: ``position_ids [1, processed + q]`` = 0 ..< processed + q
+        self.positions = "seed" if "position_ids" in ev.input_specs else "scalar"
+        self._position_input = POSITION_INPUTS[self.positions]
+        missing = [n for n in ("input_ids", self._position_input) if n not in ev.input_specs]
         if missing or "logits" not in outs:
             raise InvalidSettingError(
-                f"coreml-eval {str(p)!r}: needs inputs input_ids, position and output logits "
+                f"coreml-eval {str(p)!r}: needs inputs input_ids, position (or position_ids) and output logits "
                 f"(inputs: {sorted(ev.input_specs)}, outputs: {sorted(outs)})"
             )
-        self._io = [n for n in ev.input_specs if n not in ("input_ids", "position") and f"{n}_out" in outs]
-        unpaired = [n for n in ev.input_specs if n not in ("input_ids", "position", *self._io)]
+        fed = ("input_ids", self._position_input)
+        self._io = [n for n in ev.input_specs if n not in fed and f"{n}_out" in outs]
+        unpaired = [n for n in ev.input_specs if n not in (*fed, *self._io)]
         if unpaired:
             raise InvalidSettingError(f"coreml-eval {str(p)!r}: input {unpaired[0]!r} has no {unpaired[0]}_out output")
         self._io_shapes = {n: tuple(int(s) for s in ev.input_specs[n][0]) for n in self._io}
@@ -157,7 +163,11 @@ class CoreMLEvalTarget:
         ev = self._fixed[len(chunk)] if self._fixed else self._ev
         ev.states = self._ev.states  # every function reads and writes the one set of Core ML states
         self.function_calls[ev.function] += 1
-        out = ev(input_ids=np.array([chunk], np.int32), position=np.array([position], np.int32), **self._io_values)
+        if self.positions == "seed":  # every position so far and the chunk's (0 ..< processed + q): it reads the last q
+            where = np.arange(position + len(chunk), dtype=np.int32)[None]
+        else:
+            where = np.array([position], np.int32)
+        out = ev(input_ids=np.array([chunk], np.int32), **{self._position_input: where}, **self._io_values)
         for name in self._io:
             value = np.asarray(out[f"{name}_out"], np.float16)
             if value.shape != self._io_shapes[name]:
@@ -265,7 +275,8 @@ class CoreMLEvalTarget:
         states = ",".join([*self._ev.state_names, *self._io])
         functions = ",".join(f"{f}:{q}" for f, q in self.functions.items()) if self._fixed else ""
         return (
-            f"CoreMLEvalTarget {self.path} ({self.layout}) vocab={self.vocab_size} max_context={self.max_context} "
+            f"CoreMLEvalTarget {self.path} ({self.layout}, positions {self.positions}) vocab={self.vocab_size} "
+            f"max_context={self.max_context} "
             f"max_query={self.max_query} states={states}" + (f" functions={functions}" if functions else "")
         )
 
@@ -275,7 +286,8 @@ class CoreMLEvalTarget:
 
 def _signature(ev: MilEvaluator) -> tuple[object, ...]:
     """What every function of a bundle must share: inputs but input_ids, states, outputs (names, shapes, dtypes)."""
-    inputs = {n: v for n, v in ev.input_specs.items() if n != "input_ids"}
+    inputs = {n: v for n, v in ev.input_specs.items() if n not in ("input_ids", "position_ids")}
+    inputs.update({n: (len(v[0]), v[1]) for n, v in ev.input_specs.items() if n == "position_ids"})  # grows with q
     return (sorted(inputs.items(), key=str), sorted(ev.state_shapes.items()), sorted(ev.output_names))
 
 
