@@ -415,6 +415,16 @@ def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: 
     return llm
 
 
+def _check_eos(settings: LlamaCppSettings, vocab: int) -> None:
+    if settings.eos is not None and settings.eos >= vocab:
+        raise InvalidSettingError(f"llamacpp option eos={settings.eos}: not a token id in [0, {vocab})")
+
+
+def _eog_ids(low: Any, llm: Any, vocab: int) -> frozenset[int]:
+    """The ids llama.cpp's grammar sampler lets a complete grammar end on (``llama_vocab_is_eog``)."""
+    return frozenset(t for t in range(vocab) if low.llama_vocab_is_eog(llm._model.vocab, t))
+
+
 class LlamaCppEngine:
     """A black-box ``Engine`` over ``llama_cpp.Llama.generate`` (greedy, token ids in and out).
 
@@ -442,8 +452,7 @@ class LlamaCppEngine:
                 f"{vocab_size!r}; name the right model with oracle=TARGET"
             )
         self.max_context: int = resolve_n_ctx(settings, oracle)  # before llama.cpp loads anything
-        if settings.eos is not None and settings.eos >= vocab:
-            raise InvalidSettingError(f"llamacpp option eos={settings.eos}: not a token id in [0, {vocab})")
+        _check_eos(settings, vocab)
         llama_cpp = require_llama_cpp()
         self.settings = settings
         self.oracle = oracle
@@ -469,9 +478,7 @@ class LlamaCppEngine:
         self.engine_name = settings.short_name()
         self.name = f"{settings.describe()} on {settings.model_path}"
         self.llm = _build_llama(llama_cpp, settings, self._draft, n_ctx)
-        low = llama_cpp.llama_cpp
-        # the ids llama.cpp's grammar sampler lets a complete grammar end on
-        self.eog_ids = frozenset(t for t in range(vocab) if low.llama_vocab_is_eog(self.llm._model.vocab, t))
+        self.eog_ids = _eog_ids(llama_cpp.llama_cpp, self.llm, vocab)
         self._first_eval_at: int | None = None
         self._last_context: list[int] = []
         evaluate = self.llm.eval
