@@ -53,7 +53,9 @@ def certify(checkpoint: Path, options: str, only: str, tmp_path: Path) -> dict[s
 
 
 def test_plain_greedy_honours_each_grammar_kind(checkpoint: Path, tmp_path: Path) -> None:
-    results = certify(checkpoint, STRUCTURED, "decode.*", tmp_path)
+    results = certify(
+        checkpoint, STRUCTURED, "decode.grammar,decode.penalties,decode.min-tokens,decode.logprobs", tmp_path
+    )
     grammar = results["decode.grammar"]
     assert grammar["status"] == "pass" and grammar["exercised"] > 0, grammar
     for name in ("decode.penalties", "decode.min-tokens", "decode.logprobs"):
