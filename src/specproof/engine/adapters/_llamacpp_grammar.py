@@ -128,7 +128,7 @@ def _node(op: Any, av: Any) -> str:
         return _char_class(av)
     if op in (_c.MAX_REPEAT, _c.MIN_REPEAT):  # a lazy repeat matches the same strings
         low, high, sub = av
-        bound = f"{{{low},}}" if high is _c.MAXREPEAT else f"{{{low},{high}}}"
+        bound = f"{{{low},}}" if high == _c.MAXREPEAT else f"{{{low},{high}}}"
         return f"({_sequence(list(sub))}){bound}"
     if op is _c.SUBPATTERN:
         _group, add_flags, del_flags, sub = av

@@ -24,6 +24,9 @@ validated in ``parse_vllm_spec``):
   ``penalties+logit_bias+bad_words+min_tokens+stop_sequences+logprobs+top_logprobs``, ``_vllm_decode``), e.g.
   ``decode=logit_bias``
   to judge the bias alone (vLLM refuses it beside a repetition penalty);
+- ``structured=none`` (default) | ``guidance``: load the byte tokenizer the export writes beside the weights and
+  run vLLM's structured outputs on its ``guidance`` backend (llguidance); the engine then declares ``grammar``
+  and passes a request's grammar as ``SamplingParams.structured_outputs`` (``_vllm_decode``);
 - ``max_num_seqs=N``: vLLM's scheduler's most running requests (default vLLM's, 256): the batch's
   ``max_batch`` and ``slots``; a request beyond them waits;
 - ``block_size=N``: the KV block size asked of vLLM (on this hybrid vLLM raises it to fit the conv state:
