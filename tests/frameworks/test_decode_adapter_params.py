@@ -167,13 +167,15 @@ def test_llamacpp_sampled_chain_divides_by_the_temperature_first() -> None:
 
 
 def test_llamacpp_refuses_what_it_cannot_honour_naming_it() -> None:
-    assert set(LLAMACPP_DECODE_FEATURES) == {"penalties", "logit_bias", "stop_sequences", "logprobs", "top_logprobs"}
+    assert set(LLAMACPP_DECODE_FEATURES) == {
+        "penalties", "logit_bias", "stop_sequences", "logprobs", "top_logprobs", "grammar",
+    }  # fmt: skip
     with pytest.raises(UnsupportedParameterError, match="min_tokens=3"):
         check_llamacpp_decode(DecodeParams(min_tokens=3))
     with pytest.raises(UnsupportedParameterError, match=r"bad_words \[\[1, 2\]\]"):
         check_llamacpp_decode(DecodeParams(bad_words=[[1, 2]]))
-    with pytest.raises(UnsupportedParameterError, match=r"grammar \(regex\).*llama_vocab_is_eog"):
-        check_llamacpp_decode(DecodeParams(grammar=Grammar(kind="regex", source="[0-9]+"), eos_token_ids=[0]))
+    grammar = DecodeParams(grammar=Grammar(kind="regex", source="[0-9]+"), eos_token_ids=[0])
+    assert check_llamacpp_decode(grammar) is grammar  # translated to GBNF by the engine (_llamacpp_grammar)
     with pytest.raises(InvalidSettingError, match="must be DecodeParams"):
         check_llamacpp_decode({"stop": [[1]]})
     ok = DecodeParams(repetition_penalty=1.3, logit_bias={1: -4.0}, stop=[[1, 2]], eos_token_ids=[5])

@@ -8,8 +8,9 @@ through llama.cpp's own samplers) and ``decode.stop`` pass at quick; ``decode.mi
 has no min-tokens sampler: the engine does not declare it, and refuses ``min_tokens`` naming it), and
 ``decode.processor-state`` skips (llama.cpp reports no processor state); ``decode.logprobs`` passes (the
 processed row of each pick, read in llama.cpp's own chain), as do ``decode.sampled``,
-``decode.parameter-parity`` and ``decode.session``; ``decode.grammar`` skips (refused, docs/real-engines.md
-says why). Prompt lookup drafts and accepts under the penalties
+``decode.parameter-parity`` and ``decode.session``; ``decode.grammar`` skips here (its requests end on id 0,
+which is llama.cpp's end of generation only with ``eos=0``: tests/frameworks/test_llamacpp_grammar.py).
+Prompt lookup drafts and accepts under the penalties
 (``test_prompt_lookup_drafts_under_decode_parameters``), so the pass is speculative.
 
 If a later release changes one, its test fails saying so: update docs/real-engines.md. Skipped when
@@ -124,7 +125,7 @@ def test_prompt_lookup_drafts_under_decode_parameters(model: Path) -> None:
         engine.generate([1, 2, 3], 4, decode=DecodeParams(min_tokens=2))
     with pytest.raises(UnsupportedParameterError, match="bad_words"):
         engine.generate([1, 2, 3], 4, decode=DecodeParams(bad_words=[[1]]))
-    with pytest.raises(UnsupportedParameterError, match="llama_vocab_is_eog"):
+    with pytest.raises(UnsupportedParameterError, match="no faithful GBNF translation"):
         engine.generate([1, 2, 3], 4, decode=DecodeParams(grammar=Grammar.json_schema({"type": "integer"}),
                                                           eos_token_ids=[0]))  # fmt: skip
     engine.close()

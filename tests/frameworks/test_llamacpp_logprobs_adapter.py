@@ -56,7 +56,17 @@ def test_the_recording_stage_sees_the_processed_row_before_the_pick() -> None:
     sampled = _chain(DecodeParams(logprobs=0), SamplingParams(temperature=0.5, top_k=3, seed=1))
     assert sampled == ["add_custom", "add_temp", "add_top_k", "add_top_p", "add_min_p", "add_dist"]
     assert {"logprobs", "top_logprobs"} <= set(LLAMACPP_DECODE_FEATURES)
-    assert "grammar" not in LLAMACPP_DECODE_FEATURES  # refused: docs/real-engines.md says why
+    assert "grammar" in LLAMACPP_DECODE_FEATURES  # llama.cpp's grammar sampler on a GBNF translation
+
+
+def test_the_grammar_masks_after_the_bias_and_before_the_recording_stage() -> None:
+    """The contract's order: the grammar is the last processor, and the logprobs are read after it."""
+    decode = DecodeParams(presence_penalty=0.5, logit_bias={2: 1.0}, logprobs=0)
+    chain = build_decode_chain(
+        _Internals, n_vocab=16, window=64, decode=decode, prompt=[1], sampling=None, seed=3,
+        recorder=LogprobRecorder(16, _TokenData), grammar=lambda chain: chain.calls.append("grammar"),
+    )  # fmt: skip
+    assert chain.calls == ["add_penalties", "add_logit_bias", "grammar", "add_custom", "add_greedy"]
 
 
 def test_the_recorder_reads_llama_cpps_token_array_by_id() -> None:

@@ -91,7 +91,7 @@ def test_plain_greedy_logprobs_are_after_the_processors(checkpoint: Path, tmp_pa
     results = certify_decode(checkpoint, LOGPROBS, tmp_path)
     row = results["decode.logprobs"]
     assert row["status"] == "pass" and row["exercised"] > 0, row
-    assert results["decode.grammar"]["status"] == "skip"  # not passed through: docs/real-engines.md says why
+    assert results["decode.grammar"]["status"] == "skip"  # not declared without structured=guidance (test_vllm_grammar)
 
 
 def test_speculation_with_logprobs_fails_on_the_output_with_finding_1(checkpoint: Path, tmp_path: Path) -> None:

@@ -74,5 +74,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     padded = json.loads((out / "config.json").read_text())["head_dim"]
-    print(f"wrote {out}/config.json and model.safetensors: {args.target}, heads {target.config.head_dim} -> {padded}")
+    tokenizer = " and the byte tokenizer" if (out / "tokenizer.json").is_file() else ""
+    heads = f"heads {target.config.head_dim} -> {padded}"
+    print(f"wrote {out}/config.json, model.safetensors{tokenizer}: {args.target}, {heads}")
     return 0

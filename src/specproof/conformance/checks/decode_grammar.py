@@ -30,6 +30,7 @@ from specproof.conformance.checks.decode_state import (
 )
 from specproof.contract import DecodeParams, Generation, Grammar, Violation, token_bytes
 from specproof.contract.decode_state import OracleGrammar, first_invalid_token, grammar_state, plain_decode_with
+from specproof.contract.errors import UnsupportedParameterError
 from specproof.strategies import contexts, processor_configs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -176,6 +177,11 @@ def run_grammar_example(subject: DecodeSubject, ex: DecodeExample) -> GrammarRun
     try:
         gen = engine.generate(list(ex.prompt), ex.max_new_tokens, eos_token_id=ex.eos_token_id, decode=ex.params)
         error = None if isinstance(gen, Generation) else f"generate returned {type(gen).__name__}, not a Generation"
+    except UnsupportedParameterError as exc:  # a grammar the engine cannot honour, refused by name: a skip
+        return GrammarRun(
+            vocab_size=subject.vocab_size, example=ex, expected=expected, baseline=baseline, generation=None,
+            error=None, states=None, refused=f"the engine refused the request: {exc}",
+        )  # fmt: skip
     except Exception as exc:  # the check reports it as the engine's failure, naming the cause
         gen, error = None, f"{type(exc).__name__}: {exc}"
     states = getattr(engine, "processor_states", None)
@@ -198,6 +204,8 @@ def check_grammar(inv: Invariant, run: GrammarRun) -> tuple[list[Violation], int
     grammar = params.grammar
     assert grammar is not None
     eos, vocab = params.eos_set(run.example.eos_token_id), run.vocab_size
+    if run.refused is not None:
+        return [], 0, run.refused
     gen = run.generation
     if gen is None:
         return [inv.violation(f"the generation with a grammar failed: {run.error}", example=example)], 1, ""

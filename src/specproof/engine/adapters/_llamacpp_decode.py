@@ -14,10 +14,11 @@ test is llama.cpp's. The chain here is made of llama.cpp's samplers in the contr
    the contract's order.
 
 Both penalty windows cover the whole context (llama.cpp counts the last ``penalty_last_n`` tokens only).
-Refused (``UnsupportedParameterError``): ``min_tokens`` and ``bad_words``, which llama.cpp's sampler chain
-and ``Llama.generate`` lack, and a ``grammar``: llama.cpp's grammar sampler takes GBNF (llama-cpp-python
-converts JSON schemas only) and ends a complete grammar only on the vocabulary's end-of-generation ids, not
-on the request's EOS ids (docs/real-engines.md).
+A ``grammar`` is llama.cpp's grammar sampler after the bias (the contract's order: the grammar last, the logprobs
+after it) on the request's grammar translated to GBNF (``_llamacpp_grammar``, which refuses what it cannot
+translate faithfully); llama.cpp ends a complete grammar only on its end-of-generation id, so the request's EOS
+ids must be that one id (the engine's ``eos=`` option). Refused (``UnsupportedParameterError``): ``min_tokens``
+and ``bad_words``, which llama.cpp's sampler chain and ``Llama.generate`` lack (docs/real-engines.md).
 Stops (EOS ids, token-sequence stops) are the caller's with llama-cpp-python
 (``create_completion`` cuts its stop strings itself): the adapter stops the token stream where the contract
 says, so ``decode.stop`` judges the tokens llama.cpp emitted up to the stop.
@@ -35,11 +36,13 @@ from specproof.engine.adapters._decode_option import refuse_unmapped
 __all__ = ["LLAMACPP_DECODE_FEATURES", "build_decode_chain", "check_llamacpp_decode", "stop_reason_after"]
 
 _MAPPED = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "eos_token_ids",
-                     "stop", "logprobs"})  # fmt: skip
+                     "stop", "logprobs", "grammar"})  # fmt: skip
 
-LLAMACPP_DECODE_FEATURES: tuple[str, ...] = ("penalties", "logit_bias", "stop_sequences", "logprobs", "top_logprobs")
-"""What the ``llamacpp:`` engine declares (``decode_features``); ``min_tokens``, ``bad_words`` and a ``grammar``
-are refused."""
+LLAMACPP_DECODE_FEATURES: tuple[str, ...] = (
+    "penalties", "logit_bias", "stop_sequences", "logprobs", "top_logprobs", "grammar",
+)  # fmt: skip
+"""What the ``llamacpp:`` engine declares (``decode_features``); ``min_tokens`` and ``bad_words`` are refused, and
+a grammar without a faithful GBNF translation."""
 
 
 def check_llamacpp_decode(decode: object) -> DecodeParams:
@@ -56,12 +59,6 @@ def check_llamacpp_decode(decode: object) -> DecodeParams:
             f"llamacpp: bad_words {[list(w) for w in decode.bad_words]}: llama.cpp's sampler chain has no "
             "bad-words sampler and Llama.generate no such argument"
         )
-    if decode.grammar is not None:
-        raise UnsupportedParameterError(
-            f"llamacpp: grammar ({decode.grammar.kind}): llama.cpp's grammar sampler takes GBNF (llama-cpp-python "
-            "converts JSON schemas only, no regex or Lark) and lets a complete grammar end only on the "
-            "vocabulary's end-of-generation ids (llama_vocab_is_eog), not on the request's EOS ids"
-        )
     refuse_unmapped(decode, mapped=_MAPPED, where="llamacpp")
     return decode
 
@@ -76,10 +73,12 @@ def build_decode_chain(
     sampling: SamplingParams | None,
     seed: int,
     recorder: Callable[[Any], None] | None = None,
+    grammar: Callable[[Any], None] | None = None,
 ) -> Any:
     """A ``LlamaSampler`` (``internals``: ``llama_cpp._internals``) for ``decode`` on a request of ``prompt``,
     greedy or sampled at ``sampling``; ``window``: the penalties' ``penalty_last_n`` (the context's size);
-    ``recorder``: a custom stage after the processors, before the pick (``LogprobRecorder``)."""
+    ``recorder``: a custom stage after the processors, before the pick (``LogprobRecorder``); ``grammar``: adds
+    llama.cpp's grammar sampler to the chain it is given (after the bias, before the recorder)."""
     chain = internals.LlamaSampler()
     if decode.repetition_penalty != 1.0:
         chain.add_penalties(
@@ -95,6 +94,8 @@ def build_decode_chain(
         )  # fmt: skip
     if decode.logit_bias:
         chain.add_logit_bias(n_vocab, {int(t): float(b) for t, b in decode.logit_bias})
+    if grammar is not None:
+        grammar(chain)
     if recorder is not None:
         chain.add_custom(recorder)
     if sampling is None or sampling.greedy:

@@ -15,11 +15,17 @@ and ``stop_token_ids``. What it lacks is refused, never dropped:
   default, ``raw_logprobs``, is before every processor), which on a greedy request is the log-softmax after
   the penalties, bias, bad words and ``min_tokens`` (the contract's), but on a sampled one after the
   temperature and top-k / top-p too (the contract's logprobs are before them);
-- a ``grammar``: not passed through yet (vLLM's structured outputs are not mapped; docs/real-engines.md).
+- a ``grammar`` unless the engine runs vLLM's structured outputs (``structured=guidance``: the export's byte
+  tokenizer loaded, the ``guidance`` backend), then one with a reasoning delimiter (vLLM ends reasoning only
+  through a model family's reasoning parser, on its own think tokens) or whose EOS ids are not the tokenizer's
+  EOS (the only id a complete grammar may end on). A JSON schema, a regex and a Lark grammar go to vLLM as they
+  are (``StructuredOutputsParams`` ``json`` / ``regex`` / ``grammar``): the ``guidance`` backend compiles them
+  with llguidance, the oracle's library.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -29,7 +35,10 @@ from specproof.contract import DecodeParams, TokenLogprob
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine.adapters._decode_option import refuse_unmapped
 
-__all__ = ["LOGPROBS_MODE", "VLLM_DECODE_FEATURES", "VLLMDecode", "decode_stop_reason", "token_logprobs", "vllm_decode"]
+__all__ = [
+    "LOGPROBS_MODE", "VLLM_DECODE_FEATURES", "VLLMDecode", "decode_stop_reason", "structured_outputs",
+    "token_logprobs", "vllm_decode",
+]  # fmt: skip
 
 _MAPPED = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "bad_words",
                      "min_tokens", "eos_token_ids", "stop", "logprobs"})  # fmt: skip
@@ -53,18 +62,28 @@ class VLLMDecode:
     eos_ids: frozenset[int]
     stop_ids: frozenset[int]
     logprobs: int | None = None  # asked: how many alternatives (vLLM's ``SamplingParams.logprobs``)
+    structured: dict[str, Any] | None = None  # ``StructuredOutputsParams`` keywords of the request's grammar
 
 
 def vllm_decode(
-    decode: DecodeParams | None, *, eos_token_id: int | None, max_tokens: int, sampled: bool = False
+    decode: DecodeParams | None,
+    *,
+    eos_token_id: int | None,
+    max_tokens: int,
+    sampled: bool = False,
+    grammar_eos: int | None = None,
 ) -> VLLMDecode:
     """vLLM's fields for ``decode`` (None: every processor off) on a request of ``max_tokens`` new tokens,
-    sampled or greedy, or ``UnsupportedParameterError`` naming what vLLM cannot honour."""
+    sampled or greedy, or ``UnsupportedParameterError`` naming what vLLM cannot honour; ``grammar_eos``: the
+    tokenizer's EOS where the engine runs structured outputs (None: it does not, and a grammar is refused)."""
     if decode is None:
         decode = DecodeParams()
     if not isinstance(decode, DecodeParams):
         raise InvalidSettingError(f"decode must be DecodeParams or None, got {type(decode).__name__}")
-    refuse_unmapped(decode, mapped=_MAPPED, where="vllm")
+    structured = None
+    if decode.grammar is not None:
+        structured = structured_outputs(decode, eos_ids=decode.eos_set(eos_token_id), grammar_eos=grammar_eos)
+    refuse_unmapped(decode, mapped=_MAPPED | {"grammar"}, where="vllm")
     long_stops = [list(s) for s in decode.stop if len(s) > 1]
     if long_stops:
         raise UnsupportedParameterError(
@@ -101,7 +120,33 @@ def vllm_decode(
         eos_ids=eos_ids,
         stop_ids=stop_ids,
         logprobs=decode.logprobs,
+        structured=structured,
     )
+
+
+def structured_outputs(decode: DecodeParams, *, eos_ids: frozenset[int], grammar_eos: int | None) -> dict[str, Any]:
+    """``StructuredOutputsParams`` keywords for ``decode.grammar``, or ``UnsupportedParameterError``."""
+    grammar = decode.grammar
+    assert grammar is not None
+    if grammar_eos is None:
+        raise UnsupportedParameterError(
+            f"vllm: grammar ({grammar.kind}): vLLM's structured outputs need a tokenizer and the engine runs on "
+            "token ids without one; give structured=guidance (vllm:DIR,structured=guidance, DIR written by "
+            "`specproof export vllm`, which writes the byte tokenizer)"
+        )
+    if grammar.reasoning_end:
+        raise UnsupportedParameterError(
+            f"vllm: grammar reasoning_end {list(grammar.reasoning_end)}: vLLM starts a grammar after reasoning only "
+            "through a model family's reasoning parser, on that family's think tokens, not on a given delimiter"
+        )
+    if eos_ids != {grammar_eos}:
+        raise UnsupportedParameterError(
+            f"vllm: grammar with EOS ids {sorted(eos_ids)}: vLLM's structured outputs let a complete grammar end "
+            f"only on the tokenizer's EOS id {grammar_eos}; ask with eos_token_ids=[{grammar_eos}]"
+        )
+    if grammar.kind == "json_schema":
+        return {"json": json.loads(grammar.source)}
+    return {"regex" if grammar.kind == "regex" else "grammar": grammar.source}
 
 
 def decode_stop_reason(tokens: list[int], mapped: VLLMDecode, *, asked: int, allowed: int) -> str:

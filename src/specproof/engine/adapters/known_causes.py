@@ -36,6 +36,7 @@ _WRONG_TOKENS = (
     "decode.min-tokens",
     "decode.stop",
     "decode.logprobs",  # judges the output against plain decoding's before the logprobs
+    "decode.grammar",  # a valid output under the grammar, but not plain decoding's
 )
 
 

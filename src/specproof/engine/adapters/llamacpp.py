@@ -25,6 +25,9 @@ where ``FILE`` is a GGUF file, e.g. the one ``specproof export gguf DIR`` writes
   ``f16`` the fixture's logits move by up to ~4e-3 (float32: ~1e-5), past the tie tolerance;
 - ``oracle=TARGET``: the target spec of the same model (default: the ``specproof.source`` the export
   recorded in the file);
+- ``eos=ID`` (default: the file's): ``tokenizer.ggml.eos_token_id`` overridden (``kv_overrides``), the id llama.cpp
+  treats as end of generation: its grammar sampler ends a complete grammar only on it, so a request with a
+  grammar must end on it (the grammar check's requests end on id 0: ``eos=0``); nothing else reads it;
 - ``parallel=N`` (default 1): ``N >= 2`` makes the context with ``N`` sequence slots (``n_seq_max``,
   one KV buffer shared by them, ``kv_unified``, ``N`` contexts long) and the engine a ``BatchEngine`` over them
   (``_llamacpp_batch``: several requests in one ``llama_decode``, greedy, ``certify --batches``);
@@ -51,7 +54,8 @@ last emitted token, which no request sent).
 With ``generate(..., decode=DecodeParams(...))`` the request's penalties and logit bias run as llama.cpp's own
 samplers in the contract's order and its EOS ids and stop sequences end the stream (``_llamacpp_decode``;
 ``decode_features``); ``logprobs`` (and top-n alternatives) are read from a recording stage in that chain,
-after the processors (``_llamacpp_logprobs``); ``min_tokens``, bad words and a grammar are refused with
+after the processors (``_llamacpp_logprobs``); a grammar is llama.cpp's grammar sampler on its GBNF translation
+(``_llamacpp_grammar``); ``min_tokens``, bad words and a grammar without a faithful translation are refused with
 ``UnsupportedParameterError``.
 
 The engine declares ``tie_tolerance = 1e-3`` (the float32 framework targets' tolerance: ggml sums in
@@ -87,6 +91,12 @@ from specproof.engine.adapters._llamacpp_decode import (
     check_llamacpp_decode,
     stop_reason_after,
 )
+from specproof.engine.adapters._llamacpp_grammar import (
+    LlamaCppGrammar,
+    check_grammar_eos,
+    grammar_stage,
+    translate_grammar,
+)
 from specproof.engine.adapters._llamacpp_logprobs import LogprobRecorder, logprobs_of_rows
 from specproof.engine.conventions import check_prompt
 from specproof.engine.targets._framework import default_tie_tolerance
@@ -106,7 +116,7 @@ INSTALL_HINT = (
     "— docs/real-engines.md"
 )
 
-_OPTIONS = ("speculative", "n_rs_seq", "reuse", "n_ctx", "threads", "kv_type", "oracle", "parallel")
+_OPTIONS = ("speculative", "n_rs_seq", "reuse", "n_ctx", "threads", "kv_type", "oracle", "parallel", "eos")
 #: llama.cpp rounds the context size up to a multiple of this (llama_n_ctx)
 CONTEXT_PAD = 256
 #: ``kv_type`` -> ggml type id (``GGML_TYPE_F32`` 0, ``GGML_TYPE_F16`` 1)
@@ -150,6 +160,7 @@ class LlamaCppSettings:
     kv_type: str = "f32"
     oracle: str | None = None
     parallel: int = 1  # sequence slots; >= 2: a BatchEngine over them
+    eos: int | None = None  # overrides the GGUF's EOS id (llama.cpp's end of generation); None: the file's
 
     def short_name(self) -> str:
         """A short id for reports: ``llamacpp-greedy``, ``llamacpp-lookup4-rs4-reuse``."""
@@ -162,11 +173,14 @@ class LlamaCppSettings:
             name += f"-kv{self.kv_type}"
         if self.parallel > 1:
             name += f"-par{self.parallel}"
+        if self.eos is not None:
+            name += f"-eos{self.eos}"
         return name
 
     def describe(self) -> str:
         spec = "greedy" if not self.lookup else f"lookup:{self.lookup}:{self.max_ngram}"
         parallel = f",parallel={self.parallel}" if self.parallel > 1 else ""
+        parallel += f",eos={self.eos}" if self.eos is not None else ""
         return (
             f"llamacpp[{spec},n_rs_seq={self.n_rs_seq},reuse={int(self.reuse)},n_ctx={self.n_ctx or 'auto'},"
             f"kv_type={self.kv_type}{parallel}]"
@@ -199,6 +213,8 @@ def parse_llamacpp_spec(text: str) -> LlamaCppSettings:
             fields[key] = _int(key, value, 2)
         elif key == "threads":
             fields[key] = _int(key, value, 1)
+        elif key == "eos":
+            fields[key] = _int(key, value, 0)
         elif key == "parallel":
             fields[key] = _int(key, value, 1)
             if fields[key] > MAX_PARALLEL:
@@ -375,6 +391,7 @@ def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: 
             type_k=KV_TYPES[settings.kv_type],
             type_v=KV_TYPES[settings.kv_type],
             seed=0,
+            kv_overrides=None if settings.eos is None else {"tokenizer.ggml.eos_token_id": settings.eos},
             verbose=False,
         )
     except Exception as exc:  # ValueError (no such model), RuntimeError (llama.cpp refused it) ...
@@ -396,6 +413,16 @@ def _build_llama(llama_cpp: Any, settings: LlamaCppSettings, draft: Any, n_ctx: 
         llm.close()
         raise InvalidSettingError(f"llama.cpp kept n_seq_max={slots}, not the parallel={settings.parallel} asked for")
     return llm
+
+
+def _check_eos(settings: LlamaCppSettings, vocab: int) -> None:
+    if settings.eos is not None and settings.eos >= vocab:
+        raise InvalidSettingError(f"llamacpp option eos={settings.eos}: not a token id in [0, {vocab})")
+
+
+def _eog_ids(low: Any, llm: Any, vocab: int) -> frozenset[int]:
+    """The ids llama.cpp's grammar sampler lets a complete grammar end on (``llama_vocab_is_eog``)."""
+    return frozenset(t for t in range(vocab) if low.llama_vocab_is_eog(llm._model.vocab, t))
 
 
 class LlamaCppEngine:
@@ -425,6 +452,7 @@ class LlamaCppEngine:
                 f"{vocab_size!r}; name the right model with oracle=TARGET"
             )
         self.max_context: int = resolve_n_ctx(settings, oracle)  # before llama.cpp loads anything
+        _check_eos(settings, vocab)
         llama_cpp = require_llama_cpp()
         self.settings = settings
         self.oracle = oracle
@@ -450,6 +478,7 @@ class LlamaCppEngine:
         self.engine_name = settings.short_name()
         self.name = f"{settings.describe()} on {settings.model_path}"
         self.llm = _build_llama(llama_cpp, settings, self._draft, n_ctx)
+        self.eog_ids = _eog_ids(llama_cpp.llama_cpp, self.llm, vocab)
         self._first_eval_at: int | None = None
         self._last_context: list[int] = []
         evaluate = self.llm.eval
@@ -561,6 +590,10 @@ class LlamaCppEngine:
         )
         stops = decode if decode is not None else DecodeParams()
         eos_ids = stops.eos_set(eos_token_id)
+        grammar: LlamaCppGrammar | None = None
+        if decode is not None and decode.grammar is not None:  # refused before anything runs
+            grammar = translate_grammar(decode.grammar, self.vocab_size)
+            check_grammar_eos(eos_ids, self.eog_ids)
         if self.has_unfinished_requests():
             raise InvalidSettingError(
                 "generate: batch requests are in flight on this engine (generate would clear their sequences); "
@@ -587,7 +620,7 @@ class LlamaCppEngine:
             # gets a fresh one. Reduced modulo 2**32 - 1: 0xFFFFFFFF is LLAMA_DEFAULT_SEED, "draw a random seed"
             seed = sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(4), "little")
             self.llm.set_seed(int(seed) % 0xFFFFFFFF)
-        recorder = None if decode is None else _install_decode_chain(self.llm, decode, ctx, sampling)
+        recorder = None if decode is None else _install_decode_chain(self.llm, decode, ctx, sampling, grammar)
         stream = self.llm.generate(ctx, **_sampling_kwargs(sampling))
         try:
             for token in stream:
@@ -696,16 +729,22 @@ def _checked_request(
 
 
 def _install_decode_chain(
-    llm: Any, decode: DecodeParams, ctx: Sequence[int], sampling: SamplingParams | None
+    llm: Any,
+    decode: DecodeParams,
+    ctx: Sequence[int],
+    sampling: SamplingParams | None,
+    grammar: LlamaCppGrammar | None = None,
 ) -> LogprobRecorder | None:
-    """The request's processors as llama.cpp's sampler chain for the next ``Llama.generate``; the recorder
-    of the processed row of every pick where logprobs are asked (``_llamacpp_logprobs``)."""
+    """The request's processors (and ``grammar``'s sampler) as llama.cpp's sampler chain for the next
+    ``Llama.generate``; the recorder of the processed row of every pick where logprobs are asked
+    (``_llamacpp_logprobs``)."""
     recorder = None
     if decode.logprobs is not None:
         recorder = LogprobRecorder(llm.n_vocab(), require_llama_cpp().llama_token_data)
     chain = build_decode_chain(
         require_llama_cpp()._internals, n_vocab=llm.n_vocab(), window=llm.n_ctx(), decode=decode,
         prompt=ctx, sampling=sampling, seed=llm._seed, recorder=recorder,
+        grammar=None if grammar is None else grammar_stage(require_llama_cpp().llama_cpp, llm._model.vocab, grammar),
     )  # fmt: skip
     # Llama.generate builds its chain with _init_sampler: this call's is the decode chain (an instance
     # attribute over the method, removed after the call)

@@ -24,6 +24,9 @@ validated in ``parse_vllm_spec``):
   ``penalties+logit_bias+bad_words+min_tokens+stop_sequences+logprobs+top_logprobs``, ``_vllm_decode``), e.g.
   ``decode=logit_bias``
   to judge the bias alone (vLLM refuses it beside a repetition penalty);
+- ``structured=none`` (default) | ``guidance``: load the byte tokenizer the export writes beside the weights and
+  run vLLM's structured outputs on its ``guidance`` backend (llguidance); the engine then declares ``grammar``
+  and passes a request's grammar as ``SamplingParams.structured_outputs`` (``_vllm_decode``);
 - ``max_num_seqs=N``: vLLM's scheduler's most running requests (default vLLM's, 256): the batch's
   ``max_batch`` and ``slots``; a request beyond them waits;
 - ``block_size=N``: the KV block size asked of vLLM (on this hybrid vLLM raises it to fit the conv state:
@@ -97,6 +100,7 @@ from specproof.engine.adapters._vllm_decode import (
     vllm_decode,
 )
 from specproof.engine.conventions import check_prompt
+from specproof.engine.targets._byte_tokenizer import read_tokenizer_eos
 from specproof.engine.targets._framework import default_tie_tolerance
 
 __all__ = [
@@ -118,7 +122,7 @@ INSTALL_HINT = (
 
 _OPTIONS = (
     "speculative", "prefix_caching", "rotary", "eager", "max_model_len", "oracle",
-    "max_num_seqs", "block_size", "kv_blocks", "decode", "spec.KEY",
+    "max_num_seqs", "block_size", "kv_blocks", "decode", "structured", "spec.KEY",
 )  # fmt: skip
 _SIZES = {"max_num_seqs": 1, "block_size": 1, "kv_blocks": 1}  # integer options and their least value
 
@@ -157,6 +161,7 @@ class VLLMSettings:
     block_size: int | None = None
     kv_blocks: int | None = None  # num_gpu_blocks_override
     decode_features: tuple[str, ...] = VLLM_DECODE_FEATURES  # what the engine declares (``decode=``)
+    structured: str = "none"  # "guidance": the export's tokenizer loaded, vLLM's structured outputs on llguidance
 
     def speculative_config(self) -> dict[str, Any] | None:
         if self.method is None:
@@ -172,7 +177,7 @@ class VLLMSettings:
             raise InvalidSettingError("vllm: max_model_len is unresolved (VLLMEngine sets it from the oracle)")
         kwargs: dict[str, Any] = {
             "model": self.model_dir,
-            "skip_tokenizer_init": True,
+            "skip_tokenizer_init": self.structured == "none",  # structured outputs need the tokenizer
             "dtype": "float32",
             "enforce_eager": self.eager,
             "max_model_len": self.max_model_len,
@@ -189,6 +194,8 @@ class VLLMSettings:
             kwargs["hf_overrides"] = {"max_position_embeddings": self.max_model_len}
         if self.rotary == "native":
             kwargs["compilation_config"] = {"custom_ops": ["-rotary_embedding"]}
+        if self.structured != "none":
+            kwargs["structured_outputs_config"] = {"backend": self.structured}
         spec = self.speculative_config()
         if spec is not None:
             kwargs["speculative_config"] = spec
@@ -210,16 +217,40 @@ class VLLMSettings:
                 name += f"-{short}{getattr(self, option)}"
         if self.decode_features != VLLM_DECODE_FEATURES:
             name += "-decode-" + "+".join(self.decode_features)
+        if self.structured != "none":
+            name += f"-{self.structured}"
         return name
 
     def describe(self) -> str:
         spec = "greedy" if self.method is None else f"{self.method}:{self.num_speculative_tokens}"
         extra = ",".join(f"{k}={v}" for k, v in self.speculative_options)
         sizes = "".join(f",{k}={getattr(self, k)}" for k in _SIZES if getattr(self, k) is not None)
+        sizes += f",structured={self.structured}" if self.structured != "none" else ""
         return (
             f"vllm[{spec}{',' + extra if extra else ''},prefix_caching={int(self.prefix_caching)},"
             f"rotary={self.rotary},eager={int(self.eager)},max_model_len={self.max_model_len or 'auto'}{sizes}]"
         )
+
+
+def _structured_eos(settings: VLLMSettings) -> int | None:
+    """The tokenizer's EOS id where ``settings`` run structured outputs (None where they do not), or
+    ``InvalidSettingError`` when the checkpoint has no tokenizer to run them with."""
+    if settings.structured == "none":
+        return None
+    eos = read_tokenizer_eos(Path(settings.model_dir))
+    if eos is None:
+        raise InvalidSettingError(
+            f"vllm option structured={settings.structured}: {settings.model_dir} holds no tokenizer with an EOS "
+            "(tokenizer.json, tokenizer_config.json); write the checkpoint again with `specproof export vllm DIR`, "
+            "which writes the byte tokenizer"
+        )
+    return eos
+
+
+def _structured_kwargs(vllm: Any, decode: VLLMDecode | None) -> dict[str, Any]:
+    if decode is None or decode.structured is None:
+        return {}
+    return {"structured_outputs": vllm.sampling_params.StructuredOutputsParams(**decode.structured)}
 
 
 def parse_vllm_spec(text: str) -> VLLMSettings:
@@ -255,6 +286,12 @@ def parse_vllm_spec(text: str) -> VLLMSettings:
             fields[key] = value
         elif key == "decode":
             fields["decode_features"] = parse_decode_option(value, supported=VLLM_DECODE_FEATURES, where="vllm")
+        elif key == "structured":
+            if value not in ("none", "guidance"):
+                raise InvalidSettingError(
+                    f"vllm option structured={value!r}: expected none or guidance (vLLM's llguidance backend)"
+                )
+            fields[key] = value
         else:
             raise InvalidSettingError(f"vllm option {key!r} is unknown; options: {', '.join(_OPTIONS)}")
     if spec_opts:
@@ -460,7 +497,8 @@ class VLLMEngine:
         settings = attrs.evolve(settings, max_model_len=resolve_max_model_len(settings, oracle))
         self.settings = settings
         self.oracle = oracle
-        self.decode_features = settings.decode_features
+        self.grammar_eos = _structured_eos(settings)
+        self.decode_features = settings.decode_features + (("grammar",) if self.grammar_eos is not None else ())
         # vLLM's float32 kernels sum in another order than the reference (and the export re-embeds the
         # heads: logits within 3e-5), so a near-tie may break either way: the framework targets' tolerance
         self.tie_tolerance: float = default_tie_tolerance("float32")
@@ -529,8 +567,9 @@ class VLLMEngine:
             decode.check_vocab(self.vocab_size)
             sampled = sampling is not None and not sampling.greedy
             mapped = vllm_decode(
-                decode, eos_token_id=eos_token_id, max_tokens=max(self._room(request), 0), sampled=sampled
-            )
+                decode, eos_token_id=eos_token_id, max_tokens=max(self._room(request), 0), sampled=sampled,
+                grammar_eos=self.grammar_eos,
+            )  # fmt: skip
         (result,) = self._run_together([request], decode=mapped).values()
         return result
 
@@ -654,6 +693,7 @@ class VLLMEngine:
             ignore_eos=True,
             detokenize=False,
             output_kind=kind.DELTA if deltas else kind.CUMULATIVE,
+            **_structured_kwargs(self._vllm, decode),
         )
         if decode is not None and decode.bad_words_token_ids:
             # SamplingParams tokenizes bad words given as strings into this field; the engine has no tokenizer

@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specproof.contract.errors import InvalidSettingError
+from specproof.engine.targets._byte_tokenizer import BYTE_VOCAB, write_byte_tokenizer
 from specproof.engine.targets.reference import ReferenceConfig, ReferenceHybrid
 
 __all__ = [
@@ -364,7 +365,9 @@ def vllm_lfm2_config(cfg: ReferenceConfig, *, source: str | None = None) -> dict
 def save_vllm_lfm2(ref: ReferenceHybrid, path: str, *, source: str | None = None, head_dim: int | None = None) -> Path:
     """Write ``ref`` as an LFM2 checkpoint directory vLLM's CPU backend loads; returns the directory.
 
-    ``config.json`` (``vllm_lfm2_config``) and ``model.safetensors`` (Hugging Face names, float32).
+    ``config.json`` (``vllm_lfm2_config``) and ``model.safetensors`` (Hugging Face names, float32); on a
+    256-id byte vocabulary also the byte tokenizer (``_byte_tokenizer``), EOS id 0, which only
+    ``vllm:DIR,structured=guidance`` loads.
     The heads are padded (``pad_lfm2_heads``) to ``head_dim``, default the smallest size in
     ``VLLM_CPU_HEAD_SIZES`` that fits; ``source`` is the target spec of ``ref`` (recorded for the oracle).
     """
@@ -387,6 +390,8 @@ def save_vllm_lfm2(ref: ReferenceHybrid, path: str, *, source: str | None = None
         weights.pop("lm_head.weight", None)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(vllm_lfm2_config(padded.config, source=source), indent=1) + "\n")
+    if padded.config.vocab_size == BYTE_VOCAB:  # the byte map as a tokenizer, for vLLM's structured outputs
+        write_byte_tokenizer(out, eos_id=0)  # id 0: the grammar requests' EOS on a byte vocabulary
     return out
 
 
