@@ -746,12 +746,13 @@ _DECODE_OUTPUT_REGISTRY: tuple[Invariant, ...] = (
         "cut where plain decoding stops (inside an accepted block, straddling two rounds, on an EOS), with the "
         "same stop reason",
         needs=("decode_state", "decode_stop_strings"),
-        draws=_DECODE_DRAWS + "; for stop strings the placed stop sequences as their tokens' bytes, logprobs asked "
+        draws=_DECODE_DRAWS + "; for stop strings the placed stop sequences as their tokens' bytes, a string longer "
+        "than a draft block (straddling two or three rounds) or one beginning in the prompt's text; logprobs asked "
         "where the engine declares them",
         driver="decode-state",
         check=_check_stop_strings,
         draw=_decode_draw("stop_strings"),
-        zoo=("stop_string_missed_across_rounds",),
+        zoo=("stop_string_missed_across_rounds", "stop_string_window_one_block", "stop_string_in_prompt_text"),
         also=("stop_missed_inside_block",),
     ),
     Invariant(

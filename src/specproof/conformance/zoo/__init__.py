@@ -203,6 +203,7 @@ from specproof.conformance.zoo._session_engines import (
 from specproof.conformance.zoo._session_engines import (
     varying_k_session_engine as varying_k_session_engine,
 )
+from specproof.conformance.zoo._stop_string_engines import STOP_STRING_MEMBERS, StopStringTailWindow
 from specproof.conformance.zoo._targets import (
     ZOO_CONFIG,
     CapacityWraps,
@@ -459,6 +460,11 @@ def session_penalty_buffer_cleared() -> SessionPenaltyBufferCleared:
     return SessionPenaltyBufferCleared()
 
 
+def stop_string_tail_window() -> StopStringTailWindow:
+    """Correct, differently: the stop-string matcher keeps only the longest string's length of text."""
+    return StopStringTailWindow()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -512,6 +518,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     **{name: ("engine", cls) for name, cls in TREE_MEMBERS.items()},
     **{name: ("drafter", cls) for name, cls in TREE_DRAFTER_MEMBERS.items()},
     **{name: ("engine", cls) for name, cls in TREE_SAMPLING_MEMBERS.items()},
+    **{name: ("engine", cls) for name, cls in STOP_STRING_MEMBERS.items()},
     "batch_stale_zero_draft": ("engine", BatchStaleZeroDraft),
     "batch_pads_recurrent_state": ("engine", BatchPadsRecurrentState),
     "batch_slot_not_cleared": ("engine", BatchSlotNotCleared),
@@ -716,6 +723,7 @@ CORRECT_DECODE: dict[str, str] = {
         "decode_float32_logprobs",
         "decode_match_scheme",
         "session_penalty_buffer_cleared",
+        "stop_string_tail_window",
     )
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
