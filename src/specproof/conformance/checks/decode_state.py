@@ -151,6 +151,7 @@ def run_decode_example(subject: DecodeSubject, ex: DecodeExample) -> DecodeRun:
         "stops": lambda: free,
         "logprobs": lambda: free,
         "stop_strings": lambda: free,
+        "prompt_logprobs": lambda: free,
     }[ex.kind]()
     source = list(expected.tokens)
     if tuple(free.tokens[: len(source)]) == expected.tokens:  # drafts run on past the stop
