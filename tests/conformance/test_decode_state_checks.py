@@ -27,6 +27,7 @@ def test_there_is_a_check_per_kind_and_a_member_per_check() -> None:
         "decode.stop-strings",
         "decode.sampled",
         "decode.session",
+        "decode.prompt-logprobs",
     }
     assert {ZOO[m].invariant for m in MEMBERS} == set(DECODE_IDS)
 

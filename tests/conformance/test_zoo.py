@@ -27,6 +27,7 @@ from specproof.conformance.zoo import (
     CONTROLS,
     CORRECT,
     CORRECT_DRAFTERS,
+    NEEDS_DECODE_STATE,
     ZOO,
     ZooEngine,
     ZooRegistryError,
@@ -57,6 +58,7 @@ def _certify(
     batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
     trees = any(inv.driver in ("tree-cases", "tree-sampling") for inv in REGISTRY if inv.id in only)
     decode_state = any(inv.driver == "decode-state" for inv in REGISTRY if inv.id in only)
+    decode_state = decode_state or spec.rpartition(":")[2] in NEEDS_DECODE_STATE  # found with decode draws only
     run = certify if shared is None else shared.certify
     return run(
         kind,

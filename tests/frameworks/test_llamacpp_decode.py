@@ -71,6 +71,7 @@ def test_penalties_bias_stops_and_logprobs_pass_min_tokens_skips(model: Path, tm
         "decode.processor-state": "skip",
         "decode.grammar": "skip",
         "decode.stop-strings": "skip",
+        "decode.prompt-logprobs": "skip",
     }, results
     assert all(results[f"decode.{name}"]["exercised"] > 0 for name in passing), results
     assert "min_tokens" in results["decode.min-tokens"]["detail"]

@@ -27,7 +27,8 @@ from specproof.conformance._probes import NoDrafter, StateProbe
 from specproof.conformance._records import Capabilities, RunRecord
 from specproof.conformance.checks.features import FeatureJudge, feature_layers_of
 from specproof.conformance.checks.generation import token_id_problem
-from specproof.contract import arrays_differ
+from specproof.contract import DecodeParams, arrays_differ
+from specproof.contract.decode_state import plain_decode_with
 from specproof.contract.lossless import compare_lossless
 from specproof.engine import DecodeError, Drafter, Generation, SpecDecoder, Step, Target, top2_margin
 
@@ -220,6 +221,44 @@ def case_greedy(
     )
 
 
+def _expected(
+    make_reference: Callable[[], Target] | None,
+    greedy_fn: Callable[[Sequence[int], int], Sequence[int]] | None,
+    key: object,
+    prompt: Sequence[int],
+    n: int,
+    eos: int | None,
+    decode: DecodeParams | None,
+    cache: RunCache,
+    horizon: int,
+) -> tuple[list[int], list[float] | None]:
+    """A run's expected output: plain greedy (cached, with margins), or with ``decode`` plain decoding with its
+    processors on a fresh copy of the model (the engine-case search draws them only where there is a model)."""
+    if decode is None:
+        return greedy_continuation(make_reference, greedy_fn, key, prompt, n, eos, horizon=horizon, cache=cache)
+    assert make_reference is not None
+    return list(plain_decode_with(make_reference(), prompt, n, decode=decode, eos_token_id=eos).tokens), None
+
+
+def _example(
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    eos: int | None,
+    drafter_kind: str,
+    script: object,
+    decode: DecodeParams | None,
+    **settings: object,
+) -> dict[str, object]:
+    """A run's example as its report shows it (``settings``: the built-in decoder's k and rollback)."""
+    example: dict[str, object] = {"prompt": list(prompt), **settings}
+    example.update({"max_new_tokens": max_new_tokens, "eos_token_id": eos, "drafter": drafter_kind})
+    if script is not None:
+        example["script"] = script
+    if decode is not None:
+        example["decode"] = decode.to_json()
+    return example
+
+
 def _cause(error: BaseException) -> str:
     cause = error.__cause__ if error.__cause__ is not None else error
     return f"{type(cause).__name__}: {cause}"
@@ -366,8 +405,10 @@ def run_builtin(
     capabilities: Capabilities,
     script: object = None,
     feature_layers: tuple[int, ...] | None = None,
+    decode: DecodeParams | None = None,
 ) -> EngineRun:
-    """Run SpecDecoder on a fresh target with a state probe; the run record the invariants judge."""
+    """Run SpecDecoder on a fresh target with a state probe; the run record the invariants judge (with ``decode``,
+    judged against plain decoding with those processors)."""
     key = (
         "builtin",
         cache_key,
@@ -380,30 +421,21 @@ def run_builtin(
         repr(script),
         atol,
         tie_tolerance,
+        repr(decode),
     )
     if key in cache.runs:
         return cache.runs[key]  # type: ignore[no-any-return]
-    example: dict[str, object] = {
-        "prompt": list(prompt),
-        "k": k,
-        "rollback": rollback,
-        "max_new_tokens": max_new_tokens,
-        "eos_token_id": eos,
-        "drafter": drafter_kind,
-    }
-    if script is not None:
-        example["script"] = script
+    example = _example(prompt, max_new_tokens, eos, drafter_kind, script, decode, k=k, rollback=rollback)
     target = make_target()
     probe = StateProbe(drafter, target, make_target, atol=atol, judges=cache.judges, feature_layers=feature_layers)
     try:
-        gen = SpecDecoder(target, probe, k=k, rollback=rollback).generate(prompt, max_new_tokens, eos_token_id=eos)  # type: ignore[arg-type]
+        decoder = SpecDecoder(target, probe, k=k, rollback=rollback)  # type: ignore[arg-type]
+        gen = decoder.generate(prompt, max_new_tokens, eos_token_id=eos, decode=decode)
     except DecodeError as exc:
         if probe.refused_hostile:
             return cache.runs.remember(key, _refused(example, exc, probe))  # type: ignore[no-any-return]
         return cache.runs.remember(key, _incomplete(example, exc, "the drafter or the target"))  # type: ignore[no-any-return]
-    expected, margins = greedy_continuation(
-        make_target, None, cache_key, prompt, max_new_tokens, eos, horizon=horizon, cache=cache
-    )
+    expected, margins = _expected(make_target, None, cache_key, prompt, max_new_tokens, eos, decode, cache, horizon)
     final = target.processed  # before the observational probe advances it
     ctx = [*prompt, *gen.tokens]
     state = _final_state_check(probe, target, ctx, atol, observe=True)
@@ -443,23 +475,18 @@ def run_plugin(
     horizon: int,
     cache: RunCache,
     script: object = None,
+    decode: DecodeParams | None = None,
 ) -> EngineRun:
     """Run a plug-in engine (``case`` is an ``EngineCase``) following the engine contract.
 
     With ``drafter`` the suite's drafter is installed on the engine's ``drafter`` attribute for
     this generation (wrapped in a state probe when the engine exposes a live target).
     """
-    key = ("plugin", case.token, tuple(prompt), max_new_tokens, eos, drafter_kind, repr(script), atol, tie_tolerance)
+    key: tuple[object, ...] = ("plugin", case.token, tuple(prompt), max_new_tokens, eos, drafter_kind, repr(script))
+    key = (*key, atol, tie_tolerance, repr(decode))
     if key in cache.runs:
         return cache.runs[key]  # type: ignore[no-any-return]
-    example: dict[str, object] = {
-        "prompt": list(prompt),
-        "max_new_tokens": max_new_tokens,
-        "eos_token_id": eos,
-        "drafter": drafter_kind,
-    }
-    if script is not None:
-        example["script"] = script
+    example = _example(prompt, max_new_tokens, eos, drafter_kind, script, decode)
     engine = case.engine
     reset = getattr(engine, "reset", None)
     if callable(reset):
@@ -470,7 +497,8 @@ def run_plugin(
     try:
         if drafter is not None:
             engine.drafter = probe
-        gen = engine.generate(list(prompt), max_new_tokens, eos_token_id=eos)
+        asked = {} if decode is None else {"decode": decode}  # an engine without decode_features is never sent one
+        gen = engine.generate(list(prompt), max_new_tokens, eos_token_id=eos, **asked)
     except Exception as exc:
         if drafter is not None and probe.refused_hostile:
             return cache.runs.remember(key, _refused(example, exc, probe))  # type: ignore[no-any-return]
@@ -483,7 +511,9 @@ def run_plugin(
         return cache.runs.remember(key, unusable)  # type: ignore[no-any-return]
     if live is not None and case.live_confirmed is None and gen.tokens:
         live, probe = _confirm_live(case, probe, moved=_fingerprint(live) != before, atol=atol, cache=cache)
-    expected, margins = case_greedy(case, None, list(prompt), max_new_tokens, eos, horizon=horizon, cache=cache)
+    expected, margins = _expected(
+        case.make_reference, case.greedy_fn, ("plugin", case.token), prompt, max_new_tokens, eos, decode, cache, horizon
+    )  # case_greedy's key: one cached continuation per prompt
     final = int(live.processed) if live is not None else None
     ctx = [*prompt, *gen.tokens]
     state = _final_state_check(probe, live, ctx, atol, observe=case.observable, keep=True)

@@ -56,6 +56,8 @@ CAPABILITIES: dict[str, str] = {
     "grammar check's grammars",
     "decode_logprobs": "the engine declares `logprobs` among its `decode_features` (`Generation.logprobs`)",
     "decode_stop_strings": "the engine declares `stop_strings` among its `decode_features` (byte vocabularies)",
+    "decode_prompt_logprobs": "the engine declares `prompt_logprobs` among its `decode_features` "
+    "(`Generation.prompt_logprobs`)",
     "decode_sampled": "the engine samples, seeded (`seeded = True`, `generate(..., sampling=SamplingParams)`), "
     "with its decode parameters",
     "batch_decode": "a batched engine takes `decode` on its batch requests (`batch_decode_features`), with a model "

@@ -57,6 +57,7 @@ from specproof.conformance.checks import (
     target_source,
 )
 from specproof.conformance.checks import decode_grammar as grammar_checks
+from specproof.conformance.checks import decode_prompt_logprobs as prompt_logprob_checks
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
 from specproof.conformance.checks import drafts as drafts_checks
@@ -701,6 +702,16 @@ def _check_stop_strings(inv: Invariant, subject: Any, example: Any) -> Outcome:
     return Outcome(violations, exercised=exercised, note=note)
 
 
+def _check_prompt_logprobs(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    run = decode_checks.run_decode_example(subject, example)
+    violations, exercised, note = prompt_logprob_checks.check_prompt_logprobs(inv, run, subject)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _draw_prompt_logprobs(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+    return prompt_logprob_checks.draw_prompt_logprobs(data, subject)
+
+
 def _check_sampled_decode(inv: Invariant, subject: Any, example: Any) -> Outcome:
     violations, exercised, note = decode_sampled.check_sampled_decode(inv, subject, example)
     return Outcome(violations, exercised=exercised, note=note)
@@ -740,18 +751,33 @@ _DECODE_OUTPUT_REGISTRY: tuple[Invariant, ...] = (
         ),
     ),
     Invariant(
+        id="decode.prompt-logprobs",
+        subject="engine",
+        summary="each prompt token's logprob after the ones before it, where the engine returns them, equals the "
+        f"teacher-forced scoring of the prompt within {LOGPROB_TOLERANCE:g} (before any processor; top-n "
+        "alternatives too), one per prompt token after the first, and the output is unchanged by asking",
+        needs=("decode_state", "decode_prompt_logprobs"),
+        draws="with an engine that declares prompt_logprobs: a prompt of 2-16 tokens, 4-8 new tokens, every "
+        "processor it declares on, 0-3 alternatives where it declares top_logprobs, a drawn draft schedule",
+        driver="decode-state",
+        check=_check_prompt_logprobs,
+        draw=_draw_prompt_logprobs,
+        zoo=("prompt_logprobs_off_by_one",),
+    ),
+    Invariant(
         id="decode.stop-strings",
         subject="engine",
         summary="with byte-level stop strings (a byte vocabulary), the output, its token ids and its logprobs are "
         "cut where plain decoding stops (inside an accepted block, straddling two rounds, on an EOS), with the "
         "same stop reason",
         needs=("decode_state", "decode_stop_strings"),
-        draws=_DECODE_DRAWS + "; for stop strings the placed stop sequences as their tokens' bytes, logprobs asked "
+        draws=_DECODE_DRAWS + "; for stop strings the placed stop sequences as their tokens' bytes, a string longer "
+        "than a draft block (straddling two or three rounds) or one beginning in the prompt's text; logprobs asked "
         "where the engine declares them",
         driver="decode-state",
         check=_check_stop_strings,
         draw=_decode_draw("stop_strings"),
-        zoo=("stop_string_missed_across_rounds",),
+        zoo=("stop_string_missed_across_rounds", "stop_string_window_one_block", "stop_string_in_prompt_text"),
         also=("stop_missed_inside_block",),
     ),
     Invariant(
@@ -1307,7 +1333,7 @@ REGISTRY: tuple[Invariant, ...] = (
                 f"{len(r.prompt) + len(r.generation.tokens) - 1} at the end"
             ),
         ),
-        zoo=("processed_off_by_one",),
+        zoo=("processed_off_by_one", "decode_last_round_keeps_rejected"),
         also=("too_long", "out_of_range", "checkpoints_off_by_one", "returns_generator", "drops_last_step_at_eos"),
     ),
     Invariant(

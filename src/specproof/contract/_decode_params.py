@@ -30,6 +30,7 @@ DECODE_FEATURES: tuple[str, ...] = (
     "logprobs",
     "top_logprobs",
     "stop_strings",
+    "prompt_logprobs",
 )
 """What an engine may declare it honours (``decode_features``); a check needing an undeclared one skips."""
 
@@ -105,12 +106,12 @@ MAX_TOP_LOGPROBS = 20
 """The most alternatives a request may ask for per position (as OpenAI-style APIs allow)."""
 
 
-def _top_logprobs(value: object) -> int | None:
+def _top_logprobs(value: object, name: str = "logprobs") -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= int(value) <= MAX_TOP_LOGPROBS:
         raise InvalidSettingError(
-            f"decode logprobs={value!r} must be None (not asked) or how many alternatives, 0-{MAX_TOP_LOGPROBS}"
+            f"decode {name}={value!r} must be None (not asked) or how many alternatives, 0-{MAX_TOP_LOGPROBS}"
         )
     return int(value)
 
@@ -141,6 +142,8 @@ class DecodeParams:
     for each emitted token's logprob after the processors and that many top alternatives
     (``Generation.logprobs``). ``stop_strings`` (str, UTF-8, or bytes) end the output with ``stop_sequence`` at
     the token whose text completes one, on a byte vocabulary (token ``t < 256`` is the byte ``t``).
+    ``prompt_logprobs`` (None: not asked) asks for each prompt token's logprob after the ones before it (the
+    first has none), before any processor, and that many top alternatives (``Generation.prompt_logprobs``).
     """
 
     repetition_penalty: float = attrs.field(
@@ -160,6 +163,7 @@ class DecodeParams:
     grammar: Grammar | None = attrs.field(default=None, converter=_grammar)
     logprobs: int | None = attrs.field(default=None, converter=_top_logprobs)
     stop_strings: tuple[bytes, ...] = attrs.field(default=(), converter=_stop_strings)
+    prompt_logprobs: int | None = attrs.field(default=None, converter=lambda v: _top_logprobs(v, "prompt_logprobs"))
 
     def features(self) -> frozenset[str]:
         """The ``DECODE_FEATURES`` this request uses (what an engine must declare to be judged on it)."""
@@ -172,8 +176,9 @@ class DecodeParams:
             "stop_sequences": bool(self.stop),
             "grammar": self.grammar is not None,
             "logprobs": self.logprobs is not None,
-            "top_logprobs": bool(self.logprobs),  # alternatives beside each token's logprob
+            "top_logprobs": bool(self.logprobs) or bool(self.prompt_logprobs),  # alternatives beside a logprob
             "stop_strings": bool(self.stop_strings),
+            "prompt_logprobs": self.prompt_logprobs is not None,
         }
         return frozenset(name for name, on in used.items() if on)
 
@@ -186,10 +191,9 @@ class DecodeParams:
             "stop": (t for seq in self.stop for t in seq),
             "grammar reasoning_end": () if self.grammar is None else self.grammar.reasoning_end,
         }
-        if self.logprobs is not None and self.logprobs > vocab_size:
-            raise TokenRangeError(
-                f"decode logprobs={self.logprobs} asks for more alternatives than the {vocab_size} ids"
-            )
+        for name, asked in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if asked is not None and asked > vocab_size:
+                raise TokenRangeError(f"decode {name}={asked} asks for more alternatives than the {vocab_size} ids")
         for name, tokens in fields.items():
             for token in tokens:
                 if token >= vocab_size:
@@ -226,6 +230,8 @@ class DecodeParams:
             data["stop_strings"] = [list(text) for text in self.stop_strings]  # bytes as JSON: their values
         if self.grammar is not None:
             data["grammar"] = self.grammar.to_json()
+        if self.prompt_logprobs is not None:
+            data["prompt_logprobs"] = self.prompt_logprobs
         return data
 
     @classmethod

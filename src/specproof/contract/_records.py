@@ -121,6 +121,9 @@ class Generation:
     #: where asked), aligned with ``tokens``; None when not asked or the engine gives none (docs/contract.md,
     #: Decode state, Logprobs)
     logprobs: tuple[TokenLogprob, ...] | None = attrs.field(default=None, converter=_optional_tuple)
+    #: each prompt token's logprob after the ones before it (the first prompt token has none), before any
+    #: processor; None when not asked or the engine gives none (docs/contract.md, Decode state, Prompt logprobs)
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = attrs.field(default=None, converter=_optional_tuple)
 
     def __attrs_post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.tokens):

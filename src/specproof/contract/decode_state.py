@@ -32,6 +32,7 @@ __all__ = [
     "OracleProcessors",
     "plain_decode_with",
     "processor_state",
+    "prompt_rows",
     "score_output",
     "scored_rows",
     "token_text",
@@ -233,3 +234,17 @@ def scored_rows(
         out[i] = log_softmax(processors.apply(row))
         processors.feed(token)
     return out
+
+
+def prompt_rows(target: Target, prompt: Sequence[int]) -> np.ndarray:
+    """The prompt's teacher-forced scoring (docs/contract.md, "Decode state", "Prompt logprobs"): one forward
+    of ``prompt[:-1]`` on a fresh model, log-softmax of each raw row; ``[i, t]`` is token ``t``'s logprob at
+    prompt position ``i + 1``. No processor applies: they act on the output."""
+    ctx = [int(t) for t in prompt]
+    if not ctx or any(not 0 <= t < target.vocab_size for t in ctx):
+        raise TokenRangeError(f"prompt_rows: the prompt must be non-empty token ids in [0, {target.vocab_size})")
+    if len(ctx) == 1:
+        return np.zeros((0, target.vocab_size))
+    target.reset()
+    rows = np.asarray(target.forward(ctx[:-1]), dtype=np.float64)
+    return np.stack([log_softmax(row) for row in rows])

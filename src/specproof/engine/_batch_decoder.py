@@ -63,6 +63,9 @@ from specproof.engine.targets._reference_batch import BatchForward, ReferenceSlo
 __all__ = ["BatchSpecDecoder"]
 
 
+_FEATURES = tuple(f for f in DECODE_FEATURES if f != "prompt_logprobs")  # a solo SpecDecoder call's only
+
+
 class BatchSpecDecoder:
     """Lossless speculative decoding of many requests at once over a ``ReferenceSlotPool``.
 
@@ -71,8 +74,8 @@ class BatchSpecDecoder:
     how many requests hold state at once). Implements ``BatchEngine`` with every capability.
     """
 
-    decode_features: tuple[str, ...] = DECODE_FEATURES
-    batch_decode_features: tuple[str, ...] = DECODE_FEATURES  # batch requests' ``decode`` too, per request
+    decode_features: tuple[str, ...] = _FEATURES
+    batch_decode_features: tuple[str, ...] = _FEATURES  # batch requests' ``decode`` too, per request
     processors_class: type[RequestProcessors] = RequestProcessors
 
     def __init__(

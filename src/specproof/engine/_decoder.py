@@ -19,7 +19,13 @@ from specproof.contract import (
     Target,
     TokenLogprob,
 )
-from specproof.contract.errors import DecodeError, InvalidSettingError, SpecproofError, TokenRangeError
+from specproof.contract.errors import (
+    DecodeError,
+    InvalidSettingError,
+    SpecproofError,
+    TokenRangeError,
+    UnsupportedParameterError,
+)
 from specproof.contract.sampling import SAMPLING_SCHEMES, SamplingParams
 from specproof.contract.validation import int_at_least
 from specproof.engine._features import FeatureStore, drafter_feature_layers, forward_features
@@ -279,6 +285,38 @@ class SpecDecoder:
         return gen
 
 
+def _score_prompt(
+    processors: RequestProcessors | None, rows: np.ndarray | None, ctx: Sequence[int]
+) -> tuple[TokenLogprob, ...] | None:
+    """A call's prompt logprobs where its ``DecodeParams`` ask: the prefill's ``rows``, so only on a session's first
+    call before any ``extend`` (``rows`` None: an ``UnsupportedParameterError``)."""
+    if processors is None or processors.params.prompt_logprobs is None:
+        return None
+    if rows is None:
+        raise UnsupportedParameterError(
+            "decode prompt_logprobs is answered on a session's first generate call only, before any extend "
+            "(the prompt's rows are the prefill's)"
+        )
+    return tuple(processors.score_prompt(rows, ctx))
+
+
+def _generation(
+    out: list[int],
+    stop: StopReason,
+    steps: list[Step],
+    stats: Stats,
+    processors: RequestProcessors | None,
+    logprobs: list[TokenLogprob],
+    prompt_logprobs: tuple[TokenLogprob, ...] | None,
+) -> Generation:
+    """A call's ``Generation``, with the logprobs its ``DecodeParams`` asked for."""
+    asked = processors is not None and processors.params.logprobs is not None
+    gen = Generation(
+        tokens=out, stop_reason=stop, steps=tuple(steps), stats=stats, logprobs=logprobs if asked else None
+    )
+    return gen if prompt_logprobs is None else attrs.evolve(gen, prompt_logprobs=prompt_logprobs)
+
+
 class DecodeSession:
     """One conversation: ``ctx`` and a target that has processed all of it but the last token.
 
@@ -311,6 +349,7 @@ class DecodeSession:
         # a drafter that learns across calls (history_dependent) keeps its session: reset() would forget it
         if callable(reset) and getattr(decoder.drafter, "history_dependent", False) is not True:
             reset()
+        self._prompt_rows: np.ndarray | None = np.zeros((0, target.vocab_size))  # the prefill's rows (prompt logprobs)
         self._feed(self._ctx[:-1], what="prefill")
 
     @property
@@ -327,6 +366,7 @@ class DecodeSession:
         else:
             logits = target.forward(list(tokens))
         check_logits(logits, rows=len(tokens), vocab_size=target.vocab_size, target=self._target_name, round_index=None)
+        self._prompt_rows = np.asarray(logits, dtype=np.float64) if what == "prefill" else None
         self._pending_prefill += 1
         if target.processed != len(self._ctx) - 1:
             raise SpecproofError(
@@ -380,6 +420,7 @@ class DecodeSession:
         self._processors = decoder.processors_class.for_call(decode, self._ctx, eos_token_id, target.vocab_size)
         self.processor_states = []
         self._logprobs = []
+        prompt_logprobs = _score_prompt(self._processors, self.__dict__.pop("_prompt_rows", None), self._ctx)
         counter = _StatsCounter(decoder.k)
         counter.prefill, self._pending_prefill = self._pending_prefill, 0
         out: list[int] = []
@@ -410,9 +451,7 @@ class DecodeSession:
         else:
             stop = "max_new_tokens"
         counter.emitted = len(out)
-        asked = self._processors is not None and self._processors.params.logprobs is not None
-        logprobs = tuple(self._logprobs) if asked else None
-        return Generation(tokens=out, stop_reason=stop, steps=tuple(steps), stats=counter.freeze(), logprobs=logprobs)
+        return _generation(out, stop, steps, counter.freeze(), self._processors, self._logprobs, prompt_logprobs)
 
     def _partial(self, out: list[int], steps: list[Step], counter: _StatsCounter) -> Generation:
         counter.emitted = len(out)

@@ -151,6 +151,16 @@ class RequestProcessors:
             scored.append(TokenLogprob(token=token, logprob=float(logprobs[token]), top=_top(logprobs, n)))
         return scored
 
+    def score_prompt(self, rows: np.ndarray, prompt: Sequence[int]) -> list[TokenLogprob]:
+        """The prompt's logprobs: row ``i`` of the prefill (``prompt[:-1]`` forwarded) scores ``prompt[i + 1]``,
+        before any processor (they act on the output); ``prompt_logprobs`` alternatives each."""
+        n = self.params.prompt_logprobs or 0
+        scored = []
+        for i, token in enumerate(prompt[1:]):
+            logprobs = _log_probabilities(np.asarray(rows[i], dtype=np.float64))
+            scored.append(TokenLogprob(token=int(token), logprob=float(logprobs[token]), top=_top(logprobs, n)))
+        return scored
+
     def state(self) -> dict[str, object]:
         """The processors' state in the contract's format: the output length and each output token's count."""
         values, counts = np.unique(np.asarray(self.counted, dtype=np.int64), return_counts=True)

@@ -23,7 +23,8 @@
   between its steps (docs/contract.md, "Batches");
 - ``processor_configs`` / ``stop_sets`` / ``draft_schedules`` (``DECODE_KINDS``): a request's logits processors,
   stops placed on a known continuation at every offset of a draft block, and per-round draft plans
-  (docs/contract.md, "Decode state");
+  (docs/contract.md, "Decode state"); ``stop_string_sets`` (``STOP_STRING_SHAPES``): byte-level stop strings
+  longer than a block or beginning in the prompt;
 - ``TreePlan`` / ``tree_plans(...)`` / ``tree_parents(...)`` / ``ScriptedTreeDrafter``: token trees for tree
   engines (docs/contract.md, "Trees"), scripted from the oracle's continuation, shrinking to one node;
 - ``BatchMachine.configure(...)`` / ``BatchMachineFailure``: a ``RuleBasedStateMachine`` over a batched
@@ -79,6 +80,7 @@ from specproof.strategies._settings import (
     decoding_cases,
     engine_settings,
 )
+from specproof.strategies._stop_strings import STOP_STRING_SHAPES, stop_string_sets
 from specproof.strategies._trees import ScriptedTreeDrafter, TreePlan, tree_parents, tree_plans
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "RELATION_DESCRIPTIONS",
     "RESET_RELATIONS",
     "SHARED_BLOCK",
+    "STOP_STRING_SHAPES",
     "REQUEST_COVERAGE",
     "REQUEST_RELATIONS",
     "RelationTracker",
@@ -126,6 +129,7 @@ __all__ = [
     "draft_schedules",
     "processor_configs",
     "stop_sets",
+    "stop_string_sets",
     "decoding_cases",
     "engine_greedy",
     "default_decoder_factory",

@@ -30,8 +30,11 @@ PROCESSOR_STATE_CAPABILITY = "processor_state"
 
 
 #: the ``DECODE_FEATURES`` that ``specproof-engine/1`` carries: all but the top-n alternatives of each
-#: logprob (``final.logprobs`` holds the emitted token's only), so a wire engine is never judged on them
-WIRE_DECODE_FEATURES: tuple[str, ...] = tuple(f for f in DECODE_FEATURES if f != "top_logprobs")
+#: logprob (``final.logprobs`` holds the emitted token's only) and the prompt's logprobs, so a wire engine is
+#: never judged on them
+WIRE_DECODE_FEATURES: tuple[str, ...] = tuple(
+    f for f in DECODE_FEATURES if f not in ("top_logprobs", "prompt_logprobs")
+)
 
 
 def declared_decode_features(capabilities: frozenset[str]) -> tuple[str, ...]:

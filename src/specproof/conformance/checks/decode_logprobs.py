@@ -22,7 +22,7 @@ from specproof.contract.decode_state import scored_rows
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
-__all__ = ["check_logprobs", "check_stop_strings"]
+__all__ = ["check_logprobs", "check_stop_strings", "top_problem"]
 
 
 def _placeholder(got: tuple[TokenLogprob, ...]) -> str:
@@ -30,7 +30,7 @@ def _placeholder(got: tuple[TokenLogprob, ...]) -> str:
     return " (every logprob is 0.0: a placeholder, llama.cpp #27972)" if every_zero else ""
 
 
-def _top_problem(entry: TokenLogprob, row: np.ndarray, n: int) -> str | None:
+def top_problem(entry: TokenLogprob, row: np.ndarray, n: int) -> str | None:
     """What is wrong with ``entry.top`` against the oracle's row, or None (ties within the tolerance may order
     either way)."""
     finite = int(np.isfinite(row).sum())
@@ -78,7 +78,7 @@ def check_logprobs(inv: Invariant, run: DecodeRun, subject: DecodeSubject) -> tu
                 f"{want!r} (tolerance {LOGPROB_TOLERANCE:g}){_placeholder(got)}"
             )
             return [inv.violation(text, expected=want, actual=entry.logprob, example=example)], i + 1, ""
-        problem = _top_problem(entry, row, n)
+        problem = top_problem(entry, row, n)
         if problem is not None:
             text = f"token {i}'s top-{n} alternatives: {problem}"
             return [inv.violation(text, actual=entry.to_json(), example=example)], i + 1, ""

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from specproof.contract import DecodeParams, Generation, Target, Violation
 from specproof.contract.decode_state import plain_decode_with, processor_state
 from specproof.contract.errors import UnsupportedParameterError
-from specproof.strategies import contexts, draft_schedules, processor_configs, stop_sets
+from specproof.strategies import contexts, draft_schedules, processor_configs, stop_sets, stop_string_sets
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
@@ -105,7 +105,7 @@ def draw_decode_example(data: st.DataObject, subject: DecodeSubject, kind: str) 
         processors = frozenset()
     active = kind in ("penalties", "logprobs")  # these searches never shrink their processors to off
     base = data.draw(processor_configs(vocab, features=processors, active=active), label="processors")
-    params, eos = base, None
+    params, eos, free = base, None, None
     stops = kind != "logprobs" or ("stop_sequences" in subject.features and data.draw(st.booleans(), label="stops"))
     if kind != "penalties" and stops:
         free = plain_decode_with(subject.make_reference(), prompt, n, decode=base)
@@ -113,8 +113,9 @@ def draw_decode_example(data: st.DataObject, subject: DecodeSubject, kind: str) 
     if kind == "logprobs":  # each token's logprob, and 0-3 alternatives
         alternatives = st.integers(0, 3) if "top_logprobs" in subject.features else st.just(0)
         params = attrs.evolve(params, logprobs=data.draw(alternatives, label="top logprobs"))
-    if kind == "stop_strings":  # the placed stop sequences as the text of their tokens, logprobs cut with them
-        texts = [bytes(seq) for seq in params.stop if all(t < 256 for t in seq)]
+    if kind == "stop_strings" and free is not None:  # the placed stop sequences as text, or longer strings
+        placed = [bytes(seq) for seq in params.stop if all(t < 256 for t in seq)]
+        texts = data.draw(stop_string_sets(prompt, free.tokens, k=subject.k, placed=placed), label="stop strings")
         asked = 0 if "logprobs" in subject.features else None
         params = attrs.evolve(params, stop=(), stop_strings=texts, logprobs=asked)
     schedule = data.draw(draft_schedules(k=subject.k), label="draft schedule")
@@ -150,6 +151,7 @@ def run_decode_example(subject: DecodeSubject, ex: DecodeExample) -> DecodeRun:
         "stops": lambda: free,
         "logprobs": lambda: free,
         "stop_strings": lambda: free,
+        "prompt_logprobs": lambda: free,
     }[ex.kind]()
     source = list(expected.tokens)
     if tuple(free.tokens[: len(source)]) == expected.tokens:  # drafts run on past the stop

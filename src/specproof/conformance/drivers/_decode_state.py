@@ -54,6 +54,7 @@ def decode_capabilities(
         "decode_stops": "stop_sequences" in features,
         "decode_logprobs": "logprobs" in features,
         "decode_stop_strings": "stop_strings" in features,
+        "decode_prompt_logprobs": "prompt_logprobs" in features,
         "processor_state": reports_states,
         "decode_sampled": seeded,
     }
@@ -63,6 +64,8 @@ def decode_capabilities(
         "decode_stops": "the engine does not declare stop_sequences in decode_features",
         "decode_logprobs": "the engine does not declare logprobs in decode_features",
         "decode_stop_strings": "the engine does not declare stop_strings in decode_features",
+        "decode_prompt_logprobs": "the engine does not declare prompt_logprobs in decode_features (it returns no "
+        "prompt logprobs)",
         "processor_state": "the engine reports no processor_states (its processors' state per round)",
         "decode_sampled": "the engine does not declare seeded sampling (`seeded = True`, generate(..., sampling=))",
         "decode_grammar": "the engine does not declare grammar in decode_features"

@@ -17,6 +17,8 @@ from specproof.conformance._engine_runs import EngineRun, RunCache, case_greedy,
 from specproof.conformance._probes import HostileDrafter
 from specproof.conformance._subjects import EngineCase
 from specproof.conformance.checks.features import feature_layers_of
+from specproof.conformance.drivers._case_decode import draw_case_decode
+from specproof.contract import DecodeParams
 from specproof.strategies import PlannedRound, RoundPlan, ScriptedDrafter, contexts, round_plans
 
 __all__ = ["EngineExamples"]
@@ -79,7 +81,8 @@ class EngineExamples:
             if mode is not None:
                 extra = data.draw(st.integers(1, 3), label="hostile extra tokens")
                 hostile = (mode, extra, data.draw(st.integers(0, 3), label="hostile from call"))
-        return self.execute(case, prompt=prompt, k=k, n=n, eos=eos, plan=plan, hostile=hostile)
+        decode = draw_case_decode(data, case, vocab) if self.plan.decode_state else None
+        return self.execute(case, prompt=prompt, k=k, n=n, eos=eos, plan=plan, hostile=hostile, decode=decode)
 
     def execute(
         self,
@@ -91,6 +94,7 @@ class EngineExamples:
         eos: int | None,
         plan: RoundPlan | None,
         hostile: tuple[str, int, int] | None = None,
+        decode: DecodeParams | None = None,
     ) -> EngineRun:
         suite, horizon = self.plan.suite, self.plan.profile.max_new_tokens
         drafter: Any = None
@@ -131,6 +135,7 @@ class EngineExamples:
                 cache=self.cache,
                 capabilities=case.exposes(),
                 script=script,
+                decode=decode,
             )
         return run_plugin(
             case,
@@ -144,6 +149,7 @@ class EngineExamples:
             horizon=horizon,
             cache=self.cache,
             script=script,
+            decode=decode,
         )
 
     def explicit(self, case: EngineCase) -> list[dict[str, Any]]:

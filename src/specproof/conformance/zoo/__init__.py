@@ -43,6 +43,7 @@ from specproof.conformance.zoo._batch_engines import (
     BatchVerifyDependsOnBatchSize,
     BatchZooEngine,
 )
+from specproof.conformance.zoo._decode_case_engines import DECODE_CASE_MEMBERS
 from specproof.conformance.zoo._decode_engines import (
     CheckpointedProcessorsEngine,
     DecodeReplayEngine,
@@ -140,6 +141,7 @@ from specproof.conformance.zoo._model_drafters import (
 from specproof.conformance.zoo._model_drafters import (
     model_drafter_reprefill as model_drafter_reprefill,
 )
+from specproof.conformance.zoo._prompt_logprob_engines import PROMPT_LOGPROB_MEMBERS, PromptLogprobsFloat32
 from specproof.conformance.zoo._reaching_drafters import (
     HeadKeepsChainAfterFullAccept,
     HeadLazyReset,
@@ -203,6 +205,7 @@ from specproof.conformance.zoo._session_engines import (
 from specproof.conformance.zoo._session_engines import (
     varying_k_session_engine as varying_k_session_engine,
 )
+from specproof.conformance.zoo._stop_string_engines import STOP_STRING_MEMBERS, StopStringTailWindow
 from specproof.conformance.zoo._targets import (
     ZOO_CONFIG,
     CapacityWraps,
@@ -459,6 +462,16 @@ def session_penalty_buffer_cleared() -> SessionPenaltyBufferCleared:
     return SessionPenaltyBufferCleared()
 
 
+def stop_string_tail_window() -> StopStringTailWindow:
+    """Correct, differently: the stop-string matcher keeps only the longest string's length of text."""
+    return StopStringTailWindow()
+
+
+def prompt_logprobs_float32() -> PromptLogprobsFloat32:
+    """Correct, differently: the prompt's logprobs computed in float32, within the contract's tolerance."""
+    return PromptLogprobsFloat32()
+
+
 def sampling_drafter() -> DraftSampler:
     """Correct: a sampling drafter whose declared q is the distribution it draws from."""
     return DraftSampler()
@@ -512,6 +525,9 @@ _MEMBERS: dict[str, MemberEntry] = {
     **{name: ("engine", cls) for name, cls in TREE_MEMBERS.items()},
     **{name: ("drafter", cls) for name, cls in TREE_DRAFTER_MEMBERS.items()},
     **{name: ("engine", cls) for name, cls in TREE_SAMPLING_MEMBERS.items()},
+    **{name: ("engine", cls) for name, cls in STOP_STRING_MEMBERS.items()},
+    **{name: ("engine", cls) for name, cls in PROMPT_LOGPROB_MEMBERS.items()},
+    **{name: ("engine", cls) for name, cls in DECODE_CASE_MEMBERS.items()},
     "batch_stale_zero_draft": ("engine", BatchStaleZeroDraft),
     "batch_pads_recurrent_state": ("engine", BatchPadsRecurrentState),
     "batch_slot_not_cleared": ("engine", BatchSlotNotCleared),
@@ -706,6 +722,9 @@ CORRECT_BATCH: dict[str, str] = {
 """Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list, preemption
 by recompute only): the batch checks accept them (docs/contract.md, "Batches")."""
 
+NEEDS_DECODE_STATE: frozenset[str] = frozenset(DECODE_CASE_MEMBERS)
+"""Members of engine-case invariants found only where the search draws decode parameters (``--decode-state``)."""
+
 CORRECT_DECODE: dict[str, str] = {
     name: f"{_MODULE}:{name}"
     for name in (
@@ -716,6 +735,8 @@ CORRECT_DECODE: dict[str, str] = {
         "decode_float32_logprobs",
         "decode_match_scheme",
         "session_penalty_buffer_cleared",
+        "stop_string_tail_window",
+        "prompt_logprobs_float32",
     )
 }
 """Correct engines under decode parameters (the control, replay rollback, processors restored from a checkpoint):
@@ -772,6 +793,7 @@ __all__ = [
     "CONTROLS",
     "CORRECT_BATCH",
     "CORRECT_DECODE",
+    "NEEDS_DECODE_STATE",
     "CORRECT_TREE",
     "CORRECT_TREE_SAMPLING",
     "CORRECT",
