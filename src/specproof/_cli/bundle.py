@@ -54,8 +54,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=lambda args: _no_action(p))
 
 
+def _add_layout_arguments(exp: argparse.ArgumentParser) -> None:
+    """``bundle export``'s options for where states live and how the program reads positions and runs GDN."""
+    from specproof.coreml import GDN_FORMS, LAYOUTS, POSITIONS
+
+    exp.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="all-mlstate",
+        help="all-mlstate: every state a Core ML state (default); kv-mlstate: KV cache as states, conv_state and "
+        "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine; "
+        "unified-kv: as kv-mlstate with keys and values in one state kv_cache [2, ...]",
+    )
+    exp.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        default="scalar",
+        help="scalar: position [1] = processed (default); seed: position_ids [1, processed + q], every position of "
+        "the context so far and of the chunk, the program reading the last q (a length that grows with the "
+        "context: docs/coreml.md, Position layouts)",
+    )
+    exp.add_argument(
+        "--gdn",
+        choices=GDN_FORMS,
+        default="unrolled",
+        help="how gdn blocks run the delta rule over a chunk: unrolled max_query masked steps (default) "
+        "or a while_loop",
+    )
+
+
 def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES, GDN_FORMS, LAYOUTS, POSITIONS
+    from specproof.coreml import DEFAULT_EXPORT_TARGET, DEFAULT_MAX_QUERY, FAMILIES
 
     exp = bsub.add_parser(
         "export",
@@ -91,29 +120,7 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         help="export a flagship shape instead of --target: lfm2-moe (conv+attn, MoE) or qwen3.6-moe "
         "(gdn+gdn+gdn+attn, MoE; all four states); docs/coreml.md",
     )
-    exp.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default="all-mlstate",
-        help="all-mlstate: every state a Core ML state (default); kv-mlstate: KV cache as states, conv_state and "
-        "rec_state as input/output tensors (NAME -> NAME_out), the layout that runs on the Neural Engine; "
-        "unified-kv: as kv-mlstate with keys and values in one state kv_cache [2, ...]",
-    )
-    exp.add_argument(
-        "--positions",
-        choices=POSITIONS,
-        default="scalar",
-        help="scalar: position [1] = processed (default); seed: position_ids [1, processed + q], every position of "
-        "the context so far and of the chunk, the program reading the last q (a length that grows with the "
-        "context: docs/coreml.md, Position layouts)",
-    )
-    exp.add_argument(
-        "--gdn",
-        choices=GDN_FORMS,
-        default="unrolled",
-        help="how gdn blocks run the delta rule over a chunk: unrolled max_query masked steps (default) "
-        "or a while_loop",
-    )
+    _add_layout_arguments(exp)
     exp.add_argument(
         "--last-token-only",
         action="store_true",
