@@ -284,7 +284,8 @@ def _functions(path: Path) -> tuple[MilEvaluator, dict[int, MilEvaluator]]:
     ones. A multifunction bundle: every function has a fixed ``input_ids`` ``[1, q]`` (one with q = 1, so any
     length can be fed), distinct q, and the primary's inputs, states and outputs; the primary is the q = 1 one."""
     program = load_program(path)
-    names = list(program.functions)
+    # a tree function (a `parents` input: coreml_eval_tree) threads no state; the chain functions are judged here
+    names = [name for name, fn in program.functions.items() if "parents" not in fn.inputs]
     if names == ["main"]:
         return MilEvaluator(path, program=program), {}
     fixed: dict[int, MilEvaluator] = {}
@@ -334,7 +335,9 @@ def load_spec(args: str) -> CoreMLEvalTarget:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be a number") from None
         if not kwargs[key] >= 0:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be >= 0")
+    from specproof.engine.targets.coreml_eval_tree import open_target
+
     try:
-        return CoreMLEvalTarget(path, **kwargs)
+        return open_target(path, **kwargs)
     except UnknownOpError as exc:  # the spec can still be named: a usage error, not a failed certification
         raise InvalidSettingError(str(exc)) from exc
