@@ -119,6 +119,16 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         "verify ([1, K+1]), the shapes the Neural Engine runs (docs/coreml.md); not with --max-query or "
         "--last-token-only",
     )
+    _add_tree_argument(exp)
+    exp.add_argument("--force", action="store_true", help="replace an existing bundle at PATH")
+    add_target_argument(exp, default=DEFAULT_EXPORT_TARGET)
+    exp.set_defaults(func=run_export)
+    for action in exp._actions:
+        if action.dest == "target":
+            action.help = _EXPORT_TARGET_HELP
+
+
+def _add_tree_argument(exp: argparse.ArgumentParser) -> None:
     exp.add_argument(
         "--tree",
         type=integer_argument,
@@ -128,12 +138,6 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         "in one forward, from input_ids [1, N] and parents [N]; per-node states out for the host to commit "
         "(docs/coreml.md, Trees); with or without --multifunction",
     )
-    exp.add_argument("--force", action="store_true", help="replace an existing bundle at PATH")
-    add_target_argument(exp, default=DEFAULT_EXPORT_TARGET)
-    exp.set_defaults(func=run_export)
-    for action in exp._actions:
-        if action.dest == "target":
-            action.help = _EXPORT_TARGET_HELP
 
 
 def _add_check_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

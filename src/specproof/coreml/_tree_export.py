@@ -71,9 +71,9 @@ def export_tree(
 ) -> ExportResult:
     """Write ``target`` at ``path`` with its chain functions and a ``verify_tree`` function of ``nodes`` nodes
     (the pending token and up to ``nodes - 1`` draft nodes per forward). ``_planted`` is TEST-ONLY."""
+    check_tree_nodes(nodes, target)
     options = ExportOptions(layout=layout, gdn=gdn, planted=_planted)
     mq = _check_sizes(target, k, k + 1 if multifunction else max_query, options)
-    check_tree_nodes(nodes, target)
     out = Path(path)
     if out.suffix != ".mlpackage":
         raise InvalidSettingError(f"bundle export: {str(out)!r} must end in .mlpackage")

@@ -143,14 +143,12 @@ class TreeDriver(Driver):
                 )
             rollback: Any = "checkpoint" if case.rollback == "checkpoint" else "replay"
             make_model = target.make
-            # a target verifying at most N nodes per call (a bundle's tree function) takes the pending token and N - 1
-            node_cap = int(getattr(model, "max_tree_nodes", 0)) - 1
 
             def make_decoder(tgt: Any, drafter: Any, max_nodes: int, max_depth: int) -> Any:
                 return TreeSpecDecoder(
                     tgt if tgt is not None else make_model(),
                     drafter,
-                    max_nodes=min(max_nodes, node_cap) if node_cap >= 0 else max_nodes,
+                    max_nodes=max_nodes,
                     max_depth=max_depth,
                     rollback=rollback,
                 )

@@ -317,8 +317,9 @@ def _functions(path: Path) -> tuple[MilEvaluator, dict[int, MilEvaluator]]:
     return primary, fixed
 
 
-def load_spec(args: str) -> CoreMLEvalTarget:
-    """The ``coreml-eval:PATH[,tie_tolerance=X][,source_rtol=X][,source_router_margin=X]`` target spec."""
+def load_spec(args: str, *, open_target: Any = None) -> CoreMLEvalTarget:
+    """The ``coreml-eval:PATH[,tie_tolerance=X][,source_rtol=X][,source_router_margin=X]`` target spec; ``open_target``
+    builds the target from the path and options (the registry's ``coreml_eval_tree.load_spec`` passes its own)."""
     path, _, options = args.partition(",")
     if not path:
         raise InvalidSettingError("coreml-eval:PATH needs the path of a .mlpackage")
@@ -335,9 +336,7 @@ def load_spec(args: str) -> CoreMLEvalTarget:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be a number") from None
         if not kwargs[key] >= 0:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be >= 0")
-    from specproof.engine.targets.coreml_eval_tree import open_target
-
     try:
-        return open_target(path, **kwargs)
+        return (open_target or CoreMLEvalTarget)(path, **kwargs)
     except UnknownOpError as exc:  # the spec can still be named: a usage error, not a failed certification
         raise InvalidSettingError(str(exc)) from exc

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError
+from specproof.engine.targets import coreml_eval
 from specproof.engine.targets.coreml_eval import KV_STATES, UNIFIED_KV, CoreMLEvalSnapshot, CoreMLEvalTarget
 from specproof.engine.targets.mil_eval import MilEvaluator, load_program
 
@@ -33,6 +34,7 @@ __all__ = [
     "PARENTS",
     "TREE_FUNCTION",
     "CoreMLEvalTreeTarget",
+    "load_spec",
     "open_target",
     "tree_function_names",
 ]
@@ -183,3 +185,8 @@ def open_target(path: str | Path, **options: Any) -> CoreMLEvalTarget:
     if p.exists() and tree_function_names(load_program(p)):
         return CoreMLEvalTreeTarget(p, **options)
     return CoreMLEvalTarget(p, **options)
+
+
+def load_spec(args: str) -> CoreMLEvalTarget:
+    """The ``coreml-eval:`` target spec (``coreml_eval.load_spec``'s options), a tree target for a tree bundle."""
+    return coreml_eval.load_spec(args, open_target=open_target)
