@@ -69,7 +69,7 @@ def test_a_tree_function_is_excused_from_writing_state_only_when_it_returns_per_
 
 ct = pytest.importorskip("coremltools")
 
-from specproof.contract.errors import CapacityError, InvalidSettingError  # noqa: E402
+from specproof.contract.errors import CapacityError, InvalidSettingError, TokenRangeError  # noqa: E402
 from specproof.coreml import export_tree, family_target, inspect_bundle  # noqa: E402
 from specproof.engine.targets.coreml_eval import SOURCE_RTOL  # noqa: E402
 from specproof.engine.targets.coreml_eval_tree import CoreMLEvalTreeTarget, load_spec  # noqa: E402
@@ -141,6 +141,10 @@ def test_the_tree_target_refuses_bad_trees_before_running(root: Path) -> None:
         target.forward_tree([1] * (NODES + 1), [-1] * (NODES + 1))
     with pytest.raises(InvalidSettingError, match=r"parents\[1\]=1"):
         target.forward_tree([1, 2], [-1, 1])
+    with pytest.raises(TokenRangeError, match=r"tokens\[1\]=256"):
+        target.forward_tree([1, 256], [-1, 0])
+    logits, checkpoints = target.forward_tree([], [])
+    assert logits.shape == (0, 256) and checkpoints == []
     target.forward([1] * (target.max_context - 2))
     with pytest.raises(CapacityError, match="tree depth=3"):
         target.forward_tree([1, 2, 3], [-1, 0, 1])

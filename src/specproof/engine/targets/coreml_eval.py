@@ -54,6 +54,7 @@ SOURCE_ROUTER_MARGIN: Final = 0.5
 _OPTIONS: Final = ("tie_tolerance", "source_rtol", "source_router_margin")
 KV_STATES: Final = ("key_cache", "value_cache")
 UNIFIED_KV: Final = "kv_cache"  # one KV state [2, layers, kv_heads, max_context, head_dim]: keys, then values
+PARENTS: Final = "parents"  # the input that makes a function a tree function (coreml_eval_tree), not a chain one
 
 
 @attrs.frozen(eq=False)
@@ -284,8 +285,8 @@ def _functions(path: Path) -> tuple[MilEvaluator, dict[int, MilEvaluator]]:
     ones. A multifunction bundle: every function has a fixed ``input_ids`` ``[1, q]`` (one with q = 1, so any
     length can be fed), distinct q, and the primary's inputs, states and outputs; the primary is the q = 1 one."""
     program = load_program(path)
-    # a tree function (a `parents` input: coreml_eval_tree) threads no state; the chain functions are judged here
-    names = [name for name, fn in program.functions.items() if "parents" not in fn.inputs]
+    # a tree function (coreml_eval_tree) threads no state; the chain functions are judged here
+    names = [name for name, fn in program.functions.items() if PARENTS not in fn.inputs]
     if names == ["main"]:
         return MilEvaluator(path, program=program), {}
     fixed: dict[int, MilEvaluator] = {}

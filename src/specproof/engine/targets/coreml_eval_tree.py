@@ -22,9 +22,15 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError
+from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
 from specproof.engine.targets import coreml_eval
-from specproof.engine.targets.coreml_eval import KV_STATES, UNIFIED_KV, CoreMLEvalSnapshot, CoreMLEvalTarget
+from specproof.engine.targets.coreml_eval import (
+    KV_STATES,
+    PARENTS,
+    UNIFIED_KV,
+    CoreMLEvalSnapshot,
+    CoreMLEvalTarget,
+)
 from specproof.engine.targets.mil_eval import MilEvaluator, load_program
 
 __all__ = [
@@ -40,7 +46,6 @@ __all__ = [
 ]
 
 TREE_FUNCTION: Final = "verify_tree"
-PARENTS: Final = "parents"  # the input that makes a function a tree function
 NODE_KEYS: Final = "node_keys"
 NODE_VALUES: Final = "node_values"
 NODE_STATE: Final = "node_{}"  # node_conv_state, node_rec_state: a state's value after each node
@@ -120,13 +125,15 @@ class CoreMLEvalTreeTarget(CoreMLEvalTarget):
                 f"{self.max_tree_nodes} (bundle export --tree N)"
             )
         base = self.processed
-        checked = [*self._check_tokens(tokens), *([0] * (self.max_tree_nodes - n))]
+        checked = [*self._check_tokens(list(tokens)), *([0] * (self.max_tree_nodes - n))]
         fed = [*tree, *([-1] * (self.max_tree_nodes - n))]
         if base + depth > self.max_context:
             raise CapacityError(
                 f"CoreMLEvalTreeTarget.forward_tree: processed={base} + tree depth={depth} exceeds "
                 f"max_context={self.max_context}; nothing was changed"
             )
+        if n == 0:
+            return np.zeros((0, self.vocab_size), np.float32), []
         out = self._call_tree(checked, fed, base)
         logits = np.asarray(out["logits"], np.float32)
         if logits.shape != (1, self.max_tree_nodes, self.vocab_size):
@@ -135,12 +142,18 @@ class CoreMLEvalTreeTarget(CoreMLEvalTarget):
         return np.ascontiguousarray(logits[0, :n]), [self._checkpoint(before, out, p) for p in paths]
 
     def _check_tokens(self, tokens: Sequence[int]) -> list[int]:
-        base = self._processed
-        self._processed = 0  # a tree's tokens are checked for range here; its depth, not its size, is capacity
-        try:
-            return self._check(list(tokens)[: self.max_context])
-        finally:
-            self._processed = base
+        """The tokens as ints, or ``TokenRangeError`` naming the first that is not an id of the vocabulary (a
+        tree's capacity is its depth, checked apart)."""
+        if isinstance(tokens, str):
+            raise TokenRangeError("CoreMLEvalTreeTarget.forward_tree: tokens must be a sequence of ints, got str")
+        out = []
+        for i, t in enumerate(tokens):
+            if (type(t) is not int and not isinstance(t, np.integer)) or not 0 <= t < self.vocab_size:
+                raise TokenRangeError(
+                    f"CoreMLEvalTreeTarget.forward_tree: tokens[{i}]={t!r} is not a token id in [0, {self.vocab_size})"
+                )
+            out.append(int(t))
+        return out
 
     def _call_tree(self, tokens: list[int], parents: list[int], base: int) -> dict[str, np.ndarray]:
         ev = self._tree
