@@ -23,7 +23,6 @@ import numpy as np
 import numpy.typing as npt
 
 from specproof.contract.errors import CapacityError, InvalidSettingError, TargetContractError, TokenRangeError
-from specproof.engine.targets import coreml_eval
 from specproof.engine.targets.coreml_eval import (
     KV_STATES,
     PARENTS,
@@ -31,6 +30,7 @@ from specproof.engine.targets.coreml_eval import (
     CoreMLEvalSnapshot,
     CoreMLEvalTarget,
 )
+from specproof.engine.targets.coreml_eval import load_spec as load_chain_spec
 from specproof.engine.targets.mil_eval import MilEvaluator, load_program
 
 __all__ = [
@@ -202,4 +202,4 @@ def open_target(path: str | Path, **options: Any) -> CoreMLEvalTarget:
 
 def load_spec(args: str) -> CoreMLEvalTarget:
     """The ``coreml-eval:`` target spec (``coreml_eval.load_spec``'s options), a tree target for a tree bundle."""
-    return coreml_eval.load_spec(args, open_target=open_target)
+    return load_chain_spec(args, open_target=open_target)
