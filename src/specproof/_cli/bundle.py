@@ -136,12 +136,25 @@ def _add_export_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignor
         "verify ([1, K+1]), the shapes the Neural Engine runs (docs/coreml.md); not with --max-query or "
         "--last-token-only",
     )
+    _add_tree_argument(exp)
     exp.add_argument("--force", action="store_true", help="replace an existing bundle at PATH")
     add_target_argument(exp, default=DEFAULT_EXPORT_TARGET)
     exp.set_defaults(func=run_export)
     for action in exp._actions:
         if action.dest == "target":
             action.help = _EXPORT_TARGET_HELP
+
+
+def _add_tree_argument(exp: argparse.ArgumentParser) -> None:
+    exp.add_argument(
+        "--tree",
+        type=integer_argument,
+        default=None,
+        metavar="N",
+        help="also write a verify_tree function: a token tree of N nodes (the pending token and N-1 draft nodes) "
+        "in one forward, from input_ids [1, N] and parents [N]; per-node states out for the host to commit "
+        "(docs/coreml.md, Trees); with or without --multifunction",
+    )
 
 
 def _add_check_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -354,6 +367,11 @@ def _print_report(report: Any) -> None:
             console.print(f"warning: {warning}", markup=False, style="yellow")
         verdict = "qualifies" if fn.qualifies else f"does NOT qualify ({', '.join(r.id for r in fn.failed)})"
         console.print(f"function {fn.name!r} {verdict} for a verify forward of K={report.k} draft tokens")
+        if fn.tree is not None:
+            how = "verifies" if fn.tree.verifies_tree else "does NOT verify"
+            why = f" ({fn.tree.why})" if fn.tree.why else ""
+            line = f"function {fn.name!r} {how} a token tree in one forward: {fn.tree.detail}{why}"
+            console.print(line, markup=False)
     console.print(
         f"verdict: {'QUALIFIES' if report.qualifies else 'DOES NOT QUALIFY'} (exit {report.exit_code})",
         markup=False,
@@ -414,11 +432,23 @@ def _export_target(args: argparse.Namespace) -> tuple[Any, str]:
 
 def run_export(args: argparse.Namespace) -> int:
     from specproof.contract import UsageError
-    from specproof.coreml import export_bundle, export_multifunction, golden_cases, write_golden
+    from specproof.coreml import export_bundle, export_multifunction, export_tree, golden_cases, write_golden
 
     if args.multifunction and (args.max_query is not None or args.last_token_only):
         raise UsageError("--multifunction writes fixed shapes (1 and K+1 tokens): no --max-query, no --last-token-only")
+    if args.tree is not None and args.last_token_only:
+        raise UsageError("--tree needs a logits row per node: not with --last-token-only")
+    if args.tree is not None and args.positions != "scalar":
+        raise UsageError("--tree reads one position [1] (depths come from parents): not with --positions seed")
     target, spec = _export_target(args)
+    if args.tree is not None:
+        from specproof.contract.errors import InvalidSettingError
+        from specproof.coreml import check_tree_nodes
+
+        try:
+            check_tree_nodes(args.tree, target)  # before the export starts
+        except InvalidSettingError as exc:
+            raise UsageError(str(exc)) from None
     cases = golden_cases(target) if args.golden else None  # a bad prompt fails here, before the export
     out = Path(args.path)
     if out.exists():
@@ -428,7 +458,17 @@ def run_export(args: argparse.Namespace) -> int:
             shutil.rmtree(out)
         else:
             out.unlink()
-    if args.multifunction:
+    if args.tree is not None:
+        result = export_tree(
+            out, target, nodes=args.tree, k=args.k, multifunction=args.multifunction, max_query=args.max_query,
+            target_spec=spec, layout=args.layout, gdn=args.gdn,
+        )  # fmt: skip
+        chain = "decode ([1, 1]) and verify" if args.multifunction else "main"
+        shapes = (
+            f"functions {chain} (input_ids up to [1, {result.max_query}]) and verify_tree (input_ids [1, {args.tree}], "
+            f"parents [{args.tree}])"
+        )
+    elif args.multifunction:
         result = export_multifunction(
             out, target, k=args.k, target_spec=spec, layout=args.layout, gdn=args.gdn, positions=args.positions
         )

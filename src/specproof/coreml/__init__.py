@@ -12,6 +12,8 @@
   ``decode`` (1 token) and ``verify`` (K + 1 tokens) functions of one package, sharing weights and states.
 - ``HostLoop(path, drafter).generate(prompt, n)``: docs/swift-engine.md's host loop over a multifunction bundle,
   run by the evaluator; its ``Generation`` is what ``specproof bundle host-loop`` writes as a trace.
+- ``export_tree(path, target, nodes=N, k=K, multifunction=...)``: the chain functions plus ``verify_tree``, a token
+  tree of N nodes in one forward (``input_ids [1, N]``, ``parents [N]``; per-node states out for the host).
 - ``write_golden(path, target, target_spec=...)``: greedy tokens for ``GOLDEN_PROMPTS``
   in the golden format (``specproof.formats.golden``) that ``specproof check-trace --greedy`` reads.
 - ``check_bundle(path, source, options=CheckOptions(...))`` -> ``BundleCheckReport``: the bundle (through
@@ -50,6 +52,8 @@ from specproof.coreml._inspect import (
 )
 from specproof.coreml._multifunction import export_multifunction, function_sizes
 from specproof.coreml._options import GDN_FORMS, LAYOUTS, PLANTED_BUGS, POSITIONS, ExportOptions
+from specproof.coreml._tree_export import check_tree_nodes, export_tree
+from specproof.coreml._tree_inspect import TreeVerdict
 from specproof.engine.targets.mil_eval import OPS as EVALUATOR_OPS
 from specproof.engine.targets.mil_eval import MilEvaluator, UnknownOpError, load_program
 
@@ -79,13 +83,16 @@ __all__ = [
     "MilEvaluator",
     "RuleResult",
     "TensorInfo",
+    "TreeVerdict",
     "UnknownOpError",
     "build_program",
     "check_bundle",
     "check_exportable",
+    "check_tree_nodes",
     "export_bundle",
     "export_config",
     "export_multifunction",
+    "export_tree",
     "function_sizes",
     "family_spec",
     "family_target",

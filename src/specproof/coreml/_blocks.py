@@ -17,7 +17,18 @@ import numpy as np
 from specproof.coreml._options import ExportOptions
 from specproof.engine.targets.reference import ReferenceConfig
 
-__all__ = ["Graph", "attn_block", "conv_block", "dense_ffn", "gdn_block", "moe_ffn", "rms_norm"]
+__all__ = [
+    "Graph",
+    "attn_block",
+    "attn_projections",
+    "conv_block",
+    "dense_ffn",
+    "gdn_block",
+    "gdn_output",
+    "gdn_sequences",
+    "moe_ffn",
+    "rms_norm",
+]
 
 NEG: Final = -30000.0  # masked attention score: exp underflows to exactly 0 in fp16, no inf arithmetic
 L2_EPS: Final = 1e-6  # the reference's l2norm epsilon for the GDN q and k
@@ -81,12 +92,13 @@ def _short_conv(g: Graph, xin: Any, weight: np.ndarray, slot: int, channels: int
     return mb.transpose(x=out, perm=[0, 2, 1])
 
 
-def conv_block(g: Graph, x: Any, p: str, slot: int) -> Any:
-    """LFM2 gated short conv: ``B, C, x = split(in_proj(h))``; ``out_proj(C * conv(B * x))``."""
+def conv_block(g: Graph, x: Any, p: str, slot: int, *, conv: Any = None) -> Any:
+    """LFM2 gated short conv: ``B, C, x = split(in_proj(h))``; ``out_proj(C * conv(B * x))``; ``conv``: the
+    short conv ``(g, x, weight, slot, channels)`` (default: over the chunk; the tree program gives its own)."""
     mb, d = g.mb, g.cfg.d_model
     bcx = mb.linear(x=x, weight=g.W(p + "conv.in_proj.weight"))  # [1, q, 3d]
     bx = mb.mul(x=_cols(g, bcx, 0, d), y=_cols(g, bcx, 2 * d, 3 * d))
-    conv = _short_conv(g, bx, g.w[p + "conv.conv.weight"], slot, d)
+    conv = (conv or _short_conv)(g, bx, g.w[p + "conv.conv.weight"], slot, d)
     return mb.linear(x=mb.mul(x=_cols(g, bcx, d, 2 * d), y=conv), weight=g.W(p + "conv.out_proj.weight"))
 
 
@@ -98,17 +110,26 @@ def _rope(g: Graph, t: Any) -> Any:
     return mb.add(x=mb.mul(x=t, y=g.cos), y=mb.mul(x=rot, y=g.sin))
 
 
-def attn_block(g: Graph, x: Any, p: str, slot: int, layer: int) -> Any:
-    """GQA with per-head QK RMSNorm and rotate-half RoPE over the KV cache (written at ``position``)."""
+def attn_projections(g: Graph, x: Any, p: str, layer: int) -> tuple[Any, Any, Any]:
+    """Queries (normed, RoPE'd at ``g.cos``/``g.sin``, scaled), keys (normed, RoPE'd) and values
+    ``[1, q, heads, head_dim]``: what the chunk and the tree programs share."""
     mb, cfg = g.mb, g.cfg
-    hd, n_h, n_kv, m = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.max_context
+    hd, n_h, n_kv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     a = p + "self_attn."
     qh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "q_proj.weight")), shape=[1, -1, n_h, hd])
     kh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "k_proj.weight")), shape=[1, -1, n_kv, hd])
     vh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "v_proj.weight")), shape=[1, -1, n_kv, hd])
     qh = rms_norm(g, qh, g.w[a + "q_layernorm.weight"], f"layer{layer}_q_layernorm")
     kh = _rope(g, rms_norm(g, kh, g.w[a + "k_layernorm.weight"], f"layer{layer}_k_layernorm"))
-    qh = mb.mul(x=_rope(g, qh), y=np.float16(1.0 / math.sqrt(hd)))
+    return mb.mul(x=_rope(g, qh), y=np.float16(1.0 / math.sqrt(hd))), kh, vh
+
+
+def attn_block(g: Graph, x: Any, p: str, slot: int, layer: int) -> Any:
+    """GQA with per-head QK RMSNorm and rotate-half RoPE over the KV cache (written at ``position``)."""
+    mb, cfg = g.mb, g.cfg
+    hd, n_h, n_kv, m = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.max_context
+    a = p + "self_attn."
+    qh, kh, vh = attn_projections(g, x, p, layer)
     end = mb.add(x=g.position, y=g.q)
     begin = mb.concat(values=[np.array([slot, 0], _I32), g.position, np.array([0], _I32)], axis=0)
     stop = mb.concat(values=[np.array([slot + 1, n_kv], _I32), end, np.array([hd], _I32)], axis=0)
@@ -201,7 +222,27 @@ def gdn_block(g: Graph, x: Any, p: str, slot: int, rec_slot: int) -> Any:
     hg, dk, dv, cd = cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim, cfg.gdn_conv_dim
     a = p + "linear_attn."
     qkv = mb.linear(x=x, weight=g.W(a + "in_proj_qkv.weight"))  # [1, q, cd]
-    mixed = mb.silu(x=_short_conv(g, qkv, g.w[a + "conv1d.weight"], slot, cd))
+    seq = gdn_sequences(g, x, p, mb.silu(x=_short_conv(g, qkv, g.w[a + "conv1d.weight"], slot, cd)))
+    state = mb.reshape(x=mb.slice_by_index(x=g.rs, begin=[rec_slot, 0, 0, 0], end=[rec_slot + 1, hg, dk, dv]),
+                       shape=[hg, dk, dv])  # fmt: skip
+    if g.opts.planted == "gdn-last-token":
+        state, o = _gdn_last_token(g, state, seq)
+    elif g.opts.gdn == "loop":
+        state, o = _gdn_loop(g, state, seq)
+    else:
+        state, o = _gdn_unrolled(g, state, seq)
+    if g.opts.planted != "state-not-written":
+        update = mb.expand_dims(x=state, axes=[0])
+        g.rs = mb.slice_update(x=g.rs, update=update, begin=[rec_slot, 0, 0, 0], end=[rec_slot + 1, hg, dk, dv])
+    return gdn_output(g, x, p, o)
+
+
+def gdn_sequences(g: Graph, x: Any, p: str, mixed: Any) -> dict[str, Any]:
+    """The delta rule's per-token rows ``k, q, v, beta, decay`` (``[q, heads, 1, .]``) from the block input ``x``
+    and ``mixed`` (the short conv's output after SiLU): what the chunk and the tree programs share."""
+    mb, cfg = g.mb, g.cfg
+    hg, dk, dv, cd = cfg.gdn_heads, cfg.gdn_key_dim, cfg.gdn_value_dim, cfg.gdn_conv_dim
+    a = p + "linear_attn."
     qk = _l2_norm(g, mb.reshape(x=_cols(g, mixed, 0, 2 * hg * dk), shape=[-1, 2 * hg, dk]))  # [q, 2hg, dk]
     qh = mb.slice_by_index(x=qk, begin=[0, 0, 0], end=[0, hg, dk], end_mask=[True, False, False])
     kh = mb.slice_by_index(x=qk, begin=[0, hg, 0], end=[0, 2 * hg, dk], end_mask=[True, False, False])
@@ -217,17 +258,14 @@ def gdn_block(g: Graph, x: Any, p: str, slot: int, rec_slot: int) -> Any:
         "beta": mb.sigmoid(x=b),  # [q, hg, 1, 1]
         "decay": mb.exp(x=mb.mul(x=sp, y=neg_a)),
     }
-    state = mb.reshape(x=mb.slice_by_index(x=g.rs, begin=[rec_slot, 0, 0, 0], end=[rec_slot + 1, hg, dk, dv]),
-                       shape=[hg, dk, dv])  # fmt: skip
-    if g.opts.planted == "gdn-last-token":
-        state, o = _gdn_last_token(g, state, seq)
-    elif g.opts.gdn == "loop":
-        state, o = _gdn_loop(g, state, seq)
-    else:
-        state, o = _gdn_unrolled(g, state, seq)
-    if g.opts.planted != "state-not-written":
-        update = mb.expand_dims(x=state, axes=[0])
-        g.rs = mb.slice_update(x=g.rs, update=update, begin=[rec_slot, 0, 0, 0], end=[rec_slot + 1, hg, dk, dv])
+    return seq
+
+
+def gdn_output(g: Graph, x: Any, p: str, o: Any) -> Any:
+    """The block's output from the delta rule's rows ``o`` ``[q, heads, 1, dv]``: gated RMSNorm, out_proj."""
+    mb, cfg = g.mb, g.cfg
+    hg, dv = cfg.gdn_heads, cfg.gdn_value_dim
+    a = p + "linear_attn."
     y = rms_norm(g, mb.reshape(x=o, shape=[-1, hg, dv]), g.w[a + "norm.weight"])  # gated RMSNorm per head
     z = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "in_proj_z.weight")), shape=[-1, hg, dv])
     y = mb.reshape(x=mb.mul(x=y, y=mb.silu(x=z)), shape=[1, -1, hg * dv])

@@ -39,6 +39,7 @@ from specproof.contract.validation import int_at_least
 from specproof.coreml._declared import declared_problems
 from specproof.coreml._layout import KV_NAME, io_pairs, state_layout, threading_problems
 from specproof.coreml._positions import position_layout
+from specproof.coreml._tree_inspect import TreeVerdict, tree_rules, tree_verdict
 from specproof.coreml._units import ComputeUnits, compute_units
 from specproof.engine.targets.coreml import import_coremltools
 from specproof.formats import bundle_inspect as bundle_inspect_format
@@ -142,6 +143,7 @@ class FunctionReport:
     warnings: tuple[str, ...] = ()  # advisories that do not fail the verdict (the Neural Engine finding)
     compute_units: ComputeUnits | None = None  # what its input shapes allow (coreml._units)
     position_layout: str = "none"  # coreml._positions.POSITION_LAYOUTS: scalar position [1], seed position_ids
+    tree: TreeVerdict | None = None  # can it verify a token tree in one forward (coreml._tree_inspect)
 
     @property
     def qualifies(self) -> bool:
@@ -164,6 +166,7 @@ class FunctionReport:
             "position_layout": self.position_layout,
             "warnings": list(self.warnings),
             **({"compute_units": self.compute_units.to_json()} if self.compute_units else {}),
+            **({"tree": self.tree.to_json()} if self.tree else {}),
         }
 
 
@@ -196,6 +199,7 @@ class BundleReport:
             "k": self.k,
             "qualifies": self.qualifies,
             "qualifying_functions": [f.name for f in self.functions if f.qualifies],
+            "tree_functions": [f.name for f in self.functions if f.tree is not None and f.tree.verifies_tree],
             "model_type": self.model_type,
             "specification_version": self.specification_version,
             "deployment_target": self.deployment_target,
@@ -576,9 +580,14 @@ def _judge(
         _rule_position(inputs, token),
         *([_rule_declared(declared)] if declared is not None else []),
     ]
+    state_inputs = [*(s.name for s in states), *(t.name for t in inputs if t.dtype in _FLOAT_TYPES)]
+    recurrent = [n for n in state_inputs if not _KV_NAME.search(n) and _REC_NAME.search(n)]
+    tree = tree_verdict(inputs, outputs, recurrent, token)
+    rules = tree_rules(rules, tree)
     layout, warnings = state_layout(inputs, outputs, states)
     return FunctionReport(
         position_layout=position_layout(inputs, _position_input(inputs, token)),
+        tree=tree,
         compute_units=compute_units(inputs),
         state_layout=layout,
         warnings=warnings,

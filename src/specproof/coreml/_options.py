@@ -26,9 +26,18 @@ POSITIONS: Final = ("scalar", "seed")
 #: TEST-ONLY export bugs, planted so that certification through the evaluator can be shown to reject them:
 #: ``state-not-written`` the recurrent state (rec_state, else conv_state) is never written back;
 #: ``gdn-last-token`` a GDN chunk updates its state with the chunk's last token only;
-#: ``router-ties`` the router breaks expert ties toward the higher index in multi-token forwards.
-#: ``positions-first-q`` (``positions="seed"`` only) the program reads the FIRST q entries of ``position_ids``.
-PLANTED_BUGS: Final = ("state-not-written", "gdn-last-token", "router-ties", "positions-first-q")
+#: ``router-ties`` the router breaks expert ties toward the higher index in multi-token forwards;
+#: ``positions-first-q`` (``positions="seed"`` only) the program reads the FIRST q entries of ``position_ids``;
+#: ``tree-conv-flattened`` (``--tree``) a node's conv window from the nodes before it in the flattened order, not
+#: its ancestors; ``tree-as-chain`` (``--tree``) the tree verified as a chain (each node the previous one's child).
+PLANTED_BUGS: Final = (
+    "state-not-written",
+    "gdn-last-token",
+    "router-ties",
+    "positions-first-q",
+    "tree-conv-flattened",
+    "tree-as-chain",
+)
 
 
 @attrs.frozen(kw_only=True)

@@ -248,8 +248,11 @@ class TreeSpecDecoder:
         return round_
 
     def _budget(self, depth: int) -> tuple[int, int]:
-        """The nodes and depth a round's tree may have (the zoo overrides it to plant a budget bug)."""
-        return self.max_nodes, depth
+        """The nodes and depth a round's tree may have (the zoo overrides it to plant a budget bug): a target that
+        verifies at most ``max_tree_nodes`` nodes per ``forward_tree`` (a Core ML tree function's fixed size) takes
+        the pending token and ``max_tree_nodes - 1`` draft nodes."""
+        cap = getattr(self.target, "max_tree_nodes", None)
+        return (self.max_nodes if cap is None else max(0, min(self.max_nodes, int(cap) - 1))), depth
 
     def _accept(self, tree: TreeDraft, logits: np.ndarray) -> TreeVerdict:
         """The acceptance rule (the zoo overrides it to plant acceptance bugs)."""

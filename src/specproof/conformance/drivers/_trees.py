@@ -22,7 +22,7 @@ from specproof.conformance._records import Capabilities
 from specproof.conformance.checks.tree import TreeCase, TreeSubject
 from specproof.conformance.drivers._protocol import CheckItem, Driver, NotApplicable, require
 from specproof.contract import ViolationError
-from specproof.engine import ReferenceHybrid, TreeSpecDecoder
+from specproof.engine import TreeSpecDecoder
 from specproof.strategies import tree_parents, tree_plans
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,8 +136,11 @@ class TreeDriver(Driver):
         if case.kind == "builtin":
             target = plan.suite.target
             model = target.make() if target is not None else None
-            if not isinstance(model, ReferenceHybrid) or target is None:
-                raise NotApplicable("the built-in tree decoder runs on the reference hybrid only (`forward_tree`)")
+            if not callable(getattr(model, "forward_tree", None)) or target is None:
+                raise NotApplicable(
+                    "the built-in tree decoder needs a target with `forward_tree` (the reference hybrid, a Core ML "
+                    "bundle exported with `--tree`)"
+                )
             rollback: Any = "checkpoint" if case.rollback == "checkpoint" else "replay"
             make_model = target.make
 
@@ -156,6 +159,7 @@ class TreeDriver(Driver):
                 make_reference=make_model,
                 greedy=greedy,
                 vocab_size=case.vocab_size,
+                atol=float(target.atol),  # the target's declared tolerance (0 for the reference hybrid)
             )
         if case.make_reference is None:
             raise NotApplicable("the engine gives no model to compare a tree's state with (`oracle`)")

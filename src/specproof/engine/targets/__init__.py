@@ -30,7 +30,7 @@ TARGET_FAMILIES: dict[str, str] = {
     "reference": "specproof.engine.targets.reference_spec:load",
     "reference-moe": "specproof.engine.targets.reference_spec:load_moe",
     "coreml": "specproof.engine.targets.coreml:load_spec",
-    "coreml-eval": "specproof.engine.targets.coreml_eval:load_spec",
+    "coreml-eval": "specproof.engine.targets.coreml_eval_tree:load_spec",  # a tree bundle: a tree target
     "mlx": "specproof.engine.targets.mlx:load_spec",
     "hf": "specproof.engine.targets.hf:load_spec",
 }

@@ -56,6 +56,7 @@ KV_STATES: Final = ("key_cache", "value_cache")
 #: the position layout -> its input (``position [1]`` or the seed's ``position_ids [1, processed + q]``)
 POSITION_INPUTS: Final = {"scalar": "position", "seed": "position_ids"}
 UNIFIED_KV: Final = "kv_cache"  # one KV state [2, layers, kv_heads, max_context, head_dim]: keys, then values
+PARENTS: Final = "parents"  # the input that makes a function a tree function (coreml_eval_tree), not a chain one
 
 
 @attrs.frozen(eq=False)
@@ -296,7 +297,8 @@ def _functions(path: Path) -> tuple[MilEvaluator, dict[int, MilEvaluator]]:
     ones. A multifunction bundle: every function has a fixed ``input_ids`` ``[1, q]`` (one with q = 1, so any
     length can be fed), distinct q, and the primary's inputs, states and outputs; the primary is the q = 1 one."""
     program = load_program(path)
-    names = list(program.functions)
+    # a tree function (coreml_eval_tree) threads no state; the chain functions are judged here
+    names = [name for name, fn in program.functions.items() if PARENTS not in fn.inputs]
     if names == ["main"]:
         return MilEvaluator(path, program=program), {}
     fixed: dict[int, MilEvaluator] = {}
@@ -328,8 +330,9 @@ def _functions(path: Path) -> tuple[MilEvaluator, dict[int, MilEvaluator]]:
     return primary, fixed
 
 
-def load_spec(args: str) -> CoreMLEvalTarget:
-    """The ``coreml-eval:PATH[,tie_tolerance=X][,source_rtol=X][,source_router_margin=X]`` target spec."""
+def load_spec(args: str, *, open_target: Any = None) -> CoreMLEvalTarget:
+    """The ``coreml-eval:PATH[,tie_tolerance=X][,source_rtol=X][,source_router_margin=X]`` target spec; ``open_target``
+    builds the target from the path and options (the registry's ``coreml_eval_tree.load_spec`` passes its own)."""
     path, _, options = args.partition(",")
     if not path:
         raise InvalidSettingError("coreml-eval:PATH needs the path of a .mlpackage")
@@ -347,6 +350,6 @@ def load_spec(args: str) -> CoreMLEvalTarget:
         if not kwargs[key] >= 0:
             raise InvalidSettingError(f"coreml-eval target option {item!r}: X must be >= 0")
     try:
-        return CoreMLEvalTarget(path, **kwargs)
+        return (open_target or CoreMLEvalTarget)(path, **kwargs)
     except UnknownOpError as exc:  # the spec can still be named: a usage error, not a failed certification
         raise InvalidSettingError(str(exc)) from exc
