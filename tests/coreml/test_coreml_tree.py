@@ -202,6 +202,7 @@ def test_inspect_says_which_function_verifies_a_tree(root: Path) -> None:
         (["--tree", "65"], "in [2, 64]"),
         (["--tree", "8", "--max-context", "6"], "max_context=6"),
         (["--tree", "4", "--last-token-only"], "not with --last-token-only"),
+        (["--tree", "8", "--positions", "seed"], "not with --positions seed"),
     ],
 )
 def test_bad_tree_options_are_usage_errors(
