@@ -22,8 +22,19 @@ GDN_FORMS: Final = ("unrolled", "loop")
 #: TEST-ONLY export bugs, planted so that certification through the evaluator can be shown to reject them:
 #: ``state-not-written`` the recurrent state (rec_state, else conv_state) is never written back;
 #: ``gdn-last-token`` a GDN chunk updates its state with the chunk's last token only;
-#: ``router-ties`` the router breaks expert ties toward the higher index in multi-token forwards.
-PLANTED_BUGS: Final = ("state-not-written", "gdn-last-token", "router-ties")
+#: ``router-ties`` the router breaks expert ties toward the higher index in multi-token forwards;
+#: ``expert-bias-ignored`` the sigmoid router selects on the bare scores (no ``expert_bias``);
+#: ``shared-gate-ignored`` the shared expert's output is added unscaled by its gate;
+#: ``attn-gate-ignored`` the attention output gate is left out. The last three agree with themselves:
+#: only a comparison with the source (``bundle check --against``, ``certify --oracle``) sees them.
+PLANTED_BUGS: Final = (
+    "state-not-written",
+    "gdn-last-token",
+    "router-ties",
+    "expert-bias-ignored",
+    "shared-gate-ignored",
+    "attn-gate-ignored",
+)
 
 
 @attrs.frozen(kw_only=True)
