@@ -28,7 +28,12 @@ from specproof.coreml import (  # noqa: E402
     inspect_bundle,
 )
 from specproof.engine import InvalidSettingError, PluginError, ReferenceConfig, ReferenceHybrid  # noqa: E402
-from specproof.engine.targets.coreml_eval import FP16_TIE_TOLERANCE, CoreMLEvalTarget, load_spec  # noqa: E402
+from specproof.engine.targets.coreml_eval import (  # noqa: E402
+    FP16_TIE_TOLERANCE,
+    SOURCE_ROUTER_MARGIN,
+    CoreMLEvalTarget,
+    load_spec,
+)
 from specproof.formats import validate  # noqa: E402
 from specproof.plugins import load_target  # noqa: E402
 
@@ -130,8 +135,16 @@ def test_greedy_tokens_match_the_golden_cases(root: Path, family: str) -> None:
 
     for case in golden_cases(family_target(family), prompts=GOLDEN_PROMPTS[:3], max_new_tokens=12):
         target.reset()
-        gen = greedy_decode(target, case["prompt"], case["max_new_tokens"], eos_token_id=None)
-        assert list(gen.tokens) == case["tokens"], case["prompt"]
+        got = list(greedy_decode(target, case["prompt"], case["max_new_tokens"], eos_token_id=None).tokens)
+        if got == case["tokens"]:
+            continue
+        # fp16 may order two nearly tied router scores the other way (bundle.greedy's rule, docs/coreml.md):
+        # a divergence is allowed only after a source router margin under the declared one
+        i = next(j for j, (a, b) in enumerate(zip(got, case["tokens"], strict=True)) if a != b)
+        source = family_target(family)
+        source.forward([*case["prompt"], *case["tokens"][:i]])
+        margin = float(np.min(np.stack(source.last_router_margins)))
+        assert margin < SOURCE_ROUTER_MARGIN, (case["prompt"], i, margin)
 
 
 def _certify(path: Path, *extra: str) -> int:

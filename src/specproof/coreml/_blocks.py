@@ -32,6 +32,7 @@ __all__ = [
 
 NEG: Final = -30000.0  # masked attention score: exp underflows to exactly 0 in fp16, no inf arithmetic
 L2_EPS: Final = 1e-6  # the reference's l2norm epsilon for the GDN q and k
+ROUTER_NORM_EPS: Final = 1e-6  # LFM2-MoE's renormalisation epsilon (a no-op in fp16 at these sums; kept as written)
 _I32 = np.int32
 
 
@@ -110,18 +111,32 @@ def _rope(g: Graph, t: Any) -> Any:
     return mb.add(x=mb.mul(x=t, y=g.cos), y=mb.mul(x=rot, y=g.sin))
 
 
-def attn_projections(g: Graph, x: Any, p: str, layer: int) -> tuple[Any, Any, Any]:
+def attn_projections(g: Graph, x: Any, p: str, layer: int) -> tuple[Any, Any, Any, Any]:
     """Queries (normed, RoPE'd at ``g.cos``/``g.sin``, scaled), keys (normed, RoPE'd) and values
-    ``[1, q, heads, head_dim]``: what the chunk and the tree programs share."""
+    ``[1, q, heads, head_dim]``, and the output gate's pre-activations ``[1, q, heads * head_dim]`` (``None``
+    without ``attn_output_gate``): what the chunk and the tree programs share."""
     mb, cfg = g.mb, g.cfg
     hd, n_h, n_kv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     a = p + "self_attn."
-    qh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "q_proj.weight")), shape=[1, -1, n_h, hd])
+    qh = mb.linear(x=x, weight=g.W(a + "q_proj.weight"))
+    gate = None
+    if cfg.attn_output_gate:  # [query | gate] per head, as Qwen3-Next's q_proj
+        pairs = mb.reshape(x=qh, shape=[1, -1, n_h, 2 * hd])
+        qh, gate = mb.split(x=pairs, num_splits=2, axis=3)
+        gate = mb.reshape(x=gate, shape=[1, -1, n_h * hd])
+    qh = mb.reshape(x=qh, shape=[1, -1, n_h, hd])
     kh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "k_proj.weight")), shape=[1, -1, n_kv, hd])
     vh = mb.reshape(x=mb.linear(x=x, weight=g.W(a + "v_proj.weight")), shape=[1, -1, n_kv, hd])
     qh = rms_norm(g, qh, g.w[a + "q_layernorm.weight"], f"layer{layer}_q_layernorm")
     kh = _rope(g, rms_norm(g, kh, g.w[a + "k_layernorm.weight"], f"layer{layer}_k_layernorm"))
-    return mb.mul(x=_rope(g, qh), y=np.float16(1.0 / math.sqrt(hd))), kh, vh
+    return mb.mul(x=_rope(g, qh), y=np.float16(1.0 / math.sqrt(hd))), kh, vh, gate
+
+
+def gated_output(g: Graph, o: Any, gate: Any) -> Any:
+    """The heads' output ``[1, q, heads * head_dim]`` times ``sigmoid(gate)`` (Qwen3-Next), as is without a gate."""
+    if gate is None or g.opts.planted == "attn-gate-ignored":  # PLANTED BUG (tests only) leaves it out
+        return o
+    return g.mb.mul(x=o, y=g.mb.sigmoid(x=gate))
 
 
 def attn_block(g: Graph, x: Any, p: str, slot: int, layer: int) -> Any:
@@ -129,7 +144,7 @@ def attn_block(g: Graph, x: Any, p: str, slot: int, layer: int) -> Any:
     mb, cfg = g.mb, g.cfg
     hd, n_h, n_kv, m = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.max_context
     a = p + "self_attn."
-    qh, kh, vh = attn_projections(g, x, p, layer)
+    qh, kh, vh, gate = attn_projections(g, x, p, layer)
     end = mb.add(x=g.position, y=g.q)
     begin = mb.concat(values=[np.array([slot, 0], _I32), g.position, np.array([0], _I32)], axis=0)
     stop = mb.concat(values=[np.array([slot + 1, n_kv], _I32), end, np.array([hd], _I32)], axis=0)
@@ -148,7 +163,8 @@ def attn_block(g: Graph, x: Any, p: str, slot: int, layer: int) -> Any:
     s = mb.select(cond=g.mask, a=s, b=np.float16(NEG))
     o = mb.matmul(x=mb.reshape(x=mb.softmax(x=s, axis=-1), shape=[n_kv, -1, m]), y=values)
     o = mb.transpose(x=mb.reshape(x=o, shape=[n_kv, group, -1, hd]), perm=[2, 0, 1, 3])  # [q, kv, g, hd]
-    return mb.linear(x=mb.reshape(x=o, shape=[1, -1, n_h * hd]), weight=g.W(a + "out_proj.weight"))
+    o = gated_output(g, mb.reshape(x=o, shape=[1, -1, n_h * hd]), gate)
+    return mb.linear(x=o, weight=g.W(a + "out_proj.weight"))
 
 
 def _l2_norm(g: Graph, x: Any) -> Any:
@@ -286,14 +302,38 @@ def _tie_matrix(n: int, *, lower: bool) -> np.ndarray:
     return (j < e) if lower else (j > e)
 
 
+def _router(g: Graph, x: Any, p: str) -> tuple[Any, Any, Any]:
+    """``(logits, ranked, scores)``: the router logits, the scores the top-k ranks (softmax: the logits, which
+    order as the probabilities do; sigmoid: ``sigmoid(logits) + expert_bias``) and the scores the chosen experts
+    are weighted by before renormalisation (softmax probabilities; sigmoid scores without the bias)."""
+    mb = g.mb
+    logits = mb.linear(x=x, weight=g.W(p + "feed_forward.gate.weight"))  # [1, q, E]
+    if g.cfg.router != "sigmoid":
+        return logits, logits, mb.softmax(x=logits, axis=-1)
+    scores = mb.sigmoid(x=logits)
+    if g.opts.planted == "expert-bias-ignored":  # PLANTED BUG (tests only): selection on the bare scores
+        return logits, scores, scores
+    return logits, mb.add(x=scores, y=g.W(p + "feed_forward.expert_bias")), scores
+
+
+def _shared_expert(g: Graph, x: Any, p: str) -> Any:
+    """Qwen3-Next's shared expert: ``sigmoid(shared_expert_gate(x)) * swiglu(x)``."""
+    mb = g.mb
+    y = dense_ffn(g, x, p + "feed_forward.shared_expert.")
+    if g.opts.planted == "shared-gate-ignored":  # PLANTED BUG (tests only): the gate's scale left out
+        return y
+    gate = mb.sigmoid(x=mb.linear(x=x, weight=g.W(p + "feed_forward.shared_expert_gate.weight")))  # [1, q, 1]
+    return mb.mul(x=y, y=gate)
+
+
 def moe_ffn(g: Graph, x: Any, p: str) -> Any:
     """Dense experts under a top-k mask: every expert runs, the router's top k (ties to the lower index,
-    as the reference's stable sort) get their renormalised softmax weight, the others 0."""
+    as the reference's stable sort) get their renormalised weight, the others 0; plus the shared expert."""
     mb, cfg = g.mb, g.cfg
     n, k = cfg.n_experts, cfg.experts_per_token
-    logits = mb.linear(x=x, weight=g.W(p + "feed_forward.gate.weight"))  # [1, q, E]
-    mine = mb.expand_dims(x=logits, axes=[-1])  # l_e: [1, q, E, 1]
-    other = mb.expand_dims(x=logits, axes=[-2])  # l_j: [1, q, 1, E]
+    _, ranked, scores = _router(g, x, p)
+    mine = mb.expand_dims(x=ranked, axes=[-1])  # r_e: [1, q, E, 1]
+    other = mb.expand_dims(x=ranked, axes=[-2])  # r_j: [1, q, 1, E]
     ties: Any = _tie_matrix(n, lower=True)
     if g.opts.planted == "router-ties":  # PLANTED BUG (tests only): multi-token forwards break ties upward
         ties = mb.select(cond=mb.greater(x=g.q_scalar, y=np.int32(1)), a=_tie_matrix(n, lower=False), b=ties)
@@ -301,13 +341,15 @@ def moe_ffn(g: Graph, x: Any, p: str) -> Any:
         x=mb.greater(x=other, y=mine), y=mb.logical_and(x=mb.equal(x=other, y=mine), y=ties)
     )  # [1, q, E, E]: expert j ranks above expert e
     rank = mb.reduce_sum(x=mb.cast(x=beaten, dtype="int32"), axes=[-1])  # [1, q, E]
-    probs = mb.softmax(x=logits, axis=-1)
-    weights = mb.select(cond=mb.less(x=rank, y=np.int32(k)), a=probs, b=np.float16(0.0))
-    weights = mb.real_div(x=weights, y=mb.reduce_sum(x=weights, axes=[-1], keep_dims=True))
+    weights = mb.select(cond=mb.less(x=rank, y=np.int32(k)), a=scores, b=np.float16(0.0))
+    total = mb.reduce_sum(x=weights, axes=[-1], keep_dims=True)
+    if cfg.router == "sigmoid":  # LFM2-MoE divides by sum + 1e-6
+        total = mb.add(x=total, y=np.float16(ROUTER_NORM_EPS))
+    weights = mb.real_div(x=weights, y=total)
     out = None
     for e in range(n):
         y = dense_ffn(g, x, f"{p}feed_forward.experts.{e}.")
         we = mb.slice_by_index(x=weights, begin=[0, 0, e], end=[1, 0, e + 1], end_mask=[True, True, False])
         term = mb.mul(x=y, y=we)
         out = term if out is None else mb.add(x=out, y=term)
-    return out
+    return mb.add(x=out, y=_shared_expert(g, x, p)) if cfg.shared_expert else out

@@ -1,16 +1,19 @@
 """The flagship export families: small reference targets shaped like the two hybrid MoE models.
 
 - ``lfm2-moe``: LFM2-MoE's shape: conv + attention blocks (``conv+attn+conv+attn``), a
-  mixture-of-experts feed-forward in every block; states key_cache, value_cache, conv_state
-  (LFM2 has no delta-rule state, so ``rec_state`` does not exist: Core ML states cannot be
-  zero-sized).
+  mixture-of-experts feed-forward in every block routed as LFM2-MoE routes (``router=sigmoid``:
+  sigmoid scores, a per-expert ``expert_bias`` added for the selection only, the chosen scores
+  renormalised); states key_cache, value_cache, conv_state (LFM2 has no delta-rule state, so
+  ``rec_state`` does not exist: Core ML states cannot be zero-sized).
 - ``qwen3.6-moe``: Qwen3.5/3.6-MoE's shape: three Gated DeltaNet blocks to one attention
-  block (``gdn+gdn+gdn+attn``), mixture-of-experts feed-forwards; all four states.
+  block (``gdn+gdn+gdn+attn``), mixture-of-experts feed-forwards (softmax router) with
+  Qwen3-Next's gated shared expert (``shared_expert=true``) and gated attention
+  (``attn_output_gate=true``); all four states.
 
 Both are small (d_model 32, a byte vocabulary of 256, 4 experts top-2, max_context 128) so that the
 evaluator certifies them in minutes. In every MoE layer experts 0 and 1 share their router
-row, so router ties happen at every token and the bundle must break them as the reference
-does (to the lower index).
+row (and, under the sigmoid router, their expert bias), so router ties happen at every token and the
+bundle must break them as the reference does (to the lower index of equal selection scores).
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ _SMALL: Final = (
 )
 #: family -> the reference spec of its target (before the router rows are tied)
 FAMILIES: Final[dict[str, str]] = {
-    "lfm2-moe": f"reference:layers=conv+attn+conv+attn,{_SMALL}",
-    "qwen3.6-moe": f"reference:layers=gdn+gdn+gdn+attn,{_SMALL}",
+    "lfm2-moe": f"reference:layers=conv+attn+conv+attn,{_SMALL},router=sigmoid",
+    "qwen3.6-moe": f"reference:layers=gdn+gdn+gdn+attn,{_SMALL},shared_expert=true,attn_output_gate=true",
 }
 TIED_EXPERTS: Final = (0, 1)
 
@@ -42,7 +45,8 @@ def family_spec(name: str) -> str:
 
 
 def family_target(name: str, *, max_context: int | None = None) -> ReferenceHybrid:
-    """The family's reference target with experts 0 and 1 sharing their router row in every MoE layer."""
+    """The family's reference target with experts 0 and 1 sharing their router row (and expert bias) in every
+    MoE layer."""
     from specproof.engine.targets.reference_spec import load
 
     spec = family_spec(name)
@@ -55,9 +59,12 @@ def family_target(name: str, *, max_context: int | None = None) -> ReferenceHybr
     weights = base.weights
     a, b = TIED_EXPERTS
     for i in range(len(cfg.layers)):
-        gate = weights[f"model.layers.{i}.feed_forward.gate.weight"].copy()
-        gate[b] = gate[a]
-        weights[f"model.layers.{i}.feed_forward.gate.weight"] = gate
+        for name in ("gate.weight", "expert_bias"):
+            key = f"model.layers.{i}.feed_forward.{name}"
+            if key in weights:
+                tied = weights[key].copy()
+                tied[b] = tied[a]
+                weights[key] = tied
     return ReferenceHybrid(cfg, weights=weights)
 
 

@@ -29,7 +29,11 @@ POSITIONS: Final = ("scalar", "seed")
 #: ``router-ties`` the router breaks expert ties toward the higher index in multi-token forwards;
 #: ``positions-first-q`` (``positions="seed"`` only) the program reads the FIRST q entries of ``position_ids``;
 #: ``tree-conv-flattened`` (``--tree``) a node's conv window from the nodes before it in the flattened order, not
-#: its ancestors; ``tree-as-chain`` (``--tree``) the tree verified as a chain (each node the previous one's child).
+#: its ancestors; ``tree-as-chain`` (``--tree``) the tree verified as a chain (each node the previous one's child);
+#: ``expert-bias-ignored`` the sigmoid router selects on the bare scores (no ``expert_bias``);
+#: ``shared-gate-ignored`` the shared expert's output is added unscaled by its gate;
+#: ``attn-gate-ignored`` the attention output gate is left out. The last three agree with themselves:
+#: only a comparison with the source (``bundle check --against``, ``certify --oracle``) sees them.
 PLANTED_BUGS: Final = (
     "state-not-written",
     "gdn-last-token",
@@ -37,6 +41,9 @@ PLANTED_BUGS: Final = (
     "positions-first-q",
     "tree-conv-flattened",
     "tree-as-chain",
+    "expert-bias-ignored",
+    "shared-gate-ignored",
+    "attn-gate-ignored",
 )
 
 

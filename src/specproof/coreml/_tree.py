@@ -33,6 +33,7 @@ from specproof.coreml._blocks import (
     conv_block,
     dense_ffn,
     fp16,
+    gated_output,
     gdn_output,
     gdn_sequences,
     moe_ffn,
@@ -134,7 +135,7 @@ def _tree_attn(g: TreeGraph, x: Any, p: str, slot: int, layer: int) -> Any:
     """Each node's attention over the cache below ``position`` and its root path's keys at their positions."""
     mb, cfg, n = g.mb, g.cfg, g.n
     hd, n_h, n_kv, m = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.max_context
-    qh, kh, vh = attn_projections(g, x, p, layer)  # [1, N, heads, hd]
+    qh, kh, vh, gate = attn_projections(g, x, p, layer)  # [1, N, heads, hd]
     g.keys.append(kh)
     g.values.append(vh)
     # select[i, j, k] = 1 where node k is on node i's root path at position j: the path's rows, exactly
@@ -157,7 +158,8 @@ def _tree_attn(g: TreeGraph, x: Any, p: str, slot: int, layer: int) -> Any:
     s = mb.matmul(x=mb.reshape(x=qh, shape=[n, n_kv, group, hd]), y=keys, transpose_y=True)  # [N, kv, g, m]
     s = mb.select(cond=mb.expand_dims(x=g.mask, axes=[1, 2]), a=s, b=np.float16(NEG))
     o = mb.matmul(x=mb.softmax(x=s, axis=-1), y=values)  # [N, kv, g, hd]
-    return mb.linear(x=mb.reshape(x=o, shape=[1, n, n_h * hd]), weight=g.W(p + "self_attn.out_proj.weight"))
+    o = gated_output(g, mb.reshape(x=o, shape=[1, n, n_h * hd]), gate)
+    return mb.linear(x=o, weight=g.W(p + "self_attn.out_proj.weight"))
 
 
 def _tree_gdn(g: TreeGraph, x: Any, p: str, slot: int, rec_slot: int) -> Any:

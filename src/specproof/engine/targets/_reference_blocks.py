@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 
+from specproof.engine.targets._reference_routers import select_experts
+
 FloatArray = npt.NDArray[np.float32]
 _Arr = npt.NDArray[Any]
 
@@ -68,30 +70,48 @@ class DenseFfn:
         return _linear(_silu(gu[:, : self.f]) * gu[:, self.f :], self.w2_t)
 
 
+class SharedExpert:
+    """Qwen3-Next's shared expert: a SwiGLU every row runs, scaled by ``sigmoid(shared_expert_gate(x))``."""
+
+    __slots__ = ("ffn", "gate_t")
+
+    def __init__(self, ffn: DenseFfn, gate: FloatArray) -> None:
+        self.ffn = ffn
+        self.gate_t = np.ascontiguousarray(gate.T)  # [d, 1]
+
+    def __call__(self, x: _Arr) -> _Arr:
+        return self.ffn(x) * (1.0 / (1.0 + np.exp(-_linear(x, self.gate_t))))
+
+
 class MoeFfn:
-    """Mixture of SwiGLU experts: softmax router, top-k (ties to the lower index), renormalised.
+    """Mixture of SwiGLU experts: a router (``_reference_routers``: softmax, or sigmoid with an expert bias)
+    picks the top k (ties to the lower index), renormalised; plus an optional gated shared expert.
 
     Stateless like every block (copies of a model share their blocks): ``route`` returns the
     experts each row chose beside the output.
     """
 
-    __slots__ = ("experts", "gate_t", "k")
+    __slots__ = ("expert_bias", "experts", "gate_t", "k", "shared")
 
-    def __init__(self, gate: FloatArray, experts: list[DenseFfn], k: int) -> None:
+    def __init__(
+        self,
+        gate: FloatArray,
+        experts: list[DenseFfn],
+        k: int,
+        *,
+        expert_bias: FloatArray | None = None,
+        shared: SharedExpert | None = None,
+    ) -> None:
         self.gate_t = np.ascontiguousarray(gate.T)
         self.experts = experts
         self.k = k
+        self.expert_bias = expert_bias
+        self.shared = shared
 
     def route(self, x: _Arr) -> tuple[_Arr, npt.NDArray[np.int64], _Arr]:
         """The output rows, the read-only ``[q, k]`` expert ids each row chose, and each row's router margin
-        (``router_margins``)."""
-        logits = _linear(x, self.gate_t)
-        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs = e / np.add.reduce(e, axis=-1, keepdims=True)
-        # a stable sort of -p keeps the lower expert index first among equal probabilities
-        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : self.k]
-        w = np.take_along_axis(probs, chosen, axis=-1)
-        w = w / np.add.reduce(w, axis=-1, keepdims=True)
+        (``router_margins`` of the scores the selection ranked)."""
+        chosen, w, ranked = select_experts(_linear(x, self.gate_t), self.k, self.expert_bias)
         q = x.shape[0]
         ys = np.empty((q, self.k, x.shape[1]), _F32)
         for expert in np.unique(chosen).tolist():
@@ -101,14 +121,17 @@ class MoeFfn:
         out = ys[:, 0] * w[:, 0:1]
         for s in range(1, self.k):
             out += ys[:, s] * w[:, s : s + 1]
-        margins = router_margins(logits, chosen)
+        if self.shared is not None:
+            out += self.shared(x)
+        margins = router_margins(ranked, chosen)
         chosen = chosen.astype(np.int64)
         chosen.flags.writeable = False
         return out, chosen, margins
 
 
 def router_margins(logits: _Arr, chosen: npt.NDArray[np.intp]) -> _Arr:
-    """Per row, the smallest nonzero gap between a chosen expert's router logit and an unchosen one's.
+    """Per row, the smallest nonzero gap between a chosen expert's router logit and an unchosen one's (for the
+    sigmoid router: its selection scores in logit units, ``_reference_routers.SIGMOID_MARGIN_SCALE``).
 
     An exact tie (equal logits, as experts with one router row give) is broken by index and is
     not a margin; a small nonzero gap is one that a lower-precision copy of the model (an fp16
@@ -188,12 +211,15 @@ def rope_tables(head_dim: int, theta: float, max_context: int) -> tuple[FloatArr
 
 
 class AttnBlock:
-    """GQA with per-head QK RMSNorm and rotate-half RoPE, causal over the KV cache."""
+    """GQA with per-head QK RMSNorm and rotate-half RoPE, causal over the KV cache; with ``output_gate``
+    Qwen3-Next's gated attention: ``q_proj`` gives each head its query and a gate (``[q_h | gate_h]``, head by
+    head) and the heads' output is multiplied by ``sigmoid(gate)`` before ``out_proj``."""
 
     __slots__ = (
         "eps",
         "ffn",
         "ffn_norm",
+        "gated",
         "hd",
         "n_h",
         "n_kv",
@@ -217,11 +243,18 @@ class AttnBlock:
         n_kv_heads: int,
         head_dim: int,
         eps: float,
+        output_gate: bool = False,
     ) -> None:
         a = p + "self_attn."
         self.op_norm = w[p + "operator_norm.weight"]
         self.ffn_norm = w[p + "ffn_norm.weight"]
-        qkv = np.concatenate((w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]))
+        q_proj = w[a + "q_proj.weight"]
+        self.gated = bool(output_gate)
+        gate: list[FloatArray] = []
+        if self.gated:  # rows [query of head 0, gate of head 0, query of head 1, ...]: the gate rows go last
+            halves = q_proj.reshape(n_heads, 2, head_dim, -1)
+            q_proj, gate = halves[:, 0].reshape(n_heads * head_dim, -1), [halves[:, 1].reshape(n_heads * head_dim, -1)]
+        qkv = np.concatenate((q_proj, w[a + "k_proj.weight"], w[a + "v_proj.weight"], *gate))
         self.qkv_t = np.ascontiguousarray(qkv.T)
         self.out_t = np.ascontiguousarray(w[a + "out_proj.weight"].T)
         # one norm weight row per head of concat(q, k): q heads use q_layernorm, kv heads k_layernorm
@@ -254,7 +287,7 @@ class AttnBlock:
         kt = keys_t[self.slot]  # [kv, hd, max_context]
         vc = value_cache[self.slot]  # [kv, max_context, hd]
         kt[:, :, base:total] = qk[:, n_h:].transpose(1, 2, 0)
-        vc[:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
+        vc[:, base:total] = qkv[:, nqk : nqk + n_kv * hd].reshape(q, n_kv, hd).transpose(1, 0, 2)
         qg = (qk[:, :n_h] * self.scale).reshape(q, n_kv, n_h // n_kv, hd)
         o = np.empty((q, n_kv, n_h // n_kv, hd), _F32)
         runs = key_runs(base, q)
@@ -269,7 +302,10 @@ class AttnBlock:
                     values = vc[:, :width].copy()
                     values[:, base + i + 1 :] = 0.0
                     _attend(qg[i : i + 1], kt[:, :, :width], values, base + i + 1, out=o[i : i + 1])
-        return _linear(o.reshape(q, n_h * hd), self.out_t)
+        heads: _Arr = o.reshape(q, n_h * hd)
+        if self.gated:
+            heads = heads * (1.0 / (1.0 + np.exp(-qkv[:, nqk + n_kv * hd :])))
+        return _linear(heads, self.out_t)
 
 
 KEY_BLOCK: Final = 64
@@ -414,16 +450,21 @@ class GdnBlock:
 Block = ConvBlock | AttnBlock | GdnBlock
 
 
+def _swiglu(w: Mapping[str, FloatArray], p: str) -> DenseFfn:
+    return DenseFfn(w[p + "w1.weight"], w[p + "w3.weight"], w[p + "w2.weight"])
+
+
 def build_ffn(w: Mapping[str, FloatArray], p: str, *, n_experts: int, experts_per_token: int) -> Ffn:
-    """Block ``p``'s feed-forward: dense SwiGLU, or (``n_experts > 0``) a mixture of SwiGLU experts."""
+    """Block ``p``'s feed-forward: dense SwiGLU, or (``n_experts > 0``) a mixture of SwiGLU experts, with the
+    sigmoid router where the weights hold an ``expert_bias`` and a shared expert where they hold one (the
+    weights were validated against the config, which says which)."""
     if n_experts:
-        experts = [
-            DenseFfn(
-                w[f"{p}feed_forward.experts.{e}.w1.weight"],
-                w[f"{p}feed_forward.experts.{e}.w3.weight"],
-                w[f"{p}feed_forward.experts.{e}.w2.weight"],
-            )
-            for e in range(n_experts)
-        ]
-        return MoeFfn(w[p + "feed_forward.gate.weight"], experts, experts_per_token)
+        f = p + "feed_forward."
+        experts = [_swiglu(w, f"{f}experts.{e}.") for e in range(n_experts)]
+        shared = None
+        if f + "shared_expert_gate.weight" in w:
+            shared = SharedExpert(_swiglu(w, f + "shared_expert."), w[f + "shared_expert_gate.weight"])
+        return MoeFfn(
+            w[f + "gate.weight"], experts, experts_per_token, expert_bias=w.get(f + "expert_bias"), shared=shared
+        )
     return DenseFfn(w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"], w[p + "feed_forward.w2.weight"])

@@ -89,6 +89,8 @@ def check_lfm2_compatible(cfg: ReferenceConfig, *, framework: str) -> None:
         raise InvalidSettingError(
             f"{where}: n_experts={cfg.n_experts}: LFM2 has a dense feed-forward (use n_experts=0)"
         )
+    if cfg.attn_output_gate:
+        raise InvalidSettingError(f"{where}: attn_output_gate=True: LFM2's attention has no output gate")
     if cfg.head_dim * cfg.n_heads != cfg.d_model:
         raise InvalidSettingError(
             f"{where}: head_dim={cfg.head_dim} * n_heads={cfg.n_heads} must equal d_model={cfg.d_model} "

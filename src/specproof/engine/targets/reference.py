@@ -66,6 +66,7 @@ from specproof.engine.targets._reference_blocks import (
     rope_tables,
 )
 from specproof.engine.targets._reference_blocks import _silu as _silu  # re-exported for engine.drafters.heads
+from specproof.engine.targets._reference_routers import ROUTERS
 from specproof.engine.targets._reference_tree import tree_forward
 
 __all__ = [
@@ -109,6 +110,17 @@ def _check_positive_float(name: str, value: object) -> None:
         raise InvalidSettingError(f"ReferenceConfig.{name}={value!r} must be a finite number > 0")
 
 
+def _check_moe_features(cfg: ReferenceConfig) -> None:
+    """The router is a known one, and the MoE-only features come with experts."""
+    if cfg.router not in ROUTERS:
+        raise InvalidSettingError(f"ReferenceConfig.router={cfg.router!r}; one of {', '.join(ROUTERS)}")
+    for name, on in (("router", cfg.router != "softmax"), ("shared_expert", cfg.shared_expert)):
+        if on and not cfg.n_experts:
+            raise InvalidSettingError(
+                f"ReferenceConfig.{name}={getattr(cfg, name)!r} needs a mixture of experts (n_experts > 0)"
+            )
+
+
 @attrs.frozen(kw_only=True)
 class ReferenceConfig:
     """Sizes and seed of a ``ReferenceHybrid`` (validated on construction).
@@ -118,6 +130,12 @@ class ReferenceConfig:
     blocks and the GDN's own convolution. ``n_experts == 0`` gives a dense SwiGLU
     feed-forward; ``n_experts > 0`` a top-``experts_per_token`` mixture of experts
     in every block. ``init_scale`` scales the seeded random projections.
+
+    Real-model features, all off by default (docs/coreml.md, "The families"): ``router`` ``"softmax"`` or
+    ``"sigmoid"`` (LFM2-MoE: sigmoid scores, a per-expert ``expert_bias`` added for the selection only);
+    ``shared_expert`` (Qwen3-Next: a SwiGLU expert every row runs, scaled by ``sigmoid(shared_expert_gate(x))``);
+    ``attn_output_gate`` (Qwen3-Next: ``q_proj`` also gives a per-head gate, ``sigmoid`` applied before
+    ``out_proj``). ``_reference_routers`` and ``_reference_blocks`` say how each is computed.
     """
 
     vocab_size: int = 256
@@ -140,6 +158,9 @@ class ReferenceConfig:
     seed: int = 0
     init_scale: float = 2.0
     tie_embeddings: bool = True
+    router: str = "softmax"
+    shared_expert: bool = False
+    attn_output_gate: bool = False
 
     def __attrs_post_init__(self) -> None:
         for name in (
@@ -162,8 +183,10 @@ class ReferenceConfig:
         int_at_least(self.seed, name="ReferenceConfig.seed", minimum=0)
         for name in ("rope_theta", "norm_eps", "init_scale"):
             _check_positive_float(name, getattr(self, name))
-        if not isinstance(self.tie_embeddings, (bool, np.bool_)):
-            raise InvalidSettingError(f"ReferenceConfig.tie_embeddings={self.tie_embeddings!r} must be a bool")
+        for name in ("tie_embeddings", "shared_expert", "attn_output_gate"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise InvalidSettingError(f"ReferenceConfig.{name}={getattr(self, name)!r} must be a bool")
+        _check_moe_features(self)
         if not self.layers:
             raise InvalidSettingError("ReferenceConfig.layers=() must name at least one block")
         for i, kind in enumerate(self.layers):
@@ -225,7 +248,7 @@ def moe_config() -> ReferenceConfig:
 # --------------------------------------------------------------------------- weights
 
 # init kinds: "embed" N(0, 1); "linear" N(0, (init_scale / sqrt(fan_in))^2); "conv" the same with
-# fan_in = kernel length; "ones"; "a_log" log U(1, 8); "dt_bias" U(-1, 1).
+# fan_in = kernel length; "ones"; "a_log" log U(1, 8); "dt_bias" U(-1, 1); "expert_bias" U(-1, 1).
 _Spec = tuple[str, tuple[int, ...], str]
 
 
@@ -244,8 +267,9 @@ def _weight_specs(cfg: ReferenceConfig) -> list[_Spec]:
             ]
         elif kind == "attn":
             hd = cfg.head_dim
+            gated = 2 if cfg.attn_output_gate else 1  # each head's query, then its output gate
             specs += [
-                (p + "self_attn.q_proj.weight", (cfg.n_heads * hd, d), "linear"),
+                (p + "self_attn.q_proj.weight", (gated * cfg.n_heads * hd, d), "linear"),
                 (p + "self_attn.k_proj.weight", (cfg.n_kv_heads * hd, d), "linear"),
                 (p + "self_attn.v_proj.weight", (cfg.n_kv_heads * hd, d), "linear"),
                 (p + "self_attn.out_proj.weight", (d, cfg.n_heads * hd), "linear"),
@@ -276,6 +300,7 @@ def _weight_specs(cfg: ReferenceConfig) -> list[_Spec]:
                     (q + "w3.weight", (f, d), "linear"),
                     (q + "w2.weight", (d, f), "linear"),
                 ]
+            specs += _moe_feature_specs(cfg, p)
         else:
             f = cfg.ffn_dim
             specs += [
@@ -286,6 +311,19 @@ def _weight_specs(cfg: ReferenceConfig) -> list[_Spec]:
     specs.append(("model.embedding_norm.weight", (d,), "ones"))
     if not cfg.tie_embeddings:
         specs.append(("lm_head.weight", (cfg.vocab_size, d), "linear"))
+    return specs
+
+
+def _moe_feature_specs(cfg: ReferenceConfig, p: str) -> list[_Spec]:
+    """The sigmoid router's ``expert_bias`` and the shared expert with its gate, where the config has them."""
+    d, f = cfg.d_model, cfg.expert_ffn_dim
+    specs: list[_Spec] = []
+    if cfg.router == "sigmoid":
+        specs.append((p + "feed_forward.expert_bias", (cfg.n_experts,), "expert_bias"))
+    if cfg.shared_expert:
+        s = p + "feed_forward.shared_expert."
+        specs += [(s + "w1.weight", (f, d), "linear"), (s + "w3.weight", (f, d), "linear")]
+        specs += [(s + "w2.weight", (d, f), "linear"), (p + "feed_forward.shared_expert_gate.weight", (1, d), "linear")]
     return specs
 
 
@@ -301,6 +339,8 @@ def _init_weights(cfg: ReferenceConfig) -> dict[str, FloatArray]:
             value = rng.standard_normal(shape) * (cfg.init_scale / math.sqrt(shape[-1]))
         elif kind == "a_log":
             value = np.log(rng.uniform(1.0, 8.0, shape))
+        elif kind == "expert_bias":  # as wide as the sigmoid scores' range, so it changes many selections
+            value = rng.uniform(-1.0, 1.0, shape)
         else:  # dt_bias
             value = rng.uniform(-1.0, 1.0, shape)
         out[name] = value.astype(_F32)
@@ -428,6 +468,13 @@ def _token_array(tokens: Sequence[int], v: int) -> npt.NDArray[np.intp]:
     return np.array(seq, dtype=np.intp) if seq else np.zeros(0, np.intp)
 
 
+def _features(c: ReferenceConfig) -> str:
+    """`` features=...``: the real-model features the config turns on (nothing for the defaults)."""
+    on = [f"{c.router}-router"] if c.router != "softmax" else []
+    on += [name.replace("_", "-") for name in ("shared_expert", "attn_output_gate") if getattr(c, name)]
+    return f" features={'+'.join(on)}" if on else ""
+
+
 def _no_routing(k: int) -> npt.NDArray[np.int64]:
     return np.zeros((0, k), np.int64)
 
@@ -446,7 +493,15 @@ def _build_blocks(cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> tuple[Bl
         elif kind == "attn":
             blocks.append(
                 AttnBlock(
-                    w, p, n_attn, ffn, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, eps=eps
+                    w,
+                    p,
+                    n_attn,
+                    ffn,
+                    n_heads=cfg.n_heads,
+                    n_kv_heads=cfg.n_kv_heads,
+                    head_dim=cfg.head_dim,
+                    eps=eps,
+                    output_gate=cfg.attn_output_gate,
                 )
             )
             n_attn += 1
@@ -748,7 +803,8 @@ class ReferenceHybrid:
         return (
             f"ReferenceHybrid layers={'+'.join(c.layers)} d_model={c.d_model} vocab={c.vocab_size} "
             f"attn={c.n_heads}q/{c.n_kv_heads}kv x{c.head_dim} gdn={c.gdn_heads}x{c.gdn_key_dim}x{c.gdn_value_dim} "
-            f"conv_kernel={c.conv_kernel} ffn={ffn} params={params:,} max_context={c.max_context} seed={c.seed}"
+            f"conv_kernel={c.conv_kernel} ffn={ffn}{_features(c)} params={params:,} max_context={c.max_context} "
+            f"seed={c.seed}"
         )
 
     def __repr__(self) -> str:
