@@ -114,6 +114,10 @@ from specproof.conformance.zoo._grammar_engines import (
     GrammarTerminatedAdvanced,
     ScratchMatcherEngine,
 )
+from specproof.conformance.zoo._grammar_sampled_engines import (
+    GrammarFollowsArgmaxWhenSampling,
+    GrammarUnmaskedResidualWhenSampling,
+)
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
 from specproof.conformance.zoo._logprob_engines import (
     DecodeMatchEngine,
@@ -598,6 +602,8 @@ _MEMBERS: dict[str, MemberEntry] = {
     "output_carried_over": ("engine", OutputCarriedOver),
     "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
     "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
+    "grammar_unmasked_residual_when_sampling": ("engine", GrammarUnmaskedResidualWhenSampling),
+    "grammar_follows_argmax_when_sampling": ("engine", GrammarFollowsArgmaxWhenSampling),
 }
 
 
