@@ -49,6 +49,7 @@ from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
 from specproof.conformance.checks import (
     batch_distribution,
+    batch_grammar,
     batch_seeds,
     decode_logprobs,
     decode_parity,
@@ -914,6 +915,20 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         driver="batch-schedules",
         check=_batch_check(batch_checks.check_decode_isolation),
         zoo=("batch_shared_penalty_buffer",),
+    ),
+    Invariant(
+        id="batch.grammar",
+        subject="engine",
+        summary="requests with their own grammars (JSON schema, regex, CFG, reasoning delimiter) batched together "
+        "each give plain decoding's output with their grammar (sampled: every prefix valid, and its run alone): "
+        "one matcher per request, rolled back per request",
+        needs=("batched", "batch_grammar"),
+        draws=_BATCH_DRAWS + "; each request with or without one of decode.grammar's grammars (its EOS the "
+        "grammar's), half the time after a 1-2 token reasoning delimiter placed in its free continuation, and "
+        "its own processors; a sampled request drafts what its grammar allows after what it sampled",
+        driver="batch-schedules",
+        check=_batch_check(batch_grammar.check_batch_grammar),
+        zoo=("batch_shared_grammar_matcher", "batch_grammar_rollback_wrong_request"),
     ),
     Invariant(
         id="batch.per-slot-state",

@@ -43,6 +43,11 @@ from specproof.conformance.zoo._batch_engines import (
     BatchVerifyDependsOnBatchSize,
     BatchZooEngine,
 )
+from specproof.conformance.zoo._batch_grammar_engines import (
+    BatchGrammarRollbackWrongRequest,
+    BatchScratchMatchers,
+    BatchSharedGrammarMatcher,
+)
 from specproof.conformance.zoo._decode_engines import (
     CheckpointedProcessorsEngine,
     DecodeReplayEngine,
@@ -353,6 +358,11 @@ def batch_recompute_only() -> BatchRecomputeOnly:
     return BatchRecomputeOnly()
 
 
+def batch_grammar_scratch_matchers() -> BatchScratchMatchers:
+    """Correct, differently: each request's draft scanned on a copy of its own grammar matcher."""
+    return BatchScratchMatchers()
+
+
 def feature_head_drafter() -> HeadDrafter:
     """Correct: a feature head whose KV is append-only (the chain's slots are overwritten next call)."""
     return head_drafter()
@@ -604,6 +614,8 @@ _MEMBERS: dict[str, MemberEntry] = {
     "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
     "grammar_unmasked_residual_when_sampling": ("engine", GrammarUnmaskedResidualWhenSampling),
     "grammar_follows_argmax_when_sampling": ("engine", GrammarFollowsArgmaxWhenSampling),
+    "batch_shared_grammar_matcher": ("engine", BatchSharedGrammarMatcher),
+    "batch_grammar_rollback_wrong_request": ("engine", BatchGrammarRollbackWrongRequest),
 }
 
 
@@ -707,10 +719,17 @@ CORRECT_DRAFTERS: dict[str, str] = {
 
 CORRECT_BATCH: dict[str, str] = {
     name: f"{_MODULE}:{name}"
-    for name in ("batch_zoo_engine", "batch_replay_engine", "batch_fifo_two_rows", "batch_recompute_only")
+    for name in (
+        "batch_zoo_engine",
+        "batch_replay_engine",
+        "batch_fifo_two_rows",
+        "batch_recompute_only",
+        "batch_grammar_scratch_matchers",
+    )
 }
 """Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list, preemption
-by recompute only): the batch checks accept them (docs/contract.md, "Batches")."""
+by recompute only, grammar drafts scanned on a copy of each matcher): the batch checks accept them
+(docs/contract.md, "Batches")."""
 
 CORRECT_DECODE: dict[str, str] = {
     name: f"{_MODULE}:{name}"
