@@ -81,7 +81,9 @@ def check_batch_grammar(inv: Invariant, subject: BatchSubject, schedule: BatchSc
     """Each request with its own grammar gives what plain decoding (or, sampled, its run alone) gives with it,
     whatever is batched with it, preempted or cancelled around it."""
     grammared = {f"r{i}" for i, r in enumerate(schedule.requests) if r.grammar is not None}
-    if not grammared or subject.make_reference is None:
+    if subject.make_reference is None:
+        return [], 0, "there is no model to decode plainly with (`oracle`)"
+    if not grammared:
         return [], 0, "no request of the schedule carried a grammar"
     example = schedule.describe()
     built = [grammar_request(subject, i, spec) for i, spec in enumerate(schedule.requests)]

@@ -9,11 +9,12 @@ them; ``BatchScratchMatchers`` is correct, differently (each draft scanned on a 
 
 from __future__ import annotations
 
+from typing import Any
+
 from specproof.conformance.zoo._batch_engines import BatchZooEngine
 from specproof.conformance.zoo._grammar_engines import ScratchMatcherEngine
 from specproof.contract import BatchRequest, RequestOutput
 from specproof.engine import EngineGrammar, RequestProcessors
-from specproof.engine._batch_requests import RequestState
 
 __all__ = ["BatchGrammarRollbackWrongRequest", "BatchScratchMatchers", "BatchSharedGrammarMatcher"]
 
@@ -49,7 +50,7 @@ class BatchGrammarRollbackWrongRequest(BatchZooEngine):
 
     processors_class = type("NeighbourRollbackProcessors", (RequestProcessors,), {"grammar_class": _NeighbourRollback})
 
-    def _verify_round(self, batch: list[RequestState]) -> list[RequestOutput]:
+    def _verify_round(self, batch: list[Any]) -> list[RequestOutput]:  # the engine's RequestState records
         grammars = [r.processors.grammar for r in batch if r.processors is not None and r.processors.grammar]
         if len(grammars) > 1:  # alone, a request rolls back its own matcher
             for i, grammar in enumerate(grammars):
