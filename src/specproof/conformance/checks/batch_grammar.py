@@ -98,8 +98,10 @@ def check_batch_grammar(inv: Invariant, subject: BatchSubject, schedule: BatchSc
 def _judge(
     inv: Invariant, subject: BatchSubject, item: GrammarRequest, run: ScheduleRun, example: dict[str, object]
 ) -> list[Violation]:
+    """One request's output: every prefix valid under its grammar; greedy, plain decoding's (a prefix of it when
+    cancelled); sampled and finished, its run alone's where seeding is batch-invariant."""
     request, rid = item.request, item.request.request_id
-    got = run.cancelled.get(rid) or run.finished.get(rid)
+    got = run.cancelled[rid] if rid in run.cancelled else run.finished.get(rid)
     if got is None:
         return [inv.violation(f"{rid} never finished", example=example)]
     tokens, grammar = list(got.tokens), request.decode.grammar if request.decode else None
