@@ -195,7 +195,7 @@ def test_a_greedy_only_batch_engine_skips_the_sampling_batch_checks_saying_why()
 def test_the_builtin_stack_passes_the_batch_checks_with_counts() -> None:
     report = certify(only=("batch.*",), batches=True).to_json()
     rows = [r for r in report["results"] if r["invariant"].startswith("batch.")]
-    assert len(rows) == 16 and all(r["status"] == "pass" and r["exercised"] > 0 for r in rows)
+    assert len(rows) == 18 and all(r["status"] == "pass" and r["exercised"] > 0 for r in rows)
 
 
 @pytest.mark.slow
@@ -212,7 +212,7 @@ def test_every_batch_zoo_member_is_rejected_at_quick_on_its_id(name: str) -> Non
 def test_correct_batch_engines_are_accepted(name: str, profile: str) -> None:
     report = certify("engine", engine=CORRECT_BATCH[name], only=("batch.*",), batches=True, profile=profile).to_json()
     statuses = {r["invariant"]: r["status"] for r in report["results"]}
-    assert len(statuses) == 8 and set(statuses.values()) == {"pass"}, report["results"]
+    assert len(statuses) == 9 and set(statuses.values()) == {"pass"}, report["results"]
     assert all(r["exercised"] > 0 for r in report["results"])
 
 
@@ -222,7 +222,7 @@ def test_with_decode_state_every_batch_check_draws_decode_parameters_and_the_bui
     every batch check, each judged against plain decoding with its own; the built-in stack passes them all."""
     report = certify(only=("batch.*",), batches=True, decode_state=True).to_json()
     rows = [r for r in report["results"] if r["invariant"].startswith("batch.")]
-    assert len(rows) == 16
+    assert len(rows) == 18
     # the greedy checks judge every request with decode parameters exactly; the sampled ones (their own
     # requests, unseeded neighbours' entropy) are held by their own tests and must not fail here
     sampled = {"batch.seeds", "batch.sampled-distribution"}

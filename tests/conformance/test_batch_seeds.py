@@ -17,7 +17,7 @@ from specproof.conformance.checks import batch_seeds
 from specproof.conformance.checks.batch import BatchSubject
 from specproof.conformance.zoo import ZOO
 from specproof.conformance.zoo import _batch_engines as zoo
-from specproof.contract import BatchRequest, SamplingParams
+from specproof.contract import BatchRequest, DecodeParams, SamplingParams
 from specproof.strategies import BatchSchedule, batch_schedules
 
 INV = next(inv for inv in REGISTRY if inv.id == "batch.seeds")
@@ -86,6 +86,17 @@ def test_opening_chance_is_the_product_of_p_up_to_chance() -> None:
     assert 1 <= m <= 6 and 0 < chance <= 1
     assert chance <= batch_seeds.CHANCE or m == 6
     assert batch_seeds.opening_chance(MODEL, [1], [], params) == (1.0, 0)
+
+
+def test_opening_chance_is_under_the_requests_processors() -> None:
+    """A request's logit bias makes its opening near certain: the chance is taken under the processed ``p``
+    (before, ``batch.seeds --decode-state`` at ci failed a correct engine on a +8 bias as a shared stream)."""
+    params, tokens = SamplingParams(temperature=0.8), [4, 5, 6, 7, 8, 9]
+    raw = batch_seeds.opening_chance(MODEL, [1, 2, 3], tokens, params)
+    assert batch_seeds.opening_chance(MODEL, [1, 2, 3], tokens, params, decode=DecodeParams()) == pytest.approx(raw)
+    biased = DecodeParams(logit_bias={t: 8.0 for t in tokens})
+    chance, _ = batch_seeds.opening_chance(MODEL, [1, 2, 3], tokens, params, decode=biased)
+    assert chance > 100 * raw[0]
 
 
 # ------------------------------------------------------------------ the bound and the sensitivity, measured

@@ -22,6 +22,7 @@ def test_there_is_a_check_per_kind_and_a_member_per_check() -> None:
         "decode.stop",
         "decode.processor-state",
         "decode.grammar",
+        "decode.grammar-sampled",
         "decode.logprobs",
         "decode.parameter-parity",
         "decode.stop-strings",

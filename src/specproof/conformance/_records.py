@@ -62,6 +62,8 @@ CAPABILITIES: dict[str, str] = {
     "with its decode parameters",
     "batch_decode": "a batched engine takes `decode` on its batch requests (`batch_decode_features`), with a model "
     "to decode plainly with",
+    "batch_grammar": "a batched engine takes a `grammar` in its batch requests' `decode` (`batch_decode_features`), "
+    "with a model to decode plainly with and a vocabulary that can write the grammar check's grammars",
 }
 """Every capability name an invariant may need, with what it means (docs/contract.md, "capabilities")."""
 

@@ -49,6 +49,7 @@ from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks import batch as batch_checks
 from specproof.conformance.checks import (
     batch_distribution,
+    batch_grammar,
     batch_seeds,
     decode_logprobs,
     decode_parity,
@@ -57,6 +58,7 @@ from specproof.conformance.checks import (
     target_source,
 )
 from specproof.conformance.checks import decode_grammar as grammar_checks
+from specproof.conformance.checks import decode_grammar_sampled as grammar_sampled
 from specproof.conformance.checks import decode_prompt_logprobs as prompt_logprob_checks
 from specproof.conformance.checks import decode_state as decode_checks
 from specproof.conformance.checks import drafter as drafter_checks
@@ -690,6 +692,39 @@ _GRAMMAR_REGISTRY: tuple[Invariant, ...] = (
 )
 
 
+def _check_grammar_sampled(inv: Invariant, subject: Any, example: Any) -> Outcome:
+    violations, exercised, note = grammar_sampled.check_grammar_sampled(inv, subject, example)
+    return Outcome(violations, exercised=exercised, note=note)
+
+
+def _draw_grammar_sampled(data: st.DataObject, subject: Any, profile: Profile) -> Any:
+    # as decode.sampled: each example's PIT test at FALSE_FAIL_BOUND / max_examples, so the run's is FALSE_FAIL_BOUND
+    return grammar_sampled.draw_grammar_sampled(data, subject, alpha=FALSE_FAIL_BOUND / profile.max_examples)
+
+
+_GRAMMAR_SAMPLED_REGISTRY: tuple[Invariant, ...] = (
+    Invariant(
+        id="decode.grammar-sampled",
+        subject="engine",
+        summary="sampled with a grammar (JSON schema, regex, CFG, or free text until a reasoning delimiter), every "
+        "emitted prefix is valid, the matcher after each round is a fresh matcher fed the committed tokens, and the "
+        "emitted tokens follow plain sampling from the grammar-masked processed p (all-token PIT, DKW-Massart; "
+        "false-fail bound 1e-6 a run)",
+        needs=("decode_state", "decode_grammar", "decode_sampled"),
+        draws="a prompt, 8-16 new tokens, one of decode.grammar's grammars, half the time after a reasoning delimiter "
+        "of 1-2 tokens early in plain decoding's free continuation, maybe the processors the engine declares, one of "
+        f"decode.sampled's sampling settings and {grammar_sampled.GENERATIONS} seeded generations; the suite's "
+        "drafter drafts, after whatever was sampled so far, the rest of the delimiter and then tokens the grammar "
+        "allows",
+        driver="decode-state",
+        check=_check_grammar_sampled,
+        draw=_draw_grammar_sampled,
+        zoo=("grammar_unmasked_residual_when_sampling", "grammar_follows_argmax_when_sampling"),
+        also=("grammar_not_rolled_back",),
+    ),
+)
+
+
 def _check_logprobs(inv: Invariant, subject: Any, example: Any) -> Outcome:
     run = decode_checks.run_decode_example(subject, example)
     violations, exercised, note = decode_logprobs.check_logprobs(inv, run, subject)
@@ -906,6 +941,20 @@ _BATCH_REGISTRY: tuple[Invariant, ...] = (
         driver="batch-schedules",
         check=_batch_check(batch_checks.check_decode_isolation),
         zoo=("batch_shared_penalty_buffer",),
+    ),
+    Invariant(
+        id="batch.grammar",
+        subject="engine",
+        summary="requests with their own grammars (JSON schema, regex, CFG, reasoning delimiter) batched together "
+        "each give plain decoding's output with their grammar (sampled: every prefix valid, and its run alone): "
+        "one matcher per request, rolled back per request",
+        needs=("batched", "batch_grammar"),
+        draws=_BATCH_DRAWS + "; each request with or without one of decode.grammar's grammars (its EOS the "
+        "grammar's), half the time after a 1-2 token reasoning delimiter placed in its free continuation, and "
+        "its own processors; a sampled request drafts what its grammar allows after what it sampled",
+        driver="batch-schedules",
+        check=_batch_check(batch_grammar.check_batch_grammar),
+        zoo=("batch_shared_grammar_matcher", "batch_grammar_rollback_wrong_request"),
     ),
     Invariant(
         id="batch.per-slot-state",
@@ -1556,6 +1605,7 @@ REGISTRY: tuple[Invariant, ...] = (
     *_BATCH_REGISTRY,
     *_DECODE_REGISTRY,
     *_GRAMMAR_REGISTRY,
+    *_GRAMMAR_SAMPLED_REGISTRY,
     *_DECODE_OUTPUT_REGISTRY,
     *_DECODE_SESSION_REGISTRY,
     *_TREE_REGISTRY,

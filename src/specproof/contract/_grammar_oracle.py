@@ -61,6 +61,14 @@ class OracleGrammar:
         self.free: list[int] | None = [] if self.delimiter else None  # the free text so far; None: constrained
         self.fed = 0
 
+    def fork(self) -> OracleGrammar:
+        """An independent copy at this point (a walk ahead that leaves this one as it is)."""
+        twin = object.__new__(OracleGrammar)
+        twin.eos, twin.vocab_size, twin.delimiter, twin.fed = self.eos, self.vocab_size, self.delimiter, self.fed
+        twin.matcher = self.matcher.deep_copy()
+        twin.free = None if self.free is None else list(self.free)
+        return twin
+
     def allowed(self) -> np.ndarray | None:
         """Which ids may come next (a bool row), or None while the output is free text."""
         if self.free is not None:

@@ -228,7 +228,7 @@ def scored_rows(
         return np.zeros((0, target.vocab_size))
     target.reset()
     rows = np.asarray(target.forward([*ctx, *tokens[:-1]]), dtype=np.float64)[len(ctx) - 1 :]
-    processors = OracleProcessors(decode, ctx, eos_token_id=eos_token_id)
+    processors = OracleProcessors(decode, ctx, eos_token_id=eos_token_id, vocab_size=target.vocab_size)
     out = np.empty_like(rows)
     for i, (row, token) in enumerate(zip(rows, tokens, strict=True)):
         out[i] = log_softmax(processors.apply(row))

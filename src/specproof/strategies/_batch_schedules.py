@@ -8,12 +8,13 @@ fewest requests and rounds that still show it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 from hypothesis import strategies as st
 
-from specproof.contract import DecodeParams
+from specproof.contract import DecodeParams, Grammar
 from specproof.contract.validation import int_at_least
 from specproof.strategies._contexts import StrategyArgumentError
 from specproof.strategies._decode_params import processor_configs
@@ -42,15 +43,21 @@ class ScheduledRequest:
     decode: DecodeParams | None = None
     stop_at: int | None = None
     stop_length: int = 1
+    grammar: Grammar | None = None  # the request's own grammar (``batch.grammar``), its EOS the grammar EOS
+    delimiter_at: int | None = None  # the grammar's reasoning delimiter ends here in the free continuation
+    delimiter_length: int = 1
 
     def describe(self) -> str:
         eos = "" if self.eos_at is None else f", eos at {self.eos_at}"
         seed = "" if self.seed is None else f", seed {self.seed}"
         decode = "" if self.decode is None else f", decode {self.decode.to_json()}"
         stop = "" if self.stop_at is None else f", a {self.stop_length}-token stop ending at {self.stop_at}"
+        grammar = "" if self.grammar is None else f", grammar {self.grammar.to_json()}"
+        if self.delimiter_at is not None:
+            grammar += f" after a {self.delimiter_length}-token delimiter ending at {self.delimiter_at}"
         return (
             f"prompt of {len(self.prompt)}, {self.max_new_tokens} new, arrives at step {self.arrival}, "
-            f"drafts {self.plan.describe()}{eos}{seed}{decode}{stop}"
+            f"drafts {self.plan.describe()}{eos}{seed}{decode}{stop}{grammar}"
         )
 
 
@@ -105,6 +112,7 @@ def batch_schedules(
     cancels: bool = True,
     seeds: bool = False,
     decode_features: frozenset[str] = frozenset(),
+    grammars: Sequence[Grammar] = (),
 ) -> st.SearchStrategy[BatchSchedule]:
     """``BatchSchedule`` s of 1..``max_requests`` requests.
 
@@ -114,7 +122,8 @@ def batch_schedules(
     (mid-block of one row) and, with ``seeds``, a sampling seed; events preempt (in the given
     modes) or cancel a request before a step. With ``decode_features`` (what the engine declares), each
     request may carry its own processors (``processor_configs``), ``min_tokens`` and a stop sequence,
-    so neighbours in one verify step hold different decode state.
+    so neighbours in one verify step hold different decode state. With ``grammars``, each request may carry
+    one of them (its own matcher), half the time after a reasoning delimiter placed in its free continuation.
     """
     where = "batch_schedules()"
     int_at_least(vocab_size, name="vocab_size", minimum=2, where=where, error=StrategyArgumentError)
@@ -143,6 +152,7 @@ def batch_schedules(
                     eos_at=draw(st.none() | st.integers(0, new - 1)),
                     seed=draw(st.none() | st.integers(0, 2**32 - 1)) if seeds else None,
                     **(draw(_request_decode(vocab_size, new, decode_features)) if decode_features else {}),
+                    **(draw(_request_grammar(grammars, new)) if grammars else {}),
                 )
             )
         events: list[ScheduleEvent] = []
@@ -169,4 +179,17 @@ def _request_decode(draw: Any, vocab_size: int, new: int, features: frozenset[st
     if "stop_sequences" in features and draw(st.booleans(), label="stop sequence"):
         at = draw(st.integers(0, new - 1), label="stop ends at")
         fields.update(stop_at=at, stop_length=draw(st.integers(1, min(2, at + 1)), label="stop length"))
+    return fields
+
+
+@st.composite
+def _request_grammar(draw: Any, grammars: Sequence[Grammar], new: int) -> dict[str, Any]:
+    """One request's grammar fields: none, or one of ``grammars``, half the time after a 1-2 token delimiter."""
+    grammar = draw(st.sampled_from((None, *grammars)), label="grammar")
+    if grammar is None:
+        return {}
+    fields: dict[str, Any] = {"grammar": grammar}
+    if draw(st.booleans(), label="reasoning delimiter"):
+        at = draw(st.integers(0, new - 1), label="delimiter ends at")
+        fields.update(delimiter_at=at, delimiter_length=draw(st.integers(1, min(2, at + 1)), label="delimiter length"))
     return fields

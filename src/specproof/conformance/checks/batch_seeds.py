@@ -12,7 +12,8 @@ Two parts, judged on each drawn schedule:
   of two *unseeded* sampled requests with one prompt. Under a correct engine the second stream ``B``
   is drawn independently of the first ``A``, so given ``A``, ``B`` opens with ``A``'s first ``m``
   tokens with probability exactly ``pi = p(A[:m])``, the product of the target's processed
-  probabilities of those tokens (computed here on a fresh copy of the model, never by the engine);
+  probabilities of those tokens (after the request's decode processors, where it has any: computed
+  here on a fresh copy of the model, never by the engine);
   ``m`` is the shortest opening with ``pi <= CHANCE`` (all of ``A`` where none is). The trials are
   independent, so the number of repeated openings is Poisson-binomial with those ``pi``; the check
   fails when its exact upper tail (``upper_tail``, the Poisson-binomial law by convolution; the
@@ -33,7 +34,8 @@ import attrs
 import numpy as np
 
 from specproof.conformance.checks.batch import BatchSubject, request_of, run_failed, run_schedule
-from specproof.contract import BatchRequest, SamplingParams, Violation, run_alone
+from specproof.contract import BatchRequest, DecodeParams, SamplingParams, Violation, run_alone
+from specproof.contract.decode_state import scored_rows
 from specproof.contract.sampling import processed_distribution
 from specproof.strategies import BatchSchedule, ScheduledRequest
 
@@ -154,7 +156,15 @@ def _independence(inv: Invariant, subject: BatchSubject, calm: BatchSchedule) ->
         if failed or "r0" not in run.finished or "r1" not in run.finished:
             return failed or [inv.violation("an unseeded pair did not finish", example=example)], trial + 1, ""
         a, b = list(run.finished["r0"].tokens), list(run.finished["r1"].tokens)
-        chance, m = opening_chance(subject.make_reference(), list(spec.prompt), a, unseeded)
+        first_request = requests[0]
+        chance, m = opening_chance(
+            subject.make_reference(),
+            list(spec.prompt),
+            a,
+            unseeded,
+            decode=first_request.decode,
+            eos_token_id=first_request.eos_token_id,
+        )
         chances.append(chance)
         hits += int(b[:m] == a[:m] and m > 0)
     tail = upper_tail(chances, hits)
@@ -182,14 +192,24 @@ def _independence(inv: Invariant, subject: BatchSubject, calm: BatchSchedule) ->
 
 
 def opening_chance(
-    model: Any, prompt: Sequence[int], tokens: Sequence[int], params: SamplingParams
+    model: Any,
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    params: SamplingParams,
+    *,
+    decode: DecodeParams | None = None,
+    eos_token_id: int | None = None,
 ) -> tuple[float, int]:
     """``(pi, m)``: the probability under ``p`` (a fresh ``model``) of ``tokens``' first ``m`` tokens after
-    ``prompt``, ``m`` the shortest opening with ``pi <= CHANCE`` (all of ``tokens`` where none is)."""
+    ``prompt``, ``m`` the shortest opening with ``pi <= CHANCE`` (all of ``tokens`` where none is). ``decode``:
+    the request's processors, so ``p`` is the processed one (a logit bias can make an opening near certain)."""
     if not tokens:
         return 1.0, 0
-    model.reset()
-    logits = np.asarray(model.forward([*prompt, *tokens[:-1]]))[len(prompt) - 1 :]
+    if decode is not None:  # teacher-forced rows after the request's processors (the oracle's own)
+        logits = scored_rows(model, prompt, tokens, decode=decode, eos_token_id=eos_token_id)
+    else:
+        model.reset()
+        logits = np.asarray(model.forward([*prompt, *tokens[:-1]]))[len(prompt) - 1 :]
     chance, m = 1.0, 0
     for row, token in zip(logits, tokens, strict=True):
         chance *= float(processed_distribution(row, params)[int(token)])

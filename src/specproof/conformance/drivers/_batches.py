@@ -26,6 +26,7 @@ from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks.batch import BatchSubject
 from specproof.conformance.checks.batch_distribution import SampledTally
 from specproof.conformance.checks.batch_seeds import schedule_alpha
+from specproof.conformance.checks.decode_grammar import GRAMMARS, usable
 from specproof.conformance.drivers._protocol import CheckItem, Driver, NotApplicable, require
 from specproof.contract import DECODE_FEATURES, BatchCapabilities, ViolationError
 from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceHybrid, ReferenceSlotPool
@@ -63,8 +64,9 @@ class BatchDriver(Driver):
             seeds=subject.capabilities.batch_invariant_seeding,
             # the decode check always draws decode parameters; every other batch check with --decode-state
             decode_features=subject.decode_features
-            if self.plan.decode_state or "batch_decode" in inv.needs
+            if self.plan.decode_state or "batch_decode" in inv.needs or "batch_grammar" in inv.needs
             else frozenset(),
+            grammars=GRAMMARS if "batch_grammar" in inv.needs else (),  # batch.grammar's requests only
         )
         notes: list[str] = []
         # batch.sampled-distribution: one PIT test for the run, its values accumulated across the schedules
@@ -155,11 +157,14 @@ def _capabilities(subject: BatchSubject) -> Capabilities:
             *(("per_slot_state",) if white_box else ()),
             *(("batch_decode",) if subject.decode_features else ()),
             *(("batch_sampling",) if caps.sampling else ()),
+            *(("batch_grammar",) if "grammar" in subject.decode_features and usable(subject.vocab_size) else ()),
         },
         why_not={
             "per_slot_state": "the engine exposes no per-slot state (`per_slot_state`, `slot_state(id)`) "
             "or there is no model to compare a slot with (`oracle`)",
             "batch_sampling": "the batched engine decodes greedily only (batch_capabilities.sampling is False)",
+            "batch_grammar": "the engine's batch requests take no grammar (batch_decode_features) or the vocabulary "
+            "cannot write the grammar check's grammars",
             "batch_decode": "the engine's batch requests take no decode parameters (it declares no "
             "batch_decode_features) or there is no model to decode plainly with (`oracle`)",
         },

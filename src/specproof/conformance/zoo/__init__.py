@@ -43,6 +43,11 @@ from specproof.conformance.zoo._batch_engines import (
     BatchVerifyDependsOnBatchSize,
     BatchZooEngine,
 )
+from specproof.conformance.zoo._batch_grammar_engines import (
+    BatchGrammarRollbackWrongRequest,
+    BatchScratchMatchers,
+    BatchSharedGrammarMatcher,
+)
 from specproof.conformance.zoo._decode_case_engines import DECODE_CASE_MEMBERS
 from specproof.conformance.zoo._decode_engines import (
     CheckpointedProcessorsEngine,
@@ -114,6 +119,10 @@ from specproof.conformance.zoo._grammar_engines import (
     GrammarOneBehindAfterBlock,
     GrammarTerminatedAdvanced,
     ScratchMatcherEngine,
+)
+from specproof.conformance.zoo._grammar_sampled_engines import (
+    GrammarFollowsArgmaxWhenSampling,
+    GrammarUnmaskedResidualWhenSampling,
 )
 from specproof.conformance.zoo._history_drafters import DeclaredPromptOnlyLookup, PromptOnlyLookup
 from specproof.conformance.zoo._logprob_engines import (
@@ -350,6 +359,11 @@ def batch_fifo_two_rows() -> BatchFifoTwoRows:
 def batch_recompute_only() -> BatchRecomputeOnly:
     """Correct, differently: preempts by recompute only (declares no snapshot preemption), replay rollback."""
     return BatchRecomputeOnly()
+
+
+def batch_grammar_scratch_matchers() -> BatchScratchMatchers:
+    """Correct, differently: each request's draft scanned on a copy of its own grammar matcher."""
+    return BatchScratchMatchers()
 
 
 def feature_head_drafter() -> HeadDrafter:
@@ -614,6 +628,10 @@ _MEMBERS: dict[str, MemberEntry] = {
     "output_carried_over": ("engine", OutputCarriedOver),
     "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
     "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
+    "grammar_unmasked_residual_when_sampling": ("engine", GrammarUnmaskedResidualWhenSampling),
+    "grammar_follows_argmax_when_sampling": ("engine", GrammarFollowsArgmaxWhenSampling),
+    "batch_shared_grammar_matcher": ("engine", BatchSharedGrammarMatcher),
+    "batch_grammar_rollback_wrong_request": ("engine", BatchGrammarRollbackWrongRequest),
 }
 
 
@@ -717,10 +735,17 @@ CORRECT_DRAFTERS: dict[str, str] = {
 
 CORRECT_BATCH: dict[str, str] = {
     name: f"{_MODULE}:{name}"
-    for name in ("batch_zoo_engine", "batch_replay_engine", "batch_fifo_two_rows", "batch_recompute_only")
+    for name in (
+        "batch_zoo_engine",
+        "batch_replay_engine",
+        "batch_fifo_two_rows",
+        "batch_recompute_only",
+        "batch_grammar_scratch_matchers",
+    )
 }
 """Correct batched engines (the control, replay rollback, two rows a step with a FIFO free list, preemption
-by recompute only): the batch checks accept them (docs/contract.md, "Batches")."""
+by recompute only, grammar drafts scanned on a copy of each matcher): the batch checks accept them
+(docs/contract.md, "Batches")."""
 
 NEEDS_DECODE_STATE: frozenset[str] = frozenset(DECODE_CASE_MEMBERS)
 """Members of engine-case invariants found only where the search draws decode parameters (``--decode-state``)."""
