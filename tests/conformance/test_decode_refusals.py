@@ -75,6 +75,27 @@ class _RefusesLongStops(DecodeZooEngine):
         return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id, sampling=sampling, decode=decode)
 
 
+class _RefusesEverything(DecodeZooEngine):
+    """Declares every decode feature and refuses every request that carries any (sampled or greedy)."""
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        eos_token_id: int | None = None,
+        sampling: SamplingParams | None = None,
+        decode: DecodeParams | None = None,
+    ) -> Generation:
+        if decode is not None and decode != DecodeParams():
+            raise UnsupportedParameterError("this engine takes no decode parameters")
+        return super().generate(prompt, max_new_tokens, eos_token_id=eos_token_id, sampling=sampling, decode=decode)
+
+
+def refuses_everything() -> _RefusesEverything:
+    return _RefusesEverything()
+
+
 def refuses_bias() -> _RefusesBias:
     return _RefusesBias()
 
@@ -107,3 +128,14 @@ def test_a_silently_ignored_parameter_is_rejected_at_quick() -> None:
 def test_requests_refused_in_part_leave_the_rest_judged() -> None:
     result = _results("refuses_long_stops", "decode.stop")["decode.stop"]
     assert result["status"] == "pass" and int(str(result["exercised"])) > 0, result
+
+
+@pytest.mark.parametrize("check", ["decode.sampled", "decode.grammar-sampled"])
+def test_a_refused_parameter_skips_the_sampled_checks_naming_it(check: str) -> None:
+    """A refusal on a sampled run is the engine honest about a gap, as on a greedy one: a skip, not a failure."""
+    report = certify(
+        "engine", engine="test_decode_refusals:refuses_everything", only=(check,), decode_state=True
+    ).to_json()
+    (result,) = [r for r in report["results"] if r["invariant"] == check]
+    assert result["status"] == "skip" and result["exercised"] == 0, result
+    assert "refused" in str(result["detail"]) and "no decode parameters" in str(result["detail"]), result

@@ -36,7 +36,7 @@ from specproof.contract.decode_state import (
     plain_decode_with,
     scored_rows,
 )
-from specproof.contract.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.contract.sampling import SamplingParams, processed_distribution
 from specproof.strategies import contexts, processor_configs
 
@@ -224,6 +224,8 @@ def check_grammar_sampled(
     for seed in range(ex.first_seed, ex.first_seed + GENERATIONS):
         try:
             run = _generate(subject, ex, seed)
+        except UnsupportedParameterError as exc:  # refusing is allowed (parameter parity): a skip with its reason
+            return [], 0, f"the engine refused the request: {exc}"
         except Exception as exc:  # the check reports it as the engine's failure, naming the cause
             text = f"the sampled generation with a grammar (seed {seed}) failed: {type(exc).__name__}: {exc}"
             return [inv.violation(text, example=example)], 1, ""

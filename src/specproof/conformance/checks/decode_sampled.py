@@ -22,6 +22,7 @@ from specproof.conformance._pit import PitTest, pit_values
 from specproof.conformance.checks.decode_state import PROCESSOR_FEATURES, DecodeSubject, ScheduleDrafter
 from specproof.contract import DecodeParams, Generation, Violation
 from specproof.contract.decode_state import plain_decode_with, scored_rows
+from specproof.contract.errors import UnsupportedParameterError
 from specproof.contract.sampling import SamplingParams, processed_distribution
 from specproof.strategies import contexts, processor_configs
 
@@ -93,6 +94,8 @@ def check_sampled_decode(
     for seed in range(ex.first_seed, ex.first_seed + GENERATIONS):
         try:
             gen = _generate(subject, ex, source, seed)
+        except UnsupportedParameterError as exc:  # refusing is allowed (parameter parity): a skip with its reason
+            return [], 0, f"the engine refused the request: {exc}"
         except Exception as exc:  # the check reports it as the engine's failure, naming the cause
             text = f"the sampled generation with decode parameters (seed {seed}) failed: {type(exc).__name__}: {exc}"
             return [inv.violation(text, example=example)], 1, ""
