@@ -1073,6 +1073,7 @@ _TREE_REGISTRY: tuple[Invariant, ...] = (
         driver="tree-cases",
         check=_tree_check(tree_checks.check_per_node_state, needs_run=False),
         zoo=("tree_verified_as_chain", "tree_sibling_state_leak", "tree_conv_from_previous_node"),
+        also=("tree_stale_sibling_kv",),
     ),
     Invariant(
         id="tree.committed-state",
@@ -1083,7 +1084,7 @@ _TREE_REGISTRY: tuple[Invariant, ...] = (
         draws=_TREE_DRAWS,
         driver="tree-cases",
         check=_tree_check(tree_checks.check_committed_state),
-        zoo=("tree_accepted_index_as_chain", "tree_commits_first_sibling"),
+        zoo=("tree_accepted_index_as_chain", "tree_commits_first_sibling", "tree_stale_sibling_kv"),
         also=("tree_sibling_state_leak", "tree_conv_from_previous_node"),
     ),
     Invariant(
@@ -1095,7 +1096,12 @@ _TREE_REGISTRY: tuple[Invariant, ...] = (
         driver="tree-cases",
         check=_tree_check(tree_checks.check_greedy_lossless),
         zoo=("tree_bonus_from_wrong_row",),
-        also=("tree_commits_first_sibling", "tree_accepted_index_as_chain", "tree_sibling_state_leak"),
+        also=(
+            "tree_commits_first_sibling",
+            "tree_accepted_index_as_chain",
+            "tree_sibling_state_leak",
+            "tree_stale_sibling_kv",
+        ),
     ),
     Invariant(
         id="tree.round-bounds",

@@ -1,11 +1,11 @@
 """Tree engines: the reference tree decoder and tree target with one planted bug each (docs/contract.md,
-"Trees"), in the shapes of public reports: a tree verified as a chain and the accepted index computed as
-if the tree were a chain (SGLang #27463), a sibling's
-recurrent state leaking into the next sibling and a conv window taken from the previous node in the
-flattened order instead of the parent (vLLM #29846, SGLang #11133: parent pointers in the conv and GDN
-kernels), the committed state the first sibling's when another won, the bonus token read from the
-wrong node's row. ``TreeZooEngine`` is their control and ``TreeReplayEngine`` a correct variant (a chain
-declared as a tree is the suite's plan of width 1, which every tree run also decodes).
+"Trees"), in the shapes of public reports: a tree verified as a chain and the accepted index computed as if
+the tree were a chain (SGLang #27463), a sibling's recurrent state leaking into the next sibling and a conv
+window taken from the previous node in the flattened order instead of the parent (vLLM #29846, SGLang #11133:
+parent pointers in the conv and GDN kernels), the committed state the first sibling's when another won, a
+rejected sibling's KV rows left visible to later rounds, the bonus token read from the wrong node's row.
+``TreeZooEngine`` is their control and ``TreeReplayEngine`` a correct variant (a chain declared as a tree is
+the suite's plan of width 1, which every tree run also decodes).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 from specproof.conformance.zoo._engines import ZooEngine
 from specproof.contract.tree import TreeDraft, TreeVerdict, greedy_tree_accept
 from specproof.engine import TreeRound, TreeSpecDecoder
+from specproof.engine.targets._reference_tree import root_path
 from specproof.engine.targets.reference import ReferenceHybrid
 
 __all__ = ["TREE_MEMBERS", "TreeReplayEngine", "TreeZooEngine"]
@@ -78,6 +79,26 @@ class _ConvFromPreviousNode(ReferenceHybrid):
 
     def _tree_sources(self, parents: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return tuple(range(-1, len(parents) - 1)), parents
+
+
+class _StaleSiblingKV(ReferenceHybrid):
+    """A node's checkpoint restores the KV rows the tree forward left in the cache (at each depth the row of
+    the LAST node of that depth in the flattened order) instead of its root path's: when an earlier sibling
+    wins, a rejected sibling's keys and values stay visible to every later round. Tokens, conv and
+    recurrent state of the round itself are right."""
+
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[Any, list[object]]:
+        logits, cks = super().forward_tree(tokens, parents)
+        tree = tuple(parents)
+        depth_of = [len(root_path(tree, i)) for i in range(len(tree))]
+        last_at = {d: max(i for i in range(len(tree)) if depth_of[i] == d) for d in set(depth_of)}
+        stale = []
+        for i, ck in enumerate(cks):
+            rows = [last_at[d + 1] for d in range(depth_of[i])]
+            keys = np.stack([cks[j].path_keys_t[..., d] for d, j in enumerate(rows)], axis=-1)  # type: ignore[attr-defined]
+            values = np.stack([cks[j].path_values[:, :, d] for d, j in enumerate(rows)], axis=2)  # type: ignore[attr-defined]
+            stale.append(attrs.evolve(ck, path_keys_t=keys, path_values=values))  # type: ignore[misc]
+        return logits, stale
 
 
 class _ReportsChainIndices(TreeSpecDecoder):
@@ -164,6 +185,13 @@ class TreeBonusFromWrongRow(TreeZooEngine):
     tree_decoder_class = _BonusFromNextRow
 
 
+class TreeStaleSiblingKV(TreeZooEngine):
+    """A rejected sibling's KV rows left in the cache (the last-run node's at each depth) and visible to
+    later rounds when an earlier sibling won; the round's own tokens and states right."""
+
+    tree_target_class = _StaleSiblingKV
+
+
 class TreeReportsChainIndices(TreeZooEngine):
     """The round record names the first node at each depth as accepted, not the winning
     path (the accepted index computed as if the tree were a chain, in the report only)."""
@@ -185,6 +213,7 @@ TREE_MEMBERS: Final[dict[str, type[TreeZooEngine]]] = {
     "tree_conv_from_previous_node": TreeConvFromPreviousNode,
     "tree_commits_first_sibling": TreeCommitsFirstSibling,
     "tree_bonus_from_wrong_row": TreeBonusFromWrongRow,
+    "tree_stale_sibling_kv": TreeStaleSiblingKV,
     "tree_reports_chain_indices": TreeReportsChainIndices,
     "tree_ignores_depth_budget": TreeIgnoresDepthBudget,
 }
