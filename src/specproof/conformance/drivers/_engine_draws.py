@@ -127,6 +127,7 @@ class EngineExamples:
                 atol=case.atol,
                 tie_tolerance=case.tie_tolerance,
                 cache_key=("target", t.spec, d.spec),
+                greedy_key=("target", t.spec),  # the key `greedy` uses (case_greedy): one continuation
                 horizon=horizon,
                 cache=self.cache,
                 capabilities=case.exposes(),
