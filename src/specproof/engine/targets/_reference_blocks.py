@@ -238,6 +238,20 @@ class AttnBlock:
         self.perm = np.concatenate((np.arange(half, head_dim), np.arange(half)))
         self.scale = _F32(1.0 / math.sqrt(head_dim))
 
+    def append_kv(self, x: _Arr, base: int, cos: _Arr, sin: _Arr, keys_t: _Arr, value_cache: _Arr) -> _Arr:
+        """Write the keys and values of the ``q`` rows of ``x`` (positions ``base ..``) into the cache; return
+        the normed, rotated queries and keys ``[q, n_h + n_kv, hd]``. All a forward's state needs of this block."""
+        q = x.shape[0]
+        n_h, n_kv, hd = self.n_h, self.n_kv, self.hd
+        total = base + q
+        qkv = _linear(x, self.qkv_t)
+        nqk = (n_h + n_kv) * hd
+        qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), self.qk_norm, self.eps)
+        qk = qk * cos + qk[..., self.perm] * sin  # RoPE, rotate-half convention
+        keys_t[self.slot][:, :, base:total] = qk[:, n_h:].transpose(1, 2, 0)
+        value_cache[self.slot][:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
+        return qk
+
     def mix(self, x: _Arr, base: int, cos: _Arr, sin: _Arr, keys_t: _Arr, value_cache: _Arr) -> _Arr:
         """Attention of the ``q`` rows of ``x`` (positions ``base ..``) over the cache, after appending theirs.
 
@@ -246,15 +260,9 @@ class AttnBlock:
         """
         q = x.shape[0]
         n_h, n_kv, hd = self.n_h, self.n_kv, self.hd
-        total = base + q
-        qkv = _linear(x, self.qkv_t)
-        nqk = (n_h + n_kv) * hd
-        qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), self.qk_norm, self.eps)
-        qk = qk * cos + qk[..., self.perm] * sin  # RoPE, rotate-half convention
+        qk = self.append_kv(x, base, cos, sin, keys_t, value_cache)
         kt = keys_t[self.slot]  # [kv, hd, max_context]
         vc = value_cache[self.slot]  # [kv, max_context, hd]
-        kt[:, :, base:total] = qk[:, n_h:].transpose(1, 2, 0)
-        vc[:, base:total] = qkv[:, nqk:].reshape(q, n_kv, hd).transpose(1, 0, 2)
         qg = (qk[:, :n_h] * self.scale).reshape(q, n_kv, n_h // n_kv, hd)
         o = np.empty((q, n_kv, n_h // n_kv, hd), _F32)
         runs = key_runs(base, q)
