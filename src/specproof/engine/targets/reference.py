@@ -633,7 +633,7 @@ class ReferenceHybrid:
         logits, _, _ = self._run(toks, record=False)
         return logits
 
-    def advance(self, tokens: Sequence[int]) -> None:
+    def forward_without_logits(self, tokens: Sequence[int]) -> None:
         """``forward`` without the logits: the same states, bit for bit, without the work only logits need."""
         if type(self).forward is ReferenceHybrid.forward:  # else a subclass's forward is the one to run
             self._run(self._check(tokens), record=False, head=False)
@@ -783,7 +783,7 @@ class ReferenceHybrid:
     ) -> tuple[FloatArray, _Arr, _Arr]:
         """The forward pass over validated tokens; updates every state; optionally records checkpoints
         and (``features``: the layers wanted, filled in) the residual stream after those blocks; without the
-        ``head`` (``advance`` of a dense model) it stops at the last block's state and returns no logits."""
+        ``head`` (``forward_without_logits``, a dense model) it stops at the last block's state: no logits."""
         q = toks.shape[0]
         base = self._processed
         conv_ck = rec_ck = np.zeros((0,), _F32)

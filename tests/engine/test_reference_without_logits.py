@@ -1,4 +1,4 @@
-"""``ReferenceHybrid.advance``: ``forward`` without the logits, the states bit for bit.
+"""``ReferenceHybrid.forward_without_logits``: ``forward`` without the logits, the states bit for bit.
 
 The judges (``JudgeMemo``) feed a prompt they never read the logits of with it, so it must leave
 every state exactly as ``forward`` does: a dense model stops after the last block's state (a last
@@ -52,29 +52,29 @@ def configs(draw: st.DrawFn) -> ReferenceConfig:
 
 @settings(max_examples=30, deadline=None)
 @given(cfg=configs(), data=st.data())
-def test_advance_leaves_the_states_forward_leaves(cfg: ReferenceConfig, data: st.DataObject) -> None:
-    """advance(prefix) then forward(rest) gives forward's states and logits, byte for byte."""
+def test_forward_without_logits_leaves_the_states_forward_leaves(cfg: ReferenceConfig, data: st.DataObject) -> None:
+    """forward_without_logits(prefix) then forward(rest) gives forward's states and logits, byte for byte."""
     tokens = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), min_size=1, max_size=cfg.max_context))
-    cut = data.draw(st.integers(0, len(tokens)), label="advanced prefix")
-    fed, advanced = ReferenceHybrid(cfg), ReferenceHybrid(cfg)
+    cut = data.draw(st.integers(0, len(tokens)), label="prefix fed without logits")
+    fed, skipped = ReferenceHybrid(cfg), ReferenceHybrid(cfg)
     with np.errstate(all="ignore"):
         fed.forward(tokens[:cut])
-        assert advanced.advance(tokens[:cut]) is None
-        assert advanced.processed == fed.processed == cut
-        assert _bits(advanced.state_arrays()) == _bits(fed.state_arrays())
+        assert skipped.forward_without_logits(tokens[:cut]) is None
+        assert skipped.processed == fed.processed == cut
+        assert _bits(skipped.state_arrays()) == _bits(fed.state_arrays())
         rest = _bits({"logits": fed.forward(tokens[cut:])})
-        assert _bits({"logits": advanced.forward(tokens[cut:])}) == rest
-    assert _bits(advanced.state_arrays()) == _bits(fed.state_arrays())
+        assert _bits({"logits": skipped.forward(tokens[cut:])}) == rest
+    assert _bits(skipped.state_arrays()) == _bits(fed.state_arrays())
 
 
-def test_advance_refuses_what_forward_refuses_and_changes_nothing() -> None:
+def test_forward_without_logits_refuses_what_forward_refuses_and_changes_nothing() -> None:
     model = ReferenceHybrid(ReferenceConfig(max_context=8))
-    model.advance([1, 2, 3])
+    model.forward_without_logits([1, 2, 3])
     before = _bits(model.state_arrays())
     with pytest.raises(TokenRangeError, match=r"tokens\[1\]=999"):
-        model.advance([1, 999])
+        model.forward_without_logits([1, 999])
     with pytest.raises(CapacityError, match="exceeds max_context=8"):
-        model.advance([1] * 6)
+        model.forward_without_logits([1] * 6)
     assert model.processed == 3 and _bits(model.state_arrays()) == before
 
 
@@ -88,14 +88,14 @@ class _CountingForward(ReferenceHybrid):
         return super().forward(tokens)
 
 
-def test_a_subclass_forward_is_what_advance_runs() -> None:
+def test_a_subclass_forward_is_what_forward_without_logits_runs() -> None:
     model = _CountingForward(default_config())
-    model.advance([5, 6, 7])
+    model.forward_without_logits([5, 6, 7])
     assert _CountingForward.calls == 1 and model.processed == 3
 
 
 class _NoAdvance:
-    """A judge model without ``advance``: fed by ``forward``."""
+    """A judge model without ``forward_without_logits``: fed by ``forward``."""
 
     def __init__(self) -> None:
         self.inner = ReferenceHybrid(ReferenceConfig(max_context=256))
@@ -113,12 +113,12 @@ class _NoAdvance:
         return self.inner.processed
 
 
-def test_judges_are_advanced_where_they_can_be_and_fed_forwards_otherwise() -> None:
+def test_judges_skip_the_logits_where_they_can_be_and_fed_forwards_otherwise() -> None:
     prompt = [i % 24 for i in range(100)]
     judges = JudgeMemo()
-    advanced = judges.at(lambda: ReferenceHybrid(ReferenceConfig(max_context=256)), prompt)
+    skipped = judges.at(lambda: ReferenceHybrid(ReferenceConfig(max_context=256)), prompt)
     plain = ReferenceHybrid(ReferenceConfig(max_context=256))
     plain.forward(prompt)
-    assert _bits(advanced.state_arrays()) == _bits(plain.state_arrays())
+    assert _bits(skipped.state_arrays()) == _bits(plain.state_arrays())
     fed = judges.at(_NoAdvance, prompt)
     assert fed.forwards == [100] and fed.processed == 100
