@@ -366,12 +366,9 @@ def run_builtin(
     capabilities: Capabilities,
     script: object = None,
     feature_layers: tuple[int, ...] | None = None,
-    greedy_key: object = None,
+    greedy_key: object,
 ) -> EngineRun:
-    """Run SpecDecoder on a fresh target with a state probe; the run record the invariants judge.
-
-    ``greedy_key`` (default ``cache_key``) keys the target's plain greedy in the cache: plain greedy
-    depends on the target alone, so the draw's oracle and this run's judge share one continuation."""
+    """Run SpecDecoder on a fresh target with a state probe; plain greedy is the cache's at ``greedy_key``."""
     key = (
         "builtin",
         cache_key,
@@ -394,9 +391,8 @@ def run_builtin(
         "max_new_tokens": max_new_tokens,
         "eos_token_id": eos,
         "drafter": drafter_kind,
+        **({} if script is None else {"script": script}),
     }
-    if script is not None:
-        example["script"] = script
     target = make_target()
     probe = StateProbe(drafter, target, make_target, atol=atol, judges=cache.judges, feature_layers=feature_layers)
     try:
@@ -406,14 +402,7 @@ def run_builtin(
             return cache.runs.remember(key, _refused(example, exc, probe))  # type: ignore[no-any-return]
         return cache.runs.remember(key, _incomplete(example, exc, "the drafter or the target"))  # type: ignore[no-any-return]
     expected, margins = greedy_continuation(
-        make_target,
-        None,
-        cache_key if greedy_key is None else greedy_key,
-        prompt,
-        max_new_tokens,
-        eos,
-        horizon=horizon,
-        cache=cache,
+        make_target, None, greedy_key, prompt, max_new_tokens, eos, horizon=horizon, cache=cache
     )
     final = target.processed  # before the observational probe advances it
     ctx = [*prompt, *gen.tokens]
