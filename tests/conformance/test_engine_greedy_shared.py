@@ -19,7 +19,7 @@ def test_a_scripted_run_and_its_judge_share_one_greedy_continuation() -> None:
         script = RoundPlan((PlannedRound(draft_length=2, correct=1),))
         run = examples.execute(case, prompt=prompt, k=2, n=4, eos=None, plan=script)
         assert run.record is not None
-        greedy_keys = [key for key in cache.greedy if key[1] == tuple(prompt)]
+        greedy_keys = [key for key in cache.greedy if isinstance(key, tuple) and key[1] == tuple(prompt)]
         assert len(greedy_keys) == 1, greedy_keys  # one continuation for the drafter and the judge
         expected, _ = examples.greedy(case, prompt, 4, None)
         assert list(run.record.generation.tokens) == expected  # what the judge compared with
