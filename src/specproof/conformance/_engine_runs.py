@@ -406,9 +406,10 @@ def run_builtin(
     script: object = None,
     feature_layers: tuple[int, ...] | None = None,
     decode: DecodeParams | None = None,
+    greedy_key: object,
 ) -> EngineRun:
-    """Run SpecDecoder on a fresh target with a state probe; the run record the invariants judge (with ``decode``,
-    judged against plain decoding with those processors)."""
+    """Run SpecDecoder on a fresh target with a state probe; the run record the invariants judge (plain greedy
+    is the cache's at ``greedy_key``; with ``decode``, plain decoding with those processors)."""
     key = (
         "builtin",
         cache_key,
@@ -435,7 +436,7 @@ def run_builtin(
         if probe.refused_hostile:
             return cache.runs.remember(key, _refused(example, exc, probe))  # type: ignore[no-any-return]
         return cache.runs.remember(key, _incomplete(example, exc, "the drafter or the target"))  # type: ignore[no-any-return]
-    expected, margins = _expected(make_target, None, cache_key, prompt, max_new_tokens, eos, decode, cache, horizon)
+    expected, margins = _expected(make_target, None, greedy_key, prompt, max_new_tokens, eos, decode, cache, horizon)
     final = target.processed  # before the observational probe advances it
     ctx = [*prompt, *gen.tokens]
     state = _final_state_check(probe, target, ctx, atol, observe=True)

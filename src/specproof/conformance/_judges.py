@@ -18,7 +18,8 @@ class JudgeMemo:
     re-prefill of a long prompt after a reset or a snapshot round trip, and between the
     checks of one certification (the engine cases and the rollback machine share prompts).
     One memo belongs to one certification (its ``RunCache``): nothing outlives the run.
-    ``at`` returns a private copy the caller may feed further.
+    ``at`` returns a private copy the caller may feed further. A model with ``forward_without_logits``
+    (``ReferenceHybrid``) is fed with it, since nothing reads the prompt's logits.
     """
 
     def __init__(self, size: int = 24) -> None:
@@ -41,7 +42,9 @@ class JudgeMemo:
             model.reset()
             done = 0
         if len(want) > done:
-            model.forward(list(want[done:]))
+            # a judge is handed back for its states and later forwards: the prompt's own logits go unread
+            feed = getattr(model, "forward_without_logits", None) or model.forward
+            feed(list(want[done:]))
         if len(want) > 64 and (factory, want) not in self._models:  # short prefixes are cheaper to feed
             self._models[(factory, want)] = copy.deepcopy(model)
             if len(self._models) > self.size:

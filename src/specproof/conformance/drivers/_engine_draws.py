@@ -131,6 +131,8 @@ class EngineExamples:
                 atol=case.atol,
                 tie_tolerance=case.tie_tolerance,
                 cache_key=("target", t.spec, d.spec),
+                # plain greedy depends on the target alone: the key `greedy` (case_greedy) uses, one continuation
+                greedy_key=("target", t.spec),
                 horizon=horizon,
                 cache=self.cache,
                 capabilities=case.exposes(),

@@ -271,6 +271,26 @@ class AttnBlock:
         self.perm = np.concatenate((np.arange(half, head_dim), np.arange(half)))
         self.scale = _F32(1.0 / math.sqrt(head_dim))
 
+    def append_kv(self, x: _Arr, base: int, cos: _Arr, sin: _Arr, keys_t: _Arr, value_cache: _Arr) -> _Arr:
+        """Write the keys and values of the ``q`` rows of ``x`` (positions ``base ..``) into the cache; return
+        the normed, rotated queries and keys ``[q, n_h + n_kv, hd]``. All a forward's state needs of this block."""
+        return self._append(x, base, cos, sin, keys_t, value_cache)[0]
+
+    def _append(
+        self, x: _Arr, base: int, cos: _Arr, sin: _Arr, keys_t: _Arr, value_cache: _Arr
+    ) -> tuple[_Arr, _Arr | None]:
+        """``append_kv``, and the output gate's pre-activations ``[q, n_h * hd]`` (``None`` ungated)."""
+        q = x.shape[0]
+        n_h, n_kv, hd = self.n_h, self.n_kv, self.hd
+        total = base + q
+        qkv = _linear(x, self.qkv_t)
+        nqk = (n_h + n_kv) * hd
+        qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), self.qk_norm, self.eps)
+        qk = qk * cos + qk[..., self.perm] * sin  # RoPE, rotate-half convention
+        keys_t[self.slot][:, :, base:total] = qk[:, n_h:].transpose(1, 2, 0)
+        value_cache[self.slot][:, base:total] = qkv[:, nqk : nqk + n_kv * hd].reshape(q, n_kv, hd).transpose(1, 0, 2)
+        return qk, (qkv[:, nqk + n_kv * hd :] if self.gated else None)
+
     def mix(self, x: _Arr, base: int, cos: _Arr, sin: _Arr, keys_t: _Arr, value_cache: _Arr) -> _Arr:
         """Attention of the ``q`` rows of ``x`` (positions ``base ..``) over the cache, after appending theirs.
 
@@ -279,15 +299,9 @@ class AttnBlock:
         """
         q = x.shape[0]
         n_h, n_kv, hd = self.n_h, self.n_kv, self.hd
-        total = base + q
-        qkv = _linear(x, self.qkv_t)
-        nqk = (n_h + n_kv) * hd
-        qk = _rms_norm(qkv[:, :nqk].reshape(q, n_h + n_kv, hd), self.qk_norm, self.eps)
-        qk = qk * cos + qk[..., self.perm] * sin  # RoPE, rotate-half convention
+        qk, gate = self._append(x, base, cos, sin, keys_t, value_cache)
         kt = keys_t[self.slot]  # [kv, hd, max_context]
         vc = value_cache[self.slot]  # [kv, max_context, hd]
-        kt[:, :, base:total] = qk[:, n_h:].transpose(1, 2, 0)
-        vc[:, base:total] = qkv[:, nqk : nqk + n_kv * hd].reshape(q, n_kv, hd).transpose(1, 0, 2)
         qg = (qk[:, :n_h] * self.scale).reshape(q, n_kv, n_h // n_kv, hd)
         o = np.empty((q, n_kv, n_h // n_kv, hd), _F32)
         runs = key_runs(base, q)
@@ -303,8 +317,8 @@ class AttnBlock:
                     values[:, base + i + 1 :] = 0.0
                     _attend(qg[i : i + 1], kt[:, :, :width], values, base + i + 1, out=o[i : i + 1])
         heads: _Arr = o.reshape(q, n_h * hd)
-        if self.gated:
-            heads = heads * (1.0 / (1.0 + np.exp(-qkv[:, nqk + n_kv * hd :])))
+        if gate is not None:
+            heads = heads * (1.0 / (1.0 + np.exp(-gate)))
         return _linear(heads, self.out_t)
 
 

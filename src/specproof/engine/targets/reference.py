@@ -438,6 +438,18 @@ def _check_feature_layers(layers: object, n_layers: int, *, who: str) -> tuple[i
     return tuple(out)
 
 
+def _checked_tokens(tokens: Sequence[int], v: int, *, processed: int, max_context: int) -> npt.NDArray[np.intp]:
+    """Validate ``tokens`` (ids and capacity) without touching any state."""
+    toks = _token_array(tokens, v)
+    n = toks.shape[0]
+    if processed + n > max_context:
+        raise CapacityError(
+            f"ReferenceHybrid.forward: processed={processed} + len(tokens)={n} exceeds "
+            f"max_context={max_context}; nothing was changed"
+        )
+    return toks
+
+
 def _token_array(tokens: Sequence[int], v: int) -> npt.NDArray[np.intp]:
     """``tokens`` as an index array, or ``TokenRangeError`` naming the first id that is not in ``[0, v)``."""
     if isinstance(tokens, np.ndarray):
@@ -676,6 +688,13 @@ class ReferenceHybrid:
         logits, _, _ = self._run(toks, record=False)
         return logits
 
+    def forward_without_logits(self, tokens: Sequence[int]) -> None:
+        """``forward`` without the logits: the same states, bit for bit, without the work only logits need."""
+        if type(self).forward is ReferenceHybrid.forward:  # else a subclass's forward is the one to run
+            self._run(self._check(tokens), record=False, head=False)
+        else:
+            self.forward(tokens)
+
     def forward_with_checkpoints(self, tokens: Sequence[int]) -> tuple[FloatArray, list[object]]:
         """``forward`` plus ``checkpoints[i]`` == ``snapshot()`` after ``tokens[: i + 1]``, in the same pass."""
         toks = self._check(tokens)
@@ -813,21 +832,14 @@ class ReferenceHybrid:
     # ----------------------------------------------------------------- forward internals
 
     def _check(self, tokens: Sequence[int]) -> npt.NDArray[np.intp]:
-        """Validate ``tokens`` (ids and capacity) without touching any state."""
-        toks = _token_array(tokens, self.vocab_size)
-        n = toks.shape[0]
-        if self._processed + n > self.max_context:
-            raise CapacityError(
-                f"ReferenceHybrid.forward: processed={self._processed} + len(tokens)={n} exceeds "
-                f"max_context={self.max_context}; nothing was changed"
-            )
-        return toks
+        return _checked_tokens(tokens, self.vocab_size, processed=self._processed, max_context=self.max_context)
 
     def _run(
-        self, toks: npt.NDArray[np.intp], *, record: bool, features: dict[int, FloatArray] | None = None
+        self, toks: _Arr, *, record: bool, features: dict[int, FloatArray] | None = None, head: bool = True
     ) -> tuple[FloatArray, _Arr, _Arr]:
         """The forward pass over validated tokens; updates every state; optionally records checkpoints
-        and (``features``: the layers wanted, filled in) the residual stream after those blocks."""
+        and (``features``: the layers wanted, filled in) the residual stream after those blocks; without the
+        ``head`` (``forward_without_logits``, a dense model) it stops at the last block's state: no logits."""
         q = toks.shape[0]
         base = self._processed
         conv_ck = rec_ck = np.zeros((0,), _F32)
@@ -848,16 +860,22 @@ class ReferenceHybrid:
         rec_rec = rec_ck if record else None
         routing: list[npt.NDArray[np.int64]] = []
         margins: list[FloatArray] = []
+        last = len(self._blocks) - 1 if not head and not self._moe and features is None else -1  # routing is a result
         with np.errstate(over="ignore"):  # silu/sigmoid of large negatives overflow exp harmlessly
             h = self._embed[toks]
             for index, blk in enumerate(self._blocks):
                 x = _rms_norm(h, blk.op_norm, eps)
+                if index == last and isinstance(blk, AttnBlock):
+                    blk.append_kv(x, base, cos, sin, self._keys_t, self._value_cache)  # its attention feeds logits only
+                    break
                 if isinstance(blk, ConvBlock):
                     h += blk.mix(x, self._conv_state, conv_rec)
                 elif isinstance(blk, AttnBlock):
                     h += blk.mix(x, base, cos, sin, self._keys_t, self._value_cache)
                 else:
                     h += blk.mix(x, self._conv_state, self._rec_state, conv_rec, rec_rec)
+                if index == last:
+                    break
                 if isinstance(blk.ffn, MoeFfn):
                     y, chosen, margin = blk.ffn.route(_rms_norm(h, blk.ffn_norm, eps))
                     routing.append(chosen)
@@ -867,7 +885,7 @@ class ReferenceHybrid:
                     h += blk.ffn(_rms_norm(h, blk.ffn_norm, eps))
                 if features is not None and index in features:
                     features[index] = h.copy()
-            logits = _linear(_rms_norm(h, self._final_norm, eps), self._head_t)
+            out = _linear(_rms_norm(h, self._final_norm, eps), self._head_t) if last < 0 else h[:0, :0]
         self._routing = routing
         self._margins = margins
         self._clock += 1
@@ -875,4 +893,4 @@ class ReferenceHybrid:
         self._processed = total
         conv_ck.flags.writeable = False
         rec_ck.flags.writeable = False
-        return np.ascontiguousarray(logits), conv_ck, rec_ck
+        return np.ascontiguousarray(out), conv_ck, rec_ck
