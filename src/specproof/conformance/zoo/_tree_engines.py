@@ -19,7 +19,6 @@ import numpy as np
 from specproof.conformance.zoo._engines import ZooEngine
 from specproof.contract.tree import TreeDraft, TreeVerdict, greedy_tree_accept
 from specproof.engine import TreeRound, TreeSpecDecoder
-from specproof.engine.targets._reference_tree import root_path
 from specproof.engine.targets.reference import ReferenceHybrid
 
 __all__ = ["TREE_MEMBERS", "TreeReplayEngine", "TreeZooEngine"]
@@ -90,7 +89,9 @@ class _StaleSiblingKV(ReferenceHybrid):
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> tuple[Any, list[object]]:
         logits, cks = super().forward_tree(tokens, parents)
         tree = tuple(parents)
-        depth_of = [len(root_path(tree, i)) for i in range(len(tree))]
+        depth_of: list[int] = []  # parents come before children
+        for p in tree:
+            depth_of.append(1 if p < 0 else depth_of[p] + 1)
         last_at = {d: max(i for i in range(len(tree)) if depth_of[i] == d) for d in set(depth_of)}
         stale = []
         for i, ck in enumerate(cks):
