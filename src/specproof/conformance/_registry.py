@@ -1511,6 +1511,7 @@ REGISTRY: tuple[Invariant, ...] = (
             "prefix_hit_zero_features",
             "prefix_hit_stale_features",
             "block_cache_without_prefix",
+            "session_penalties_carried_over",
         ),
         also=(
             "forgets_recurrent_restore",

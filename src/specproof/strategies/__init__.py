@@ -66,6 +66,7 @@ from specproof.strategies._rounds import (
 )
 from specproof.strategies._session_history import SESSION_FORMAT, SessionFileError, SessionHistory, SessionRequest
 from specproof.strategies._session_machine import REUSE_UNREPORTED, SessionMachine, run_session_machine
+from specproof.strategies._session_requests import DECODE_REFUSED, DECODE_TAG
 from specproof.strategies._session_runner import (
     SessionFailure,
     engine_greedy,
@@ -106,6 +107,8 @@ __all__ = [
     "ScheduledRequest",
     "batch_schedules",
     "REUSE_UNREPORTED",
+    "DECODE_REFUSED",
+    "DECODE_TAG",
     "CONTEXT_KINDS",
     "PROMPT_PLACEMENTS",
     "ROUND_KINDS",

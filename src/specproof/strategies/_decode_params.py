@@ -16,10 +16,13 @@ from hypothesis import strategies as st
 
 from specproof.contract import DecodeParams
 
-__all__ = ["DECODE_KINDS", "draft_schedules", "processor_configs", "stop_sets"]
+__all__ = ["DECODE_KINDS", "PROCESSOR_KINDS", "draft_schedules", "processor_configs", "stop_sets"]
 
 DECODE_KINDS: tuple[str, ...] = ("penalties", "min_tokens", "stops")
 """What a decode-state search varies: the processors, ``min_tokens`` against EOS, or the stops."""
+
+PROCESSOR_KINDS: frozenset[str] = frozenset({"penalties", "logit_bias", "bad_words"})
+"""The features ``processor_configs`` draws (the processors a search may put on a request)."""
 
 
 @st.composite

@@ -11,6 +11,7 @@ import attrs
 from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds
+from specproof.strategies._decode_params import PROCESSOR_KINDS as _PROCESSORS
 from specproof.strategies._machine import check_tolerance
 from specproof.strategies._session_runner import GreedyOracle, SetDrafter, _SessionRunner
 
@@ -30,6 +31,10 @@ class _SessionConfig:
     atol: float
     feature_layers: tuple[int, ...] | None = None
     feature_reference_factory: Callable[[], Any] | None = None
+    # --decode-state: the processors a request may carry (empty: none drawn, the draws unchanged) and the model
+    # plain decoding with them runs on
+    decode_features: frozenset[str] = frozenset()
+    decode_reference_factory: Callable[[], Any] | None = None
     # greedy continuations by prompt, shared by every example of the configured class (shrinking
     # replays the same prompts hundreds of times); the oracle is deterministic, so this is safe
     greedy_memo: dict[tuple[int, ...], tuple[int, list[int], list[float] | None]] = attrs.field(
@@ -53,6 +58,8 @@ def _session_config(
     atol: float,
     feature_layers: Iterable[int] | None = None,
     feature_reference_factory: Callable[[], Any] | None = None,
+    decode_features: Iterable[str] = (),
+    decode_reference_factory: Callable[[], Any] | None = None,
 ) -> _SessionConfig:
     """``SessionMachine.configure``'s options validated (``StrategyArgumentError`` naming the bad one)."""
     where = "SessionMachine.configure()"
@@ -71,6 +78,7 @@ def _session_config(
             f"{where}: feature_reference_factory={feature_reference_factory!r} must be callable or None"
         )
     layers = _check_layers(feature_layers, where=where)
+    processors = _check_decode(decode_features, decode_reference_factory, where=where)
     for opt, value, minimum in (
         ("vocab_size", vocab_size, 2),
         ("max_prompt", max_prompt, 1),
@@ -98,7 +106,31 @@ def _session_config(
         atol=check_tolerance(atol, where=where, name="atol"),
         feature_layers=layers,
         feature_reference_factory=feature_reference_factory or reference_factory,
+        decode_features=processors,
+        decode_reference_factory=decode_reference_factory,
     )
+
+
+def _check_decode(features: Iterable[str], reference: Callable[[], Any] | None, *, where: str) -> frozenset[str]:
+    """``decode_features`` as a set of processor names (``processor_configs``'), which needs a callable
+    ``decode_reference_factory`` (the model plain decoding with them runs on)."""
+    if isinstance(features, str):
+        raise StrategyArgumentError(f"{where}: decode_features={features!r} must be a collection of names, not a str")
+    try:
+        names = frozenset(features)
+    except TypeError:
+        raise StrategyArgumentError(f"{where}: decode_features={features!r} must be a collection of names") from None
+    unknown = sorted(str(n) for n in names - _PROCESSORS)
+    if unknown:
+        raise StrategyArgumentError(
+            f"{where}: decode_features names {unknown[0]!r}; the session machine draws {sorted(_PROCESSORS)}"
+        )
+    if names and (reference is None or not callable(reference)):
+        raise StrategyArgumentError(
+            f"{where}: decode_features={sorted(names)} needs decode_reference_factory, a callable building a copy "
+            f"of the model to decode plainly with (got {reference!r})"
+        )
+    return names
 
 
 def _check_layers(value: Iterable[int] | None, *, where: str) -> tuple[int, ...] | None:
@@ -150,4 +182,5 @@ def _runner(cfg: _SessionConfig, engine: Any) -> _SessionRunner:
         atol=cfg.atol,
         feature_layers=cfg.feature_layers,
         feature_reference=cfg.feature_reference_factory,
+        decode_reference=cfg.decode_reference_factory,
     )

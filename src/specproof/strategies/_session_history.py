@@ -16,7 +16,7 @@ from pathlib import Path
 
 import attrs
 
-from specproof.contract import UsageError
+from specproof.contract import DecodeParams, UsageError
 from specproof.contract.files import FileTooLargeError
 from specproof.formats import SchemaProblem
 from specproof.formats import session as session_format
@@ -129,6 +129,8 @@ class SessionRequest:
     ``feature_layers`` (optional) makes the installed drafter a feature drafter declaring
     those layers: the engine hands it the target's features and every proposal's rows are
     judged against the feature oracle (``FeatureJudge``); None: a plain drafter.
+    ``decode`` (optional, drawn with ``--decode-state``) is the request's ``DecodeParams``, passed to
+    ``generate`` as ``decode=`` and judged against plain decoding with them; None: plain greedy.
     ``note`` says in words how the prompt was made (for people; replay ignores it).
     A ``reset`` request has an empty prompt and ``max_new_tokens == 0``.
     """
@@ -140,6 +142,7 @@ class SessionRequest:
     drafter: str | None = None
     plan: tuple[tuple[int, int], ...] | None = None
     feature_layers: tuple[int, ...] | None = None
+    decode: DecodeParams | None = None
     note: str = ""
 
     def round_plan(self) -> RoundPlan | None:
@@ -159,6 +162,8 @@ class SessionRequest:
             )
             if self.feature_layers is not None:  # absent otherwise: a history without features reads as before
                 out["feature_layers"] = list(self.feature_layers)
+            if self.decode is not None:  # absent otherwise: a history without decode parameters is unchanged
+                out["decode"] = self.decode.to_json()
         if self.note:
             out["note"] = self.note
         return out
@@ -170,9 +175,10 @@ class SessionRequest:
         plan = "" if self.plan is None else ", plan=" + self.round_plan().describe()  # type: ignore[union-attr]
         drafter = "" if self.drafter in (None, "scripted") else f", drafter={self.drafter}"
         feats = "" if self.feature_layers is None else f", feature_layers={list(self.feature_layers)}"
+        decode = "" if self.decode is None else f", decode={self.decode.to_json()}"
         text = (
             f"{self.kind}(prompt={_fmt(self.prompt)}, max_new_tokens={self.max_new_tokens}, "
-            f"eos_token_id={self.eos_token_id}{drafter}{plan}{feats})"
+            f"eos_token_id={self.eos_token_id}{drafter}{plan}{feats}{decode})"
         )
         return f"{text} -- {self.note}" if self.note else text
 
@@ -226,8 +232,23 @@ class SessionRequest:
             drafter=drafter,
             plan=plan,
             feature_layers=layers,
+            decode=_decode_field(obj.get("decode"), source=source, where=f"{where}.decode", vocab_size=vocab_size),
             note=note,
         )
+
+
+def _decode_field(raw: object, *, source: str, where: str, vocab_size: int | None) -> DecodeParams | None:
+    """A request's ``decode`` object (``DecodeParams.to_json()``, its shape checked by the schema) as the
+    parameters, their values checked by ``DecodeParams`` itself (and ids below ``vocab_size``)."""
+    if raw is None:
+        return None
+    try:
+        params = DecodeParams.from_json(raw)  # type: ignore[arg-type]
+        if vocab_size is not None:
+            params.check_vocab(vocab_size)
+    except (ValueError, TypeError) as err:  # InvalidSettingError, TokenRangeError
+        raise _field_error(source, where, f"is not valid decode parameters: {err}") from None
+    return params
 
 
 @attrs.frozen(kw_only=True)
@@ -243,7 +264,8 @@ class SessionHistory:
 
     ``engine`` (optional) names the plug-in the history was recorded on; ``failing_request``
     (optional) the index of the request that failed. A request that installed a feature drafter
-    also has ``"feature_layers": [1, 3]`` (added compatibly: absent otherwise, and optional to read).
+    also has ``"feature_layers": [1, 3]``, and one with decode parameters ``"decode": {...}``
+    (``DecodeParams.to_json()``; both added compatibly: absent otherwise, and optional to read).
     """
 
     requests: tuple[SessionRequest, ...]

@@ -46,6 +46,11 @@ the engine must hand it the target's features of exactly ``ctx[:-1]`` at every p
 prefix hits, edits, regenerations and user turns, judged against a fresh copy of the model
 fed plain forwards (``FeatureJudge``; the target's own outputs and state are judged first).
 
+Given ``decode_features`` (``--decode-state``: the processors the engine declares) and a
+``decode_reference_factory``, half the requests carry drawn ``DecodeParams`` (``processor_configs``), passed
+as ``decode=`` and judged exactly against plain decoding with them (``_session_decode``); the history
+records them, and without ``decode_features`` nothing more is drawn.
+
 Every request's tokens are compared with plain greedy from the oracle, tie-aware
 (``compare_lossless``), and its length and stop reason are checked. Given a
 ``reference_factory`` and an engine whose live ``target`` has ``state_arrays()``, the

@@ -16,8 +16,10 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine
 
+from specproof.contract import DecodeParams
 from specproof.contract.errors import InvalidSettingError
 from specproof.strategies._contexts import contexts
+from specproof.strategies._decode_params import processor_configs
 from specproof.strategies._machine import configured_machine
 from specproof.strategies._request_relations import RelationTracker
 from specproof.strategies._rounds import RoundPlan, round_plans
@@ -28,6 +30,9 @@ from specproof.strategies._session_runner import GreedyOracle, SessionFailure, S
 #: the ``observed`` tag of a request's relation to the one before (``RELATION_TAG + tag``)
 RELATION_TAG = "relation:"
 _EXAMPLES = "machine: examples"
+#: the ``observed`` tags of a request drawn with decode parameters, and of one whose parameters the engine refused
+DECODE_TAG = "decode: requests with processors"
+DECODE_REFUSED = "decode: refused by the engine"
 _CAN_RESET = "machine: the engine has reset()"
 
 #: the ``observed`` tag of a request whose engine declares a cache but reported no ``prefix_reused``
@@ -56,6 +61,17 @@ def _draw_eos(data: Any, continuation: list[int], k: int) -> tuple[int | None, s
     pool = continuation[-(k + 1) :] if eos_kind == "last_k_plus_1" else continuation
     eos: int = data.draw(st.sampled_from(pool), label="eos_token_id")
     return eos, eos_kind
+
+
+def _draw_decode(data: Any, cfg: _SessionConfig) -> DecodeParams | None:
+    """With ``decode_features`` (``--decode-state``), half the time the processors declared, each on (strengths
+    drawn); None otherwise. Without them nothing is drawn: the session's draws are as before."""
+    if not cfg.decode_features or not data.draw(st.booleans(), label="with decode processors"):
+        return None
+    params: DecodeParams = data.draw(
+        processor_configs(cfg.vocab_size, features=cfg.decode_features, active=True), label="decode processors"
+    )
+    return params if params.features() else None
 
 
 def _draw_drafter(data: Any, runner: _SessionRunner, k: int) -> dict[str, Any]:
@@ -112,6 +128,8 @@ class SessionRequests(RuleBasedStateMachine):
         atol: float = 0.0,
         feature_layers: Iterable[int] | None = None,
         feature_reference_factory: Callable[[], Any] | None = None,
+        decode_features: Iterable[str] = (),
+        decode_reference_factory: Callable[[], Any] | None = None,
         name: str | None = None,
     ) -> type[Self]:
         """A runnable subclass for one engine under test.
@@ -129,6 +147,10 @@ class SessionRequests(RuleBasedStateMachine):
         ``feature_layers`` (default: the layers the engine's own drafter declares, if any) and
         ``feature_reference_factory`` (default: ``reference_factory``) let requests install a
         feature drafter whose handed features are judged at every proposal (the module docstring).
+        ``decode_features`` (``--decode-state``; default none: the draws are unchanged) are the processors
+        (penalties, logit_bias, bad_words) half the requests carry, drawn by ``processor_configs``, passed to
+        ``generate`` as ``decode=`` and judged against plain decoding with them on a copy of the model from
+        ``decode_reference_factory``.
         """
         config = _session_config(
             engine_factory=engine_factory,
@@ -145,6 +167,8 @@ class SessionRequests(RuleBasedStateMachine):
             atol=atol,
             feature_layers=feature_layers,
             feature_reference_factory=feature_reference_factory,
+            decode_features=decode_features,
+            decode_reference_factory=decode_reference_factory,
         )
         return configured_machine(
             cls,
@@ -204,17 +228,26 @@ class SessionRequests(RuleBasedStateMachine):
         n = {"max": cfg.max_new_tokens, "zero": 0}.get(budget_kind)
         if n is None:
             n = data.draw(st.integers(1, cfg.max_new_tokens), label="max_new_tokens")
-        continuation, _ = runner.continuation(prompt, n)
+        decode = _draw_decode(data, cfg)
+        if decode is None:
+            continuation, _ = runner.continuation(prompt, n)
+        else:
+            self._count(DECODE_TAG)
+            continuation = runner.decode.continuation(prompt, n, decode)
         eos, eos_kind = _draw_eos(data, continuation, k)
         if eos is not None:
             self._count(f"eos:{eos_kind}")
         drafted = _draw_drafter(data, runner, k)
         if drafted["drafter"] is not None:
             self._count(f"drafter:{drafted['drafter']}")
-        req = SessionRequest(kind=kind, prompt=tuple(prompt), max_new_tokens=n, eos_token_id=eos, note=note, **drafted)
+        req = SessionRequest(
+            kind=kind, prompt=tuple(prompt), max_new_tokens=n, eos_token_id=eos, decode=decode, note=note, **drafted
+        )
         self._count(f"request:{kind}")
-        unreported, judged = runner.reuse_unreported, runner.features.counts()
+        unreported, judged, refused = runner.reuse_unreported, runner.features.counts(), len(runner.decode_refused)
         tokens, failure = runner.run(req)
+        if len(runner.decode_refused) > refused:
+            self._count(DECODE_REFUSED)
         if runner.reuse_unreported > unreported:
             self._count(REUSE_UNREPORTED)
         for tag, was, now in zip(_FEATURE_TAGS, judged, runner.features.counts(), strict=True):

@@ -29,7 +29,7 @@ import attrs
 from hypothesis import event
 
 from specproof.contract import STOP_REASONS, UsageError, live_state_differs
-from specproof.contract.errors import InvalidSettingError
+from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.contract.lossless import compare_lossless
 from specproof.contract.validation import int_at_least
 from specproof.engine import greedy_with_margins
@@ -38,6 +38,7 @@ from specproof.strategies._machine import check_tolerance
 from specproof.strategies._request_relations import DESCRIPTIONS as RELATION_DESCRIPTIONS
 from specproof.strategies._request_relations import SESSION_KIND, relation_of
 from specproof.strategies._rounds import RoundPlan, ScriptedDrafter
+from specproof.strategies._session_decode import DecodeOracle
 from specproof.strategies._session_features import SessionFeatures
 from specproof.strategies._session_history import SessionHistory, SessionRequest
 
@@ -153,8 +154,11 @@ class _SessionRunner:
         atol: float = 0.0,
         feature_layers: Sequence[int] | None = None,
         feature_reference: Callable[[], Any] | None = None,
+        decode_reference: Callable[[], Any] | None = None,
     ) -> None:
         self.engine = engine
+        self.decode = DecodeOracle(decode_reference)  # the oracle of requests with decode parameters
+        self.decode_refused: list[str] = []  # why the engine refused each request's decode parameters
         self.greedy = greedy
         self.vocab_size = vocab_size
         self.tie_tolerance = tie_tolerance
@@ -257,23 +261,13 @@ class _SessionRunner:
             self._last_context = None
             return [], None
         prompt = list(req.prompt)
-        n = req.max_new_tokens
-        continuation, margins = self.continuation(prompt, n)
-        if self.oracle_shares_engine:  # the engine may hold the oracle's whole memoised continuation
-            asked = self._greedy_memo.get(tuple(prompt))
-            self._seen.append([*prompt, *(asked[1] if asked else continuation)][:-1])
-        expected = list(continuation)
-        expected_margins = margins
-        expected_stop = "max_new_tokens" if len(continuation) >= n else "context_full"
-        if req.eos_token_id is not None and req.eos_token_id in expected:
-            cut = expected.index(req.eos_token_id) + 1
-            expected = expected[:cut]
-            expected_margins = None if margins is None else margins[:cut]
-            expected_stop = "eos"
+        continuation, expected, expected_margins, expected_stop = _expectation(self, req)
         self._install(req, continuation)
         try:
-            gen = self.engine.generate(prompt, n, eos_token_id=req.eos_token_id)
+            gen = _call(self.engine, req)
         except Exception as err:
+            if req.decode is not None and isinstance(err, UnsupportedParameterError):
+                return self._refused(prompt, err)
             return [], self._failure(
                 index, f"generate raised {type(err).__name__}: {err}", expected, None, stop=expected_stop
             )
@@ -317,6 +311,13 @@ class _SessionRunner:
             or self._check_state(index, [*prompt, *tokens], also=self._also(features))
             or self._feature_failure(index, features)
         )
+
+    def _refused(self, prompt: list[int], err: Exception) -> tuple[list[int], None]:
+        """Decode parameters refused (allowed: docs/contract.md, "Decode state"): nothing judged, counted."""
+        self.decode_refused.append(f"{type(err).__name__}: {err}")
+        self._seen.append(prompt[:-1])
+        self._last_context = None
+        return [], None
 
     @staticmethod
     def _also(features: str | None) -> str:
@@ -424,6 +425,8 @@ class _SessionRunner:
         before = "the first request" if index == 0 else f"after {index} earlier request(s) on the same engine"
         history = SessionHistory(requests=tuple(self.history), vocab_size=self.vocab_size, failing_request=index)
         explanation = f"request {index} ({req.kind}), {before}: {why}"
+        if req.decode is not None:
+            explanation += f" [with decode parameters {req.decode.to_json()}: the oracle is plain decoding with them]"
         if stop is not None and expected is not None:
             explanation += f" [greedy stops at {stop}]"
         return SessionFailure(
@@ -432,6 +435,35 @@ class _SessionRunner:
             actual=actual,
             example={"history": history.to_json()["requests"], "failing_request": index, "vocab_size": self.vocab_size},
         )
+
+
+def _expectation(runner: _SessionRunner, req: SessionRequest) -> tuple[list[int], list[int], list[float] | None, str]:
+    """What the drafter follows (the continuation without the call's EOS), the expected tokens, their top-2
+    margins (None: judged exactly) and stop reason: plain greedy, or plain decoding with ``req.decode``."""
+    prompt, n = list(req.prompt), req.max_new_tokens
+    if req.decode is not None:
+        want, stop = runner.decode.expected(prompt, n, req.decode, req.eos_token_id)
+        return runner.decode.continuation(prompt, n, req.decode), want, None, stop
+    continuation, margins = runner.continuation(prompt, n)
+    if runner.oracle_shares_engine:  # the engine may hold the oracle's whole memoised continuation
+        asked = runner._greedy_memo.get(tuple(prompt))
+        runner._seen.append([*prompt, *(asked[1] if asked else continuation)][:-1])
+    expected, expected_margins = list(continuation), margins
+    stop = "max_new_tokens" if len(continuation) >= n else "context_full"
+    if req.eos_token_id is not None and req.eos_token_id in expected:
+        cut = expected.index(req.eos_token_id) + 1
+        expected = expected[:cut]
+        expected_margins = None if margins is None else margins[:cut]
+        stop = "eos"
+    return continuation, expected, expected_margins, stop
+
+
+def _call(engine: Any, req: SessionRequest) -> Any:
+    """``engine.generate`` for ``req``: with ``decode=`` only where the request has decode parameters (an engine
+    that takes none is called as before)."""
+    if req.decode is None:
+        return engine.generate(list(req.prompt), req.max_new_tokens, eos_token_id=req.eos_token_id)
+    return engine.generate(list(req.prompt), req.max_new_tokens, eos_token_id=req.eos_token_id, decode=req.decode)
 
 
 def replay_session(
@@ -445,6 +477,7 @@ def replay_session(
     reference_factory: Callable[[], Any] | None = None,
     atol: float = 0.0,
     feature_reference_factory: Callable[[], Any] | None = None,
+    decode_reference_factory: Callable[[], Any] | None = None,
 ) -> list[SessionFailure]:
     """Replay ``history`` request by request on a fresh ``engine_factory()``; the failures found (at most one).
 
@@ -454,7 +487,9 @@ def replay_session(
     Pass the same ``reference_factory`` / ``atol`` as the run that recorded the history:
     a failure found by the white-box state check needs it to fail again. Requests with
     ``feature_layers`` install a feature drafter and judge its features again, on fresh
-    targets from ``feature_reference_factory`` (default: ``reference_factory``).
+    targets from ``feature_reference_factory`` (default: ``reference_factory``). Requests with ``decode``
+    parameters pass them on and are judged against plain decoding with them on a copy of the model from
+    ``decode_reference_factory``.
     """
     replay = _Replayer.make(
         history,
@@ -467,6 +502,7 @@ def replay_session(
         reference_factory=reference_factory,
         atol=atol,
         feature_reference_factory=feature_reference_factory,
+        decode_reference_factory=decode_reference_factory,
     )
     failure = replay(history.requests)
     return [] if failure is None else [failure]
@@ -484,6 +520,7 @@ def shrink_history(
     atol: float = 0.0,
     max_replays: int = 200,
     feature_reference_factory: Callable[[], Any] | None = None,
+    decode_reference_factory: Callable[[], Any] | None = None,
 ) -> SessionHistory:
     """A shorter history that still fails on a fresh engine (the history itself when it does not fail).
 
@@ -504,6 +541,7 @@ def shrink_history(
         reference_factory=reference_factory,
         atol=atol,
         feature_reference_factory=feature_reference_factory,
+        decode_reference_factory=decode_reference_factory,
     )
     int_at_least(max_replays, name="max_replays", minimum=1, where="shrink_history")
     budget = [max_replays]
@@ -540,7 +578,7 @@ def shrink_history(
             if candidate is not None and len(candidate) == len(current):
                 current[i] = simpler
     return SessionHistory(
-        requests=tuple(_renote(current, replay.continuation)),
+        requests=tuple(_renote(current, replay.continuation, replay.decoded)),
         vocab_size=history.vocab_size if history.vocab_size is not None else vocab_size,
         engine=history.engine,
         failing_request=len(current) - 1,
@@ -548,7 +586,9 @@ def shrink_history(
 
 
 def _renote(
-    requests: Sequence[SessionRequest], continuation: Callable[[Sequence[int], int], list[int]]
+    requests: Sequence[SessionRequest],
+    continuation: Callable[[Sequence[int], int], list[int]],
+    decoded: Callable[[SessionRequest], list[int]] | None = None,
 ) -> list[SessionRequest]:
     """Kinds and notes that say how each request relates to the one before it in the *shrunk* history.
 
@@ -578,7 +618,8 @@ def _renote(
         if after_reset:
             note += ", after reset()"
         out.append(attrs.evolve(req, kind=SESSION_KIND[relation], note=note))
-        output = continuation(prompt, req.max_new_tokens)
+        # a request with decode parameters: what plain decoding with them emits
+        output = continuation(prompt, req.max_new_tokens) if decoded is None else decoded(req)
         if req.eos_token_id is not None and req.eos_token_id in output:
             output = output[: output.index(req.eos_token_id) + 1]
         previous, given, after_reset = [*prompt, *output], len(prompt), False
@@ -606,6 +647,10 @@ def _without_features(req: SessionRequest) -> SessionRequest | None:
     return None if req.feature_layers is None else attrs.evolve(req, feature_layers=None)
 
 
+def _without_decode(req: SessionRequest) -> SessionRequest | None:
+    return None if req.decode is None else attrs.evolve(req, decode=None)
+
+
 # tried in order on each request of a shrunk history, each kept if the replay still fails there
 _SIMPLIFICATIONS: tuple[Callable[[SessionRequest], SessionRequest | None], ...] = (
     _without_eos,
@@ -613,6 +658,7 @@ _SIMPLIFICATIONS: tuple[Callable[[SessionRequest], SessionRequest | None], ...] 
     _budget_to(0.5),
     _first_planned_round,
     _without_features,
+    _without_decode,
 )
 
 
@@ -625,9 +671,18 @@ class _Replayer:
 
     def continuation(self, prompt: Sequence[int], n: int) -> list[int]:
         """Plain greedy's first ``n`` tokens after ``prompt`` (from the shared memo)."""
+        return self._runner().continuation(prompt, n)[0]
+
+    def decoded(self, req: SessionRequest) -> list[int]:
+        """Plain decoding's first tokens for ``req`` with its decode parameters (none: plain greedy's)."""
+        if req.decode is None:
+            return self.continuation(req.prompt, req.max_new_tokens)
+        return self._runner().decode.continuation(req.prompt, req.max_new_tokens, req.decode)
+
+    def _runner(self) -> _SessionRunner:
         if self._oracle is None:
             self._oracle = self.make_runner()
-        return self._oracle.continuation(prompt, n)[0]
+        return self._oracle
 
     @classmethod
     def make(
@@ -643,6 +698,7 @@ class _Replayer:
         reference_factory: Callable[[], Any] | None,
         atol: float,
         feature_reference_factory: Callable[[], Any] | None = None,
+        decode_reference_factory: Callable[[], Any] | None = None,
     ) -> _Replayer:
         if not isinstance(history, SessionHistory):
             raise InvalidSettingError(f"{where}: history must be a SessionHistory, got {type(history).__name__}")
@@ -676,6 +732,7 @@ class _Replayer:
                 reference=None if reference_factory is None else reference_factory(),
                 atol=state_atol,
                 feature_reference=features,
+                decode_reference=decode_reference_factory,
             )
 
         return cls(make_runner)

@@ -10,7 +10,8 @@ history is shrunk by replaying it on the reset engine (not by Hypothesis: far ch
 replayed on an engine newly built by the subject's factory: only a history seen to fail there is
 saved and named by the reproduce command (``--replay-session FILE``); one that fails only on the
 engine that served earlier requests before ``reset()`` is reported as state that survived reset(),
-and its reproduce command is the seed-based one (the same search).
+and its reproduce command is the seed-based one (the same search). With ``--decode-state`` half the requests
+carry the processors the engine declares (judged against plain decoding with them on the plug-in's model).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class SessionMachineDriver(Driver):
             "tie_tolerance": case.tie_tolerance,
             "reference_factory": case.make_reference if white_box else None,
             "atol": case.atol,
+            # a request with decode parameters (drawn with --decode-state, or in a replayed history) is judged
+            # against plain decoding with them on a copy of the plug-in's model
+            "decode_reference_factory": case.make_reference,
         }
 
     def run(self, item: CheckItem, result: CheckResult) -> None:
@@ -102,6 +106,7 @@ class SessionMachineDriver(Driver):
             max_prompt=profile.max_prompt,
             max_new_tokens=min(profile.max_new_tokens, 16),
             stateful_step_count=profile.stateful_steps,
+            decode_features=self._decode_features(case),
         )
 
         class Counted(machine):  # type: ignore[misc, valid-type]
@@ -131,6 +136,16 @@ class SessionMachineDriver(Driver):
         _note_unjudged_reuse(machine, result)
         _note_features(machine, result)
         _note_relations(machine, result)
+        _note_decode(machine, result)
+
+    def _decode_features(self, case: EngineCase) -> frozenset[str]:
+        """With ``--decode-state``, the processors the case declares (none without a model to decode plainly
+        with); without it none: the session's draws are unchanged."""
+        from specproof.conformance.drivers._case_decode import case_processor_features
+
+        if not self.plan.decode_state or case.make_reference is None:
+            return frozenset()
+        return case_processor_features(case)
 
     def _replay_histories(self, item: CheckItem, judge: dict[str, Any], result: CheckResult) -> None:
         """Replay the failing session histories the database holds for this check (before any search)."""
@@ -254,6 +269,19 @@ def _note_features(machine: Any, result: CheckResult) -> None:
         result.notes.append(
             f"features judged at {proposals} proposal(s) of {requests} request(s) with a feature drafter, "
             f"{hits} of them on a prefix the engine served from its caches"
+        )
+
+
+def _note_decode(machine: Any, result: CheckResult) -> None:
+    """How many requests carried decode parameters, and how many of them the engine refused (nothing with
+    ``--decode-state`` off, or where the engine declares no processor)."""
+    from specproof.strategies import DECODE_REFUSED, DECODE_TAG
+
+    drawn, refused = machine.observed[DECODE_TAG], machine.observed[DECODE_REFUSED]
+    if drawn:
+        result.notes.append(
+            f"decode processors on {drawn} request(s), judged against plain decoding with them"
+            + (f"; the engine refused {refused} of them" if refused else "")
         )
 
 

@@ -187,6 +187,7 @@ from specproof.conformance.zoo._sampling_engines import (
     UnnormalizedResidual,
     UnseededDrafterRng,
 )
+from specproof.conformance.zoo._session_cache_decode import DecodeSessionEngine, SessionPenaltiesCarriedOver
 from specproof.conformance.zoo._session_decode_engines import (
     OutputCarriedOver,
     PenaltyCountsCarriedOver,
@@ -471,6 +472,12 @@ def decode_match_scheme() -> DecodeMatchEngine:
     return DecodeMatchEngine()
 
 
+def decode_session_engine() -> DecodeSessionEngine:
+    """Correct: the prefix-caching session engine taking decode parameters (``engine.session`` with
+    ``--decode-state`` sends some of its requests with processors)."""
+    return DecodeSessionEngine()
+
+
 def session_penalty_buffer_cleared() -> SessionPenaltyBufferCleared:
     """Correct, differently: one session-long penalty buffer, cleared at the start of every request."""
     return SessionPenaltyBufferCleared()
@@ -626,6 +633,7 @@ _MEMBERS: dict[str, MemberEntry] = {
     "frequency_penalty_ignored": ("engine", FrequencyPenaltyIgnored),
     "penalty_counts_carried_over": ("engine", PenaltyCountsCarriedOver),
     "output_carried_over": ("engine", OutputCarriedOver),
+    "session_penalties_carried_over": ("engine", SessionPenaltiesCarriedOver),
     "stop_string_missed_across_rounds": ("engine", StopStringMissedAcrossRounds),
     "penalties_skipped_when_sampling": ("engine", PenaltiesSkippedWhenSampling),
     "grammar_unmasked_residual_when_sampling": ("engine", GrammarUnmaskedResidualWhenSampling),
@@ -747,8 +755,9 @@ CORRECT_BATCH: dict[str, str] = {
 by recompute only, grammar drafts scanned on a copy of each matcher): the batch checks accept them
 (docs/contract.md, "Batches")."""
 
-NEEDS_DECODE_STATE: frozenset[str] = frozenset(DECODE_CASE_MEMBERS)
-"""Members of engine-case invariants found only where the search draws decode parameters (``--decode-state``)."""
+NEEDS_DECODE_STATE: frozenset[str] = frozenset({*DECODE_CASE_MEMBERS, "session_penalties_carried_over"})
+"""Members of engine-case and session invariants found only where the search and the session machine draw decode
+parameters (``--decode-state``)."""
 
 CORRECT_DECODE: dict[str, str] = {
     name: f"{_MODULE}:{name}"

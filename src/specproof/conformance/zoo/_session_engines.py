@@ -216,6 +216,10 @@ class SessionEngine:
     def _finished(self, session: DecodeSession) -> None:
         """Hook: called with the finished session (a feature engine keeps its rows)."""
 
+    def _run(self, session: DecodeSession, max_new_tokens: int, eos_token_id: int | None) -> Generation:
+        """Hook: the call on the positioned decode session (an engine taking decode parameters passes them)."""
+        return session.generate(max_new_tokens, eos_token_id=eos_token_id)
+
     def _decoder(self) -> SpecDecoder:
         return SpecDecoder(self.target, self.drafter, k=self.k, rollback=self.rollback)  # type: ignore[arg-type]
 
@@ -227,7 +231,7 @@ class SessionEngine:
         forwards, reused = self._position(ctx)
         session = self._session(ctx, forwards)
         try:
-            gen = session.generate(max_new_tokens, eos_token_id=eos_token_id)
+            gen = self._run(session, max_new_tokens, eos_token_id)
         except BaseException:
             self.reset()  # the session restored its round, but be safe: start cold next time
             raise
@@ -424,6 +428,10 @@ class VaryingKSessionEngine(SessionEngine):
     """Correct: a session engine whose draft length changes every round (``k`` is the largest it uses)."""
 
     bug = "none (a correct engine with a different k every round)"
+
+    def _run(self, session: DecodeSession, max_new_tokens: int, eos_token_id: int | None) -> Generation:
+        """Hook: the call on the positioned decode session (an engine taking decode parameters passes them)."""
+        return session.generate(max_new_tokens, eos_token_id=eos_token_id)
 
     def _decoder(self) -> SpecDecoder:
         return SpecDecoder(self.target, _CyclingK(self.drafter, self.k), k=self.k, rollback=self.rollback)  # type: ignore[arg-type]
