@@ -11,7 +11,7 @@ in one forward, every row read) and ``generate`` (the round loop: accept rule, r
 
 It drives the bundle through the ML-program evaluator (``MilEvaluator``, the program as saved), so a
 Linux machine runs the loop a Mac runs through Core ML, and its ``Generation`` (per-round ``Step``
-records) is written as a ``specproof-trace/1`` trace that ``specproof check-trace`` judges
+records) is written as a trace in the trace format (``specproof.formats.trace``) that ``specproof check-trace`` judges
 (``specproof bundle host-loop``). What it cannot show is Core ML's own kernels: that needs the Swift
 engine on a Mac, over ``specproof-engine/1``.
 """
