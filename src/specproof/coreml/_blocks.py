@@ -353,3 +353,34 @@ def moe_ffn(g: Graph, x: Any, p: str) -> Any:
         term = mb.mul(x=y, y=we)
         out = term if out is None else mb.add(x=out, y=term)
     return mb.add(x=out, y=_shared_expert(g, x, p)) if cfg.shared_expert else out
+
+
+def layer_stack(g: Graph, h: Any, *, conv: Any, attn: Any, gdn: Any) -> Any:
+    """Every block of ``g.cfg.layers`` with its feed-forward over the hidden rows ``h``: ``conv(g, x, p, slot)``,
+    ``attn(g, x, p, slot, layer)`` and ``gdn(g, x, p, conv_slot, rec_slot)`` write the mixers (the chunk's or
+    the tree's), the residuals, norms and feed-forwards are shared."""
+    mb, cfg = g.mb, g.cfg
+    n_attn = n_conv = n_rec = 0
+    for i, kind in enumerate(cfg.layers):
+        p = f"model.layers.{i}."
+        x = rms_norm(g, h, g.w[p + "operator_norm.weight"], f"layer{i}_operator_norm")
+        if kind == "conv":
+            h = mb.add(x=h, y=conv(g, x, p, n_conv))
+            n_conv += 1
+        elif kind == "attn":
+            h = mb.add(x=h, y=attn(g, x, p, n_attn, i))
+            n_attn += 1
+        else:
+            h = mb.add(x=h, y=gdn(g, x, p, n_conv, n_rec))
+            n_conv += 1
+            n_rec += 1
+        x = rms_norm(g, h, g.w[p + "ffn_norm.weight"], f"layer{i}_ffn_norm")
+        h = mb.add(x=h, y=moe_ffn(g, x, p) if cfg.is_moe else dense_ffn(g, x, p + "feed_forward."))
+    return h
+
+
+def logits_head(g: Graph, h: Any) -> Any:
+    """The final norm and the (tied or own) head over ``h``: the program's fp32 ``logits``."""
+    x = rms_norm(g, h, g.w["model.embedding_norm.weight"], "final_norm")
+    head = g.w["model.embed_tokens.weight"] if g.cfg.tie_embeddings else g.w["lm_head.weight"]
+    return g.mb.cast(x=g.mb.linear(x=x, weight=fp16(head)), dtype="fp32", name="logits")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
-from specproof.coreml._blocks import Graph, attn_block, conv_block, dense_ffn, fp16, gdn_block, moe_ffn, rms_norm
+from specproof.coreml._blocks import Graph, attn_block, conv_block, fp16, gdn_block, layer_stack, logits_head
 from specproof.coreml._options import ExportOptions
 from specproof.coreml._positions import chunk_positions, position_specs
 from specproof.engine.targets.coreml import import_coremltools
@@ -87,27 +87,10 @@ def _blocks(g: Graph, input_ids: Any) -> Any:
     """Embedding, every block with its feed-forward, final norm and head: the logits."""
     mb, cfg = g.mb, g.cfg
     h = mb.gather(x=g.W("model.embed_tokens.weight"), indices=input_ids, axis=0)  # [1, q, d]
-    n_attn = n_conv = n_rec = 0
-    for i, kind in enumerate(cfg.layers):
-        p = f"model.layers.{i}."
-        x = rms_norm(g, h, g.w[p + "operator_norm.weight"], f"layer{i}_operator_norm")
-        if kind == "conv":
-            h = mb.add(x=h, y=conv_block(g, x, p, n_conv))
-            n_conv += 1
-        elif kind == "attn":
-            h = mb.add(x=h, y=attn_block(g, x, p, n_attn, i))
-            n_attn += 1
-        else:
-            h = mb.add(x=h, y=gdn_block(g, x, p, n_conv, n_rec))
-            n_conv += 1
-            n_rec += 1
-        x = rms_norm(g, h, g.w[p + "ffn_norm.weight"], f"layer{i}_ffn_norm")
-        h = mb.add(x=h, y=moe_ffn(g, x, p) if cfg.is_moe else dense_ffn(g, x, p + "feed_forward."))
+    h = layer_stack(g, h, conv=conv_block, attn=attn_block, gdn=gdn_block)
     if g.opts.last_token_only:
         h = mb.slice_by_index(x=h, begin=[0, -1, 0], end=[1, 0, cfg.d_model], end_mask=[True, True, True])
-    x = rms_norm(g, h, g.w["model.embedding_norm.weight"], "final_norm")
-    head = g.w["model.embed_tokens.weight"] if cfg.tie_embeddings else g.w["lm_head.weight"]
-    return mb.cast(x=mb.linear(x=x, weight=fp16(head)), dtype="fp32", name="logits")
+    return logits_head(g, h)
 
 
 def _split_kv(mb: Any, kv: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:

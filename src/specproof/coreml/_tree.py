@@ -31,13 +31,12 @@ from specproof.coreml._blocks import (
     _delta_step,
     attn_projections,
     conv_block,
-    dense_ffn,
     fp16,
     gated_output,
     gdn_output,
     gdn_sequences,
-    moe_ffn,
-    rms_norm,
+    layer_stack,
+    logits_head,
 )
 from specproof.coreml._options import ExportOptions
 from specproof.coreml._program import KV_STATES, UNIFIED_KV, _rope_tables, _split_kv, check_exportable, state_shapes
@@ -191,27 +190,12 @@ def _tree_gdn(g: TreeGraph, x: Any, p: str, slot: int, rec_slot: int) -> Any:
 
 
 def _tree_blocks(g: TreeGraph, input_ids: Any) -> Any:
-    mb, cfg = g.mb, g.cfg
+    mb = g.mb
     h = mb.gather(x=g.W("model.embed_tokens.weight"), indices=input_ids, axis=0)  # [1, N, d]
-    n_attn = n_conv = n_rec = 0
-    for i, kind in enumerate(cfg.layers):
-        p = f"model.layers.{i}."
-        x = rms_norm(g, h, g.w[p + "operator_norm.weight"], f"layer{i}_operator_norm")
-        if kind == "conv":
-            h = mb.add(x=h, y=conv_block(g, x, p, n_conv, conv=_tree_conv))
-            n_conv += 1
-        elif kind == "attn":
-            h = mb.add(x=h, y=_tree_attn(g, x, p, n_attn, i))
-            n_attn += 1
-        else:
-            h = mb.add(x=h, y=_tree_gdn(g, x, p, n_conv, n_rec))
-            n_conv += 1
-            n_rec += 1
-        x = rms_norm(g, h, g.w[p + "ffn_norm.weight"], f"layer{i}_ffn_norm")
-        h = mb.add(x=h, y=moe_ffn(g, x, p) if cfg.is_moe else dense_ffn(g, x, p + "feed_forward."))
-    x = rms_norm(g, h, g.w["model.embedding_norm.weight"], "final_norm")
-    head = g.w["model.embed_tokens.weight"] if cfg.tie_embeddings else g.w["lm_head.weight"]
-    return mb.cast(x=mb.linear(x=x, weight=fp16(head)), dtype="fp32", name="logits")
+    h = layer_stack(
+        g, h, conv=lambda g_, x, p, slot: conv_block(g_, x, p, slot, conv=_tree_conv), attn=_tree_attn, gdn=_tree_gdn
+    )
+    return logits_head(g, h)
 
 
 def _node_rows(mb: Any, rows: list[Any], name: str) -> Any:
