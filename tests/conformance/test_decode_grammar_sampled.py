@@ -12,12 +12,8 @@ import pytest
 
 from specproof.conformance._registry import get
 from specproof.conformance.checks.decode_grammar import GRAMMARS, GrammarRun, check_grammar, run_grammar_example
-from specproof.conformance.checks.decode_grammar_sampled import (
-    GrammarSampledExample,
-    GrammarWalkDrafter,
-    check_grammar_sampled,
-)
-from specproof.conformance.checks.decode_sampled import SAMPLINGS
+from specproof.conformance.checks.decode_grammar_sampled import GENERATIONS, GrammarWalkDrafter, check_grammar_sampled
+from specproof.conformance.checks.decode_sampled import SAMPLINGS, SampledDecodeExample
 from specproof.conformance.checks.decode_state import DecodeExample, DecodeSubject
 from specproof.conformance.zoo._decode_engines import DecodeZooEngine
 from specproof.conformance.zoo._grammar_engines import GrammarNotRolledBack
@@ -49,10 +45,16 @@ def _subject(engine: type) -> DecodeSubject:
     )
 
 
-def _example(grammar: Grammar = GRAMMARS[0], *, seed: int = 0) -> GrammarSampledExample:
+def _example(grammar: Grammar = GRAMMARS[0], *, seed: int = 0) -> SampledDecodeExample:
     params = DecodeParams(grammar=grammar, eos_token_ids=sorted(EOS))
-    return GrammarSampledExample(
-        prompt=(1, 2, 3), max_new_tokens=16, params=params, sampling=SAMPLINGS[0], first_seed=seed, alpha=ALPHA
+    return SampledDecodeExample(
+        prompt=(1, 2, 3),
+        max_new_tokens=16,
+        params=params,
+        sampling=SAMPLINGS[0],
+        first_seed=seed,
+        alpha=ALPHA,
+        generations=GENERATIONS,
     )
 
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from specproof.conformance._pit import PitTest, pit_values
 from specproof.conformance.checks.decode_grammar import GRAMMARS, grammar_eos
-from specproof.conformance.checks.decode_sampled import SAMPLINGS
+from specproof.conformance.checks.decode_sampled import SAMPLINGS, SampledDecodeExample
 from specproof.conformance.checks.decode_state import PROCESSOR_FEATURES, DecodeSubject
 from specproof.contract import DecodeParams, Generation, Grammar, Violation
 from specproof.contract.decode_state import (
@@ -37,7 +37,7 @@ from specproof.contract.decode_state import (
     scored_rows,
 )
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
-from specproof.contract.sampling import SamplingParams, processed_distribution
+from specproof.contract.sampling import processed_distribution
 from specproof.strategies import contexts, processor_configs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,7 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "GENERATIONS",
-    "GrammarSampledExample",
     "GrammarWalkDrafter",
     "check_grammar_sampled",
     "draw_grammar_sampled",
@@ -56,26 +55,7 @@ GENERATIONS = 16
 prefix check judges every token exactly; the PIT test is there for the masked distribution)."""
 
 
-@attrs.frozen(kw_only=True)
-class GrammarSampledExample:
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    params: DecodeParams
-    sampling: SamplingParams
-    first_seed: int
-    alpha: float
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "prompt": list(self.prompt),
-            "max_new_tokens": self.max_new_tokens,
-            "decode": self.params.to_json(),
-            "sampling": self.sampling.to_json(),
-            "seeds": [self.first_seed, self.first_seed + GENERATIONS - 1],
-        }
-
-
-def draw_grammar_sampled(data: st.DataObject, subject: DecodeSubject, *, alpha: float) -> GrammarSampledExample:
+def draw_grammar_sampled(data: st.DataObject, subject: DecodeSubject, *, alpha: float) -> SampledDecodeExample:
     vocab = subject.vocab_size
     eos = grammar_eos(vocab)
     prompt = data.draw(contexts(vocab, min_size=1, max_size=min(subject.max_prompt, 16)), label="prompt")
@@ -92,7 +72,8 @@ def draw_grammar_sampled(data: st.DataObject, subject: DecodeSubject, *, alpha: 
             start = data.draw(st.integers(0, max(0, len(text) - 2)), label="delimiter starts at output position")
             length = data.draw(st.integers(1, min(2, len(text) - start)), label="delimiter length")
             grammar = attrs.evolve(grammar, reasoning_end=text[start : start + length])
-    return GrammarSampledExample(
+    return SampledDecodeExample(
+        generations=GENERATIONS,
         prompt=tuple(prompt),
         max_new_tokens=n,
         params=attrs.evolve(base, grammar=grammar, eos_token_ids=[eos]),
@@ -153,7 +134,7 @@ def _hash(tokens: Sequence[int]) -> int:
     return zlib.crc32(bytes(str(list(tokens)), "ascii"))
 
 
-def _generate(subject: DecodeSubject, ex: GrammarSampledExample, seed: int) -> tuple[Generation, list[object]]:
+def _generate(subject: DecodeSubject, ex: SampledDecodeExample, seed: int) -> tuple[Generation, list[object]]:
     """One seeded generation on a fresh engine, and the processor states it reports per round (none: [])."""
     engine = subject.make_engine()
     if subject.takes_drafter:
@@ -188,7 +169,7 @@ def _state_breach(
 
 
 def _judge_prefixes(
-    inv: Invariant, ex: GrammarSampledExample, vocab: int, run: tuple[Generation, list[object]], seed: int
+    inv: Invariant, ex: SampledDecodeExample, vocab: int, run: tuple[Generation, list[object]], seed: int
 ) -> list[Violation]:
     """Each emitted prefix valid, and (where reported) the matcher after each round a fresh one's."""
     gen, states = run
@@ -213,7 +194,7 @@ def _judge_prefixes(
 
 
 def check_grammar_sampled(
-    inv: Invariant, subject: DecodeSubject, ex: GrammarSampledExample
+    inv: Invariant, subject: DecodeSubject, ex: SampledDecodeExample
 ) -> tuple[list[Violation], int, str]:
     """Every emitted prefix valid, the matcher per round a fresh one's, and the PIT values of every emitted
     token against the grammar-masked processed ``p`` uniform (DKW-Massart at ``alpha``)."""
@@ -221,7 +202,7 @@ def check_grammar_sampled(
     test = PitTest(name=inv.id, alpha=ex.alpha)
     example = ex.to_json()
     constrained = 0  # generations that reached the grammar (past the delimiter, where there is one)
-    for seed in range(ex.first_seed, ex.first_seed + GENERATIONS):
+    for seed in ex.seeds:
         try:
             run = _generate(subject, ex, seed)
         except UnsupportedParameterError as exc:  # refusing is allowed (parameter parity): a skip with its reason

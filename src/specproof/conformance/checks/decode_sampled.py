@@ -44,12 +44,19 @@ SAMPLINGS: tuple[SamplingParams, ...] = (
 
 @attrs.frozen(kw_only=True)
 class SampledDecodeExample:
+    """One request of a sampled decode check, run ``generations`` times with seeds ``first_seed ..``."""
+
     prompt: tuple[int, ...]
     max_new_tokens: int
     params: DecodeParams
     sampling: SamplingParams
     first_seed: int
     alpha: float
+    generations: int = GENERATIONS
+
+    @property
+    def seeds(self) -> range:
+        return range(self.first_seed, self.first_seed + self.generations)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -57,7 +64,7 @@ class SampledDecodeExample:
             "max_new_tokens": self.max_new_tokens,
             "decode": self.params.to_json(),
             "sampling": self.sampling.to_json(),
-            "seeds": [self.first_seed, self.first_seed + GENERATIONS - 1],
+            "seeds": [self.seeds[0], self.seeds[-1]],
         }
 
 
@@ -91,7 +98,7 @@ def check_sampled_decode(
     source = plain_decode_with(reference, ex.prompt, ex.max_new_tokens + 8, decode=ex.params).tokens
     test = PitTest(name=inv.id, alpha=ex.alpha)
     example = ex.to_json()
-    for seed in range(ex.first_seed, ex.first_seed + GENERATIONS):
+    for seed in ex.seeds:
         try:
             gen = _generate(subject, ex, source, seed)
         except UnsupportedParameterError as exc:  # refusing is allowed (parameter parity): a skip with its reason
