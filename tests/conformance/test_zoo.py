@@ -21,8 +21,9 @@ import attrs
 import pytest
 
 from _shared_runs import SharedRuns
-from specproof.cli import main
+from specproof.cli import build_parser, main
 from specproof.conformance import REGISTRY, certify
+from specproof.conformance._options import plan_arguments
 from specproof.conformance.zoo import (
     CONTROLS,
     CORRECT,
@@ -42,6 +43,29 @@ pytestmark = pytest.mark.slow  # seconds per test: outside `tox -e quick`, alway
 SAMPLING = "temperature=0.8,top_p=0.95"  # the parameters the sampling members are certified at
 
 
+def _options(
+    kind: str, spec: str, *, only: tuple[str, ...] = (), seed: int | None = None, profile: str = "quick"
+) -> dict[str, Any]:
+    """``certify``'s options (by dest) for this subject and these checks: the flags their drivers need."""
+    sampling = (
+        SAMPLING if any(inv.driver in ("sampling", "tree-sampling") for inv in REGISTRY if inv.id in only) else None
+    )
+    batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
+    trees = any(inv.driver in ("tree-cases", "tree-sampling") for inv in REGISTRY if inv.id in only)
+    decode_state = any(inv.driver == "decode-state" for inv in REGISTRY if inv.id in only)
+    decode_state = decode_state or spec.rpartition(":")[2] in NEEDS_DECODE_STATE  # found with decode draws only
+    return {
+        kind: spec,
+        "profile": profile,
+        "only": only,
+        "seed": seed,
+        "sampling": sampling,
+        "batches": batches,
+        "decode_state": decode_state,
+        "trees": trees,
+    }
+
+
 def _certify(
     kind: str,
     spec: str,
@@ -52,25 +76,8 @@ def _certify(
     shared: SharedRuns | None = None,
 ) -> dict[str, Any]:
     """The run's report; through ``shared`` where other tests (test_drafter_reach.py) read the same run."""
-    sampling = (
-        SAMPLING if any(inv.driver in ("sampling", "tree-sampling") for inv in REGISTRY if inv.id in only) else None
-    )
-    batches = any(inv.driver == "batch-schedules" for inv in REGISTRY if inv.id in only)
-    trees = any(inv.driver in ("tree-cases", "tree-sampling") for inv in REGISTRY if inv.id in only)
-    decode_state = any(inv.driver == "decode-state" for inv in REGISTRY if inv.id in only)
-    decode_state = decode_state or spec.rpartition(":")[2] in NEEDS_DECODE_STATE  # found with decode draws only
     run = certify if shared is None else shared.certify
-    return run(
-        kind,
-        **{kind: spec},
-        profile=profile,
-        only=only,
-        seed=seed,
-        sampling=sampling,
-        batches=batches,
-        decode_state=decode_state,
-        trees=trees,
-    ).to_json()
+    return run(kind, **_options(kind, spec, only=only, seed=seed, profile=profile)).to_json()
 
 
 # a seed whose random quick search finds each member that derandomized quick is not promised to find
@@ -163,6 +170,25 @@ def test_zoo_engine_rejects_bad_settings_clearly(make: Any, message: str) -> Non
 # ------------------------------------------------------------------------------- rejection
 
 
+_DRIVER = {inv.id: inv.driver for inv in REGISTRY}
+_CLI_DEFAULTS = plan_arguments(vars(build_parser().parse_args(["certify"])))
+
+
+def _pasted() -> set[str]:
+    """The members whose reproduce command is run through the CLI too: the first of each shape of
+    command (its driver, subject kind and profile), and every member whose command replays a file
+    its driver wrote (``--replay-session``), which the run's own arguments do not cover."""
+    first: dict[tuple[str, str, str], str] = {}
+    for name in sorted(ZOO):
+        member = ZOO[name]
+        first.setdefault((_DRIVER[member.invariant], member.kind, member.found_by), name)
+    replayed = {name for name, member in ZOO.items() if _DRIVER[member.invariant] == "session-machine"}
+    return set(first.values()) | replayed
+
+
+_PASTED = _pasted()
+
+
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_certify_rejects_member(name: str, shared_runs: SharedRuns) -> None:
     member = ZOO[name]
@@ -180,10 +206,19 @@ def test_certify_rejects_member(name: str, shared_runs: SharedRuns) -> None:
         assert result["violations"], result
         assert all(v["invariant"] == member.invariant for v in result["violations"])
         assert f"--only {member.invariant}" in result["reproduce"] and member.spec in result["reproduce"]
-    # the printed reproduce command fails again, the same way, when a user pastes it
+    # the printed reproduce command is this very run: `specproof certify` parses it into the plan
+    # arguments the run was made with (a pure function of them: the profiles are derandomized)
     command = shlex.split(failing[member.invariant][0]["reproduce"])
-    assert command[0] == "specproof"
-    assert main(command[1:]) == 1
+    assert command[:2] == ["specproof", "certify"]
+    asked = {"subject": member.kind, **_options(member.kind, member.spec, only=only, seed=seed, profile=profile)}
+    parsed = plan_arguments(vars(build_parser().parse_args(command[1:])))
+    if _DRIVER[member.invariant] == "session-machine":
+        # the session's history: the run drew it, the command replays it (and is run below)
+        assert parsed["replay_session"]
+        parsed["replay_session"] = None
+    assert parsed == {**_CLI_DEFAULTS, **plan_arguments(asked)}
+    if name in _PASTED:  # and it fails again, the same way, when a user pastes it
+        assert main(command[1:]) == 1
 
 
 @pytest.mark.parametrize("kind", sorted(CONTROLS))
