@@ -202,9 +202,12 @@ def _certify(native: tuple[Path, Path], *engine_args: str) -> Certified:
 def test_certify_with_decode_state_passes_the_native_engine(native: tuple[Path, Path]) -> None:
     done = _certify(native)
     assert done.returncode == 0, done.output[-5000:]
-    # grammar and stop strings: the native engine declares neither (docs/protocol.md, Decode state); prompt
-    # logprobs: the wire does not carry them; decode.session: one engine process across the requests of a session
-    assert "verdict: PASS (8 pass, 3 skip)" in done.output, done.output[-3000:]
+    # grammar (greedy and sampled) and stop strings: the native engine declares neither (docs/protocol.md,
+    # Decode state); prompt logprobs: the wire does not carry them; decode.session: one engine process across
+    # the requests of a session
+    assert "verdict: PASS (8 pass, 4 skip)" in done.output, done.output[-3000:]
+    for check in ("grammar", "grammar-sampled", "prompt-logprobs", "stop-strings"):
+        assert f"skip     specproof-native-decode.{check} " in done.output, done.output[-3000:]
 
 
 @slow_certify
