@@ -87,16 +87,33 @@ def _schedules(k: int) -> st.SearchStrategy[list[tuple[int, int]]]:
     return st.lists(round_, min_size=1, max_size=24)
 
 
-def draw_grammar_example(data: st.DataObject, subject: DecodeSubject) -> DecodeExample:
+@attrs.frozen
+class GrammarRequest:
+    """What ``decode.grammar`` and ``decode.grammar-sampled`` draw first, in the same order and labels (so
+    their saved examples keep replaying): the prompt, ``max_new_tokens``, the processors and the grammar."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    base: DecodeParams
+    grammar: Grammar
+    eos: int | None
+
+
+def draw_grammar_request(data: st.DataObject, subject: DecodeSubject, *, most_new_tokens: int) -> GrammarRequest:
     vocab = subject.vocab_size
-    eos = grammar_eos(vocab)
     prompt = data.draw(contexts(vocab, min_size=1, max_size=min(subject.max_prompt, 16)), label="prompt")
-    n = data.draw(st.integers(8, max(8, min(subject.max_new_tokens, 20))), label="max_new_tokens")
+    n = data.draw(st.integers(8, max(8, min(subject.max_new_tokens, most_new_tokens))), label="max_new_tokens")
     processors = subject.features & PROCESSOR_FEATURES - {"bad_words"}  # a ban could leave a grammar no token
     if not data.draw(st.booleans(), label="with processors"):
         processors = frozenset()
     base = data.draw(processor_configs(vocab, features=processors), label="processors")
     grammar = data.draw(st.sampled_from(GRAMMARS), label="grammar")
+    return GrammarRequest(list(prompt), n, base, grammar, grammar_eos(vocab))
+
+
+def draw_grammar_example(data: st.DataObject, subject: DecodeSubject) -> DecodeExample:
+    request = draw_grammar_request(data, subject, most_new_tokens=20)
+    prompt, n, base, grammar, eos = request.prompt, request.max_new_tokens, request.base, request.grammar, request.eos
     if data.draw(st.booleans(), label="reasoning delimiter"):
         free = plain_decode_with(subject.make_reference(), prompt, n, decode=attrs.evolve(base, eos_token_ids=[eos]))
         text = [t for t in free.tokens if t != eos]

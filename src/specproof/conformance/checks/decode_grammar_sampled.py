@@ -26,9 +26,9 @@ import numpy as np
 from hypothesis import strategies as st
 
 from specproof.conformance._pit import PitTest, pit_values
-from specproof.conformance.checks.decode_grammar import GRAMMARS, grammar_eos
+from specproof.conformance.checks.decode_grammar import draw_grammar_request
 from specproof.conformance.checks.decode_sampled import SAMPLINGS, SampledDecodeExample
-from specproof.conformance.checks.decode_state import PROCESSOR_FEATURES, DecodeSubject
+from specproof.conformance.checks.decode_state import DecodeSubject
 from specproof.contract import DecodeParams, Generation, Grammar, Violation
 from specproof.contract.decode_state import (
     OracleGrammar,
@@ -38,7 +38,6 @@ from specproof.contract.decode_state import (
 )
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.contract.sampling import processed_distribution
-from specproof.strategies import contexts, processor_configs
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
@@ -56,15 +55,8 @@ prefix check judges every token exactly; the PIT test is there for the masked di
 
 
 def draw_grammar_sampled(data: st.DataObject, subject: DecodeSubject, *, alpha: float) -> SampledDecodeExample:
-    vocab = subject.vocab_size
-    eos = grammar_eos(vocab)
-    prompt = data.draw(contexts(vocab, min_size=1, max_size=min(subject.max_prompt, 16)), label="prompt")
-    n = data.draw(st.integers(8, max(8, min(subject.max_new_tokens, 16))), label="max_new_tokens")
-    processors = subject.features & PROCESSOR_FEATURES - {"bad_words"}  # a ban could leave a grammar no token
-    if not data.draw(st.booleans(), label="with processors"):
-        processors = frozenset()
-    base = data.draw(processor_configs(vocab, features=processors), label="processors")
-    grammar: Grammar = data.draw(st.sampled_from(GRAMMARS), label="grammar")
+    request = draw_grammar_request(data, subject, most_new_tokens=16)
+    prompt, n, base, grammar, eos = request.prompt, request.max_new_tokens, request.base, request.grammar, request.eos
     if data.draw(st.booleans(), label="reasoning delimiter"):
         free = plain_decode_with(subject.make_reference(), prompt, 4, decode=attrs.evolve(base, eos_token_ids=[eos]))
         text = [t for t in free.tokens if t != eos]
