@@ -55,6 +55,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="T",
         help="excuse a divergence whose top-2 logit margin is below T (default 0: exact)",
     )
+    p.add_argument(
+        "--router-margin",
+        type=_tolerance,
+        default=0.0,
+        metavar="M",
+        help="with --target: also excuse a divergence after a row whose router margin on the target is below M "
+        "(a lower-precision engine may route it otherwise; default 0: exact routing)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.set_defaults(func=run)
 
@@ -73,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from specproof.conformance.traces import check_trace, load_golden, read_trace
     from specproof.contract import UsageError
 
+    if args.router_margin and args.target is None:
+        raise UsageError("--router-margin needs --target: it reads the target's router margins")
     trace = read_trace(args.file)
     if args.greedy is not None:
         report = check_trace(
@@ -82,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
         spec = args.target or trace.target
         if not spec:
             raise UsageError(f"{args.file}: the trace header names no target; give --target SPEC")
-        report = check_trace(trace, target=make_target(spec), tie_tolerance=args.tie_tolerance, oracle_name=spec)
+        report = check_trace(
+            trace,
+            target=make_target(spec),
+            tie_tolerance=args.tie_tolerance,
+            oracle_name=spec,
+            router_margin=args.router_margin,
+        )
     else:
         report = check_trace(trace, tie_tolerance=args.tie_tolerance)
         # Say how to get the lossless verdict rather than leave a bare "skipped".

@@ -6,7 +6,8 @@ written, on any OS); the source is any ``Target`` (``trained``, ``reference:...`
 
 - ``bundle.logits``: on Hypothesis-drawn token sequences fed in drawn chunkings, every
   position's logits within ``rtol`` x the largest |source logit| of that row;
-- ``bundle.states``: after every chunk, each state both sides hold under one name and shape
+- ``bundle.states``: after every chunk, and after the last row before a router near-tie (the
+  rows fed again, the chunks cut there), each state both sides hold under one name and shape
   (the KV cache cut to the tokens processed; a zero-sized source state has no bundle twin)
   within ``rtol`` x its largest |source value|; no such state: not exercised;
 - ``bundle.greedy``: greedy continuations of the golden prompts equal token for token.
@@ -16,7 +17,8 @@ separates by a hair the other way: the position then takes other experts, and ev
 it (through the KV cache and the recurrent state) legitimately drifts. When the source reports
 its router margins (``last_router_margins``: ``ReferenceHybrid`` with MoE blocks), rows from the
 first position whose margin is below ``router_margin`` are not compared (and not counted as
-exercised); a greedy divergence after such a position, or at a top-2 logit margin within
+exercised), and the states are compared once more after the last row before it (every row they
+hold routed confidently: comparable); a greedy divergence after such a position, or at a top-2 logit margin within
 ``tie_tolerance``, is excused and counted as such.
 """
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from specproof.contract.errors import InvalidSettingError
 from specproof.coreml._export import GOLDEN_PROMPTS
+from specproof.engine import row_router_margins
 from specproof.engine.targets.coreml_eval import SOURCE_ROUTER_MARGIN, SOURCE_RTOL
 from specproof.formats import bundle_check as bundle_check_format
 
@@ -126,14 +129,6 @@ class _Mismatch(AssertionError):
         self.size = 0  # tokens in the failing run
 
 
-def _margins(source: Any, rows: int) -> np.ndarray:
-    """Per row of the source's last forward, its smallest router margin over the MoE layers (inf: none)."""
-    margins = getattr(source, "last_router_margins", None)
-    if not margins:
-        return np.full(rows, np.inf)
-    return np.min(np.stack([np.asarray(m, np.float64) for m in margins]), axis=0)
-
-
 def _mapped(bundle: Mapping[str, np.ndarray], source: Mapping[str, np.ndarray]) -> list[str]:
     """The states both sides hold under one name with one shape (zero-sized source states have no twin)."""
     return [n for n, v in source.items() if v.size and n in bundle and np.shape(bundle[n]) == np.shape(v)]
@@ -165,12 +160,13 @@ def _compare_run(
         piece = list(tokens[pos : pos + size])
         got = np.asarray(bundle.forward(piece), np.float64)
         want = np.asarray(source.forward(piece), np.float64)
-        margins = _margins(source, len(piece))
+        margins = row_router_margins(source, len(piece))
         where = f"tokens {list(tokens)} in chunks {list(chunks)}"
         for i in range(len(piece)):
             if margins[i] < opts.router_margin:  # this row and everything after may route otherwise in fp16
                 tally.excused_rows += len(tokens) - pos - i
-                return None
+                # the state after the rows before it is still comparable: every row it holds routed confidently
+                return _replay_states(bundle, source, tokens[: pos + i], chunks, where, opts, tally) if i else None
             scale = float(np.abs(want[i]).max()) or 1.0
             err = float(np.abs(got[i] - want[i]).max())
             tally.worst = max(tally.worst, err / scale)
@@ -186,6 +182,29 @@ def _compare_run(
         if found is not None:
             return found
     return None
+
+
+def _replay_states(
+    bundle: Any,
+    source: Any,
+    tokens: Sequence[int],
+    chunks: Sequence[int],
+    where: str,
+    opts: CheckOptions,
+    tally: _Tally,
+) -> _Mismatch | None:
+    """The states after ``tokens`` (the rows before a router near-tie, fed again in the run's chunking cut there):
+    a chunk that ends after a near-tie is not compared, so without this a run whose first chunk holds one would
+    compare no state."""
+    bundle.reset()
+    source.reset()
+    pos, sizes = 0, list(chunks)
+    while pos < len(tokens):
+        piece = list(tokens[pos : pos + (sizes.pop(0) if sizes else len(tokens) - pos)])
+        bundle.forward(piece)
+        source.forward(piece)
+        pos += len(piece)
+    return _compare_states(bundle, source, pos, f"{where}, fed again up to the router near-tie", opts, tally)
 
 
 def _compare_states(
@@ -273,7 +292,7 @@ def _greedy(bundle: Any, source: Any, opts: CheckOptions) -> CheckResult:
         source.reset()
         row = np.asarray(source.forward([*prompt, *want[:first]]), np.float64)
         top = np.sort(row[-1])[::-1]
-        router = float(_margins(source, row.shape[0]).min())
+        router = float(row_router_margins(source, row.shape[0]).min())
         if top[0] - top[1] <= opts.tie_tolerance or router < opts.router_margin:
             excused += 1
             compared += first

@@ -44,6 +44,7 @@ from specproof.engine._decoder import (
 from specproof.engine._grammar import EngineGrammar
 from specproof.engine._greedy import greedy_decode, greedy_with_margins, top2_margin
 from specproof.engine._processors import RequestProcessors
+from specproof.engine._router_margins import row_router_margins
 from specproof.engine._tree_decoder import TreeRound, TreeSpecDecoder
 from specproof.engine.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
 from specproof.engine.targets import register_target_family
@@ -96,6 +97,7 @@ __all__ = [
     "WhiteBoxTarget",
     "greedy_decode",
     "greedy_with_margins",
+    "row_router_margins",
     "longest_accepted_prefix",
     "register_target_family",
     "top2_margin",

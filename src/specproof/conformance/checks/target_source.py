@@ -18,25 +18,17 @@ compared and not counted (the routing after it may legitimately differ).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specproof.contract import Violation
-from specproof.engine import Target
+from specproof.engine import Target, row_router_margins
 
 if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
 __all__ = ["check_matches_source"]
-
-
-def _router_margins(source: Any, rows: int) -> np.ndarray:
-    """Per row of the source's last forward, its smallest router margin over the MoE layers (inf: none)."""
-    margins = getattr(source, "last_router_margins", None)
-    if not margins:
-        return np.full(rows, np.inf)
-    return np.min(np.stack([np.asarray(m, np.float64) for m in margins]), axis=0)
 
 
 def _chunked(t: Target, prefix: Sequence[int], tokens: Sequence[int], chunks: Sequence[int]) -> np.ndarray:
@@ -70,7 +62,7 @@ def check_matches_source(
     source = make_source()
     source.reset()
     want = np.asarray(source.forward(everything), np.float64)
-    margins = _router_margins(source, len(everything))
+    margins = row_router_margins(source, len(everything))
     got = _chunked(make(), prefix, tokens, chunks)
     example: dict[str, object] = {"prefix": list(prefix), "tokens": list(tokens), "chunks": list(chunks)}
     compared = 0
