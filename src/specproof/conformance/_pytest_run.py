@@ -47,6 +47,13 @@ def certify(
         "no:randomly",
         "-p",
         "no:benchmark",
+        # plug-ins a certification never uses, each an import (and an assertion rewrite) per run
+        "-p",
+        "no:xdist",
+        "-p",
+        "no:xdist.looponfail",
+        "-p",
+        "no:platformdirs",
         "-q",
         "--no-header",
         "-rN",
