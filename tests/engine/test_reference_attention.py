@@ -129,3 +129,18 @@ def test_a_deep_copy_has_its_own_states_and_identity(cfg: ReferenceConfig) -> No
         twin.restore(snap)
     model.restore(snap)
     assert model.processed == 3
+
+
+def test_a_copy_after_a_rollback_continues_as_the_original() -> None:
+    """A copy holds only the valid KV slots (the rest zero): after a rollback, the slots past ``processed``
+    still hold the rolled-back tokens' keys in the original, and neither continuation may see them."""
+    model = ReferenceHybrid()
+    model.forward(list(range(70)))
+    snap = model.snapshot()
+    model.forward(list(range(100, 160)))  # slots 70..129 written, then rolled back
+    model.restore(snap)
+    twin = copy.deepcopy(model)
+    assert not twin._keys_t[..., 70:].any() and not twin._value_cache[:, :, 70:].any()
+    tail = [5, 6, 7, 8, 9, 10, 11]
+    assert _bits(twin.forward(tail)) == _bits(model.forward(tail))
+    assert _bits(twin.forward([3])) == _bits(model.forward([3]))

@@ -553,6 +553,18 @@ def _checkpoints(
     ]
 
 
+_KV_SLOT_AXIS: Final = {"_keys_t": 3, "_value_cache": 2}  # each KV cache's slot (position) axis
+
+
+def _valid_kv_copy(cache: _Arr, processed: int, *, axis: int) -> _Arr:
+    """A copy of a KV cache's first ``processed`` slots, the rest zero: a slot past ``processed`` is only ever
+    summed with weight 0 until a forward writes it, so a copy need not pay for the whole ``max_context``."""
+    out = np.zeros(cache.shape, cache.dtype)
+    valid = (slice(None),) * axis + (slice(0, processed),)
+    out[valid] = cache[valid]
+    return out
+
+
 def _copy_sharing_weights(model: ReferenceHybrid, memo: dict[int, Any]) -> ReferenceHybrid:
     """``copy.deepcopy(model)``: a new instance with its own id and copies of the states, sharing with
     ``model`` what it never writes after construction (``_SHARED_BY_COPIES``)."""
@@ -563,6 +575,8 @@ def _copy_sharing_weights(model: ReferenceHybrid, memo: dict[int, Any]) -> Refer
             new.__dict__[name] = value
         elif name in ("_routing", "_margins"):  # read-only arrays
             new.__dict__[name] = list(value)
+        elif name in _KV_SLOT_AXIS:
+            new.__dict__[name] = _valid_kv_copy(value, model._processed, axis=_KV_SLOT_AXIS[name])
         else:
             new.__dict__[name] = copy.deepcopy(value, memo)
     new._id = next(_INSTANCE_IDS)
