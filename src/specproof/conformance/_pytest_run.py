@@ -78,12 +78,17 @@ def certify(
     # what exists now (modules, classes, the loaded subjects) outlives the run: the collector's full
     # passes skip it until the run ends (about a third of a quick run's collection time)
     gc.freeze()
+    # the user's PYTEST_ADDOPTS are for their own pytest runs: this one takes only the options above (an ``-n 4``
+    # there would be an unknown option here, and a ``-x`` would end the certification at its first failure)
+    user_addopts = os.environ.pop("PYTEST_ADDOPTS", None)
     try:
         with redirect_stdout(sink):
             code = pytest.main(args, plugins=[_Inject()])
     except KeyboardInterrupt:
         code = pytest.ExitCode.INTERRUPTED
     finally:
+        if user_addopts is not None:
+            os.environ["PYTEST_ADDOPTS"] = user_addopts
         gc.unfreeze()
         plan.close()
     if code == pytest.ExitCode.INTERRUPTED:
