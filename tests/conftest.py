@@ -109,8 +109,10 @@ def seed_reaching_max_context() -> int:
     Which seeds do depends on the Hypothesis version (3 under 6.155.2 and 6.170.15; constraints.txt
     pins the version tox and CI install, and a new one may move it), so it is searched for, about a
     second a seed, not written down. None in 1..40 is a skip naming the version, never a pass. Searched in
-    each xdist worker, not shared: a worker that read another's answer failed the covering-example tests
-    in a full run (the plain gate then reached max_context: a cause not found yet, see the CHANGELOG).
+    each xdist worker, not shared. (A worker that read another's answer once failed the covering-example
+    tests in a full run, its plain gate reaching max_context: Hypothesis drew from the constants of the
+    local modules each worker had imported. The project's searches now draw none of them,
+    docs/contract.md "The same examples in every process".)
     """
     import hypothesis
 

@@ -200,6 +200,21 @@ def _set_home_dir() -> None:
     assert callable(storage_directory)
 
 
+def _local_constants() -> None:
+    """What ``no_local_constants()`` swaps: the provider's lookup of the local pool (called per test case,
+    returning a ``Constants``) and its cache of (global, local) pools per choice, both module globals the
+    provider reads at each draw."""
+    from hypothesis.internal.cache import LRUCache
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import Constants
+
+    assert isinstance(providers._get_local_constants(), Constants)
+    assert isinstance(providers.CONSTANTS_CACHE, LRUCache) and isinstance(providers.CONSTANTS_CACHE.cache, dict)
+    lookup = inspect.getsource(providers.HypothesisProvider)
+    assert "_get_local_constants()" in lookup and "CONSTANTS_CACHE[key]" in lookup
+    assert len(Constants()) == 0
+
+
 #: every internal specproof uses -> the check that it is still there, shaped as specproof uses it
 INTERNALS: dict[str, Callable[[], None]] = {
     "hypothesis.internal.reflection.function_digest": _function_digest,
@@ -209,6 +224,8 @@ INTERNALS: dict[str, Callable[[], None]] = {
     "hypothesis.stateful.get_state_machine_test": _get_state_machine_test,
     "hypothesis.stateful.get_state_machine_test(_flaky_state=)": _get_state_machine_test,
     "hypothesis.configuration.set_hypothesis_home_dir": _set_home_dir,
+    "hypothesis.internal.conjecture.providers": _local_constants,
+    "hypothesis.internal.constants_ast.Constants": _local_constants,
     "_hypothesis_internal_use_seed": _use_seed,
     "_hypothesis_internal_database_key": _database_key,
     ".inner_test": _inner_test,

@@ -28,6 +28,7 @@ from specproof.conformance._speculation import declares_not_speculative
 from specproof.conformance._subjects import EngineCase
 from specproof.conformance.drivers import CheckItem, Driver, DriverContext, driver_class
 from specproof.contract import ViolationError
+from specproof.strategies import no_local_constants
 
 __all__ = ["OWN_DRAFT_PATHS", "Certification"]
 
@@ -94,7 +95,8 @@ class Certification:
         driver = self.driver(inv.driver)
         start = time.perf_counter()
         try:
-            driver.run_check(item, result)
+            with no_local_constants():  # the same examples in every process, whatever local code it imported
+                driver.run_check(item, result)
         except ViolationError as exc:
             result.fail(exc.violations)
         except KeyboardInterrupt:

@@ -236,6 +236,8 @@ def _drawn_runs(bundle: Any, source: Any, opts: CheckOptions) -> tuple[_Tally, _
     from hypothesis import HealthCheck, given, seed, settings
     from hypothesis import strategies as st
 
+    from specproof.strategies import no_local_constants
+
     tally = _Tally()
     vocab = int(source.vocab_size)
     longest = max(1, min(opts.max_tokens, int(bundle.max_context), int(source.max_context)))
@@ -263,7 +265,8 @@ def _drawn_runs(bundle: Any, source: Any, opts: CheckOptions) -> tuple[_Tally, _
 
     run = drawn if opts.seed is None else seed(opts.seed)(drawn)
     try:
-        run()
+        with no_local_constants():  # the same examples in every process, whatever local code it imported
+            run()
     except _Mismatch as exc:  # Hypothesis re-raises the smallest failing example's
         return tally, exc
     # a failure Hypothesis did not re-raise (its shrinker moved between two kinds) is still a failure

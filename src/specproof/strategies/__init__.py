@@ -27,6 +27,9 @@
   longer than a block or beginning in the prompt;
 - ``TreePlan`` / ``tree_plans(...)`` / ``tree_parents(...)`` / ``ScriptedTreeDrafter``: token trees for tree
   engines (docs/contract.md, "Trees"), scripted from the oracle's continuation, shrinking to one node;
+- ``no_local_constants()``: a context in which Hypothesis draws none of the constants of the modules the
+  process imported, so a derandomized search draws the same examples in every process (docs/contract.md,
+  "Example database");
 - ``BatchMachine.configure(...)`` / ``BatchMachineFailure``: a ``RuleBasedStateMachine`` over a batched
   engine's scheduler (add, step, step(only=), abort, preempt) judged against plain greedy solo runs;
 - ``RollbackMachine.configure(...)`` / ``run_rollback_machine(...)``: a
@@ -41,6 +44,7 @@ from specproof.strategies._batch_schedules import BatchSchedule, ScheduledReques
 from specproof.strategies._contexts import CONTEXT_KINDS, contexts, text_tokens
 from specproof.strategies._decode_params import DECODE_KINDS, draft_schedules, processor_configs, stop_sets
 from specproof.strategies._feature_judge import FeatureJudge, FeatureRows, feature_layers_of
+from specproof.strategies._local_constants import no_local_constants
 from specproof.strategies._machine import (
     RollbackMachine,
     RollbackMachineFailure,
@@ -138,6 +142,7 @@ __all__ = [
     "default_decoder_factory",
     "engine_settings",
     "feature_layers_of",
+    "no_local_constants",
     "planned_round",
     "release_machine",
     "replay_session",
