@@ -2,7 +2,8 @@
 
 Each subcommand lives beside the part of the design it drives and registers
 itself here through ``COMMANDS`` (module paths, imported when the parser is
-built; those modules keep heavy imports inside their ``run`` functions).
+built, only the named command's when the arguments name one; those modules keep
+heavy imports inside their ``run`` functions).
 Exit codes: 0 success, 1 a failure the command found, 2 a usage error, 3 (certify) nothing was
 certified, 130 interrupted. A closed output pipe (``specproof ... | head``) ends quietly.
 """
@@ -42,14 +43,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The module of the command ``argv`` starts with (``check-trace``: ``specproof._cli.check_trace``), if any."""
+    if argv:
+        for path in COMMANDS:
+            if path.rsplit(".", 1)[-1].replace("_", "-") == argv[0]:
+                return path
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or (``command``: one of ``COMMANDS``) of that one alone: a run imports
+    its own command's module, not the others' (bench, Core ML), which cost start-up time it does not need."""
     parser = _Parser(
         prog="specproof",
         description="Verify and certify lossless greedy speculative decoding on hybrid language models.",
     )
     parser.add_argument("--version", action="version", version=f"specproof {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for path in COMMANDS:
+    for path in COMMANDS if command is None else (command,):
         try:
             module = importlib.import_module(path)
         except ModuleNotFoundError as exc:  # a command not written yet in this checkout
@@ -63,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from specproof.contract.errors import InvalidSettingError, PluginError, SpecproofError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_named_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
