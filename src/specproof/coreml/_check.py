@@ -25,7 +25,7 @@ hold routed confidently: comparable); a greedy divergence after such a position,
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -154,10 +154,7 @@ def _compare_run(
     bundle.reset()
     source.reset()
     pos = 0
-    sizes = list(chunks)
-    while pos < len(tokens):
-        size = sizes.pop(0) if sizes else len(tokens) - pos
-        piece = list(tokens[pos : pos + size])
+    for piece in _pieces(tokens, chunks):
         got = np.asarray(bundle.forward(piece), np.float64)
         want = np.asarray(source.forward(piece), np.float64)
         margins = row_router_margins(source, len(piece))
@@ -198,13 +195,19 @@ def _replay_states(
     compare no state."""
     bundle.reset()
     source.reset()
-    pos, sizes = 0, list(chunks)
-    while pos < len(tokens):
-        piece = list(tokens[pos : pos + (sizes.pop(0) if sizes else len(tokens) - pos)])
+    for piece in _pieces(tokens, chunks):
         bundle.forward(piece)
         source.forward(piece)
-        pos += len(piece)
-    return _compare_states(bundle, source, pos, f"{where}, fed again up to the router near-tie", opts, tally)
+    return _compare_states(bundle, source, len(tokens), f"{where}, fed again up to the router near-tie", opts, tally)
+
+
+def _pieces(tokens: Sequence[int], chunks: Sequence[int]) -> Iterator[list[int]]:
+    """``tokens`` cut in ``chunks`` (what is left in one piece once they run out, the last one cut short)."""
+    pos, sizes = 0, list(chunks)
+    while pos < len(tokens):
+        size = sizes.pop(0) if sizes else len(tokens) - pos
+        yield list(tokens[pos : pos + size])
+        pos += size
 
 
 def _compare_states(
