@@ -10,6 +10,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 
+from _shared_runs import SharedRuns
 from specproof.conformance import REGISTRY, certify
 from specproof.conformance.checks import batch as checks
 from specproof.conformance.zoo import CORRECT_BATCH, ZOO
@@ -200,17 +201,21 @@ def test_the_builtin_stack_passes_the_batch_checks_with_counts() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(n for n in ZOO if n.startswith("batch_")))
-def test_every_batch_zoo_member_is_rejected_at_quick_on_its_id(name: str) -> None:
+def test_every_batch_zoo_member_is_rejected_at_quick_on_its_id(name: str, shared_runs: SharedRuns) -> None:
     member = ZOO[name]
-    report = certify("engine", engine=member.spec, only=(member.invariant,), batches=True).to_json()
+    # the very run test_zoo.py rejects the member with: made once a session
+    report = shared_runs.certify("engine", engine=member.spec, only=(member.invariant,), batches=True).to_json()
     assert [r["status"] for r in report["results"]] == ["fail"], report["results"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", ["quick", "ci"])
 @pytest.mark.parametrize("name", sorted(CORRECT_BATCH))
-def test_correct_batch_engines_are_accepted(name: str, profile: str) -> None:
-    report = certify("engine", engine=CORRECT_BATCH[name], only=("batch.*",), batches=True, profile=profile).to_json()
+def test_correct_batch_engines_are_accepted(name: str, profile: str, shared_runs: SharedRuns) -> None:
+    # test_batch_distribution.py reads this run's batch.sampled-distribution row: made once a session
+    report = shared_runs.certify(
+        "engine", engine=CORRECT_BATCH[name], only=("batch.*",), batches=True, profile=profile
+    ).to_json()
     statuses = {r["invariant"]: r["status"] for r in report["results"]}
     assert len(statuses) == 9 and set(statuses.values()) == {"pass"}, report["results"]
     assert all(r["exercised"] > 0 for r in report["results"])

@@ -177,10 +177,15 @@ def test_reach_counts_each_draft_position_whose_earlier_tokens_were_kept() -> No
 
 
 @pytest.mark.slow
-def test_the_builtin_stack_reaches_the_last_draft_position_and_eos_inside_blocks() -> None:
-    report = certify(only=("engine.sampled-rounds",), sampling=SAMPLING, profile="quick").to_json()
-    notes = " ".join(n for r in report["results"] for n in r["notes"])
-    assert report["verdict"] == "pass"
+def test_the_builtin_stack_reaches_the_last_draft_position_and_eos_inside_blocks(shared_runs: SharedRuns) -> None:
+    # the run test_sampling.py passes the built-in stack's sampling checks with (this one among them, its
+    # rows the same as in a run of it alone): made once a session
+    report = shared_runs.certify(
+        "engine", only=("engine.sampled*", "engine.seeds", "engine.greedy-limit"), sampling=SAMPLING
+    ).to_json()
+    rows = [r for r in report["results"] if r["invariant"] == "engine.sampled-rounds"]
+    notes = " ".join(n for r in rows for n in r["notes"])
+    assert rows and all(r["status"] == "pass" for r in rows), rows
     import re
 
     last = [int(m) for m in re.findall(r"were reached in 100%, \d+%, \d+%, (\d+)%", notes)]
@@ -191,14 +196,21 @@ def test_the_builtin_stack_reaches_the_last_draft_position_and_eos_inside_blocks
 
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["specproof.conformance.zoo:sampling_drafter", "model:trained-small"])
-def test_sampling_drafters_that_draw_with_the_rng_they_are_given_pass_the_seed_check(drafter: str) -> None:
+def test_sampling_drafters_that_draw_with_the_rng_they_are_given_pass_the_seed_check(
+    drafter: str, shared_runs: SharedRuns
+) -> None:
     """The control of ``drafter_ignores_rng``: the seeds are asked again on the drafter's own configuration."""
-    target = "trained" if drafter.startswith("model:") else None
-    report = certify("drafter", drafter=drafter, target=target, only=("engine.seeds",), sampling=SAMPLING).to_json()
+    if drafter.startswith("model:"):  # the run test_sampling.py certifies the draft model with, the seeds among
+        # its checks (each check's rows are those of a run of it alone): made once a session
+        only = ("engine.seeds", "engine.sampled-distribution", "drafter.proposal-distribution")
+        report = shared_runs.certify(drafter=drafter, target="trained", only=only, sampling=SAMPLING).to_json()
+    else:
+        report = certify("drafter", drafter=drafter, only=("engine.seeds",), sampling=SAMPLING).to_json()
     assert report["verdict"] == "pass", [r["detail"] for r in report["results"]]
-    notes = " ".join(n for r in report["results"] for n in r["notes"])
+    seeds = [r for r in report["results"] if r["invariant"] == "engine.seeds"]
+    notes = " ".join(n for r in seeds for n in r["notes"])
     assert "rejection/own-drafts" in notes
-    assert all(r["exercised"] > 0 for r in report["results"])
+    assert seeds and all(r["exercised"] > 0 for r in seeds)
 
 
 @pytest.mark.slow

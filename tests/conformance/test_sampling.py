@@ -57,8 +57,9 @@ def _sampling_results(report: Any) -> list[dict[str, Any]]:
         f"exec:{sys.executable} {PY_ENGINE} sampling",
     ],
 )
-def test_correct_sampling_engines_pass_with_every_check_exercised(engine: str | None) -> None:
-    report = certify(
+def test_correct_sampling_engines_pass_with_every_check_exercised(engine: str | None, shared_runs: SharedRuns) -> None:
+    # test_sampled_reach.py reads the built-in stack's engine.sampled-rounds rows of this run: made once a session
+    report = shared_runs.certify(
         "engine", engine=engine, only=("engine.sampled*", "engine.seeds", "engine.greedy-limit"), sampling=SAMPLING
     )
     results = _sampling_results(report)
@@ -66,14 +67,15 @@ def test_correct_sampling_engines_pass_with_every_check_exercised(engine: str | 
     assert results and all(r["status"] == "pass" and r["exercised"] > 0 for r in results)
 
 
-def test_the_builtin_stack_passes_with_a_sampling_drafter() -> None:
+def test_the_builtin_stack_passes_with_a_sampling_drafter(shared_runs: SharedRuns) -> None:
     """A draft model that samples and declares q: its own configuration, and the drafter check."""
-    report = certify(
+    # test_sampled_reach.py reads this run's engine.seeds rows (each check's rows are those of a run of it
+    # alone): made once a session
+    report = shared_runs.certify(
         drafter="model:trained-small",
         target="trained",
-        profile="quick",
         sampling=SAMPLING,
-        only=("engine.sampled-distribution", "drafter.proposal-distribution"),
+        only=("engine.seeds", "engine.sampled-distribution", "drafter.proposal-distribution"),
     )
     results = _results(report)
     assert report.verdict == "pass", {k: v["detail"] for k, v in results.items()}
