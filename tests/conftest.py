@@ -42,6 +42,21 @@ def _own_example_database(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyt
     monkeypatch.setenv("SPECPROOF_HYPOTHESIS_DIR", str(tmp_path_factory.mktemp("hypothesis")))
 
 
+@pytest.fixture(autouse=True)
+def _no_local_constants(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test draws without Hypothesis' local constants (specproof.strategies.no_local_constants): the
+    literals of the local modules a process imported (specproof when installed editable, a module a test
+    wrote to tmp_path) would otherwise move a derandomized test's examples with what its xdist worker ran
+    before it. Tests marked ``local_constants`` compare draws with and without them, so run outside."""
+    if request.node.get_closest_marker("local_constants") is not None:
+        yield
+        return
+    from specproof.strategies import no_local_constants
+
+    with no_local_constants():
+        yield
+
+
 class RedisServer:
     def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
         self.url, self.process = url, process

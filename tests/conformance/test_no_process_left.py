@@ -34,6 +34,9 @@ pytestmark = [
 
 TESTS = Path(__file__).resolve().parents[1]
 SRC = TESTS.parent / "src"
+#: how long what was stopped may take to be gone: a bound against a hang, generous for a loaded machine
+#: (a passing test waits only until everything is gone)
+GRACE = 60.0
 
 HUNG_ENGINE = textwrap.dedent(
     """
@@ -133,13 +136,13 @@ def test_a_killed_certify_leaves_no_hung_engine(tmp_path: Path, sig: signal.Sign
         assert any("hung_engine.py" in line for line in before), before  # the check sees the engine
         proc.send_signal(sig)  # to certify alone, as `kill PID` and the out-of-memory killer do
         proc.wait(timeout=60)
-        left = _gone_within(tag, 15)
+        left = _gone_within(tag, GRACE)
     finally:
         _kill_tagged(tag)
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    assert left == [], f"running before {sig.name}: {before}; still running 15 s after: {left}"
+    assert left == [], f"running before {sig.name}: {before}; still running {GRACE:g} s after: {left}"
 
 
 def test_a_certify_killed_mid_run_leaves_no_engine(tmp_path: Path) -> None:
@@ -156,10 +159,10 @@ def test_a_certify_killed_mid_run_leaves_no_engine(tmp_path: Path) -> None:
         before = _tagged(tag)
         proc.kill()
         proc.wait(timeout=60)
-        left = _gone_within(tag, 15)
+        left = _gone_within(tag, GRACE)
     finally:
         _kill_tagged(tag)
-    assert left == [], f"running before SIGKILL: {before}; still running 15 s after: {left}"
+    assert left == [], f"running before SIGKILL: {before}; still running {GRACE:g} s after: {left}"
 
 
 def test_a_killed_campaign_leaves_no_worker_and_no_engine(tmp_path: Path) -> None:
@@ -174,10 +177,10 @@ def test_a_killed_campaign_leaves_no_worker_and_no_engine(tmp_path: Path) -> Non
         assert sum("hung_engine.py" in line for line in before) >= 2, before
         proc.kill()
         proc.wait(timeout=60)
-        left = _gone_within(tag, 15)
+        left = _gone_within(tag, GRACE)
     finally:
         _kill_tagged(tag)
-    assert left == [], f"running before SIGKILL: {before}; still running 15 s after: {left}"
+    assert left == [], f"running before SIGKILL: {before}; still running {GRACE:g} s after: {left}"
 
 
 def test_sigterm_to_certify_writes_the_partial_report_and_exits_143(tmp_path: Path) -> None:
@@ -195,7 +198,7 @@ def test_sigterm_to_certify_writes_the_partial_report_and_exits_143(tmp_path: Pa
             before = _tagged(tag)
             proc.send_signal(signal.SIGTERM)  # to certify alone, as `kill PID` and CI timeouts do
             proc.wait(timeout=60)
-            left = _gone_within(tag, 15)
+            left = _gone_within(tag, GRACE)
         finally:
             _kill_tagged(tag)
             if proc.poll() is None:
@@ -203,7 +206,7 @@ def test_sigterm_to_certify_writes_the_partial_report_and_exits_143(tmp_path: Pa
                 proc.wait(timeout=30)
     printed = out.read_text()
     assert proc.returncode == 143, printed[-3000:]
-    assert left == [], f"running before SIGTERM: {before}; still running 15 s after: {left}"
+    assert left == [], f"running before SIGTERM: {before}; still running {GRACE:g} s after: {left}"
     data = json.loads(report.read_text())
     assert data["verdict"] == "interrupted" and "SIGTERM" in data["verdict_reason"], data["verdict_reason"]
     assert "INTERRUPTED" in markdown.read_text()
@@ -236,7 +239,7 @@ def test_sigterm_while_loading_the_subjects_prints_the_verdict_and_exits_143(tmp
             _wait_for(proc, markers, 1)
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-            left = _gone_within(tag, 15)
+            left = _gone_within(tag, GRACE)
         finally:
             _kill_tagged(tag)
             if proc.poll() is None:
@@ -246,4 +249,4 @@ def test_sigterm_while_loading_the_subjects_prints_the_verdict_and_exits_143(tmp
     assert proc.returncode == 143, printed[-3000:]
     assert "verdict: INTERRUPTED (SIGTERM while loading the subjects" in printed, printed[-3000:]
     assert "Traceback" not in printed, printed[-3000:]
-    assert left == [], f"still running 15 s after SIGTERM: {left}"
+    assert left == [], f"still running {GRACE:g} s after SIGTERM: {left}"

@@ -22,7 +22,11 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.internal.conjecture import providers
 
-from specproof.strategies import no_local_constants
+from _targets import small_target
+from specproof.strategies import no_local_constants, run_rollback_machine
+
+# these tests compare draws with and without local constants: outside the tests' own context (conftest.py)
+pytestmark = pytest.mark.local_constants
 
 _VALUES = range(101, 4096, 7)  # integers Hypothesis collects (|n| >= 100), inside the draws' range
 
@@ -63,6 +67,51 @@ def test_imported_constants_move_plain_draws_but_not_draws_inside(
     # the probe is sensitive: Hypothesis still draws local constants (else the context is moot: see its module)
     assert plain_after != plain_before
     assert inside_after == inside_before
+
+
+def _recording_target(fed: list[tuple[int, ...]]):  # type: ignore[no-untyped-def]
+    """``small_target`` (by name too: the machine's class name, and so its derandomized seed, comes from it)
+    recording every token block fed to every target: a fingerprint of every example drawn."""
+
+    def small_target_() -> object:
+        target = small_target()
+        forward = target.forward
+
+        def recorded(tokens, *args, **kwargs):  # type: ignore[no-untyped-def]
+            fed.append(tuple(int(t) for t in tokens))
+            return forward(tokens, *args, **kwargs)
+
+        target.forward = recorded  # type: ignore[method-assign]
+        return target
+
+    small_target_.__name__ = "small_target"
+    return small_target_
+
+
+def _machine_run() -> list[tuple[int, ...]]:
+    fed: list[tuple[int, ...]] = []
+    search = hypothesis.settings(
+        max_examples=8, derandomize=True, database=None, deadline=None, phases=[hypothesis.Phase.generate]
+    )
+    run_rollback_machine(target_factory=_recording_target(fed), stateful_step_count=6, settings=search)
+    return fed
+
+
+def test_run_rollback_machine_draws_the_same_examples_after_importing_local_constants(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A public driver called from a user's code (here, outside any context of the caller's) draws
+    inside ``no_local_constants()`` itself: every token block fed to its targets is the same after a
+    module of distinctive integers (sampling seeds can be drawn from them) was imported."""
+    before = _machine_run()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = _write_constants_module(tmp_path)
+    __import__(name)
+    try:
+        after = _machine_run()
+    finally:
+        sys.modules.pop(name, None)
+    assert before and after == before
 
 
 def test_the_swapped_names_come_back_after_nested_and_threaded_uses() -> None:

@@ -50,6 +50,7 @@ from specproof.contract.errors import InvalidSettingError
 from specproof.contract.validation import int_at_least
 from specproof.engine import ROLLBACK_STRATEGIES, SpecDecoder
 from specproof.strategies._contexts import CONTEXT_KINDS, StrategyArgumentError, check_kinds, contexts
+from specproof.strategies._local_constants import no_local_constants
 from specproof.strategies._rounds import PlannedRound, RoundPlan, ScriptedDrafter, planned_round
 from specproof.strategies._sampled_round import SampledRounds
 from specproof.strategies._tree_round import with_tree_rounds
@@ -825,7 +826,8 @@ def run_rollback_machine(
     ``settings`` defaults to the configured ``TestCase.settings`` (the loaded profile's
     ``max_examples`` and phases minus ``explain``, ``stateful_step_count`` steps). Raises the shrunk failure
     (an ``AssertionError`` naming the invariant) if the implementation is broken;
-    returns the configured class (its ``observed_paths`` shows what was exercised).
+    returns the configured class (its ``observed_paths`` shows what was exercised). It draws inside
+    ``no_local_constants()``: the same examples in every process (docs/contract.md).
     """
     machine = RollbackMachine.configure(
         target_factory=target_factory,
@@ -840,5 +842,6 @@ def run_rollback_machine(
         sampled_rounds=sampled_rounds,
         tree_rounds=tree_rounds,
     )
-    run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
+    with no_local_constants():  # the same examples in every process, whatever local code it imported
+        run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
     return machine

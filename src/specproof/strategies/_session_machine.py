@@ -74,6 +74,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 
 from specproof.strategies._contexts import contexts
+from specproof.strategies._local_constants import no_local_constants
 from specproof.strategies._session_relation_rules import RelationRules
 from specproof.strategies._session_requests import RELATION_TAG, REUSE_UNREPORTED, _count_of, _draw_turn
 from specproof.strategies._session_runner import GreedyOracle, SetDrafter
@@ -270,7 +271,8 @@ def run_session_machine(
 
     Raises the shrunk failure (a ``SessionFailure`` whose example is the whole history);
     returns the configured class
-    (its ``observed`` counts what was exercised).
+    (its ``observed`` counts what was exercised). It draws inside ``no_local_constants()``: the same
+    examples in every process (docs/contract.md).
     """
     machine = SessionMachine.configure(
         engine_factory=engine_factory,
@@ -288,5 +290,6 @@ def run_session_machine(
         feature_layers=feature_layers,
         feature_reference_factory=feature_reference_factory,
     )
-    run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
+    with no_local_constants():  # the same examples in every process, whatever local code it imported
+        run_state_machine_as_test(machine, settings=settings or machine.TestCase.settings)
     return machine
