@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from specproof.conformance._registry import get
 from specproof.conformance.checks.batch import BatchSubject
 from specproof.conformance.checks.batch_grammar import check_batch_grammar, grammar_request
-from specproof.conformance.checks.decode_grammar import GRAMMARS
+from specproof.conformance.checks.decode_grammar import grammars
 from specproof.conformance.zoo import _batch_engines as zoo
 from specproof.conformance.zoo._batch_grammar_engines import (
     BatchGrammarRollbackWrongRequest,
@@ -27,6 +27,8 @@ from specproof.contract import DecodeParams
 from specproof.contract.decode_state import first_invalid_token
 from specproof.engine import greedy_decode
 from specproof.strategies import BatchSchedule, PlannedRound, RoundPlan, ScheduledRequest, batch_schedules
+
+GRAMMARS = grammars()
 
 INV = get("batch.grammar")
 

@@ -9,12 +9,14 @@ import attrs
 import pytest
 
 from specproof.conformance._registry import get
-from specproof.conformance.checks.decode_grammar import GRAMMARS, GrammarRun, check_grammar, run_grammar_example
+from specproof.conformance.checks.decode_grammar import GrammarRun, check_grammar, grammars, run_grammar_example
 from specproof.conformance.checks.decode_state import DecodeExample, DecodeSubject
 from specproof.conformance.zoo._decode_engines import DecodeZooEngine
 from specproof.conformance.zoo._grammar_engines import GrammarNotRolledBack, GrammarOneBehindAfterBlock
 from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import DecodeParams
+
+GRAMMARS = grammars()
 
 INV = get("decode.grammar")
 

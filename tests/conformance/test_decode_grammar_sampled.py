@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from specproof.conformance._registry import get
-from specproof.conformance.checks.decode_grammar import GRAMMARS, GrammarRun, check_grammar, run_grammar_example
+from specproof.conformance.checks.decode_grammar import GrammarRun, check_grammar, grammars, run_grammar_example
 from specproof.conformance.checks.decode_grammar_sampled import GENERATIONS, GrammarWalkDrafter, check_grammar_sampled
 from specproof.conformance.checks.decode_sampled import SAMPLINGS, SampledDecodeExample
 from specproof.conformance.checks.decode_state import DecodeExample, DecodeSubject
@@ -45,8 +45,8 @@ def _subject(engine: type) -> DecodeSubject:
     )
 
 
-def _example(grammar: Grammar = GRAMMARS[0], *, seed: int = 0) -> SampledDecodeExample:
-    params = DecodeParams(grammar=grammar, eos_token_ids=sorted(EOS))
+def _example(grammar: Grammar | None = None, *, seed: int = 0) -> SampledDecodeExample:
+    params = DecodeParams(grammar=grammar or grammars()[0], eos_token_ids=sorted(EOS))
     return SampledDecodeExample(
         prompt=(1, 2, 3),
         max_new_tokens=16,
@@ -59,7 +59,7 @@ def _example(grammar: Grammar = GRAMMARS[0], *, seed: int = 0) -> SampledDecodeE
 
 
 def test_the_drafter_drafts_the_delimiter_then_what_the_grammar_allows_or_one_forbidden_token() -> None:
-    grammar = attrs.evolve(GRAMMARS[0], reasoning_end=(18, 19))
+    grammar = attrs.evolve(grammars()[0], reasoning_end=(18, 19))
     drafter = GrammarWalkDrafter(1, grammar, EOS, 64)
     assert drafter.propose([5], 4)[:2] == [18, 19]  # the delimiter first, then the object
     assert drafter.propose([5, 20, 18], 4)[0] == 19  # the rest of a begun delimiter
@@ -75,7 +75,7 @@ def test_the_drafter_drafts_the_delimiter_then_what_the_grammar_allows_or_one_fo
 
 
 def test_a_fork_walks_ahead_without_moving_the_matcher() -> None:
-    oracle = OracleGrammar(GRAMMARS[0], EOS, 64)
+    oracle = OracleGrammar(grammars()[0], EOS, 64)
     oracle.feed(0)
     twin = oracle.fork()
     twin.feed(4)
@@ -84,14 +84,14 @@ def test_a_fork_walks_ahead_without_moving_the_matcher() -> None:
 
 
 def test_teacher_forced_rows_carry_the_grammar_mask() -> None:
-    params = DecodeParams(grammar=GRAMMARS[0], eos_token_ids=sorted(EOS))
+    params = DecodeParams(grammar=grammars()[0], eos_token_ids=sorted(EOS))
     rows = scored_rows(small_reference(), (1, 2, 3), [0, 4], decode=params, eos_token_id=None)
     assert np.isfinite(rows[0]).sum() == 1 and rows[0][0] == 0.0  # only "{" may open the object
 
 
 @pytest.mark.slow
 def test_the_correct_engine_passes_with_a_grammar_and_a_reasoning_delimiter() -> None:
-    for grammar in (GRAMMARS[2], attrs.evolve(GRAMMARS[0], reasoning_end=(18,))):
+    for grammar in (grammars()[2], attrs.evolve(grammars()[0], reasoning_end=(18,))):
         violations, exercised, note = check_grammar_sampled(INV, _subject(DecodeZooEngine), _example(grammar))
         assert violations == [] and exercised > 0, note
 
@@ -123,7 +123,7 @@ def test_a_forbidden_token_is_named_on_the_emitted_prefix_when_the_engine_does_n
 
 @pytest.mark.parametrize("engine", [GrammarUnmaskedResidualWhenSampling, GrammarFollowsArgmaxWhenSampling])
 def test_the_sampled_only_members_pass_the_greedy_grammar_check(engine: type) -> None:
-    params = DecodeParams(grammar=GRAMMARS[0], eos_token_ids=sorted(EOS))
+    params = DecodeParams(grammar=grammars()[0], eos_token_ids=sorted(EOS))
     example = DecodeExample(
         kind="grammar", prompt=(1, 2, 3), max_new_tokens=16, params=params, eos_token_id=None, schedule=((4, 1),)
     )

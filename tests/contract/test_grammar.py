@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specproof.conformance.checks.decode_grammar import GRAMMARS, grammar_eos, usable
+from specproof.conformance.checks.decode_grammar import grammar_eos, grammars, usable
 from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import SMALL_ALPHABET, DecodeParams, Grammar, token_bytes
 from specproof.contract.decode_state import OracleGrammar, first_invalid_token, grammar_state, plain_decode_with
@@ -38,7 +38,7 @@ def test_a_bad_grammar_is_refused_naming_the_problem(fields: dict[str, object], 
 
 
 def test_the_grammar_travels_through_json_and_is_a_feature() -> None:
-    params = DecodeParams(grammar=GRAMMARS[0], eos_token_ids=[EOS])
+    params = DecodeParams(grammar=grammars()[0], eos_token_ids=[EOS])
     assert DecodeParams.from_json(params.to_json()) == params
     assert "grammar" in params.features()
     assert "grammar" not in DecodeParams().to_json()  # a request without one reads as before
@@ -50,7 +50,7 @@ def test_token_ids_and_the_eos_are_checked_before_any_decoding() -> None:
     with pytest.raises(TokenRangeError, match="grammar reasoning_end holds token 99"):
         DecodeParams(grammar=Grammar(kind="regex", source="[0-9]", reasoning_end=[99])).check_vocab(64)
     with pytest.raises(InvalidSettingError, match="needs an EOS id"):
-        plain_decode_with(small_reference(), PROMPT, 8, decode=DecodeParams(grammar=GRAMMARS[2]))
+        plain_decode_with(small_reference(), PROMPT, 8, decode=DecodeParams(grammar=grammars()[2]))
 
 
 def test_the_vocabularies_map_ids_to_bytes() -> None:
@@ -60,7 +60,7 @@ def test_the_vocabularies_map_ids_to_bytes() -> None:
     assert grammar_eos(64) == EOS and grammar_eos(256) == 0
 
 
-@pytest.mark.parametrize("grammar", GRAMMARS, ids=lambda g: g.kind)
+@pytest.mark.parametrize("grammar", grammars(), ids=lambda g: g.kind)
 def test_plain_decoding_with_a_grammar_emits_valid_prefixes_and_differs_from_free(grammar: Grammar) -> None:
     params = DecodeParams(grammar=grammar, eos_token_ids=[EOS])
     out = plain_decode_with(small_reference(), PROMPT, 20, decode=params)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specproof.conformance.checks.decode_grammar import GRAMMARS, GrammarDrafter
+from specproof.conformance.checks.decode_grammar import GrammarDrafter, grammars
 from specproof.conformance.zoo._grammar_engines import GrammarOffWhenDelimiterInBlock, ScratchMatcherEngine
 from specproof.conformance.zoo._targets import small_reference
 from specproof.contract import DecodeParams, Generation, Grammar, SamplingParams
@@ -43,7 +43,7 @@ def _judge(engine: SpecDecoder, params: DecodeParams, gen: Generation) -> None:
 
 
 @pytest.mark.parametrize("rollback", ["checkpoint", "replay"])
-@pytest.mark.parametrize("grammar", GRAMMARS, ids=lambda g: g.kind)
+@pytest.mark.parametrize("grammar", grammars(), ids=lambda g: g.kind)
 @pytest.mark.parametrize("schedule", [FULL_BLOCKS, [(4, 1), (3, 0), (4, 2), (0, 0)], [(2, 2), (4, 3)]])
 def test_the_decoder_equals_plain_decoding_with_the_grammar(
     grammar: Grammar, rollback: str, schedule: list[tuple[int, int]]
@@ -80,7 +80,7 @@ def test_a_terminated_matcher_is_never_advanced_nor_asked_for_a_mask() -> None:
 
     engine = SpecDecoder(small_reference(), NgramDrafter(), k=4)
     engine.processors_class = Processors
-    params = DecodeParams(grammar=GRAMMARS[0], eos_token_ids=[EOS])
+    params = DecodeParams(grammar=grammars()[0], eos_token_ids=[EOS])
     gen = _run(engine, params, FULL_BLOCKS)
     assert gen.stop_reason == "eos" and any(s["grammar"]["stopped"] for s in engine.processor_states)
     assert log == []
@@ -131,7 +131,7 @@ def test_any_delimiter_place_and_schedule_equal_plain_decoding(data: st.DataObje
 def test_sampled_generations_with_a_grammar_emit_only_valid_prefixes(scheme: str) -> None:
     """The sampled rules see the masked rows: a forbidden token has p = 0, so it is never accepted nor drawn."""
     engine = SpecDecoder(small_reference(), NgramDrafter(), k=4, scheme=scheme)  # type: ignore[arg-type]
-    for grammar in GRAMMARS:
+    for grammar in grammars():
         params = DecodeParams(grammar=grammar, eos_token_ids=[EOS])
         for seed in range(3):
             gen = engine.generate(list(PROMPT), 20, decode=params, sampling=SamplingParams(temperature=1.5, seed=seed))

@@ -27,7 +27,7 @@ try:
 except ImportError as exc:
     pytest.skip(f"llama-cpp-python is not importable here ({exc}); run tox -e llamacpp", allow_module_level=True)
 
-from specproof.conformance.checks.decode_grammar import GRAMMARS
+from specproof.conformance.checks.decode_grammar import grammars
 from specproof.contract import DecodeParams
 from specproof.contract.decode_state import OracleGrammar, plain_decode_with
 from specproof.contract.errors import UnsupportedParameterError
@@ -62,12 +62,12 @@ class _Chain:
 
 
 @pytest.mark.parametrize("delimiter", [(), DELIMITER], ids=["constrained", "reasoning"])
-@pytest.mark.parametrize("index", range(len(GRAMMARS)), ids=["json-object", "json-array", "regex", "lark"])
+@pytest.mark.parametrize("index", range(len(grammars())), ids=["json-object", "json-array", "regex", "lark"])
 def test_llama_cpps_masks_equal_llguidances_along_random_walks(model: Path, index: int, delimiter: tuple) -> None:
     low = llama_cpp.llama_cpp
     llm = llama_cpp.Llama(model_path=str(model), n_ctx=256, kv_overrides={"tokenizer.ggml.eos_token_id": 0},
                           verbose=False)  # fmt: skip
-    grammar, rng, compared = attrs.evolve(GRAMMARS[index], reasoning_end=delimiter), random.Random(index), 0
+    grammar, rng, compared = attrs.evolve(grammars()[index], reasoning_end=delimiter), random.Random(index), 0
     for _walk in range(15):
         chain, oracle = _Chain(low), OracleGrammar(grammar, frozenset({0}), 256)
         grammar_stage(low, llm._model.vocab, translate_grammar(grammar, 256))(chain)
@@ -148,7 +148,7 @@ def test_prompt_lookup_drafts_under_a_grammar(model: Path) -> None:
     prompts = [list(b"12,345,6 12,345,6 12,3"), list(b'{"a":42} {"a":42} {"a":4'), list(b"7,77,777 7,77,7")]
     drafted = accepted = 0
     for prompt in prompts:
-        for grammar in GRAMMARS:
+        for grammar in grammars():
             for delimiter in [(), (32,)]:
                 params = DecodeParams(grammar=attrs.evolve(grammar, reasoning_end=delimiter), eos_token_ids=[0])
                 gen = engine.generate(prompt, 16, decode=params)
@@ -161,5 +161,5 @@ def test_prompt_lookup_drafts_under_a_grammar(model: Path) -> None:
 def test_a_grammar_request_on_another_eos_is_refused_naming_the_option(model: Path) -> None:
     engine: Any = resolve_plugin(f"llamacpp:{model}", kind="engine")  # the GGUF's EOS: 2
     with pytest.raises(UnsupportedParameterError, match=r"end-of-generation ids \[2\]; give the engine eos=0"):
-        engine.generate([1, 2, 3], 4, decode=DecodeParams(grammar=GRAMMARS[2], eos_token_ids=[0]))
+        engine.generate([1, 2, 3], 4, decode=DecodeParams(grammar=grammars()[2], eos_token_ids=[0]))
     engine.close()

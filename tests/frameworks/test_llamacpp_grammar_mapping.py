@@ -14,7 +14,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from specproof.conformance.checks.decode_grammar import GRAMMARS, GrammarRun, check_grammar
+from specproof.conformance.checks.decode_grammar import GrammarRun, check_grammar, grammars
 from specproof.contract import DecodeParams, Generation, Grammar
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine.adapters._llamacpp_grammar import (
@@ -25,7 +25,7 @@ from specproof.engine.adapters._llamacpp_grammar import (
 )
 from specproof.engine.adapters.llamacpp import parse_llamacpp_spec
 
-JSON_OBJECT, JSON_ARRAY, REGEX, LARK = GRAMMARS
+JSON_OBJECT, JSON_ARRAY, REGEX, LARK = grammars()
 
 
 def test_the_checks_regex_is_the_same_expression_in_gbnf() -> None:

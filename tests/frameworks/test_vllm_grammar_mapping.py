@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from specproof.conformance.checks.decode_grammar import GRAMMARS
+from specproof.conformance.checks.decode_grammar import grammars
 from specproof.contract import DecodeParams
 from specproof.contract.errors import InvalidSettingError, UnsupportedParameterError
 from specproof.engine.adapters._vllm_decode import structured_outputs, vllm_decode
@@ -20,7 +20,7 @@ from specproof.engine.targets._byte_tokenizer import read_tokenizer_eos, write_b
 from specproof.engine.targets.convert import save_vllm_lfm2
 from specproof.fixtures import load_trained_target
 
-JSON_OBJECT, JSON_ARRAY, REGEX, LARK = GRAMMARS
+JSON_OBJECT, JSON_ARRAY, REGEX, LARK = grammars()
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ from numbers import Integral
 from typing import Literal
 
 import attrs
-import jsonschema
-import llguidance
 
 from specproof.contract.errors import InvalidSettingError
 
@@ -52,12 +50,16 @@ class Grammar:
     reasoning_end: tuple[int, ...] = attrs.field(default=(), converter=_delimiter)
 
     def __attrs_post_init__(self) -> None:
+        import llguidance  # here, not at import: a run that draws no grammar never loads it
+
         error = llguidance.LLMatcher.validate_grammar(self.llguidance())
         if error:
             raise InvalidSettingError(f"decode grammar ({self.kind}) does not compile: {error.strip()}")
 
     @source.validator
     def _check_source(self, _attr: attrs.Attribute[str], value: object) -> None:
+        import jsonschema  # here, not at import (as llguidance)
+
         if not isinstance(value, str) or not value.strip():
             raise InvalidSettingError(f"decode grammar source={value!r} must be a non-empty string")
         if self.kind == "json_schema":
@@ -77,6 +79,8 @@ class Grammar:
 
     def llguidance(self) -> str:
         """The grammar as llguidance takes it (``LLMatcher(tokenizer, grammar)``)."""
+        import llguidance
+
         if self.kind == "json_schema":
             return str(llguidance.LLMatcher.grammar_from_json_schema(self.source))
         if self.kind == "regex":

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 
 from specproof.contract._grammar import Grammar
 from specproof.contract._vocab_bytes import token_bytes
 from specproof.contract.errors import InvalidSettingError
+
+if TYPE_CHECKING:  # imported where used: a run that draws no grammar never loads llguidance
+    import llguidance
 
 __all__ = ["OracleGrammar", "first_invalid_token", "grammar_state"]
 
@@ -42,6 +45,8 @@ class _VocabTokenizer:
 
 @lru_cache(maxsize=32)
 def _tokenizer(vocab_size: int, eos: tuple[int, ...]) -> llguidance.LLTokenizer:
+    import llguidance
+
     wrapper = llguidance.TokenizerWrapper(_VocabTokenizer(vocab_size, eos))
     return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=list(eos))
 
@@ -53,6 +58,8 @@ class OracleGrammar:
         if not eos:
             raise InvalidSettingError("decode grammar needs an EOS id to end on")
         self.eos, self.vocab_size, self.delimiter = eos, vocab_size, grammar.reasoning_end
+        import llguidance
+
         self.matcher = llguidance.LLMatcher(
             _tokenizer(vocab_size, tuple(sorted(eos))), grammar.llguidance(), log_level=0
         )

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 
 from specproof.contract import Grammar, token_bytes
 from specproof.contract.errors import SpecproofError
+
+if TYPE_CHECKING:  # imported where used: a run that draws no grammar never loads llguidance
+    import llguidance
 
 __all__ = ["EngineGrammar"]
 
@@ -45,6 +48,8 @@ class _Vocabulary:
 
 @lru_cache(maxsize=32)
 def _tokenizer(vocab_size: int, eos: tuple[int, ...]) -> llguidance.LLTokenizer:
+    import llguidance
+
     wrapper = llguidance.TokenizerWrapper(_Vocabulary(vocab_size, eos))
     return llguidance.LLTokenizer(wrapper, n_vocab=vocab_size, eos_token=list(eos))
 
@@ -69,6 +74,8 @@ class EngineGrammar:
         self.eos_only = np.zeros(vocab_size, dtype=bool)
         self.eos_only[sorted(eos)] = True
         self.vocab_size = vocab_size
+        import llguidance
+
         self.matcher = llguidance.LLMatcher(
             _tokenizer(vocab_size, tuple(sorted(eos))), grammar.llguidance(), log_level=0
         )

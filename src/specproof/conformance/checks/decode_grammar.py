@@ -1,7 +1,7 @@
 """The grammar check: an engine's output under a grammar against plain decoding with the same grammar
 (docs/contract.md, "Decode state").
 
-``draw_grammar_example`` draws a request with a grammar the vocabulary can write (``GRAMMARS``: a JSON
+``draw_grammar_example`` draws a request with a grammar the vocabulary can write (``grammars()``: a JSON
 schema, a regular expression, a Lark context-free grammar), an EOS id that stands for no text, maybe the
 processors the engine declares, and maybe a reasoning delimiter placed on plain decoding's free
 continuation (so that it ends at every offset of a draft block as the schedules vary); the suite's drafts
@@ -13,6 +13,7 @@ matcher's state after every round against a fresh matcher fed the committed toke
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from specproof.conformance._registry import Invariant
 
 __all__ = [
-    "GRAMMARS",
+    "grammars",
     "GrammarRun",
     "check_grammar",
     "draw_grammar_example",
@@ -47,24 +48,30 @@ __all__ = [
 ]
 
 _COMPACT = {"whitespace_flexible": False}  # llguidance's JSON options: no free whitespace, so a schema ends
-GRAMMARS: tuple[Grammar, ...] = (
-    Grammar.json_schema(
-        {
-            "type": "object",
-            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
-            "required": ["a"],
-            "additionalProperties": False,
-            "x-guidance": _COMPACT,
-        }
-    ),
-    Grammar.json_schema({"type": "array", "items": {"type": "boolean"}, "maxItems": 2, "x-guidance": _COMPACT}),
-    Grammar(kind="regex", source="[0-9]{1,3}(,[0-9]{1,3}){0,2}"),
-    Grammar(kind="lark", source='start: term (("+" | "-") term)?\nterm: /[0-9]{1,2}/ | "(" /[0-9]{1,2}/ ")"\n'),
-)
-"""The grammars a request is drawn with: bounded, so that a random model completes them within 20 tokens (and
-the matcher terminates inside the search)."""
 
-_NEEDS = b'{}[]":,0123456789aeflnrstu+-()'  # every byte GRAMMARS write
+
+@functools.cache
+def grammars() -> tuple[Grammar, ...]:
+    """The grammars a request is drawn with: bounded, so that a random model completes them within 20 tokens (and
+    the matcher terminates inside the search). Built on first use: a run that draws no grammar never loads
+    llguidance or jsonschema."""
+    return (
+        Grammar.json_schema(
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["a"],
+                "additionalProperties": False,
+                "x-guidance": _COMPACT,
+            }
+        ),
+        Grammar.json_schema({"type": "array", "items": {"type": "boolean"}, "maxItems": 2, "x-guidance": _COMPACT}),
+        Grammar(kind="regex", source="[0-9]{1,3}(,[0-9]{1,3}){0,2}"),
+        Grammar(kind="lark", source='start: term (("+" | "-") term)?\nterm: /[0-9]{1,2}/ | "(" /[0-9]{1,2}/ ")"\n'),
+    )
+
+
+_NEEDS = b'{}[]":,0123456789aeflnrstu+-()'  # every byte grammars() write
 
 
 def usable(vocab_size: int) -> bool:
@@ -107,7 +114,7 @@ def draw_grammar_request(data: st.DataObject, subject: DecodeSubject, *, most_ne
     if not data.draw(st.booleans(), label="with processors"):
         processors = frozenset()
     base = data.draw(processor_configs(vocab, features=processors), label="processors")
-    grammar = data.draw(st.sampled_from(GRAMMARS), label="grammar")
+    grammar = data.draw(st.sampled_from(grammars()), label="grammar")
     return GrammarRequest(list(prompt), n, base, grammar, grammar_eos(vocab))
 
 

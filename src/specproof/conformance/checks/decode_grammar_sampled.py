@@ -1,7 +1,7 @@
 """Sampled decoding under a grammar: every emitted prefix valid, and the emitted tokens follow plain sampling
 from the **grammar-masked** processed ``p`` (docs/contract.md, "Decode state", "Sampled runs").
 
-Each example is one request: a prompt, one of the grammar check's grammars (``GRAMMARS``), half the time
+Each example is one request: a prompt, one of the grammar check's grammars (``grammars()``), half the time
 after a reasoning delimiter of 1-2 tokens taken from plain decoding's free continuation, maybe the
 processors the engine declares, one of ``decode.sampled``'s sampling settings and ``GENERATIONS`` seeded
 generations. The suite's drafter (``GrammarWalkDrafter``) drafts, from whatever the sampled output is so

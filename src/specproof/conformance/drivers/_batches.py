@@ -26,7 +26,7 @@ from specproof.conformance._sequential import FALSE_FAIL_BOUND
 from specproof.conformance.checks.batch import BatchSubject
 from specproof.conformance.checks.batch_distribution import SampledTally
 from specproof.conformance.checks.batch_seeds import schedule_alpha
-from specproof.conformance.checks.decode_grammar import GRAMMARS, usable
+from specproof.conformance.checks.decode_grammar import grammars, usable
 from specproof.conformance.drivers._protocol import CheckItem, Driver, NotApplicable, require
 from specproof.contract import DECODE_FEATURES, BatchCapabilities, ViolationError
 from specproof.engine import BatchSpecDecoder, NgramDrafter, ReferenceHybrid, ReferenceSlotPool
@@ -66,7 +66,7 @@ class BatchDriver(Driver):
             decode_features=subject.decode_features
             if self.plan.decode_state or "batch_decode" in inv.needs or "batch_grammar" in inv.needs
             else frozenset(),
-            grammars=GRAMMARS if "batch_grammar" in inv.needs else (),  # batch.grammar's requests only
+            grammars=grammars() if "batch_grammar" in inv.needs else (),  # batch.grammar's requests only
         )
         notes: list[str] = []
         # batch.sampled-distribution: one PIT test for the run, its values accumulated across the schedules
