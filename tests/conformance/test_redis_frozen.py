@@ -119,3 +119,56 @@ def test_a_redis_frozen_mid_campaign_is_reported_within_seconds_and_never_pass(
     assert redis_server.url in data["campaign"]["lost"] and "stopped answering" in data["campaign"]["lost"]
     assert "database went away" in data["campaign"]["stopped"], data["campaign"]
     assert ended < 120, f"the campaign stopped {ended:.1f} s after the server froze (its --for was 600 s)"
+
+
+def _worker_messages(db: str, tmp_path: Path) -> list[tuple[str, int, Any]]:
+    """What one campaign worker (``_campaign._worker``, in a spawned process as a campaign starts it) sends."""
+    import multiprocessing as mp
+
+    from specproof.conformance._campaign import CampaignOptions, _worker
+
+    options = CampaignOptions(
+        plan={"subject": "drafter", "only": ("drafter.max-length",)}, db=db, hypothesis_dir=str(tmp_path / "hyp"),
+        rounds=1,
+    )  # fmt: skip
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe(duplex=True)
+    process = ctx.Process(target=_worker, args=(0, options, theirs), daemon=True)
+    process.start()
+    theirs.close()
+    messages = []
+    try:
+        while ours.poll(120):
+            message = ours.recv()
+            messages.append(message)
+            if message[0] == "done":
+                break
+    except EOFError:
+        pass
+    finally:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+    return messages
+
+
+def test_a_worker_starting_after_the_server_froze_reports_the_database_lost_not_its_own_failure(
+    tmp_path: Path, redis_server: Any
+) -> None:
+    """The race a loaded machine found: one worker ran rounds, the server froze, the other worker was only then
+    opening the database. The parent reached the server at start-up, so that is the database going away (the
+    campaign stops on it, "database went away"), not the worker failing with a usage error."""
+    os.kill(redis_server.process.pid, signal.SIGSTOP)
+    try:
+        messages = _worker_messages(redis_server.url, tmp_path)
+    finally:
+        os.kill(redis_server.process.pid, signal.SIGCONT)
+    kinds = [kind for kind, _, _ in messages]
+    assert kinds == ["lost", "done"], messages
+    assert f"the shared database {redis_server.url} stopped answering" in messages[0][2], messages
+
+
+def test_a_worker_on_an_answering_server_runs_its_round(tmp_path: Path, redis_server: Any) -> None:
+    """The control: the same worker with the server answering runs its round and reports no loss."""
+    kinds = [kind for kind, _, _ in _worker_messages(redis_server.url, tmp_path)]
+    assert "lost" not in kinds and "error" not in kinds and kinds[-2:] == ["round", "done"], kinds

@@ -357,11 +357,16 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
         from pathlib import Path
 
         from specproof.conformance._certification import Certification
-        from specproof.conformance._database import default_examples_dir, open_database
+        from specproof.conformance._database import SharedDatabaseSilent, default_examples_dir, open_database
         from specproof.conformance._plan import Plan
         from specproof.conformance.reports import build_report
 
-        store = open_database(options.db, default_dir=default_examples_dir(Path(options.hypothesis_dir)))
+        try:
+            store = open_database(options.db, default_dir=default_examples_dir(Path(options.hypothesis_dir)))
+        except SharedDatabaseSilent as exc:  # the parent reached it at start-up: it went away since
+            send("lost", exc.lost)
+            send("done", None)
+            return
         base = Plan.create(**options.plan, database=store, storage=options.hypothesis_dir)
         rng = random.Random(int.from_bytes(os.urandom(8), "big"))
         r = 0

@@ -196,7 +196,10 @@ def _open(spec: str | None, *, default_dir: Path, option: str) -> ExampleStore:
     try:
         client.ping()
     except Exception as exc:
-        raise UsageError(f"{option} {shown!r}: the Redis server does not answer: {_failure(exc)}") from None
+        raise SharedDatabaseSilent(
+            f"{option} {shown!r}: the Redis server does not answer: {_failure(exc)}",
+            lost=shared_database_failure(shown, exc),
+        ) from None
     _check_writable(default_dir, option=option, default=True)  # (every find is saved there first)
     store = _directory_store(shown, default_dir)
     store.shared = shown
@@ -260,6 +263,16 @@ def shared_client(spec: str) -> Any:
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         health_check_interval=30,
     )
+
+
+class SharedDatabaseSilent(UsageError):
+    """The shared database's server did not answer when it was opened. Before any work this is a usage
+    error; in a campaign's worker, whose parent reached the server at start-up, it is the database going
+    away (``lost``: the words ``shared_database_failure`` gives it)."""
+
+    def __init__(self, message: str, *, lost: str) -> None:
+        super().__init__(message)
+        self.lost = lost
 
 
 def shared_database_failure(spec: str, exc: BaseException) -> str:
