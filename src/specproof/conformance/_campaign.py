@@ -356,42 +356,19 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
         set_hypothesis_home_dir(options.hypothesis_dir)
         from pathlib import Path
 
-        from specproof.conformance._certification import Certification
         from specproof.conformance._database import SharedDatabaseSilent, default_examples_dir, open_database
         from specproof.conformance._plan import Plan
-        from specproof.conformance.reports import build_report
 
         try:
             store = open_database(options.db, default_dir=default_examples_dir(Path(options.hypothesis_dir)))
         except SharedDatabaseSilent as exc:  # the parent reached it at start-up: it went away since
             send("lost", exc.lost)
-            send("done", None)
-            return
-        base = Plan.create(**options.plan, database=store, storage=options.hypothesis_dir)
-        rng = random.Random(int.from_bytes(os.urandom(8), "big"))
-        r = 0
-        try:
-            while not stopped() and (options.rounds is None or r < options.rounds):
-                if options.seed is not None:
-                    seed = options.seed + index + options.workers * r
-                else:
-                    seed = rng.getrandbits(31)
-                send("seed", seed)
-                cert = Certification(attrs.evolve(base, seed=seed))
-                complete = True
-                for item in cert.all_checks():
-                    if stopped() or (store is not None and store.lost):
-                        complete = False
-                        break
-                    result = cert.run(item)
-                    send("check", result.to_json())
-                send("round" if complete else "partial round", build_report(cert))
-                r += 1
-                if store is not None and store.lost:
-                    send("lost", store.lost)
-                    break
-        finally:
-            base.close()  # the engines that hold a process or a socket
+        else:
+            base = Plan.create(**options.plan, database=store, storage=options.hypothesis_dir)
+            try:
+                _rounds(index, options, base, store, send, stopped)
+            finally:
+                base.close()  # the engines that hold a process or a socket
     except KeyboardInterrupt:
         pass
     except (BrokenPipeError, ConnectionError, EOFError):
@@ -405,6 +382,42 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
         send("done", None)
     except (OSError, EOFError):
         pass
+
+
+def _rounds(
+    index: int,
+    options: CampaignOptions,
+    base: Any,
+    store: Any,
+    send: Callable[[str, Any], None],
+    stopped: Callable[[], bool],
+) -> None:
+    """A worker's seeded certify rounds on ``base`` (a ``Plan``), each check sent as it ends, until the stop
+    word, its ``--rounds``, or its database going away (sent as ``lost``)."""
+    from specproof.conformance._certification import Certification
+    from specproof.conformance.reports import build_report
+
+    rng = random.Random(int.from_bytes(os.urandom(8), "big"))
+    r = 0
+    while not stopped() and (options.rounds is None or r < options.rounds):
+        if options.seed is not None:
+            seed = options.seed + index + options.workers * r
+        else:
+            seed = rng.getrandbits(31)
+        send("seed", seed)
+        cert = Certification(attrs.evolve(base, seed=seed))
+        complete = True
+        for item in cert.all_checks():
+            if stopped() or (store is not None and store.lost):
+                complete = False
+                break
+            result = cert.run(item)
+            send("check", result.to_json())
+        send("round" if complete else "partial round", build_report(cert))
+        r += 1
+        if store is not None and store.lost:
+            send("lost", store.lost)
+            break
 
 
 @attrs.define
