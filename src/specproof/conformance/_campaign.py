@@ -31,11 +31,15 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from specproof.formats import report as report_format
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specproof.conformance._database import ExampleStore
+    from specproof.conformance._plan import Plan
 
 __all__ = ["CampaignOptions", "CampaignState", "Terminated", "max_workers", "run_campaign"]
 
@@ -387,12 +391,12 @@ def _worker(index: int, options: CampaignOptions, conn: Any) -> None:
 def _rounds(
     index: int,
     options: CampaignOptions,
-    base: Any,
-    store: Any,
+    base: Plan,
+    store: ExampleStore | None,
     send: Callable[[str, Any], None],
     stopped: Callable[[], bool],
 ) -> None:
-    """A worker's seeded certify rounds on ``base`` (a ``Plan``), each check sent as it ends, until the stop
+    """A worker's seeded certify rounds on ``base``, each check sent as it ends, until the stop
     word, its ``--rounds``, or its database going away (sent as ``lost``)."""
     from specproof.conformance._certification import Certification
     from specproof.conformance.reports import build_report
