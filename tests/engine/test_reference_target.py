@@ -540,6 +540,21 @@ def test_seeded_weights_are_reproducible_and_seed_dependent() -> None:
 
 
 @pytest.mark.parametrize("name", ["default", "moe", "odd"])
+def test_models_of_one_config_are_independent(name: str) -> None:
+    # the seeded weights, blocks and RoPE tables are made once per config and shared: only the states are a model's
+    a, _ = pair(name)
+    b = ReferenceHybrid(a.config)
+    before = b.forward([3, 1, 4])
+    b.reset()
+    a.forward([7] * 40)
+    a.forward([2, 7])
+    assert b.processed == 0
+    assert_bitwise(b.forward([3, 1, 4]), before)
+    longer = ReferenceHybrid(attrs.evolve(a.config, max_context=a.config.max_context + 1))
+    assert_bitwise(longer.forward([3, 1, 4]), before)
+
+
+@pytest.mark.parametrize("name", ["default", "moe", "odd"])
 def test_weights_round_trip(name: str) -> None:
     a, _ = pair(name)
     w = a.weights

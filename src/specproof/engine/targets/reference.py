@@ -35,6 +35,7 @@ another instance, so it refuses the original's snapshots.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -424,6 +425,30 @@ _SHARED_BY_COPIES: Final = frozenset(
 )
 
 
+def _read_only(weights: dict[str, FloatArray]) -> dict[str, FloatArray]:
+    for value in weights.values():
+        value.flags.writeable = False
+    return weights
+
+
+# A process builds many models of a few configs (every check and example of a run builds its own target):
+# what a model never writes after construction is made once per config and shared, as its deep copies share it.
+@functools.lru_cache(maxsize=16)
+def _seeded_model(cfg: ReferenceConfig) -> tuple[dict[str, FloatArray], tuple[Block, ...]]:
+    """The read-only seeded weights of ``cfg`` and its (stateless) blocks."""
+    weights = _read_only(_init_weights(cfg))
+    return weights, _build_blocks(cfg, weights)
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_rope_tables(head_dim: int, theta: float, max_context: int) -> tuple[FloatArray, FloatArray]:
+    """``rope_tables``, read-only."""
+    tables = rope_tables(head_dim, theta, max_context)
+    for table in tables:
+        table.flags.writeable = False
+    return tables
+
+
 def _check_feature_layers(layers: object, n_layers: int, *, who: str) -> tuple[int, ...]:
     """The requested feature layers as a tuple, or ``InvalidSettingError`` naming the bad one."""
     if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
@@ -625,20 +650,22 @@ class ReferenceHybrid:
         self.config: ReferenceConfig = cfg
         self.vocab_size: int = int(cfg.vocab_size)
         self.max_context: int = int(cfg.max_context)
-        w = _init_weights(cfg) if weights is None else _load_weights(cfg, weights)
-        for value in w.values():
-            value.flags.writeable = False
+        if weights is None:
+            w, blocks = _seeded_model(cfg)
+        else:
+            w = _read_only(_load_weights(cfg, weights))
+            blocks = _build_blocks(cfg, w)
         self._weights: dict[str, FloatArray] = w
         self._id = next(_INSTANCE_IDS)
         self._eps = float(cfg.norm_eps)
-        self._build_blocks(cfg, w)
+        self._take_blocks(cfg, w, blocks)
         self._build_tables(cfg)
         self._allocate_states(cfg)
 
     # ----------------------------------------------------------------- setup
 
-    def _build_blocks(self, cfg: ReferenceConfig, w: Mapping[str, FloatArray]) -> None:
-        self._blocks: tuple[Block, ...] = _build_blocks(cfg, w)
+    def _take_blocks(self, cfg: ReferenceConfig, w: Mapping[str, FloatArray], blocks: tuple[Block, ...]) -> None:
+        self._blocks: tuple[Block, ...] = blocks
         self._moe: tuple[MoeFfn, ...] = tuple(blk.ffn for blk in self._blocks if isinstance(blk.ffn, MoeFfn))
         self._routing: list[npt.NDArray[np.int64]] = [_no_routing(ffn.k) for ffn in self._moe]
         self._margins: list[FloatArray] = [np.zeros(0, _F32) for _ in self._moe]
@@ -649,7 +676,7 @@ class ReferenceHybrid:
 
     def _build_tables(self, cfg: ReferenceConfig) -> None:
         # RoPE tables for every position
-        self._cos, self._sin_signed = rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_context)
+        self._cos, self._sin_signed = _shared_rope_tables(cfg.head_dim, cfg.rope_theta, cfg.max_context)
 
     def _allocate_states(self, cfg: ReferenceConfig) -> None:
         # keys stored transposed ([layers, kv, hd, slots]): attention multiplies by row-major [hd, n] blocks;
