@@ -9,7 +9,7 @@ py-spy samples every process of the run (the xdist workers and the engines and C
 ``--rate`` Hz and writes collapsed stacks; the summary gives each function's share of all samples
 (self, then inclusive), each package's and test module's, and the shares of the families issue 39
 follows: the reference target's forward, its construction, in-process certify runs and imports.
-A profiled run is about 15% slower than a plain one; shares, not seconds, are what it measures.
+A profiled run is about 13% slower than a plain one; shares, not seconds, are what it measures.
 """
 
 from __future__ import annotations

@@ -425,10 +425,9 @@ _SHARED_BY_COPIES: Final = frozenset(
 )
 
 
-def _read_only(weights: dict[str, FloatArray]) -> dict[str, FloatArray]:
-    for value in weights.values():
-        value.flags.writeable = False
-    return weights
+def _read_only(arrays: Iterable[FloatArray]) -> None:
+    for array in arrays:
+        array.flags.writeable = False
 
 
 # A process builds many models of a few configs (every check and example of a run builds its own target):
@@ -436,7 +435,15 @@ def _read_only(weights: dict[str, FloatArray]) -> dict[str, FloatArray]:
 @functools.lru_cache(maxsize=16)
 def _seeded_model(cfg: ReferenceConfig) -> tuple[dict[str, FloatArray], tuple[Block, ...]]:
     """The read-only seeded weights of ``cfg`` and its (stateless) blocks."""
-    weights = _read_only(_init_weights(cfg))
+    weights = _init_weights(cfg)
+    _read_only(weights.values())
+    return weights, _build_blocks(cfg, weights)
+
+
+def _loaded_model(cfg: ReferenceConfig, given: Mapping[str, Any]) -> tuple[dict[str, FloatArray], tuple[Block, ...]]:
+    """Read-only copies of the ``given`` weights, validated against ``cfg``, and their blocks."""
+    weights = _load_weights(cfg, given)
+    _read_only(weights.values())
     return weights, _build_blocks(cfg, weights)
 
 
@@ -444,8 +451,7 @@ def _seeded_model(cfg: ReferenceConfig) -> tuple[dict[str, FloatArray], tuple[Bl
 def _shared_rope_tables(head_dim: int, theta: float, max_context: int) -> tuple[FloatArray, FloatArray]:
     """``rope_tables``, read-only."""
     tables = rope_tables(head_dim, theta, max_context)
-    for table in tables:
-        table.flags.writeable = False
+    _read_only(tables)
     return tables
 
 
@@ -650,11 +656,7 @@ class ReferenceHybrid:
         self.config: ReferenceConfig = cfg
         self.vocab_size: int = int(cfg.vocab_size)
         self.max_context: int = int(cfg.max_context)
-        if weights is None:
-            w, blocks = _seeded_model(cfg)
-        else:
-            w = _read_only(_load_weights(cfg, weights))
-            blocks = _build_blocks(cfg, w)
+        w, blocks = _seeded_model(cfg) if weights is None else _loaded_model(cfg, weights)
         self._weights: dict[str, FloatArray] = w
         self._id = next(_INSTANCE_IDS)
         self._eps = float(cfg.norm_eps)
