@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 _LINE = re.compile(r":\d+\)$")
+_PROCESS = re.compile(r'process \d+:"[^"]*"(?=;|$)')  # its command line may hold ";" (xdist's worker's does)
 _FILE = re.compile(r"\(([^:)]+)")
 _TEST = re.compile(r"test_\w*\S* \(([^:]*?)(test_\w+)\.py")
 FAMILIES = {  # a sample counts in a family when any frame of its stack starts with one of these
@@ -39,7 +40,12 @@ def read_stacks(path: Path) -> list[tuple[list[str], int]]:
     for line in path.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         if count.isdigit() and stack:
-            stacks.append(([_LINE.sub(")", frame) for frame in stack.split(";")], int(count)))
+            processes = []
+            while process := _PROCESS.match(stack):  # py-spy puts the process frames first
+                processes.append(process.group())
+                stack = stack[process.end() + 1 :]
+            frames = [_LINE.sub(")", frame) for frame in stack.split(";")] if stack else []
+            stacks.append((processes + frames, int(count)))
     return stacks
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_tests.py"
-_TOP = 'process 1:"python -m pytest";main (_pytest/main.py:10)'
+# an xdist worker's process frame holds a ";" of its own, which must not split it
+_TOP = 'process 1:"python -m pytest";process 2:"python -c import sys;exec(x)";main (_pytest/main.py:10)'
 _ZOO = "test_one (test_zoo.py:5);certify (specproof/conformance/__init__.py:9)"
 _STACKS = (  # py-spy's raw format: frames joined by ";", then the samples
     (
@@ -43,6 +44,8 @@ def test_the_summary_gives_each_share_of_all_samples(script: dict[str, object], 
     assert "  10.0%  (outside a test function)" in lines
     assert "  60.0%  _rms_norm (specproof/engine/targets/_reference_blocks.py)" in lines  # line numbers merged
     assert "  70.0%  specproof" in lines and "  20.0%  hypothesis" in lines
+    assert ' 100.0%  process 2:"python -c import sys;exec(x)"' in lines  # one frame, not two
+    assert not any(line.endswith('exec(x)"') and "process" not in line for line in lines)
 
 
 def test_it_asks_for_one_mode_and_an_existing_profile(
